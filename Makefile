@@ -1,0 +1,37 @@
+# tendril — `make help` lists the targets.
+export GOTOOLCHAIN := local
+GO        ?= go
+FUZZ_TIME ?= 30s
+BENCH_ARGS ?=
+
+.PHONY: help build test vet fuzz bench run clean
+
+help: ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+
+build: ## Build every binary into bin/.
+	$(GO) build -o bin/ ./cmd/...
+
+vet: ## go vet and gofmt.
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+
+test: vet ## Run all tests (unit tests with -race, loopback end-to-end tests, golden files).
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+fuzz: ## Run every fuzz target for FUZZ_TIME each.
+	@$(GO) list -f '{{.ImportPath}} {{.Dir}}' ./... | while read -r pkg dir; do \
+		for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
+			echo "== $$pkg $$f"; $(GO) test -run=NONE -fuzz="^$$f$$" -fuzztime=$(FUZZ_TIME) $$pkg || exit 1; \
+		done; \
+	done
+
+bench: build ## Run the benchmarks against their peers and write docs/benchmarks.md.
+	$(GO) test -run=NONE -bench=. -benchtime=1x -timeout 30m ./xds/... 
+	bin/tendril-bench sni --markdown docs/benchmarks.md $(BENCH_ARGS)
+
+run: build ## Start a local seed (tendril-seed, tendril-ingress, two example shoots) until interrupted.
+	hack/run.sh
+
+clean: ## Remove build outputs.
+	rm -rf bin

@@ -1,0 +1,83 @@
+// Package probe serves a tendril binary's Prometheus metrics and its /healthz and /readyz probes
+// on one HTTP listener. It decides nothing about readiness itself: the binary says when it is
+// ready.
+package probe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Ready is a readiness flag with a reason, safe for concurrent use. The zero value is not ready.
+type Ready struct {
+	reason atomic.Pointer[string]
+	ready  atomic.Bool
+}
+
+// Set marks the binary ready.
+func (r *Ready) Set() { r.ready.Store(true) }
+
+// Unset marks the binary not ready, saying why.
+func (r *Ready) Unset(reason string) {
+	r.reason.Store(&reason)
+	r.ready.Store(false)
+}
+
+// Get reports readiness and, when not ready, why.
+func (r *Ready) Get() (bool, string) {
+	if r.ready.Load() {
+		return true, ""
+	}
+	if p := r.reason.Load(); p != nil {
+		return false, *p
+	}
+	return false, "starting"
+}
+
+// Handler returns the HTTP handler for /metrics (from g), /healthz and /readyz.
+func Handler(g prometheus.Gatherer, ready *Ready) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ok, reason := ready.Get(); !ok {
+			http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// Serve serves h on l until ctx ends, then shuts the server down.
+func Serve(ctx context.Context, l net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	err := srv.Serve(l)
+	cancel() // Serve failed by itself: release the shutdown goroutine
+	wg.Wait()
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("serve probes on %s: %w", l.Addr(), err)
+}

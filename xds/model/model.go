@@ -1,0 +1,149 @@
+// Package model is tendril's routing model: one Route per shoot, naming the server names that reach
+// its kube-apiserver, the advertised address the PROXY listener routes by, and the upstream
+// addresses behind them. It validates routes but knows nothing about Envoy, xDS or Kubernetes; the
+// sources (route file, Kubernetes objects) fill it and xds/translate turns it into resources.
+package model
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Shoot is the route of one shoot: everything the ingress needs to reach its control plane.
+type Shoot struct {
+	// Name is the shoot namespace in the seed, e.g. "shoot--dev--alpha". It names the shoot's
+	// resources, so it must be a DNS label.
+	Name string
+	// Hosts are the TLS server names (SNI) that reach the shoot's kube-apiserver, lower-case.
+	Hosts []string
+	// APIServer is the kube-apiserver upstream. EDS endpoints must be IP addresses, so a source
+	// resolves host names before it builds the model.
+	APIServer netip.AddrPort
+	// AdvertisedAddress is kube-apiserver's advertised address, which in-cluster clients reach
+	// through the PROXY listener; the zero value means the shoot has none.
+	AdvertisedAddress netip.Addr
+	// VPNServer is the shoot's tunnel endpoint (tendril-server), reached through the CONNECT
+	// listeners; the zero value means the shoot has none.
+	VPNServer netip.AddrPort
+}
+
+// Validate reports the first thing wrong with one shoot's route.
+func (s Shoot) Validate() error {
+	if err := validateLabel(s.Name); err != nil {
+		return fmt.Errorf("shoot name %q: %w", s.Name, err)
+	}
+	if !s.APIServer.IsValid() || s.APIServer.Port() == 0 {
+		return fmt.Errorf("shoot %s: apiserver must be IP:port with a non-zero port", s.Name)
+	}
+	if s.VPNServer.IsValid() && s.VPNServer.Port() == 0 {
+		return fmt.Errorf("shoot %s: vpnServer must have a non-zero port", s.Name)
+	}
+	if len(s.Hosts) == 0 {
+		return fmt.Errorf("shoot %s: at least one host is required", s.Name)
+	}
+	seen := make(map[string]bool, len(s.Hosts))
+	for _, h := range s.Hosts {
+		if err := ValidateHost(h); err != nil {
+			return fmt.Errorf("shoot %s: host %q: %w", s.Name, h, err)
+		}
+		if seen[h] {
+			return fmt.Errorf("shoot %s: host %q listed twice", s.Name, h)
+		}
+		seen[h] = true
+	}
+	return nil
+}
+
+// ValidateHost checks that h is a lower-case DNS name as a TLS client sends it in SNI: labels of
+// letters, digits, '-' and '_' (a few real names carry it), separated by dots, at most 253 bytes.
+// Upper case is refused rather than folded so that the route file and the generated cluster
+// names agree byte for byte.
+func ValidateHost(h string) error {
+	if h == "" {
+		return errors.New("empty")
+	}
+	// 253 = 255 octets of wire format minus the length byte of the first label and the root.
+	if len(h) > 253 {
+		return errors.New("longer than 253 bytes")
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" {
+			return errors.New("empty label")
+		}
+		if len(label) > 63 {
+			return fmt.Errorf("label %q longer than 63 bytes", label)
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			switch {
+			case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_':
+			case c >= 'A' && c <= 'Z':
+				return errors.New("must be lower-case")
+			default:
+				return fmt.Errorf("invalid character %q", c)
+			}
+		}
+	}
+	return nil
+}
+
+func validateLabel(s string) error {
+	if s == "" {
+		return errors.New("empty")
+	}
+	if len(s) > 63 {
+		return errors.New("longer than 63 bytes")
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return fmt.Errorf("invalid character %q (a DNS label is [a-z0-9-])", c)
+		}
+	}
+	if s[0] == '-' || s[len(s)-1] == '-' {
+		return errors.New("must start and end with a letter or digit")
+	}
+	return nil
+}
+
+// ValidateSet validates every shoot and the set as a whole: names are unique, and no server name
+// or advertised address belongs to two shoots (either would route one shoot's clients to another).
+func ValidateSet(shoots []Shoot) error {
+	names := make(map[string]bool, len(shoots))
+	hosts := make(map[string]string, len(shoots))
+	advertised := make(map[netip.Addr]string)
+	var errs []error
+	for _, s := range shoots {
+		if err := s.Validate(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if names[s.Name] {
+			errs = append(errs, fmt.Errorf("shoot %s listed twice", s.Name))
+			continue
+		}
+		names[s.Name] = true
+		for _, h := range s.Hosts {
+			if other, ok := hosts[h]; ok {
+				errs = append(errs, fmt.Errorf("host %q claimed by both %s and %s", h, other, s.Name))
+			}
+			hosts[h] = s.Name
+		}
+		if a := s.AdvertisedAddress; a.IsValid() {
+			if other, ok := advertised[a]; ok {
+				errs = append(errs, fmt.Errorf("advertised address %s claimed by both %s and %s", a, other, s.Name))
+			}
+			advertised[a] = s.Name
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Sort orders shoots by name, the order every consumer of a set relies on for determinism.
+func Sort(shoots []Shoot) {
+	slices.SortFunc(shoots, func(a, b Shoot) int { return cmp.Compare(a.Name, b.Name) })
+}

@@ -1,0 +1,61 @@
+package server
+
+import (
+	"fmt"
+
+	"github.com/envoyproxy/go-control-plane/pkg/log"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	shoots        prometheus.Gauge
+	resources     *prometheus.GaugeVec
+	changes       prometheus.Counter
+	applyDuration prometheus.Histogram
+	responses     *prometheus.CounterVec
+	sent          *prometheus.CounterVec
+	acks          *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		shoots: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tendril_xds_shoots", Help: "Shoots in the applied route set.",
+		}),
+		resources: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tendril_xds_resources", Help: "Resources in the cache, by type.",
+		}, []string{"type"}),
+		changes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tendril_xds_resource_changes_total", Help: "Resources written to or removed from the caches.",
+		}),
+		applyDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tendril_xds_apply_seconds", Help: "Time to translate and apply a route set to the caches.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}),
+		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_xds_responses_total", Help: "xDS responses sent, by protocol and type.",
+		}, []string{"protocol", "type"}),
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_xds_resources_sent_total", Help: "Resources sent in xDS responses, by protocol and type.",
+		}, []string{"protocol", "type"}),
+		acks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_xds_acks_total", Help: "xDS responses answered by clients, by type and outcome (ack, nack).",
+		}, []string{"type", "outcome"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.shoots, m.resources, m.changes, m.applyDuration, m.responses, m.sent, m.acks)
+	}
+	return m
+}
+
+// logAdapter routes go-control-plane's logs to l: its debug and info lines (one per watch
+// event) at V(1), warnings and errors at the default level.
+func logAdapter(l logr.Logger) log.Logger {
+	return log.LoggerFuncs{
+		DebugFunc: func(f string, a ...any) { l.V(2).Info(fmt.Sprintf(f, a...)) },
+		InfoFunc:  func(f string, a ...any) { l.V(1).Info(fmt.Sprintf(f, a...)) },
+		WarnFunc:  func(f string, a ...any) { l.Info(fmt.Sprintf(f, a...)) },
+		ErrorFunc: func(f string, a ...any) { l.Error(nil, fmt.Sprintf(f, a...)) },
+	}
+}

@@ -1,0 +1,301 @@
+// Package server is tendril's xDS control plane: it keeps the translated resources in one
+// go-control-plane LinearCache per type behind a MuxCache and serves them over ADS, both
+// state-of-the-world and delta. It updates the caches per resource and only for resources whose
+// content changed, so a rebuild with no change pushes nothing and one shoot's change sends only
+// that shoot's resources. It does not watch sources (xds/source does) or translate (xds/translate).
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/translate"
+)
+
+// MaxRecvMsgSize is the largest request the server accepts. A reconnecting Envoy at 10,000
+// shoots sends back every cluster name and version it holds: ~20,000 names × ~230 B ≈ 4.5 MiB,
+// over grpc-go's 4 MiB default. 64 MiB leaves room for 100,000 shoots.
+const MaxRecvMsgSize = 64 << 20
+
+// Types are the resource types tendril serves, in the order a client should apply them.
+var Types = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType}
+
+// Config configures a Server. The zero value works.
+type Config struct {
+	// Log receives the server's logs. The zero value discards them.
+	Log logr.Logger
+	// Registry receives the server's metrics. If nil, they are not registered.
+	Registry prometheus.Registerer
+	// VersionPrefix distinguishes this cache instance's state-of-the-world versions from an earlier
+	// one's, so a client reconnecting after a restart is not told it is up to date. If empty, the
+	// start time is used.
+	VersionPrefix string
+}
+
+// Server holds the current resources and serves them over ADS.
+type Server struct {
+	log     logr.Logger
+	caches  map[string]*cachev3.LinearCache
+	mux     *cachev3.MuxCache
+	metrics *metrics
+
+	mu sync.Mutex
+	// shoots is the model last applied per shoot, to skip translating unchanged shoots.
+	shoots map[string]model.Shoot
+	// owned lists the resource names of each shoot per type, to find removals.
+	owned map[string]map[string][]string
+	// hashes is the content hash of every resource in the caches, per type.
+	hashes      map[string]map[string][32]byte
+	constantSet bool
+}
+
+// New returns a Server holding no resources.
+func New(cfg Config) *Server {
+	prefix := cfg.VersionPrefix
+	if prefix == "" {
+		prefix = fmt.Sprintf("%x-", time.Now().UnixNano())
+	}
+	s := &Server{
+		log:     cfg.Log,
+		caches:  make(map[string]*cachev3.LinearCache, len(Types)),
+		shoots:  make(map[string]model.Shoot),
+		owned:   make(map[string]map[string][]string),
+		hashes:  make(map[string]map[string][32]byte, len(Types)),
+		metrics: newMetrics(cfg.Registry),
+	}
+	for _, t := range Types {
+		s.caches[t] = cachev3.NewLinearCache(t, cachev3.WithVersionPrefix(prefix), cachev3.WithLogger(logAdapter(cfg.Log.WithName("cache"))))
+		s.hashes[t] = make(map[string][32]byte)
+	}
+	caches := make(map[string]cachev3.Cache, len(s.caches))
+	for t, c := range s.caches {
+		caches[t] = c
+	}
+	s.mux = &cachev3.MuxCache{
+		Classify:      func(r *cachev3.Request) string { return r.GetTypeUrl() },
+		ClassifyDelta: func(r *cachev3.DeltaRequest) string { return r.GetTypeUrl() },
+		Caches:        caches,
+	}
+	return s
+}
+
+// Cache is the server's resource cache, for tests and embedding in another gRPC server.
+func (s *Server) Cache() cachev3.Cache { return s.mux }
+
+// Stats says what one Apply changed.
+type Stats struct {
+	// Translated counts the shoots whose model changed and were translated again.
+	Translated int
+	// Updated and Removed count resources written to and deleted from the caches.
+	Updated, Removed int
+}
+
+// Apply makes shoots the complete route set. Shoots whose model is unchanged are not translated
+// again; of the rest, only resources whose content changed are written to the caches. The set must
+// pass model.ValidateSet; Apply refuses it otherwise and keeps what it had.
+func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
+	if err := model.ValidateSet(shoots); err != nil {
+		return Stats{}, fmt.Errorf("apply routes: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start := time.Now()
+
+	var st Stats
+	next := make(map[string]model.Shoot, len(shoots))
+	// desired collects the new resources of the shoots that changed; released the names those
+	// shoots (and the removed ones) owned before. A released name that is desired again, possibly
+	// by another shoot, is an update rather than a removal.
+	desired := make(map[string]map[string]types.Resource, len(Types))
+	released := make(map[string]map[string]bool, len(Types))
+	for _, t := range Types {
+		desired[t] = make(map[string]types.Resource)
+		released[t] = make(map[string]bool)
+	}
+	if !s.constantSet {
+		s.collect(translate.Constant(), desired)
+	}
+	for _, sh := range shoots {
+		next[sh.Name] = sh
+		if old, ok := s.shoots[sh.Name]; ok && equalShoot(old, sh) {
+			continue
+		}
+		st.Translated++
+		s.release(sh.Name, released)
+		s.owned[sh.Name] = s.collect(translate.Shoot(sh), desired)
+	}
+	for name := range s.shoots {
+		if _, ok := next[name]; !ok {
+			s.release(name, released)
+			delete(s.owned, name)
+		}
+	}
+
+	for _, t := range Types {
+		update := make(map[string]types.Resource)
+		for name, r := range desired[t] {
+			h := hash(r)
+			if old, ok := s.hashes[t][name]; ok && old == h {
+				continue
+			}
+			s.hashes[t][name] = h
+			update[name] = r
+		}
+		var remove []string
+		for name := range released[t] {
+			if _, ok := desired[t][name]; !ok {
+				remove = append(remove, name)
+				delete(s.hashes[t], name)
+			}
+		}
+		if len(update) == 0 && len(remove) == 0 {
+			continue
+		}
+		slices.Sort(remove)
+		if err := s.caches[t].UpdateResources(update, remove); err != nil {
+			// The cache has taken the resources; only notifying a watch failed, which the
+			// library retries on the watch's next request.
+			s.log.Error(err, "Notifying xDS watches failed", "type", t)
+		}
+		st.Updated += len(update)
+		st.Removed += len(remove)
+		s.metrics.resources.WithLabelValues(t).Set(float64(len(s.hashes[t])))
+	}
+	s.constantSet = true
+	s.shoots = next
+	s.metrics.shoots.Set(float64(len(next)))
+	s.metrics.applyDuration.Observe(time.Since(start).Seconds())
+	s.metrics.changes.Add(float64(st.Updated + st.Removed))
+	return st, nil
+}
+
+// collect adds r's resources to desired and returns their names per type.
+func (s *Server) collect(r translate.Resources, desired map[string]map[string]types.Resource) map[string][]string {
+	names := make(map[string][]string, len(Types))
+	add := func(t string, name string, res types.Resource) {
+		desired[t][name] = res
+		names[t] = append(names[t], name)
+	}
+	for _, c := range r.Clusters {
+		add(resourcev3.ClusterType, c.GetName(), c)
+	}
+	for _, e := range r.Endpoints {
+		add(resourcev3.EndpointType, e.GetClusterName(), e)
+	}
+	for _, l := range r.Listeners {
+		add(resourcev3.ListenerType, l.GetName(), l)
+	}
+	return names
+}
+
+func (s *Server) release(shoot string, released map[string]map[string]bool) {
+	for t, names := range s.owned[shoot] {
+		for _, n := range names {
+			released[t][n] = true
+		}
+	}
+}
+
+// Resources returns the names of the resources of type t currently served, sorted.
+func (s *Server) Resources(t string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Sorted(maps.Keys(s.hashes[t]))
+}
+
+func equalShoot(a, b model.Shoot) bool { return reflect.DeepEqual(a, b) }
+
+// hash is the content hash of a resource: deterministic marshalling makes equal messages equal
+// bytes within one binary, which is all the comparison with the previous Apply needs.
+func hash(r types.Resource) [32]byte {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+	if err != nil {
+		// A generated resource always marshals; make a failure count as a change.
+		return [32]byte{}
+	}
+	return sha256.Sum256(b)
+}
+
+// Serve serves ADS on l until ctx ends, then stops the gRPC server (Stop, not GracefulStop:
+// xDS streams never end by themselves, and clients reconnect to a replica).
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	g := grpc.NewServer(
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
+		// grpc-go limits concurrent streams per connection to 100 by default; every ingress holds
+		// one ADS stream per connection, but Envoy with separate xDS streams may open several.
+		grpc.MaxConcurrentStreams(1<<20),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second, PermitWithoutStream: true}),
+	)
+	xs := serverv3.NewServer(ctx, s.mux, s.callbacks())
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, xs)
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		g.Stop()
+	}()
+	err := g.Serve(l)
+	wg.Wait()
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) && ctx.Err() == nil {
+		return fmt.Errorf("serve xDS on %s: %w", l.Addr(), err)
+	}
+	return nil
+}
+
+func (s *Server) callbacks() serverv3.CallbackFuncs {
+	return serverv3.CallbackFuncs{
+		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+			s.observeRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode().GetId())
+			return nil
+		},
+		StreamDeltaResponseFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
+			s.metrics.responses.WithLabelValues("delta", resp.GetTypeUrl()).Inc()
+			s.metrics.sent.WithLabelValues("delta", resp.GetTypeUrl()).Add(float64(len(resp.GetResources())))
+		},
+		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
+			s.observeRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode().GetId())
+			return nil
+		},
+		StreamResponseFunc: func(_ context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+			s.metrics.responses.WithLabelValues("sotw", resp.GetTypeUrl()).Inc()
+			s.metrics.sent.WithLabelValues("sotw", resp.GetTypeUrl()).Add(float64(len(resp.GetResources())))
+		},
+	}
+}
+
+// observeRequest counts ACKs and NACKs. A NACK is logged: it means a data plane rejected what
+// tendril generated and keeps serving its previous configuration.
+func (s *Server) observeRequest(typeURL, nonce, detail string, nack bool, node string) {
+	switch {
+	case nonce == "":
+		return // a subscription, not an answer
+	case nack:
+		s.metrics.acks.WithLabelValues(typeURL, "nack").Inc()
+		s.log.Info("xDS client rejected a configuration", "node", node, "type", typeURL, "nonce", nonce, "detail", detail)
+	default:
+		s.metrics.acks.WithLabelValues(typeURL, "ack").Inc()
+	}
+}

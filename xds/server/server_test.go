@@ -1,0 +1,332 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/server"
+	"github.com/tendril-net/tendril/xds/translate"
+)
+
+func shoot(i int, hosts int) model.Shoot {
+	s := model.Shoot{
+		Name:      fmt.Sprintf("shoot--p--s%d", i),
+		APIServer: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 1}), 443),
+	}
+	for h := range hosts {
+		s.Hosts = append(s.Hosts, fmt.Sprintf("api%d.s%d.example.com", h, i))
+	}
+	return s
+}
+
+func shoots(n int) []model.Shoot {
+	out := make([]model.Shoot, n)
+	for i := range out {
+		out[i] = shoot(i, 2)
+	}
+	return out
+}
+
+func TestApplySkipsUnchanged(t *testing.T) {
+	s := server.New(server.Config{Log: testr.New(t)})
+	set := shoots(20)
+	st, err := s.Apply(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 20 shoots × (2 clusters + 1 assignment) + the listener and the blackhole cluster.
+	if st.Updated != 20*3+2 || st.Removed != 0 {
+		t.Fatalf("first apply: %+v", st)
+	}
+	if st, _ = s.Apply(shoots(20)); st != (server.Stats{}) {
+		t.Fatalf("no-op apply changed something: %+v", st)
+	}
+	// Moving a host from one shoot to another is an update of its cluster, never a removal.
+	set = shoots(20)
+	set[3].Hosts = set[3].Hosts[:1]
+	set[4].Hosts = append(set[4].Hosts, "api1.s3.example.com")
+	if st, err = s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	if st.Translated != 2 || st.Updated != 1 || st.Removed != 0 {
+		t.Fatalf("host move: %+v, want 2 translated, 1 updated (the moved cluster's service), 0 removed", st)
+	}
+	if st, _ = s.Apply(set[1:]); st.Removed != 3 || st.Updated != 0 {
+		t.Fatalf("removing a shoot: %+v, want its 2 clusters and 1 assignment removed", st)
+	}
+	bad := append(set[1:], set[1]) // duplicate name
+	if _, err := s.Apply(bad); err == nil {
+		t.Fatal("a set with a duplicate shoot was accepted")
+	}
+	if got := len(s.Resources(resourcev3.ClusterType)); got != 19*2+1 {
+		t.Errorf("%d clusters after a refused apply, want the last good set's %d", got, 19*2+1)
+	}
+}
+
+// TestADSBothProtocols drives the real gRPC server with a delta and a state-of-the-world client
+// at once and checks what each shoot change sends.
+func TestADSBothProtocols(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := server.New(server.Config{Log: testr.NewWithOptions(t, testr.Options{Verbosity: 0})})
+	set := shoots(50)
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+
+	delta := newDeltaClient(ctx, t, ads)
+	sotw := newSotwClient(ctx, t, ads)
+
+	// Initial state: every resource once on each protocol.
+	got := delta.recvTypes(t, 3)
+	if n := len(got[resourcev3.ClusterType].GetResources()); n != 50*2+1 {
+		t.Fatalf("delta initial clusters: %d", n)
+	}
+	if n := len(got[resourcev3.EndpointType].GetResources()); n != 50 {
+		t.Fatalf("delta initial endpoints: %d", n)
+	}
+	sgot := sotw.recvTypes(t, 3)
+	listenerVersion := sgot[resourcev3.ListenerType].GetVersionInfo()
+
+	// A no-op apply followed by a real change: the first response on each stream must be the
+	// change, so the no-op sent nothing.
+	if st, _ := s.Apply(shoots(50)); st.Updated+st.Removed != 0 {
+		t.Fatalf("no-op apply: %+v", st)
+	}
+	set[7].APIServer = netip.MustParseAddrPort("10.99.0.7:6443")
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	r := delta.recv(t)
+	if r.GetTypeUrl() != resourcev3.EndpointType || len(r.GetResources()) != 1 || r.GetResources()[0].GetName() != translate.APIServerService(set[7].Name) {
+		t.Fatalf("delta after no-op + endpoint change: %s with %d resources, want only %s's assignment", r.GetTypeUrl(), len(r.GetResources()), set[7].Name)
+	}
+	sr := sotw.recv(t)
+	if sr.GetTypeUrl() != resourcev3.EndpointType || !containsEndpoint(t, sr, "10.99.0.7") {
+		t.Fatalf("sotw after no-op + endpoint change: %s, want the endpoints with the new address", sr.GetTypeUrl())
+	}
+
+	// 100 shoot changes (add a host, remove it again, add a shoot, remove it): the listener is
+	// never sent again, and each change sends only the changed shoot's resources.
+	for i := range 100 {
+		next := append([]model.Shoot(nil), set...)
+		var wantType string
+		var wantUpdated, wantRemoved int
+		switch i % 4 {
+		case 0:
+			next[i%50].Hosts = append(append([]string(nil), next[i%50].Hosts...), fmt.Sprintf("extra%d.example.com", i))
+			wantType, wantUpdated = resourcev3.ClusterType, 1
+		case 1: // back to set: the extra host's cluster goes
+			wantType, wantRemoved = resourcev3.ClusterType, 1
+		case 2:
+			next = append(next, shoot(1000+i, 2))
+			wantType, wantUpdated = resourcev3.ClusterType, 2
+		case 3: // back to set: the added shoot's clusters and assignment go
+			wantType, wantRemoved = resourcev3.ClusterType, 2
+		}
+		if i%2 == 0 {
+			if _, err := s.Apply(next); err != nil {
+				t.Fatal(err)
+			}
+		} else if _, err := s.Apply(set); err != nil {
+			t.Fatal(err)
+		}
+		// Types are answered on their own watches, so their order within one change is free.
+		n := 1
+		if i%4 >= 2 { // a shoot added or removed also adds or removes its assignment
+			n = 2
+		}
+		got := delta.recvTypes(t, n)
+		if r := got[wantType]; len(r.GetResources()) != wantUpdated || len(r.GetRemovedResources()) != wantRemoved || len(got) != n {
+			t.Fatalf("change %d: delta sent %d types, %s +%d -%d, want %s +%d -%d", i, len(got), wantType, len(r.GetResources()), len(r.GetRemovedResources()), wantType, wantUpdated, wantRemoved)
+		}
+		if n == 2 {
+			if r := got[resourcev3.EndpointType]; len(r.GetResources())+len(r.GetRemovedResources()) != 1 {
+				t.Fatalf("change %d: delta sent %d assignments, want one", i, len(r.GetResources())+len(r.GetRemovedResources()))
+			}
+		}
+		// The sotw stream re-sends the full cluster list (the protocol's cost, which is why the
+		// data planes use delta) but never the listener. Endpoints are not full-state in sotw, so
+		// a removed assignment is not announced there; an added one is.
+		sr := sotw.recv(t)
+		if sr.GetTypeUrl() == resourcev3.ListenerType {
+			t.Fatalf("change %d re-sent the listener on sotw", i)
+		}
+		if i%4 == 2 {
+			if sr := sotw.recv(t); sr.GetTypeUrl() == resourcev3.ListenerType {
+				t.Fatalf("change %d re-sent the listener on sotw", i)
+			}
+		}
+	}
+	// Nothing further is pending: a final endpoint change is the very next response on both.
+	set[9].APIServer = netip.MustParseAddrPort("10.99.0.9:6443")
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	if r := delta.recv(t); r.GetTypeUrl() != resourcev3.EndpointType || len(r.GetResources()) != 1 {
+		t.Fatalf("final change: delta sent %s with %d resources", r.GetTypeUrl(), len(r.GetResources()))
+	}
+	if sr := sotw.recv(t); sr.GetTypeUrl() != resourcev3.EndpointType {
+		t.Fatalf("final change: sotw sent %s", sr.GetTypeUrl())
+	}
+	if v := sotw.versions[resourcev3.ListenerType]; v != listenerVersion {
+		t.Errorf("listener version changed from %s to %s", listenerVersion, v)
+	}
+}
+
+func containsEndpoint(t *testing.T, r *discoveryv3.DiscoveryResponse, ip string) bool {
+	t.Helper()
+	for _, a := range r.GetResources() {
+		if bytes.Contains(a.GetValue(), []byte(ip)) {
+			return true
+		}
+	}
+	return false
+}
+
+var node = &corev3.Node{Id: "test"}
+
+type deltaClient struct {
+	stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
+	ch     chan *discoveryv3.DeltaDiscoveryResponse
+}
+
+func newDeltaClient(ctx context.Context, t *testing.T, ads discoveryv3.AggregatedDiscoveryServiceClient) *deltaClient {
+	st, err := ads.DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range server.Types {
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &deltaClient{stream: st, ch: make(chan *discoveryv3.DeltaDiscoveryResponse, 1000)}
+	go func() {
+		defer close(c.ch)
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return
+			}
+			// ACK, as a data plane would.
+			if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
+				return
+			}
+			c.ch <- r
+		}
+	}()
+	return c
+}
+
+func (c *deltaClient) recv(t *testing.T) *discoveryv3.DeltaDiscoveryResponse {
+	t.Helper()
+	select {
+	case r, ok := <-c.ch:
+		if !ok {
+			t.Fatal("delta stream ended")
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delta response within 10 s")
+		return nil
+	}
+}
+
+func (c *deltaClient) recvTypes(t *testing.T, n int) map[string]*discoveryv3.DeltaDiscoveryResponse {
+	t.Helper()
+	out := map[string]*discoveryv3.DeltaDiscoveryResponse{}
+	for range n {
+		r := c.recv(t)
+		out[r.GetTypeUrl()] = r
+	}
+	return out
+}
+
+type sotwClient struct {
+	ch       chan *discoveryv3.DiscoveryResponse
+	versions map[string]string // owned by the test goroutine, updated in recv
+}
+
+func newSotwClient(ctx context.Context, t *testing.T, ads discoveryv3.AggregatedDiscoveryServiceClient) *sotwClient {
+	st, err := ads.StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range server.Types {
+		if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &sotwClient{ch: make(chan *discoveryv3.DiscoveryResponse, 1000), versions: map[string]string{}}
+	go func() {
+		defer close(c.ch)
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return
+			}
+			if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()}); err != nil {
+				return
+			}
+			c.ch <- r
+		}
+	}()
+	return c
+}
+
+func (c *sotwClient) recv(t *testing.T) *discoveryv3.DiscoveryResponse {
+	t.Helper()
+	select {
+	case r, ok := <-c.ch:
+		if !ok {
+			t.Fatal("sotw stream ended")
+		}
+		c.versions[r.GetTypeUrl()] = r.GetVersionInfo()
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no sotw response within 10 s")
+		return nil
+	}
+}
+
+func (c *sotwClient) recvTypes(t *testing.T, n int) map[string]*discoveryv3.DiscoveryResponse {
+	t.Helper()
+	out := map[string]*discoveryv3.DiscoveryResponse{}
+	for range n {
+		r := c.recv(t)
+		out[r.GetTypeUrl()] = r
+	}
+	return out
+}

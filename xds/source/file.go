@@ -1,0 +1,231 @@
+// Package source feeds route sets to the xDS server. This file is the static source: a YAML route
+// file, re-read when it changes, so tendril runs without Kubernetes. It resolves host names in
+// the file (EDS endpoints must be IPs) and validates the whole set; a bad file is refused and the
+// last good set stays served. It does not translate or serve xDS.
+package source
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tendril-net/tendril/xds/model"
+)
+
+// RouteFile is the route file's format.
+type RouteFile struct {
+	Shoots []RouteEntry `json:"shoots"`
+}
+
+// RouteEntry is one shoot in the route file. Addresses may name hosts; they are resolved when the
+// file is loaded.
+type RouteEntry struct {
+	Name              string   `json:"name"`
+	Hosts             []string `json:"hosts"`
+	APIServer         string   `json:"apiserver"`
+	AdvertisedAddress string   `json:"advertisedAddress,omitempty"`
+	VPNServer         string   `json:"vpnServer,omitempty"`
+}
+
+// Resolver looks up the addresses of a host; *net.Resolver is one.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// ResolveTimeout bounds the name lookups of one load, so a dead DNS server delays a reload rather
+// than hanging it.
+const ResolveTimeout = 10 * time.Second
+
+// MaxFileSize bounds the route file: 10,000 shoots at ~200 B each is 2 MB.
+const MaxFileSize = 32 << 20
+
+// ParseRoutes decodes a route file, resolves its addresses with r (net.DefaultResolver if nil) and
+// validates the set. Unknown fields are errors, so a misspelt key is not silently ignored.
+func ParseRoutes(ctx context.Context, data []byte, r Resolver) ([]model.Shoot, error) {
+	if r == nil {
+		r = net.DefaultResolver
+	}
+	var f RouteFile
+	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+		return nil, fmt.Errorf("decode routes: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, ResolveTimeout)
+	defer cancel()
+	shoots := make([]model.Shoot, 0, len(f.Shoots))
+	for i, e := range f.Shoots {
+		s, err := e.model(ctx, r)
+		if err != nil {
+			return nil, fmt.Errorf("shoots[%d] (%s): %w", i, e.Name, err)
+		}
+		shoots = append(shoots, s)
+	}
+	if err := model.ValidateSet(shoots); err != nil {
+		return nil, err
+	}
+	model.Sort(shoots)
+	return shoots, nil
+}
+
+func (e RouteEntry) model(ctx context.Context, r Resolver) (model.Shoot, error) {
+	s := model.Shoot{Name: e.Name, Hosts: e.Hosts}
+	var err error
+	if e.APIServer == "" {
+		return s, errors.New("apiserver is required")
+	}
+	if s.APIServer, err = resolveHostPort(ctx, r, e.APIServer); err != nil {
+		return s, fmt.Errorf("apiserver: %w", err)
+	}
+	if e.VPNServer != "" {
+		if s.VPNServer, err = resolveHostPort(ctx, r, e.VPNServer); err != nil {
+			return s, fmt.Errorf("vpnServer: %w", err)
+		}
+	}
+	if e.AdvertisedAddress != "" {
+		// An advertised address is what clients dial, so it is an IP by definition.
+		if s.AdvertisedAddress, err = netip.ParseAddr(e.AdvertisedAddress); err != nil {
+			return s, fmt.Errorf("advertisedAddress: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// resolveHostPort turns "host:port" into an IP and port. Of several addresses the smallest is
+// taken, so that reloading an unchanged file never flips the endpoint.
+func resolveHostPort(ctx context.Context, r Resolver, hostport string) (netip.AddrPort, error) {
+	host, portStr, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil || port == 0 {
+		return netip.AddrPort{}, fmt.Errorf("invalid port %q", portStr)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return netip.AddrPortFrom(ip.Unmap(), uint16(port)), nil
+	}
+	ips, err := r.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("resolve %s: %w", host, err)
+	}
+	if len(ips) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("resolve %s: no addresses", host)
+	}
+	for i := range ips {
+		ips[i] = ips[i].Unmap()
+	}
+	return netip.AddrPortFrom(slices.MinFunc(ips, func(a, b netip.Addr) int { return a.Compare(b) }), uint16(port)), nil
+}
+
+// File watches a route file and publishes its route set: once at start and after every change.
+type File struct {
+	// Path is the route file.
+	Path string
+	// Resolver resolves host names in the file. If nil, net.DefaultResolver.
+	Resolver Resolver
+	// Log receives load errors and reloads. The zero value discards them.
+	Log logr.Logger
+	// Settle is how long the file must be quiet after an event before it is read, so that an
+	// editor's or a ConfigMap's multi-step write is read once, complete. If zero, 100 ms.
+	Settle time.Duration
+}
+
+// Publish receives each good route set; an error it returns is logged and the set counts as
+// rejected.
+type Publish func([]model.Shoot) error
+
+// Load reads and parses the file once.
+func (f *File) Load(ctx context.Context) ([]model.Shoot, error) {
+	data, err := readBounded(f.Path)
+	if err != nil {
+		return nil, err
+	}
+	shoots, err := ParseRoutes(ctx, data, f.Resolver)
+	if err != nil {
+		return nil, fmt.Errorf("route file %s: %w", f.Path, err)
+	}
+	return shoots, nil
+}
+
+// Run loads the file, publishes it, and republishes after each change until ctx ends. The first
+// load must succeed: starting without routes because of a typo would look like a healthy ingress
+// refusing every shoot. Later bad versions are logged and skipped.
+func (f *File) Run(ctx context.Context, publish Publish) error {
+	shoots, err := f.Load(ctx)
+	if err != nil {
+		return err
+	}
+	if err := publish(shoots); err != nil {
+		return fmt.Errorf("route file %s: %w", f.Path, err)
+	}
+	f.Log.Info("Routes loaded", "path", f.Path, "shoots", len(shoots))
+
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch route file: %w", err)
+	}
+	defer w.Close()
+	// Watch the directory, not the file: editors and ConfigMap volumes replace the file by rename,
+	// which ends a watch on the file itself.
+	if err := w.Add(filepath.Dir(f.Path)); err != nil {
+		return fmt.Errorf("watch route file: %w", err)
+	}
+	settle := f.Settle
+	if settle == 0 {
+		settle = 100 * time.Millisecond
+	}
+	timer := time.NewTimer(0)
+	<-timer.C
+	for {
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case err := <-w.Errors:
+			f.Log.Error(err, "Watching route file", "path", f.Path)
+		case <-w.Events:
+			// Any event in the directory may be the file's (ConfigMaps swap a "..data" symlink).
+			// Reading an unchanged file again resolves its host names again, which is wanted,
+			// and the xDS server turns an unchanged set into no update at all.
+			timer.Reset(settle)
+		case <-timer.C:
+			shoots, err := f.Load(ctx)
+			if err == nil {
+				err = publish(shoots)
+			}
+			if err != nil {
+				f.Log.Error(err, "Route file rejected, keeping the last good routes", "path", f.Path)
+				continue
+			}
+			f.Log.Info("Routes reloaded", "path", f.Path, "shoots", len(shoots))
+		}
+	}
+}
+
+func readBounded(path string) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read route file: %w", err)
+	}
+	defer fh.Close()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(io.LimitReader(fh, MaxFileSize+1)); err != nil {
+		return nil, fmt.Errorf("read route file %s: %w", path, err)
+	}
+	if buf.Len() > MaxFileSize {
+		return nil, fmt.Errorf("route file %s: larger than %d bytes", path, MaxFileSize)
+	}
+	return buf.Bytes(), nil
+}

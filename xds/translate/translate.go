@@ -1,0 +1,233 @@
+// Package translate turns tendril's routing model into Envoy xDS resources in the
+// constant-listener layout (design.md, "xDS layout"): the listeners never depend on the shoots, and
+// each shoot is nothing but clusters and cluster load assignments, so one shoot's change costs the
+// same at 10 shoots as at 10,000. Translation is pure and deterministic: no I/O, no clocks, no
+// Kubernetes; the same model always yields the same resources.
+package translate
+
+import (
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	setfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/set_filter_state/v3"
+	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
+	netsetfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
+	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tendril-net/tendril/xds/model"
+)
+
+// Names of the constant resources, and the prefixes that keep the per-listener cluster name
+// spaces apart: a server name can only ever select an "sni|" cluster.
+const (
+	SNIListener      = "sni"
+	BlackholeCluster = "tendril-blackhole"
+	SNIClusterPrefix = "sni|"
+
+	// TCPProxyClusterKey is Envoy's well-known filter state key that overrides tcp_proxy's cluster
+	// per connection.
+	TCPProxyClusterKey = "envoy.tcp_proxy.cluster"
+	// RequestedServerName is the command operator for the ClientHello's server name; Envoy renders
+	// it as "-" when there is none, which names no cluster.
+	RequestedServerName = "%REQUESTED_SERVER_NAME%"
+
+	// Well-known extension names, as Envoy registers them.
+	TLSInspectorFilter   = "envoy.filters.listener.tls_inspector"
+	SetFilterStateFilter = "envoy.filters.network.set_filter_state"
+	TCPProxyFilter       = "envoy.filters.network.tcp_proxy"
+)
+
+// Ports the listeners bind inside the ingress pod; the data plane maps them to real addresses.
+const SNIPort = 443
+
+// Timeouts, explicit so that Envoy and tendril-ingress behave alike (design.md, "Wire details").
+const (
+	// ClientHelloTimeout bounds the wait for the ClientHello (listener filters).
+	ClientHelloTimeout = 10 * time.Second
+	// IdleTimeout closes a spliced connection after this long without bytes in either direction;
+	// kube-apiserver watches and tunnels carry their own keepalives well inside it.
+	IdleTimeout = time.Hour
+	// ConnectTimeout bounds the dial to an upstream.
+	ConnectTimeout = 5 * time.Second
+)
+
+// MaxConnectionsPerCluster lifts Envoy's default circuit breaker (1,024 connections per cluster),
+// which a large shoot's watches alone would exceed: 5,000 nodes × a few watches each. tendril-ingress
+// enforces the same limit.
+const MaxConnectionsPerCluster = 65536
+
+// PerConnectionBufferLimit is Envoy's per-connection read buffer (the default is 1 MiB): 32 KiB
+// keeps 100,000 idle watches well under 4 GiB of buffers and still fills a loopback splice.
+const PerConnectionBufferLimit = 32 << 10
+
+// Resources is a set of xDS resources by type, in a deterministic order.
+type Resources struct {
+	Listeners []*listenerv3.Listener
+	Clusters  []*clusterv3.Cluster
+	Endpoints []*endpointv3.ClusterLoadAssignment
+}
+
+// Append adds all of o's resources to r.
+func (r *Resources) Append(o Resources) {
+	r.Listeners = append(r.Listeners, o.Listeners...)
+	r.Clusters = append(r.Clusters, o.Clusters...)
+	r.Endpoints = append(r.Endpoints, o.Endpoints...)
+}
+
+// SNICluster is the name of the cluster a connection with server name host selects.
+func SNICluster(host string) string { return SNIClusterPrefix + host }
+
+// APIServerService is the EDS service name shared by all of a shoot's kube-apiserver clusters, so
+// that its endpoints are one ClusterLoadAssignment however many names reach it.
+func APIServerService(shoot string) string { return shoot + "/kube-apiserver" }
+
+// All translates a whole route set: the constant resources followed by every shoot's, in the
+// order of shoots.
+func All(shoots []model.Shoot) Resources {
+	r := Constant()
+	for _, s := range shoots {
+		r.Append(Shoot(s))
+	}
+	return r
+}
+
+// Constant returns the resources that never change with shoots: the listeners and the
+// blackhole cluster tcp_proxy falls back to.
+func Constant() Resources {
+	return Resources{
+		Listeners: []*listenerv3.Listener{sniListener()},
+		Clusters:  []*clusterv3.Cluster{blackholeCluster()},
+	}
+}
+
+// Shoot returns one shoot's resources: a cluster per server name and the load assignment they
+// share. Nothing else depends on the shoot.
+func Shoot(s model.Shoot) Resources {
+	service := APIServerService(s.Name)
+	var r Resources
+	for _, h := range s.Hosts {
+		r.Clusters = append(r.Clusters, edsCluster(SNICluster(h), service))
+	}
+	r.Endpoints = append(r.Endpoints, assignment(service, s.APIServer.Addr().String(), s.APIServer.Port()))
+	return r
+}
+
+func sniListener() *listenerv3.Listener {
+	return &listenerv3.Listener{
+		Name:    SNIListener,
+		Address: socketAddress("0.0.0.0", SNIPort),
+		ListenerFilters: []*listenerv3.ListenerFilter{{
+			Name:       TLSInspectorFilter,
+			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})},
+		}},
+		ListenerFiltersTimeout:           durationpb.New(ClientHelloTimeout),
+		ContinueOnListenerFiltersTimeout: false,
+		PerConnectionBufferLimitBytes:    wrapperspb.UInt32(PerConnectionBufferLimit),
+		FilterChains: []*listenerv3.FilterChain{{
+			Name: SNIListener,
+			Filters: []*listenerv3.Filter{
+				setClusterFilter(SNIClusterPrefix + RequestedServerName),
+				tcpProxyFilter(SNIListener),
+			},
+		}},
+	}
+}
+
+// setClusterFilter sets the tcp_proxy cluster override from format, rendered on each new
+// connection before tcp_proxy (network filters run onNewConnection in chain order).
+func setClusterFilter(format string) *listenerv3.Filter {
+	cfg := &netsetfilterstatev3.Config{
+		OnNewConnection: []*setfilterstatev3.FilterStateValue{{
+			Key: &setfilterstatev3.FilterStateValue_ObjectKey{ObjectKey: TCPProxyClusterKey},
+			Value: &setfilterstatev3.FilterStateValue_FormatString{FormatString: &corev3.SubstitutionFormatString{
+				Format: &corev3.SubstitutionFormatString_TextFormatSource{TextFormatSource: &corev3.DataSource{
+					Specifier: &corev3.DataSource_InlineString{InlineString: format},
+				}},
+			}},
+		}},
+	}
+	return &listenerv3.Filter{
+		Name:       SetFilterStateFilter,
+		ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(cfg)},
+	}
+}
+
+func tcpProxyFilter(statPrefix string) *listenerv3.Filter {
+	cfg := &tcpproxyv3.TcpProxy{
+		StatPrefix:       statPrefix,
+		ClusterSpecifier: &tcpproxyv3.TcpProxy_Cluster{Cluster: BlackholeCluster},
+		IdleTimeout:      durationpb.New(IdleTimeout),
+		// One attempt: a kube-apiserver that refuses is reported to the client at once rather than
+		// retried against the same single endpoint.
+		MaxConnectAttempts: wrapperspb.UInt32(1),
+	}
+	return &listenerv3.Filter{
+		Name:       TCPProxyFilter,
+		ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(cfg)},
+	}
+}
+
+func blackholeCluster() *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 BlackholeCluster,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		ConnectTimeout:       durationpb.New(ConnectTimeout),
+		LoadAssignment:       &endpointv3.ClusterLoadAssignment{ClusterName: BlackholeCluster},
+	}
+}
+
+func edsCluster(name, service string) *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{
+			EdsConfig: &corev3.ConfigSource{
+				ResourceApiVersion:    corev3.ApiVersion_V3,
+				ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+			},
+			ServiceName: service,
+		},
+		ConnectTimeout: durationpb.New(ConnectTimeout),
+		CircuitBreakers: &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+			MaxConnections: wrapperspb.UInt32(MaxConnectionsPerCluster),
+		}}},
+	}
+}
+
+func assignment(service, ip string, port uint16) *endpointv3.ClusterLoadAssignment {
+	return &endpointv3.ClusterLoadAssignment{
+		ClusterName: service,
+		Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints: []*endpointv3.LbEndpoint{{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+					Address: socketAddress(ip, uint32(port)),
+				}},
+			}},
+		}},
+	}
+}
+
+func socketAddress(ip string, port uint32) *corev3.Address {
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Protocol:      corev3.SocketAddress_TCP,
+		Address:       ip,
+		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
+	}}}
+}
+
+// mustAny packs m. Marshalling a well-formed generated message cannot fail; a failure is a
+// programming error that every golden test would hit.
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic("translate: pack " + string(proto.MessageName(m)) + ": " + err.Error())
+	}
+	return a
+}

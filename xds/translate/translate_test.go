@@ -1,0 +1,197 @@
+package translate_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/source"
+	"github.com/tendril-net/tendril/xds/translate"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/out")
+
+// TestGolden pins the Envoy JSON of every input route set and checks that every resource, and
+// every typed_config inside it, passes validation.
+func TestGolden(t *testing.T) {
+	inputs, err := filepath.Glob("testdata/in/*.yaml")
+	if err != nil || len(inputs) == 0 {
+		t.Fatalf("no golden inputs: %v", err)
+	}
+	want := map[string]bool{}
+	for _, in := range inputs {
+		name := strings.TrimSuffix(filepath.Base(in), ".yaml")
+		out := filepath.Join("testdata", "out", name+".json")
+		want[out] = true
+		t.Run(name, func(t *testing.T) {
+			data, err := os.ReadFile(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			shoots, err := source.ParseRoutes(context.Background(), data, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := translate.All(shoots)
+			for _, m := range messages(r) {
+				if err := translate.Validate(m); err != nil {
+					t.Errorf("invalid resource: %v", err)
+				}
+			}
+			got := render(t, r)
+			if *update {
+				if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(out, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			golden, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatalf("%v (run go test ./xds/translate -update)", err)
+			}
+			if !bytes.Equal(got, golden) {
+				t.Errorf("%s differs from the translation (run go test ./xds/translate -update and review the diff):\n%s", out, got)
+			}
+		})
+	}
+	// Stale outputs are deleted on -update and fail the test otherwise.
+	outs, _ := filepath.Glob("testdata/out/*.json")
+	for _, o := range outs {
+		if !want[o] {
+			if *update {
+				_ = os.Remove(o)
+			} else {
+				t.Errorf("stale golden file %s has no input", o)
+			}
+		}
+	}
+}
+
+func messages(r translate.Resources) []proto.Message {
+	var ms []proto.Message
+	for _, l := range r.Listeners {
+		ms = append(ms, l)
+	}
+	for _, c := range r.Clusters {
+		ms = append(ms, c)
+	}
+	for _, e := range r.Endpoints {
+		ms = append(ms, e)
+	}
+	return ms
+}
+
+// render prints resources as indented JSON. protojson varies its whitespace on purpose, so the
+// output is compacted and indented again to be byte-stable.
+func render(t *testing.T, r translate.Resources) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	buf.WriteString("{")
+	section := func(name string, ms []proto.Message, last bool) {
+		fmt.Fprintf(&buf, "%q: [", name)
+		for i, m := range ms {
+			b, err := protojson.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i > 0 {
+				buf.WriteString(",")
+			}
+			buf.Write(b)
+		}
+		buf.WriteString("]")
+		if !last {
+			buf.WriteString(",")
+		}
+	}
+	section("listeners", messages(translate.Resources{Listeners: r.Listeners}), false)
+	section("clusters", messages(translate.Resources{Clusters: r.Clusters}), false)
+	section("endpoints", messages(translate.Resources{Endpoints: r.Endpoints}), true)
+	buf.WriteString("}")
+	var compact, out bytes.Buffer
+	if err := json.Compact(&compact, buf.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Indent(&out, compact.Bytes(), "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	out.WriteString("\n")
+	return out.Bytes()
+}
+
+// TestConstantIndependentOfShoots checks the layout's promise: the listeners do not depend on the
+// shoots, and a shoot's resources do not depend on the other shoots.
+func TestConstantIndependentOfShoots(t *testing.T) {
+	base := translate.All(nil)
+	var shoots []model.Shoot
+	for i := range 100 {
+		shoots = append(shoots, testShoot(i))
+	}
+	all := translate.All(shoots)
+	if len(all.Listeners) != len(base.Listeners) {
+		t.Fatalf("listeners: %d with 100 shoots, %d with none", len(all.Listeners), len(base.Listeners))
+	}
+	for i := range base.Listeners {
+		if !proto.Equal(all.Listeners[i], base.Listeners[i]) {
+			t.Errorf("listener %s changes with shoots", base.Listeners[i].GetName())
+		}
+	}
+	alone := translate.Shoot(shoots[42])
+	var clusters int
+	for _, c := range all.Clusters {
+		for _, a := range alone.Clusters {
+			if c.GetName() == a.GetName() {
+				clusters++
+				if !proto.Equal(c, a) {
+					t.Errorf("cluster %s depends on other shoots", a.GetName())
+				}
+			}
+		}
+	}
+	if clusters != len(alone.Clusters) || clusters != len(shoots[42].Hosts) {
+		t.Errorf("found %d of shoot 42's %d clusters (one per host: %d)", clusters, len(alone.Clusters), len(shoots[42].Hosts))
+	}
+}
+
+// TestValidateRejects makes sure Validate looks inside typed_config: a tcp_proxy without a stat
+// prefix is invalid only there, so the listener's own Validate passes it.
+func TestValidateRejects(t *testing.T) {
+	l := proto.Clone(translate.Constant().Listeners[0]).(*listenerv3.Listener)
+	bad, err := anypb.New(&tcpproxyv3.TcpProxy{ClusterSpecifier: &tcpproxyv3.TcpProxy_Cluster{Cluster: "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.FilterChains[0].Filters[1].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: bad}
+	if err := l.ValidateAll(); err != nil {
+		t.Fatalf("the outer Validate already fails, the test proves nothing: %v", err)
+	}
+	err = translate.Validate(l)
+	if err == nil || !strings.Contains(err.Error(), "StatPrefix") {
+		t.Fatalf("Validate = %v, want an error about the tcp_proxy StatPrefix", err)
+	}
+}
+
+func testShoot(i int) model.Shoot {
+	return model.Shoot{
+		Name:      fmt.Sprintf("shoot--p%d--s%d", i%7, i),
+		Hosts:     []string{fmt.Sprintf("api.s%d.p%d.example.com", i, i%7), fmt.Sprintf("api.s%d.internal.example.com", i)},
+		APIServer: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 1}), 443),
+	}
+}
