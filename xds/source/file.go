@@ -195,11 +195,14 @@ func (f *File) Run(ctx context.Context, publish Publish) error {
 			return nil
 		case err := <-w.Errors:
 			f.Log.Error(err, "Watching route file", "path", f.Path)
-		case <-w.Events:
-			// Any event in the directory may be the file's (ConfigMaps swap a "..data" symlink).
-			// Reading an unchanged file again resolves its host names again, which is wanted,
-			// and the xDS server turns an unchanged set into no update at all.
-			timer.Reset(settle)
+		case ev := <-w.Events:
+			// Only the file itself and a ConfigMap volume's "..data" symlink swap concern us;
+			// other files in the directory (logs, say) must not cause reloads. Reading an
+			// unchanged file again resolves its host names again, which is wanted, and the xDS
+			// server turns an unchanged set into no update at all.
+			if filepath.Clean(ev.Name) == filepath.Clean(f.Path) || filepath.Base(ev.Name) == "..data" {
+				timer.Reset(settle)
+			}
 		case <-timer.C:
 			shoots, err := f.Load(ctx)
 			if err == nil {
