@@ -43,15 +43,18 @@ func (r *Ready) Get() (bool, string) {
 	return false, "starting"
 }
 
-// Handler returns the HTTP handler for /metrics (from g), /healthz and /readyz.
-func Handler(g prometheus.Gatherer, ready *Ready) http.Handler {
+// ReadyFunc reports readiness and, when not ready, why. (*Ready).Get is one.
+type ReadyFunc func() (bool, string)
+
+// Handler returns the HTTP handler for /metrics (from g), /healthz and /readyz (from ready).
+func Handler(g prometheus.Gatherer, ready ReadyFunc) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if ok, reason := ready.Get(); !ok {
+		if ok, reason := ready(); !ok {
 			http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
 			return
 		}

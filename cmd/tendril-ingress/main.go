@@ -1,0 +1,93 @@
+// Command tendril-ingress is tendril's embedded data plane: it takes its configuration from the
+// xDS server over delta ADS and serves the SNI passthrough listener.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tendril-net/tendril/ingress"
+	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/internal/logging"
+	"github.com/tendril-net/tendril/internal/probe"
+)
+
+// Config is tendril-ingress's configuration.
+type Config struct {
+	XDSAddress     string
+	NodeID         string
+	SNIAddress     string
+	MetricsAddress string
+	MaxPending     int
+	Log            logr.Logger
+}
+
+func main() {
+	var cfg Config
+	var verbosity int
+	flag.StringVar(&cfg.XDSAddress, "xds", "127.0.0.1:18000", "xDS server address (host:port)")
+	flag.StringVar(&cfg.NodeID, "node-id", "", "xDS node ID of this replica (default: the host name)")
+	flag.StringVar(&cfg.SNIAddress, "sni-address", "", "address of the SNI passthrough listener (xDS listener \"sni\"); empty: not served")
+	flag.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:18081", "address for /metrics, /healthz and /readyz (empty: off)")
+	flag.IntVar(&cfg.MaxPending, "max-pending", 10000, "connections allowed to wait for their ClientHello at once")
+	flag.IntVar(&verbosity, "v", 0, "log verbosity")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "tendril-ingress: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
+	if cfg.NodeID == "" {
+		cfg.NodeID, _ = os.Hostname()
+	}
+	cfg.Log = logging.New(os.Stderr, verbosity).WithName("tendril-ingress")
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := Run(ctx, cfg); err != nil {
+		cfg.Log.Error(err, "Exiting")
+		os.Exit(1)
+	}
+}
+
+// Run serves until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	listeners := map[string]string{}
+	if cfg.SNIAddress != "" {
+		listeners["sni"] = cfg.SNIAddress
+	}
+	if len(listeners) == 0 {
+		return errors.New("no listener address given (--sni-address)")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending})
+
+	g, ctx := errgroup.WithContext(ctx)
+	if cfg.MetricsAddress != "" {
+		ml, err := net.Listen("tcp", cfg.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		ready := func() (bool, string) {
+			if in.Ready() {
+				return true, ""
+			}
+			return false, "no configuration applied yet"
+		}
+		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, ready)) })
+	}
+	g.Go(func() error {
+		return in.Run(ctx, xdsclient.Config{Address: cfg.XDSAddress, NodeID: cfg.NodeID})
+	})
+	return g.Wait()
+}

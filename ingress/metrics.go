@@ -1,0 +1,84 @@
+package ingress
+
+import (
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	connections  *prometheus.CounterVec
+	active       *prometheus.GaugeVec
+	bytes        *prometheus.CounterVec
+	xdsUpdates   *prometheus.CounterVec
+	xdsResources *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		connections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_ingress_connections_total",
+			Help: "Connections by listener, cluster and outcome. The cluster is empty when none was chosen (the client's input never becomes a label).",
+		}, []string{"listener", "cluster", "outcome"}),
+		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tendril_ingress_active_connections", Help: "Connections being proxied, by listener.",
+		}, []string{"listener"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_ingress_bytes_total", Help: "Bytes proxied, by listener and direction (upstream, downstream), counted per MiB chunk and at close.",
+		}, []string{"listener", "direction"}),
+		xdsUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_ingress_xds_updates_total", Help: "xDS responses applied (ack) or rejected (nack), by type.",
+		}, []string{"type", "outcome"}),
+		xdsResources: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tendril_ingress_xds_resources", Help: "Resources in the applied configuration, by type.",
+		}, []string{"type"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.connections, m.active, m.bytes, m.xdsUpdates, m.xdsResources)
+	}
+	return m
+}
+
+func (m *metrics) conn(listener, cluster, outcome string) {
+	m.connections.WithLabelValues(listener, cluster, outcome).Inc()
+}
+
+// rateLimitedLog logs at most burst lines per interval and counts the rest, so a flood of bad
+// connections cannot flood the log; the next line that gets through says how many were dropped.
+type rateLimitedLog struct {
+	l        logr.Logger
+	burst    int
+	interval time.Duration
+
+	mu         sync.Mutex
+	windowEnd  time.Time
+	used       int
+	suppressed int
+}
+
+func newRateLimitedLog(l logr.Logger, burst int, interval time.Duration) *rateLimitedLog {
+	return &rateLimitedLog{l: l, burst: burst, interval: interval}
+}
+
+func (r *rateLimitedLog) log(msg string, kv ...any) {
+	r.mu.Lock()
+	now := time.Now()
+	if now.After(r.windowEnd) {
+		r.windowEnd, r.used = now.Add(r.interval), 0
+	}
+	if r.used >= r.burst {
+		r.suppressed++
+		r.mu.Unlock()
+		return
+	}
+	r.used++
+	suppressed := r.suppressed
+	r.suppressed = 0
+	r.mu.Unlock()
+	if suppressed > 0 {
+		kv = append(kv, "suppressedSinceLast", suppressed)
+	}
+	r.l.Info(msg, kv...)
+}
