@@ -526,4 +526,3 @@ func captureHello(t *testing.T, host string) []byte {
 	b.Close()
 	return append(hdr, body...)
 }
-

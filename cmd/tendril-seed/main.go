@@ -83,7 +83,7 @@ func Run(ctx context.Context, cfg Config) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return xs.Serve(ctx, xl) })
 	if ml != nil {
-		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, &ready)) })
+		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, ready.Get)) })
 	}
 	routes := &source.File{Path: cfg.Routes, Log: cfg.Log.WithName("routes")}
 	g.Go(func() error {
