@@ -222,7 +222,7 @@ type deltaClient struct {
 	ch     chan *discoveryv3.DeltaDiscoveryResponse
 }
 
-func newDeltaClient(ctx context.Context, t *testing.T, ads discoveryv3.AggregatedDiscoveryServiceClient) *deltaClient {
+func newDeltaClient(ctx context.Context, t testing.TB, ads discoveryv3.AggregatedDiscoveryServiceClient) *deltaClient {
 	st, err := ads.DeltaAggregatedResources(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +250,7 @@ func newDeltaClient(ctx context.Context, t *testing.T, ads discoveryv3.Aggregate
 	return c
 }
 
-func (c *deltaClient) recv(t *testing.T) *discoveryv3.DeltaDiscoveryResponse {
+func (c *deltaClient) recv(t testing.TB) *discoveryv3.DeltaDiscoveryResponse {
 	t.Helper()
 	select {
 	case r, ok := <-c.ch:
@@ -264,7 +264,7 @@ func (c *deltaClient) recv(t *testing.T) *discoveryv3.DeltaDiscoveryResponse {
 	}
 }
 
-func (c *deltaClient) recvTypes(t *testing.T, n int) map[string]*discoveryv3.DeltaDiscoveryResponse {
+func (c *deltaClient) recvTypes(t testing.TB, n int) map[string]*discoveryv3.DeltaDiscoveryResponse {
 	t.Helper()
 	out := map[string]*discoveryv3.DeltaDiscoveryResponse{}
 	for range n {
