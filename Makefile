@@ -31,7 +31,7 @@ bench: build ## Run the benchmarks against their peers and write docs/benchmarks
 	bin/tendril-bench sni --markdown docs/benchmarks.md $(BENCH_ARGS)
 
 run: build ## Start a local seed (tendril-seed, tendril-ingress, two example shoots) until interrupted.
-	hack/run.sh
+	bin/tendril-local
 
 clean: ## Remove build outputs.
 	rm -rf bin
