@@ -85,16 +85,18 @@ var Types = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3
 // Ready reports whether a first configuration with listeners has been applied.
 func (in *Ingress) Ready() bool { return in.ready.Load() }
 
-// Apply applies one xDS response: it builds the new configuration for typeURL and swaps it in, or
-// returns an error and keeps the current one. It is an xdsclient.Handler.
-func (in *Ingress) Apply(typeURL string, resources []*discoveryv3.Resource, removed []string) error {
-	err := in.apply(typeURL, resources, removed)
-	outcome := "ack"
+// Apply applies one xDS response: it builds the new configuration for its type and swaps it in,
+// or returns an error and keeps the current one. It is an xdsclient.Handler.
+func (in *Ingress) Apply(u xdsclient.Update) error {
+	err := in.apply(u.TypeURL, u.Resources, u.Removed)
 	if err != nil {
-		outcome = "nack"
+		in.metrics.xdsUpdates.WithLabelValues(u.TypeURL, "nack").Inc()
+		return err
 	}
-	in.metrics.xdsUpdates.WithLabelValues(typeURL, outcome).Inc()
-	return err
+	in.metrics.xdsUpdates.WithLabelValues(u.TypeURL, "ack").Inc()
+	in.metrics.xdsVersion.DeletePartialMatch(prometheus.Labels{"type": u.TypeURL})
+	in.metrics.xdsVersion.WithLabelValues(u.TypeURL, u.Version).Set(1)
+	return nil
 }
 
 func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, removed []string) error {

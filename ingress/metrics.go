@@ -14,6 +14,7 @@ type metrics struct {
 	bytes        *prometheus.CounterVec
 	xdsUpdates   *prometheus.CounterVec
 	xdsResources *prometheus.GaugeVec
+	xdsVersion   *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,9 +35,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		xdsResources: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tendril_ingress_xds_resources", Help: "Resources in the applied configuration, by type.",
 		}, []string{"type"}),
+		xdsVersion: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tendril_ingress_xds_version_info", Help: "The server's version of each type as last applied (value always 1).",
+		}, []string{"type", "version"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.connections, m.active, m.bytes, m.xdsUpdates, m.xdsResources)
+		reg.MustRegister(m.connections, m.active, m.bytes, m.xdsUpdates, m.xdsResources, m.xdsVersion)
 	}
 	return m
 }

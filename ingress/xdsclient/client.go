@@ -26,10 +26,21 @@ import (
 // is about 5.6 MiB (design.md), over grpc-go's 4 MiB default; 64 MiB leaves room for 100,000.
 const MaxRecvMsgSize = 64 << 20
 
-// Handler applies one response for typeURL: the resources added or changed, and the names
-// removed. A nil error ACKs the response; an error NACKs it with the error's text as detail and the
-// handler must have kept its previous state for the type. Handlers run one at a time.
-type Handler func(typeURL string, resources []*discoveryv3.Resource, removed []string) error
+// Update is one response from the server.
+type Update struct {
+	TypeURL string
+	// Version is the server's version of the type after this response (system_version_info),
+	// for display: delta xDS versions resources one by one.
+	Version string
+	// Resources were added or changed; Removed names the resources that are gone.
+	Resources []*discoveryv3.Resource
+	Removed   []string
+}
+
+// Handler applies one update. A nil error ACKs it; an error NACKs it with the error's text as
+// detail, and the handler must have kept its previous state for the type. Handlers run one at a
+// time.
+type Handler func(Update) error
 
 // Config configures a client. Address, NodeID and Types are required.
 type Config struct {
@@ -130,7 +141,8 @@ func stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClien
 			}
 			continue
 		}
-		if err := h(t, resp.GetResources(), resp.GetRemovedResources()); err != nil {
+		u := Update{TypeURL: t, Version: resp.GetSystemVersionInfo(), Resources: resp.GetResources(), Removed: resp.GetRemovedResources()}
+		if err := h(u); err != nil {
 			cfg.Log.Info("Rejecting xDS response", "type", t, "nonce", resp.GetNonce(), "error", err.Error())
 			if err := st.Send(nack(resp, err)); err != nil {
 				return fmt.Errorf("send NACK: %w", err)

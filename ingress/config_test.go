@@ -1,0 +1,180 @@
+package ingress
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	setfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/set_filter_state/v3"
+	netsetfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/translate"
+)
+
+func update(t *testing.T, typeURL string, ms ...proto.Message) xdsclient.Update {
+	t.Helper()
+	u := xdsclient.Update{TypeURL: typeURL, Version: "v1"}
+	for _, m := range ms {
+		a, err := anypb.New(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := ""
+		switch r := m.(type) {
+		case *listenerv3.Listener:
+			name = r.GetName()
+		case *clusterv3.Cluster:
+			name = r.GetName()
+		}
+		u.Resources = append(u.Resources, &discoveryv3.Resource{Name: name, Resource: a})
+	}
+	return u
+}
+
+// TestApplyTranslated accepts everything tendril generates.
+func TestApplyTranslated(t *testing.T) {
+	in := New(Config{})
+	r := translate.All([]model.Shoot{{Name: "shoot--a--b", Hosts: []string{"api.b.test"}, APIServer: netip.MustParseAddrPort("10.0.0.1:443")}})
+	var clusters, endpoints, listeners []proto.Message
+	for _, c := range r.Clusters {
+		clusters = append(clusters, c)
+	}
+	for _, e := range r.Endpoints {
+		endpoints = append(endpoints, e)
+	}
+	for _, l := range r.Listeners {
+		listeners = append(listeners, l)
+	}
+	for _, u := range []xdsclient.Update{
+		update(t, resourcev3.ClusterType, clusters...),
+		update(t, resourcev3.EndpointType, endpoints...),
+		update(t, resourcev3.ListenerType, listeners...),
+	} {
+		if err := in.Apply(u); err != nil {
+			t.Fatalf("%s: %v", u.TypeURL, err)
+		}
+	}
+	c := in.current.Load()
+	l := c.listeners[translate.SNIListener]
+	if l == nil || !l.tlsInspector || l.helloTimeout != translate.ClientHelloTimeout || l.idleTimeout != translate.IdleTimeout {
+		t.Fatalf("sni listener: %+v", l)
+	}
+	if got := l.clusterFormat.render(connInfo{serverName: "api.b.test"}); got != "sni|api.b.test" {
+		t.Errorf("format renders %q", got)
+	}
+	if got := l.clusterFormat.render(connInfo{}); got != "sni|-" {
+		t.Errorf("format without a server name renders %q, want Envoy's sni|-", got)
+	}
+	cl := c.clusters["sni|api.b.test"]
+	if cl == nil || cl.maxConnections != translate.MaxConnectionsPerCluster || c.upstreams(cl)[0].String() != "10.0.0.1:443" {
+		t.Fatalf("cluster: %+v", cl)
+	}
+	if !in.Ready() {
+		t.Error("not ready after a full configuration")
+	}
+}
+
+// TestApplyRejects NACKs what the ingress cannot serve and keeps the previous configuration.
+func TestApplyRejects(t *testing.T) {
+	base := translate.Constant().Listeners[0]
+	mutate := func(f func(l *listenerv3.Listener)) *listenerv3.Listener {
+		l := proto.Clone(base).(*listenerv3.Listener)
+		f(l)
+		return l
+	}
+	cases := map[string]struct {
+		u    xdsclient.Update
+		want string
+	}{
+		"unknown listener filter": {update(t, resourcev3.ListenerType, mutate(func(l *listenerv3.Listener) {
+			l.ListenerFilters[0].ConfigType = &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAnyT(t, &corev3.Node{})}
+		})), "listener filter"},
+		"two filter chains": {update(t, resourcev3.ListenerType, mutate(func(l *listenerv3.Listener) {
+			l.FilterChains = append(l.FilterChains, l.FilterChains[0])
+		})), "exactly one filter chain"},
+		"unsupported field": {update(t, resourcev3.ListenerType, mutate(func(l *listenerv3.Listener) {
+			l.DrainType = listenerv3.Listener_MODIFY_ONLY
+		})), "drain_type"},
+		"continue on timeout": {update(t, resourcev3.ListenerType, mutate(func(l *listenerv3.Listener) {
+			l.ContinueOnListenerFiltersTimeout = true
+		})), "continue_on_listener_filters_timeout"},
+		"unknown operator": {update(t, resourcev3.ListenerType, mutate(func(l *listenerv3.Listener) {
+			l.FilterChains[0].Filters[0] = setFilterStateForTest(t, "sni|%START_TIME%")
+		})), "%START_TIME%"},
+		"strict DNS cluster": {update(t, resourcev3.ClusterType, &clusterv3.Cluster{
+			Name: "x", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS}, ConnectTimeout: durationpb.New(1),
+		}), "discovery type"},
+		"upstream TLS": {update(t, resourcev3.ClusterType, &clusterv3.Cluster{
+			Name: "x", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+			TransportSocket: &corev3.TransportSocket{Name: "tls"},
+		}), "transport_socket"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			in := New(Config{})
+			before := in.current.Load()
+			err := in.Apply(tc.u)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Apply = %v, want an error mentioning %q", err, tc.want)
+			}
+			if in.current.Load() != before {
+				t.Error("a rejected update replaced the configuration")
+			}
+		})
+	}
+}
+
+func mustAnyT(t *testing.T, m proto.Message) *anypb.Any {
+	t.Helper()
+	a, err := anypb.New(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// setFilterStateForTest builds a set_filter_state filter that sets the tcp_proxy cluster from f.
+func setFilterStateForTest(t *testing.T, f string) *listenerv3.Filter {
+	t.Helper()
+	cfg := &netsetfilterstatev3.Config{OnNewConnection: []*setfilterstatev3.FilterStateValue{{
+		Key: &setfilterstatev3.FilterStateValue_ObjectKey{ObjectKey: translate.TCPProxyClusterKey},
+		Value: &setfilterstatev3.FilterStateValue_FormatString{FormatString: &corev3.SubstitutionFormatString{
+			Format: &corev3.SubstitutionFormatString_TextFormatSource{TextFormatSource: &corev3.DataSource{
+				Specifier: &corev3.DataSource_InlineString{InlineString: f},
+			}},
+		}},
+	}}}
+	return &listenerv3.Filter{Name: translate.SetFilterStateFilter, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyT(t, cfg)}}
+}
+
+func TestParseFormat(t *testing.T) {
+	for in, want := range map[string]string{
+		"sni|%REQUESTED_SERVER_NAME%":      "sni|api.x",
+		"proxy|%DOWNSTREAM_LOCAL_ADDRESS%": "proxy|10.0.0.1:443",
+		"literal":                          "literal",
+		"%REQUESTED_SERVER_NAME%|%DOWNSTREAM_LOCAL_ADDRESS%": "api.x|10.0.0.1:443",
+	} {
+		f, err := parseFormat(in)
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		if got := f.render(connInfo{serverName: "api.x", localAddr: "10.0.0.1:443"}); got != want {
+			t.Errorf("%s renders %q, want %q", in, got, want)
+		}
+	}
+	for _, bad := range []string{"sni|%REQUESTED_SERVER_NAME", "%DOWNSTREAM_REMOTE_ADDRESS%", "%%"} {
+		if _, err := parseFormat(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
