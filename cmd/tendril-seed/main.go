@@ -85,7 +85,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if ml != nil {
 		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, ready.Get)) })
 	}
-	routes := &source.File{Path: cfg.Routes, Log: cfg.Log.WithName("routes")}
+	routes := &source.File{Path: cfg.Routes, Log: cfg.Log.WithName("routes"), Registry: reg}
 	g.Go(func() error {
 		return routes.Run(ctx, func(shoots []model.Shoot) error {
 			st, err := xs.Apply(shoots)

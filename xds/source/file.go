@@ -20,6 +20,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tendril-net/tendril/xds/model"
@@ -140,6 +141,8 @@ type File struct {
 	// Settle is how long the file must be quiet after an event before it is read, so that an
 	// editor's or a ConfigMap's multi-step write is read once, complete. If zero, 100 ms.
 	Settle time.Duration
+	// Registry receives the load counter. If nil, it is not registered.
+	Registry prometheus.Registerer
 }
 
 // Publish receives each good route set; an error it returns is logged and the set counts as
@@ -163,6 +166,14 @@ func (f *File) Load(ctx context.Context) ([]model.Shoot, error) {
 // load must succeed: starting without routes because of a typo would look like a healthy ingress
 // refusing every shoot. Later bad versions are logged and skipped.
 func (f *File) Run(ctx context.Context, publish Publish) error {
+	loads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tendril_route_file_loads_total", Help: "Route file loads, by outcome (applied, rejected).",
+	}, []string{"outcome"})
+	if f.Registry != nil {
+		if err := f.Registry.Register(loads); err != nil {
+			return fmt.Errorf("register route file metrics: %w", err)
+		}
+	}
 	shoots, err := f.Load(ctx)
 	if err != nil {
 		return err
@@ -170,6 +181,7 @@ func (f *File) Run(ctx context.Context, publish Publish) error {
 	if err := publish(shoots); err != nil {
 		return fmt.Errorf("route file %s: %w", f.Path, err)
 	}
+	loads.WithLabelValues("applied").Inc()
 	f.Log.Info("Routes loaded", "path", f.Path, "shoots", len(shoots))
 
 	w, err := fsnotify.NewWatcher()
@@ -209,9 +221,11 @@ func (f *File) Run(ctx context.Context, publish Publish) error {
 				err = publish(shoots)
 			}
 			if err != nil {
+				loads.WithLabelValues("rejected").Inc()
 				f.Log.Error(err, "Route file rejected, keeping the last good routes", "path", f.Path)
 				continue
 			}
+			loads.WithLabelValues("applied").Inc()
 			f.Log.Info("Routes reloaded", "path", f.Path, "shoots", len(shoots))
 		}
 	}

@@ -1,0 +1,249 @@
+// Command tendril-bench is tendril's load generator. It measures a data path
+// of tendril side by side with peer implementations in the same run and
+// reports the ratios.
+//
+//	tendril-bench sni [flags]   SNI passthrough: new TLS connections/s, TTFB, bulk MB/s
+//
+// This file only turns flags into a configuration and prints results; the
+// benchmarks live in package bench/….
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tendril-net/tendril/bench/sni"
+)
+
+const usage = `usage: tendril-bench <mode> [flags]
+
+modes:
+  sni    SNI passthrough: direct vs HAProxy vs nginx vs tendril-ingress
+         (new TLS connections per second, time to first byte, bulk MB/s)
+
+Run "tendril-bench <mode> -h" for the flags of a mode.
+`
+
+// errUsage marks an error in the command line (exit status 2).
+var errUsage = errors.New("usage")
+
+func main() {
+	// Ctrl-C or SIGTERM cancels the run; the benchmark stops its peers and
+	// prints what it measured so far.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args, os.Stdout, os.Stderr)
+	interrupted := ctx.Err() != nil
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
+		fmt.Fprintln(os.Stderr, "tendril-bench:", err)
+		os.Exit(2)
+	case interrupted:
+		fmt.Fprintln(os.Stderr, "tendril-bench: interrupted; results above are partial")
+		os.Exit(130)
+	default:
+		fmt.Fprintln(os.Stderr, "tendril-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) < 2 {
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("%w: no mode given", errUsage)
+	}
+	switch args[1] {
+	case "sni":
+		c, err := parseSNI(args[2:], stderr)
+		if err != nil {
+			return err
+		}
+		c.Config.CommandLine = commandLine(args)
+		return c.Run(ctx, stdout)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("%w: unknown mode %q", errUsage, args[1])
+}
+
+// sniCommand is the configuration of "tendril-bench sni".
+type sniCommand struct {
+	Config   sni.Config
+	JSON     bool   // print the report as JSON instead of tables
+	Markdown string // also write a Markdown report to this file
+	// CPUProfile, if set, receives a CPU profile of the whole run (client
+	// and upstreams; the peers are other processes).
+	CPUProfile string
+}
+
+func parseSNI(args []string, stderr io.Writer) (*sniCommand, error) {
+	c := &sniCommand{}
+	fs := flag.NewFlagSet("tendril-bench sni", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	targets := stringList(sni.DefaultTargets)
+	modes := stringList{sni.ModeRate, sni.ModeBulk}
+	conc := intList{1, 16, 128}
+	bulkBytes := byteSize(64 << 20)
+	fs.IntVar(&c.Config.Shoots, "shoots", 4, "number of shoots: routes and upstream TLS servers (api.s<i>.bench.tendril.local)")
+	fs.Var(&targets, "targets", "comma-separated targets: direct, haproxy, nginx, tendril")
+	fs.Var(&modes, "modes", "comma-separated measurements: rate (connections/s and TTFB), bulk (MB/s)")
+	fs.Var(&conc, "concurrency", "comma-separated client concurrency levels of the connection-rate test")
+	fs.DurationVar(&c.Config.Duration, "duration", 5*time.Second, "duration of each measurement")
+	fs.DurationVar(&c.Config.Warmup, "warmup", 0, "warm-up before each measurement (default duration/5, at most 1s)")
+	fs.IntVar(&c.Config.Payload, "payload", 64, "bytes of the upstream's answer in the connection-rate test")
+	fs.Var(&bulkBytes, "bytes", "bytes per bulk answer (suffixes KiB, MiB, GiB, kB, MB, GB)")
+	fs.IntVar(&c.Config.BulkConns, "bulk-conns", 4, "concurrent connections in the bulk test")
+	fs.IntVar(&c.Config.Rounds, "rounds", 1, "repeat all measurements this often and report medians")
+	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with tendril-seed and tendril-ingress")
+	fs.BoolVar(&c.JSON, "json", false, "print machine-readable JSON instead of tables")
+	fs.StringVar(&c.Markdown, "markdown", "", "also write a Markdown report to `file`")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the benchmark process (client and upstreams) to `file`")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	c.Config.Targets, c.Config.Modes, c.Config.Concurrency = targets, modes, conc
+	c.Config.BulkBytes = int64(bulkBytes)
+	c.Config.Progress = stderr
+	return c, nil
+}
+
+// Run runs the benchmark and prints its report to stdout, also when it was
+// interrupted (then marked partial).
+func (c *sniCommand) Run(ctx context.Context, stdout io.Writer) error {
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rep, err := sni.Run(ctx, c.Config)
+	if rep == nil {
+		return err
+	}
+	var werr error
+	if c.JSON {
+		werr = rep.WriteJSON(stdout)
+	} else {
+		fmt.Fprintln(stdout)
+		werr = rep.WriteTable(stdout)
+	}
+	if c.Markdown != "" {
+		werr = errors.Join(werr, writeFile(c.Markdown, rep.WriteMarkdown))
+	}
+	return errors.Join(err, werr)
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("markdown report: %w", err)
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("markdown report %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("markdown report %s: %w", path, err)
+	}
+	return nil
+}
+
+// commandLine quotes args for a POSIX shell, for the report.
+func commandLine(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		if a != "" && strings.Trim(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=.,:/+@") == "" {
+			q[i] = a
+		} else {
+			q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(q, " ")
+}
+
+// stringList is a comma-separated flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+func (l *stringList) Set(s string) error {
+	*l = nil
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// intList is a comma-separated flag of integers.
+type intList []int
+
+func (l *intList) String() string {
+	var s []string
+	for _, n := range *l {
+		s = append(s, strconv.Itoa(n))
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *intList) Set(s string) error {
+	*l = nil
+	for _, p := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil {
+			return fmt.Errorf("not an integer: %q", p)
+		}
+		*l = append(*l, n)
+	}
+	return nil
+}
+
+// byteSize is a size flag with an optional binary (KiB) or decimal (kB) unit.
+type byteSize int64
+
+func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+func (b *byteSize) Set(s string) error {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"kB", 1e3}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	num, mult := strings.TrimSpace(s), int64(1)
+	for _, u := range units {
+		if v, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, mult = strings.TrimSpace(v), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return fmt.Errorf("not a positive size: %q", s)
+	}
+	*b = byteSize(n * mult)
+	return nil
+}

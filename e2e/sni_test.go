@@ -1,0 +1,235 @@
+package e2e
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tendril-net/tendril/internal/testpki"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "tendril-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/tendril-seed", "../cmd/tendril-ingress")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build binaries:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// start runs a binary until the test ends, then stops it with SIGTERM and requires a clean exit.
+func start(t *testing.T, name string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, name), args...)
+	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s exited with %v after SIGTERM", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Errorf("%s did not exit within 10 s of SIGTERM", name)
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(log.Name())
+			t.Logf("%s log:\n%s", name, b)
+		}
+	})
+}
+
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func get(url string) (string, error) {
+	r, err := http.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	if r.StatusCode != http.StatusOK {
+		return string(b), fmt.Errorf("%s: %s", url, r.Status)
+	}
+	return string(b), err
+}
+
+// TestSNIPathBinaries runs tendril-seed with a route file and tendril-ingress against it, reaches
+// two shoots by server name, then edits the route file while both run: a new shoot appears, a bad
+// edit is refused with the last good routes still served, a removed shoot is refused.
+func TestSNIPathBinaries(t *testing.T) {
+	ca, err := testpki.NewCA("e2e CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shoots := map[string]string{} // host → upstream address
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		host := "api." + n + ".e2e.test"
+		shoots[host] = upstream(t, ca, host)
+	}
+	routeFile := filepath.Join(t.TempDir(), "routes.yaml")
+	writeRoutes := func(content string) {
+		t.Helper()
+		tmp := routeFile + ".tmp"
+		if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, routeFile); err != nil {
+			t.Fatal(err)
+		}
+	}
+	route := func(hosts ...string) string {
+		var b strings.Builder
+		b.WriteString("shoots:\n")
+		for _, h := range hosts {
+			name := "shoot--e2e--" + strings.Split(h, ".")[1]
+			fmt.Fprintf(&b, "- name: %s\n  hosts: [%s]\n  apiserver: %s\n", name, h, shoots[h])
+		}
+		return b.String()
+	}
+	writeRoutes(route("api.alpha.e2e.test", "api.beta.e2e.test"))
+
+	xdsAddr, seedMetrics, sniAddr, ingressMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	start(t, "tendril-seed", "--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics)
+	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics)
+	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
+	eventually(t, "seed ready", func() error { _, err := get("http://" + seedMetrics + "/readyz"); return err })
+
+	reach := func(host string) error {
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", sniAddr, &tls.Config{ServerName: host, RootCAs: ca.Pool})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		b, err := io.ReadAll(c)
+		if err != nil {
+			return err
+		}
+		if string(b) != host {
+			return fmt.Errorf("reached %q", b)
+		}
+		return nil
+	}
+	refused := func(host string) error {
+		if err := reach(host); err == nil {
+			return fmt.Errorf("%s is still reachable", host)
+		}
+		return nil
+	}
+	eventually(t, "alpha", func() error { return reach("api.alpha.e2e.test") })
+	eventually(t, "beta", func() error { return reach("api.beta.e2e.test") })
+	if err := refused("api.gamma.e2e.test"); err != nil {
+		t.Fatal(err)
+	}
+
+	writeRoutes(route("api.alpha.e2e.test", "api.beta.e2e.test", "api.gamma.e2e.test"))
+	eventually(t, "gamma after the file gained it", func() error { return reach("api.gamma.e2e.test") })
+
+	writeRoutes("shoots:\n- name: shoot--e2e--alpha\n  hosts: [API.ALPHA]\n") // invalid
+	time.Sleep(500 * time.Millisecond)                                        // the reload happens and is refused
+	for _, h := range []string{"api.alpha.e2e.test", "api.beta.e2e.test", "api.gamma.e2e.test"} {
+		if err := reach(h); err != nil {
+			t.Fatalf("%s after a bad route file: %v (the last good routes must stay)", h, err)
+		}
+	}
+
+	writeRoutes(route("api.alpha.e2e.test"))
+	eventually(t, "beta refused after removal", func() error { return refused("api.beta.e2e.test") })
+	if err := reach("api.alpha.e2e.test"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := get("http://" + ingressMetrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(m, `tendril_ingress_connections_total{cluster="",listener="sni",outcome="unknown_route"}`) {
+		t.Errorf("ingress metrics lack the refused connections:\n%s", m)
+	}
+}
+
+// upstream serves TLS for host and answers every connection with the host name.
+func upstream(t *testing.T, ca *testpki.CA, host string) string {
+	t.Helper()
+	cert, err := ca.Leaf(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				_, _ = io.WriteString(c, host)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		<-done
+	})
+	return l.Addr().String()
+}
