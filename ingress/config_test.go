@@ -43,7 +43,7 @@ func update(t *testing.T, typeURL string, ms ...proto.Message) xdsclient.Update 
 
 // TestApplyTranslated accepts everything tendril generates.
 func TestApplyTranslated(t *testing.T) {
-	in := New(Config{})
+	in := New(Config{Listeners: map[string]string{"sni": "127.0.0.1:0"}})
 	r := translate.All([]model.Shoot{{Name: "shoot--a--b", Hosts: []string{"api.b.test"}, APIServer: netip.MustParseAddrPort("10.0.0.1:443")}})
 	var clusters, endpoints, listeners []proto.Message
 	for _, c := range r.Clusters {
@@ -121,7 +121,7 @@ func TestApplyRejects(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			in := New(Config{})
+			in := New(Config{Listeners: map[string]string{"sni": "127.0.0.1:0"}})
 			before := in.current.Load()
 			err := in.Apply(tc.u)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -109,6 +109,12 @@ func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, remo
 			delete(m, n)
 		}
 		for _, r := range resources {
+			if _, served := in.cfg.Listeners[r.GetName()]; !served {
+				// Not served here (no address given): accepted as is, so a replica that serves
+				// a subset of the listeners never NACKs the others.
+				delete(m, r.GetName())
+				continue
+			}
 			l, err := unpack(r.GetResource(), &listenerv3.Listener{})
 			if err != nil {
 				return fmt.Errorf("listener %s: %w", r.GetName(), err)

@@ -47,8 +47,9 @@ func TestApplySkipsUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 20 shoots × (2 clusters + 1 assignment) + the listener and the blackhole cluster.
-	if st.Updated != 20*3+2 || st.Removed != 0 {
+	// 20 shoots × (2 SNI clusters + 1 CONNECT cluster + 1 assignment) + 3 listeners + the
+	// blackhole cluster.
+	if st.Updated != 20*4+4 || st.Removed != 0 {
 		t.Fatalf("first apply: %+v", st)
 	}
 	if st, _ = s.Apply(shoots(20)); st != (server.Stats{}) {
@@ -64,15 +65,15 @@ func TestApplySkipsUnchanged(t *testing.T) {
 	if st.Translated != 2 || st.Updated != 1 || st.Removed != 0 {
 		t.Fatalf("host move: %+v, want 2 translated, 1 updated (the moved cluster's service), 0 removed", st)
 	}
-	if st, _ = s.Apply(set[1:]); st.Removed != 3 || st.Updated != 0 {
-		t.Fatalf("removing a shoot: %+v, want its 2 clusters and 1 assignment removed", st)
+	if st, _ = s.Apply(set[1:]); st.Removed != 4 || st.Updated != 0 {
+		t.Fatalf("removing a shoot: %+v, want its 3 clusters and 1 assignment removed", st)
 	}
 	bad := append(set[1:], set[1]) // duplicate name
 	if _, err := s.Apply(bad); err == nil {
 		t.Fatal("a set with a duplicate shoot was accepted")
 	}
-	if got := len(s.Resources(resourcev3.ClusterType)); got != 19*2+1 {
-		t.Errorf("%d clusters after a refused apply, want the last good set's %d", got, 19*2+1)
+	if want := 19*3 + 1; len(s.Resources(resourcev3.ClusterType)) != want {
+		t.Errorf("%d clusters after a refused apply, want the last good set's %d", len(s.Resources(resourcev3.ClusterType)), want)
 	}
 }
 
@@ -110,7 +111,7 @@ func TestADSBothProtocols(t *testing.T) {
 
 	// Initial state: every resource once on each protocol.
 	got := delta.recvTypes(t, 3)
-	if n := len(got[resourcev3.ClusterType].GetResources()); n != 50*2+1 {
+	if n := len(got[resourcev3.ClusterType].GetResources()); n != 50*3+1 {
 		t.Fatalf("delta initial clusters: %d", n)
 	}
 	if n := len(got[resourcev3.EndpointType].GetResources()); n != 50 {
@@ -151,9 +152,9 @@ func TestADSBothProtocols(t *testing.T) {
 			wantType, wantRemoved = resourcev3.ClusterType, 1
 		case 2:
 			next = append(next, shoot(1000+i, 2))
-			wantType, wantUpdated = resourcev3.ClusterType, 2
+			wantType, wantUpdated = resourcev3.ClusterType, 3
 		case 3: // back to set: the added shoot's clusters and assignment go
-			wantType, wantRemoved = resourcev3.ClusterType, 2
+			wantType, wantRemoved = resourcev3.ClusterType, 3
 		}
 		if i%2 == 0 {
 			if _, err := s.Apply(next); err != nil {

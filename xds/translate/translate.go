@@ -102,20 +102,31 @@ func All(shoots []model.Shoot) Resources {
 // blackhole cluster tcp_proxy falls back to.
 func Constant() Resources {
 	return Resources{
-		Listeners: []*listenerv3.Listener{sniListener()},
+		Listeners: []*listenerv3.Listener{sniListener(), proxyListener(), tunnelListener()},
 		Clusters:  []*clusterv3.Cluster{blackholeCluster()},
 	}
 }
 
-// Shoot returns one shoot's resources: a cluster per server name and the load assignment they
-// share. Nothing else depends on the shoot.
+// Shoot returns one shoot's resources: the clusters that reach its kube-apiserver (one per server
+// name, one for its advertised address, one for the CONNECT wire name), sharing one load
+// assignment, and when it has a vpn server, that server's cluster and assignment. Nothing else
+// depends on the shoot.
 func Shoot(s model.Shoot) Resources {
 	service := APIServerService(s.Name)
 	var r Resources
 	for _, h := range s.Hosts {
 		r.Clusters = append(r.Clusters, edsCluster(SNICluster(h), service))
 	}
+	if s.AdvertisedAddress.IsValid() {
+		r.Clusters = append(r.Clusters, edsCluster(ProxyCluster(s.AdvertisedAddress), service))
+	}
+	r.Clusters = append(r.Clusters, edsCluster(APIServerWireName(s.Name), service))
 	r.Endpoints = append(r.Endpoints, assignment(service, s.APIServer.Addr().String(), s.APIServer.Port()))
+	if s.VPNServer.IsValid() {
+		vpn := VPNServerService(s.Name)
+		r.Clusters = append(r.Clusters, edsCluster(VPNServerWireName(s.Name), vpn))
+		r.Endpoints = append(r.Endpoints, assignment(vpn, s.VPNServer.Addr().String(), s.VPNServer.Port()))
+	}
 	return r
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -165,8 +166,9 @@ func TestConstantIndependentOfShoots(t *testing.T) {
 			}
 		}
 	}
-	if clusters != len(alone.Clusters) || clusters != len(shoots[42].Hosts) {
-		t.Errorf("found %d of shoot 42's %d clusters (one per host: %d)", clusters, len(alone.Clusters), len(shoots[42].Hosts))
+	// One per host and the CONNECT wire name (the test shoots have no advertised address or vpn server).
+	if clusters != len(alone.Clusters) || clusters != len(shoots[42].Hosts)+1 {
+		t.Errorf("found %d of shoot 42's %d clusters, want %d", clusters, len(alone.Clusters), len(shoots[42].Hosts)+1)
 	}
 }
 
@@ -193,5 +195,34 @@ func testShoot(i int) model.Shoot {
 		Name:      fmt.Sprintf("shoot--p%d--s%d", i%7, i),
 		Hosts:     []string{fmt.Sprintf("api.s%d.p%d.example.com", i, i%7), fmt.Sprintf("api.s%d.internal.example.com", i)},
 		APIServer: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 1}), 443),
+	}
+}
+
+// TestDestinationRegexes pins what the CONNECT guards admit: only the wire names tendril
+// generates, of any shoot, and on the tunnel port only vpn servers.
+func TestDestinationRegexes(t *testing.T) {
+	proxy := regexp.MustCompile(translate.ProxyDestinationRegex)
+	tunnel := regexp.MustCompile(translate.TunnelDestinationRegex)
+	for _, tc := range []struct {
+		value         string
+		proxy, tunnel bool
+	}{
+		{translate.APIServerWireName("shoot--dev--alpha"), true, false},
+		{translate.VPNServerWireName("shoot--dev--alpha"), true, true},
+		{"outbound|1194||vpn-seed-server-0.shoot--dev--alpha.svc.cluster.local", false, false},
+		{"sni|api.alpha.example.com", false, false},
+		{"proxy|10.0.0.1:443", false, false},
+		{"outbound|443||kube-apiserver.shoot--dev--alpha.svc.cluster.local.evil", false, false},
+		{"outbound|443||kube-apiserver.a.b.svc.cluster.local", false, false},
+		{"outbound|443||kube-apiserver.-x.svc.cluster.local", false, false},
+		{"outbound|443||kube-apiserver.shoot--dev--alpha.svc.cluster.local\n", false, false},
+		{"", false, false},
+	} {
+		if got := proxy.MatchString(tc.value); got != tc.proxy {
+			t.Errorf("proxy regex on %q: %v, want %v", tc.value, got, tc.proxy)
+		}
+		if got := tunnel.MatchString(tc.value); got != tc.tunnel {
+			t.Errorf("tunnel regex on %q: %v, want %v", tc.value, got, tc.tunnel)
+		}
 	}
 }
