@@ -12,11 +12,6 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	setfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/set_filter_state/v3"
-	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
-	netsetfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
-	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -30,20 +25,6 @@ type config struct {
 	clusters  map[string]*clusterConfig
 	// endpoints are the addresses of each EDS service name.
 	endpoints map[string][]netip.AddrPort
-}
-
-// listenerConfig is the subset of an Envoy listener tendril-ingress serves: optional TLS
-// inspection, then one chain that renders a cluster name and proxies to it.
-type listenerConfig struct {
-	name         string
-	tlsInspector bool
-	// helloTimeout bounds the listener filters (the ClientHello read).
-	helloTimeout time.Duration
-	// clusterFormat renders the tcp_proxy cluster override; nil means the default cluster.
-	clusterFormat *format
-	// defaultCluster is tcp_proxy's own cluster, used when no override is set.
-	defaultCluster string
-	idleTimeout    time.Duration
 }
 
 // clusterConfig is one upstream cluster: an EDS service name or static endpoints.
@@ -167,124 +148,6 @@ func unpack[T proto.Message](a *anypb.Any, m T) (T, error) {
 		return m, fmt.Errorf("typed_config %s: %w", a.GetTypeUrl(), err)
 	}
 	return m, nil
-}
-
-func parseListener(l *listenerv3.Listener) (*listenerConfig, error) {
-	if err := checkOnly(l, "name", "address", "listener_filters", "listener_filters_timeout",
-		"continue_on_listener_filters_timeout", "filter_chains", "per_connection_buffer_limit_bytes", "stat_prefix"); err != nil {
-		return nil, err
-	}
-	if l.GetContinueOnListenerFiltersTimeout() {
-		return nil, errors.New("continue_on_listener_filters_timeout is not supported: a connection without its ClientHello has no route")
-	}
-	lc := &listenerConfig{name: l.GetName(), helloTimeout: defaultHelloTimeout}
-	if d := l.GetListenerFiltersTimeout(); d != nil {
-		lc.helloTimeout = d.AsDuration()
-	}
-	for _, f := range l.GetListenerFilters() {
-		if err := checkOnly(f, "name", "typed_config"); err != nil {
-			return nil, err
-		}
-		switch f.GetTypedConfig().GetTypeUrl() {
-		case "type.googleapis.com/" + string(proto.MessageName(&tlsinspectorv3.TlsInspector{})):
-			ti, err := unpack(f.GetTypedConfig(), &tlsinspectorv3.TlsInspector{})
-			if err != nil {
-				return nil, err
-			}
-			if err := checkOnly(ti); err != nil {
-				return nil, err
-			}
-			lc.tlsInspector = true
-		default:
-			return nil, fmt.Errorf("listener filter %s (%s) is not supported", f.GetName(), f.GetTypedConfig().GetTypeUrl())
-		}
-	}
-	if len(l.GetFilterChains()) != 1 {
-		return nil, fmt.Errorf("exactly one filter chain is supported, got %d", len(l.GetFilterChains()))
-	}
-	fc := l.GetFilterChains()[0]
-	if err := checkOnly(fc, "name", "filters"); err != nil {
-		return nil, err
-	}
-	filters := fc.GetFilters()
-	if len(filters) == 0 {
-		return nil, errors.New("filter chain has no filters")
-	}
-	for i, f := range filters {
-		if err := checkOnly(f, "name", "typed_config"); err != nil {
-			return nil, err
-		}
-		last := i == len(filters)-1
-		switch cfg := f.GetTypedConfig(); cfg.GetTypeUrl() {
-		case "type.googleapis.com/" + string(proto.MessageName(&netsetfilterstatev3.Config{})):
-			if last {
-				return nil, errors.New("set_filter_state must be followed by tcp_proxy")
-			}
-			sfs, err := unpack(cfg, &netsetfilterstatev3.Config{})
-			if err != nil {
-				return nil, err
-			}
-			if err := parseSetFilterState(sfs, lc); err != nil {
-				return nil, err
-			}
-		case "type.googleapis.com/" + string(proto.MessageName(&tcpproxyv3.TcpProxy{})):
-			if !last {
-				return nil, errors.New("tcp_proxy must be the last filter")
-			}
-			tp, err := unpack(cfg, &tcpproxyv3.TcpProxy{})
-			if err != nil {
-				return nil, err
-			}
-			if err := checkOnly(tp, "stat_prefix", "cluster", "idle_timeout", "max_connect_attempts"); err != nil {
-				return nil, err
-			}
-			if n := tp.GetMaxConnectAttempts(); n != nil && n.GetValue() != 1 {
-				return nil, fmt.Errorf("tcp_proxy max_connect_attempts %d: only 1 is supported", n.GetValue())
-			}
-			lc.defaultCluster = tp.GetCluster()
-			lc.idleTimeout = time.Hour // Envoy's default
-			if d := tp.GetIdleTimeout(); d != nil {
-				lc.idleTimeout = d.AsDuration() // 0 disables it, as in Envoy
-			}
-		default:
-			return nil, fmt.Errorf("network filter %s (%s) is not supported", f.GetName(), cfg.GetTypeUrl())
-		}
-	}
-	if lc.clusterFormat != nil && slices.ContainsFunc(lc.clusterFormat.parts, func(p formatPart) bool { return p.op == opServerName }) && !lc.tlsInspector {
-		return nil, errors.New("%REQUESTED_SERVER_NAME% needs the tls_inspector listener filter")
-	}
-	return lc, nil
-}
-
-func parseSetFilterState(c *netsetfilterstatev3.Config, lc *listenerConfig) error {
-	if err := checkOnly(c, "on_new_connection"); err != nil {
-		return err
-	}
-	for _, v := range c.GetOnNewConnection() {
-		if err := checkOnly(v, "object_key", "format_string", "read_only", "shared_with_upstream"); err != nil {
-			return err
-		}
-		if k := v.GetObjectKey(); k != "envoy.tcp_proxy.cluster" {
-			return fmt.Errorf("set_filter_state object key %q is not supported", k)
-		}
-		if v.GetSharedWithUpstream() != setfilterstatev3.FilterStateValue_NONE {
-			return errors.New("set_filter_state shared_with_upstream is not supported")
-		}
-		fs := v.GetFormatString()
-		if err := checkOnly(fs, "text_format_source"); err != nil {
-			return err
-		}
-		src := fs.GetTextFormatSource()
-		if _, ok := src.GetSpecifier().(*corev3.DataSource_InlineString); !ok {
-			return errors.New("set_filter_state format: only inline_string is supported")
-		}
-		f, err := parseFormat(src.GetInlineString())
-		if err != nil {
-			return err
-		}
-		lc.clusterFormat = f
-	}
-	return nil
 }
 
 func parseCluster(c *clusterv3.Cluster) (*clusterConfig, error) {

@@ -43,7 +43,7 @@ func update(t *testing.T, typeURL string, ms ...proto.Message) xdsclient.Update 
 
 // TestApplyTranslated accepts everything tendril generates.
 func TestApplyTranslated(t *testing.T) {
-	in := New(Config{Listeners: map[string]string{"sni": "127.0.0.1:0"}})
+	in := New(Config{Listeners: map[string]string{"sni": "127.0.0.1:0", "proxy": "127.0.0.1:0", "tunnel": "127.0.0.1:0"}})
 	r := translate.All([]model.Shoot{{Name: "shoot--a--b", Hosts: []string{"api.b.test"}, APIServer: netip.MustParseAddrPort("10.0.0.1:443")}})
 	var clusters, endpoints, listeners []proto.Message
 	for _, c := range r.Clusters {
@@ -66,14 +66,28 @@ func TestApplyTranslated(t *testing.T) {
 	}
 	c := in.current.Load()
 	l := c.listeners[translate.SNIListener]
-	if l == nil || !l.tlsInspector || l.helloTimeout != translate.ClientHelloTimeout || l.idleTimeout != translate.IdleTimeout {
+	if l == nil || !l.tlsInspector || l.filterTimeout != translate.ClientHelloTimeout || len(l.chains) != 1 || l.chains[0].tcp.idleTimeout != translate.IdleTimeout {
 		t.Fatalf("sni listener: %+v", l)
 	}
-	if got := l.clusterFormat.render(connInfo{serverName: "api.b.test"}); got != "sni|api.b.test" {
+	f := l.chains[0].tcp.clusterFormat
+	if got := f.render(connInfo{serverName: "api.b.test"}); got != "sni|api.b.test" {
 		t.Errorf("format renders %q", got)
 	}
-	if got := l.clusterFormat.render(connInfo{}); got != "sni|-" {
+	if got := f.render(connInfo{}); got != "sni|-" {
 		t.Errorf("format without a server name renders %q, want Envoy's sni|-", got)
+	}
+	p := c.listeners[translate.ProxyListener]
+	if p == nil || p.proxyProtocol == nil || !p.proxyProtocol.allowWithout || p.filterTimeout != translate.ProxyHeaderTimeout {
+		t.Fatalf("proxy listener: %+v", p)
+	}
+	if ch := p.chain(443); ch == nil || ch.tcp == nil || ch.tcp.clusterFormat.render(connInfo{localAddr: "240.0.0.1:443"}) != "proxy|240.0.0.1:443" {
+		t.Fatalf("proxy listener, port 443 chain: %+v", ch)
+	}
+	if ch := p.chain(8443); ch == nil || ch.http == nil || len(ch.http.routes) != 3 || ch.http.maxHeaderBytes != translate.MaxRequestHeadersKB<<10 {
+		t.Fatalf("proxy listener, CONNECT chain: %+v", ch)
+	}
+	if tl := c.listeners[translate.TunnelListener]; tl == nil || tl.chain(8132) == nil || tl.chain(8132).http.routes[0].clusterHeader != translate.ReversedVPNHeader {
+		t.Fatalf("tunnel listener: %+v", tl)
 	}
 	cl := c.clusters["sni|api.b.test"]
 	if cl == nil || cl.maxConnections != translate.MaxConnectionsPerCluster || c.upstreams(cl)[0].String() != "10.0.0.1:443" {
@@ -101,7 +115,7 @@ func TestApplyRejects(t *testing.T) {
 		})), "listener filter"},
 		"two filter chains": {update(t, resourcev3.ListenerType, mutate(func(l *listenerv3.Listener) {
 			l.FilterChains = append(l.FilterChains, l.FilterChains[0])
-		})), "exactly one filter chain"},
+		})), "two filter chains match"},
 		"unsupported field": {update(t, resourcev3.ListenerType, mutate(func(l *listenerv3.Listener) {
 			l.DrainType = listenerv3.Listener_MODIFY_ONLY
 		})), "drain_type"},

@@ -42,6 +42,8 @@ type world struct {
 	in        *Ingress
 	reg       *prometheus.Registry
 	sni       string // the ingress SNI listener address
+	proxy     string // the ingress PROXY/CONNECT listener address
+	tunnel    string // the ingress reversed-VPN CONNECT listener address
 	upstreams map[string]*upstream
 	mu        sync.Mutex
 	shoots    map[string]model.Shoot
@@ -60,9 +62,13 @@ func newWorld(t *testing.T) *world {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	xl := listen(t)
-	sl := listen(t)
-	w.sni = sl.Addr().String()
-	w.in = New(Config{Listeners: map[string]string{"sni": w.sni}, Log: testr.New(t).WithName("ingress"), Registry: w.reg})
+	lns := map[string]net.Listener{"sni": listen(t), "proxy": listen(t), "tunnel": listen(t)}
+	addrs := map[string]string{}
+	for n, l := range lns {
+		addrs[n] = l.Addr().String()
+	}
+	w.sni, w.proxy, w.tunnel = addrs["sni"], addrs["proxy"], addrs["tunnel"]
+	w.in = New(Config{Listeners: addrs, Log: testr.New(t).WithName("ingress"), Registry: w.reg})
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -73,7 +79,7 @@ func newWorld(t *testing.T) *world {
 	}()
 	go func() {
 		defer wg.Done()
-		err := w.in.Serve(ctx, map[string]net.Listener{"sni": sl}, xdsclient.Config{Address: xl.Addr().String(), NodeID: t.Name(), MinBackoff: 10 * time.Millisecond})
+		err := w.in.Serve(ctx, lns, xdsclient.Config{Address: xl.Addr().String(), NodeID: t.Name(), MinBackoff: 10 * time.Millisecond})
 		if err != nil {
 			t.Error(err)
 		}
@@ -215,6 +221,8 @@ func (u *upstream) serve(c net.Conn) {
 		return
 	}
 	switch f := strings.Fields(line); {
+	case len(f) == 3 && f[0] == "GET": // a real HTTP client, e.g. curl
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(u.name), u.name)
 	case len(f) == 1 && f[0] == "who":
 		fmt.Fprintln(c, u.name)
 	case len(f) == 2 && f[0] == "bulk":

@@ -1,15 +1,19 @@
 package ingress
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pires/go-proxyproto"
 
 	"github.com/tendril-net/tendril/ingress/sni"
 )
@@ -89,120 +93,223 @@ func (s *server) untrack(c net.Conn) {
 
 // Outcomes of a connection, the values of the metrics' outcome label.
 const (
-	outcomeProxied      = "proxied"
-	outcomeNoListener   = "no_listener"
-	outcomeOverloaded   = "overloaded"
-	outcomeBadHello     = "bad_client_hello"
-	outcomeHelloTimeout = "client_hello_timeout"
-	outcomeNotTLS       = "not_tls"
-	outcomeUnknownRoute = "unknown_route"
-	outcomeNoEndpoint   = "no_endpoint"
-	outcomeCircuitOpen  = "circuit_open"
-	outcomeDialFailed   = "dial_failed"
-	outcomeDialTimeout  = "dial_timeout"
+	outcomeProxied        = "proxied"
+	outcomeNoListener     = "no_listener"
+	outcomeNoChain        = "no_filter_chain"
+	outcomeOverloaded     = "overloaded"
+	outcomeBadHello       = "bad_client_hello"
+	outcomeHelloTimeout   = "client_hello_timeout"
+	outcomeNotTLS         = "not_tls"
+	outcomeBadProxyHeader = "bad_proxy_header"
+	outcomeProxyTimeout   = "proxy_header_timeout"
+	outcomeNoProxyHeader  = "missing_proxy_header"
+	outcomeBadRequest     = "bad_request"
+	outcomeRequestTimeout = "request_timeout"
+	outcomeHeadersTooBig  = "request_headers_too_large"
+	outcomeNoRoute        = "no_route"
+	outcomeDirectResponse = "direct_response"
+	outcomeUnknownRoute   = "unknown_route"
+	outcomeNoEndpoint     = "no_endpoint"
+	outcomeCircuitOpen    = "circuit_open"
+	outcomeDialFailed     = "dial_failed"
+	outcomeDialTimeout    = "dial_timeout"
 )
 
-// handle routes one connection: read the ClientHello (bounded in time and size), render the
-// cluster name, dial an endpoint, replay the hello and splice.
+// maxProxyHeader bounds a PROXY header: go-proxyproto's own v2 limit (MaxV2HeaderSize, 4 KiB)
+// plus the 16-byte fixed part; a v1 header is at most 107 bytes.
+const maxProxyHeader = 4096 + 16
+
+// downstream is what the listener filters learned about a connection.
+type downstream struct {
+	c net.Conn
+	// r reads the connection's remaining bytes: the connection itself, or a buffered reader
+	// that holds bytes read past a PROXY header.
+	r io.Reader
+	// br is that buffered reader, if one was needed.
+	br *bufio.Reader
+	// limit bounds the bytes the listener filters and an HTTP request may read.
+	limit *io.LimitedReader
+	// local and source are the connection's destination and origin, from the PROXY header
+	// when there is one.
+	local, source netip.AddrPort
+	serverName    string
+	// hello is the ClientHello, to replay to the upstream.
+	hello []byte
+}
+
+// handle runs the listener filters (PROXY header, ClientHello; bounded in time and size), picks
+// the filter chain, and hands the connection to it.
 func (s *server) handle(ctx context.Context, c net.Conn) {
 	in := s.in
-	cfg := in.current.Load()
-	lc := cfg.listeners[s.name]
+	lc := in.current.Load().listeners[s.name]
 	if lc == nil {
 		in.metrics.conn(s.name, "", outcomeNoListener)
 		return
 	}
-	var ci connInfo
-	var hello []byte
-	if lc.tlsInspector {
-		if in.pending.Add(1) > int64(in.cfg.MaxPending) {
-			in.pending.Add(-1)
-			in.metrics.conn(s.name, "", outcomeOverloaded)
-			in.refusals.log("Connection refused", "listener", s.name, "remote", c.RemoteAddr().String(), "reason", outcomeOverloaded)
-			return
-		}
-		_ = c.SetReadDeadline(time.Now().Add(lc.helloTimeout))
-		name, raw, err := sni.ReadClientHello(c)
+	d := &downstream{c: c, r: c, local: addrPort(c.LocalAddr()), source: addrPort(c.RemoteAddr())}
+	if in.pending.Add(1) > int64(in.cfg.MaxPending) {
 		in.pending.Add(-1)
-		if err != nil {
-			reason := helloOutcome(err)
-			in.metrics.conn(s.name, "", reason)
-			in.refusals.log("Connection refused", "listener", s.name, "remote", c.RemoteAddr().String(), "reason", reason, "error", err.Error())
-			return
-		}
-		_ = c.SetReadDeadline(time.Time{})
-		ci.serverName, hello = name, raw
-		// The hello may have been read from a newer configuration's point of view: take the
-		// configuration current now, when the route is chosen.
-		cfg = in.current.Load()
-		if lc = cfg.listeners[s.name]; lc == nil {
-			in.metrics.conn(s.name, "", outcomeNoListener)
-			return
-		}
+		s.refuse(d, "", outcomeOverloaded, nil)
+		return
 	}
-	ci.localAddr = c.LocalAddr().String()
-
-	clusterName := lc.defaultCluster
-	if lc.clusterFormat != nil {
-		clusterName = lc.clusterFormat.render(ci)
+	chain, outcome, err := s.filters(lc, d)
+	in.pending.Add(-1)
+	if outcome != "" {
+		s.refuse(d, "", outcome, err)
+		return
+	}
+	if chain.http != nil {
+		s.serveConnect(ctx, d, chain.http)
+		return
+	}
+	// The configuration current now picks the route: the listener filters may have taken a
+	// while, and a route added meanwhile should be found.
+	cfg := in.current.Load()
+	clusterName := chain.tcp.defaultCluster
+	if chain.tcp.clusterFormat != nil {
+		clusterName = chain.tcp.clusterFormat.render(connInfo{serverName: d.serverName, localAddr: d.local.String()})
 	}
 	cl := cfg.clusters[clusterName]
 	if cl == nil {
-		in.metrics.conn(s.name, "", outcomeUnknownRoute)
-		// The server name is the client's; quote it so that it cannot forge log fields.
-		in.refusals.log("Connection refused", "listener", s.name, "remote", c.RemoteAddr().String(), "reason", outcomeUnknownRoute, "cluster", fmt.Sprintf("%q", clusterName))
+		// The name comes from the client; quoting keeps it from forging log fields.
+		s.refuse(d, "", outcomeUnknownRoute, fmt.Errorf("no cluster %q", clusterName))
 		return
 	}
-	eps := cfg.upstreams(cl)
-	if len(eps) == 0 {
-		in.metrics.conn(s.name, cl.name, outcomeNoEndpoint)
-		in.refusals.log("Connection refused", "listener", s.name, "remote", c.RemoteAddr().String(), "reason", outcomeNoEndpoint, "cluster", cl.name)
-		return
-	}
-	release, ok := in.acquire(cl.name, cl.maxConnections)
-	if !ok {
-		in.metrics.conn(s.name, cl.name, outcomeCircuitOpen)
-		in.refusals.log("Connection refused", "listener", s.name, "remote", c.RemoteAddr().String(), "reason", outcomeCircuitOpen, "cluster", cl.name)
+	up, release, outcome, err := s.dial(ctx, cfg, cl)
+	if outcome != "" {
+		s.refuse(d, cl.name, outcome, err)
 		return
 	}
 	defer release()
-	ep := eps[cl.next.Add(1)%uint64(len(eps))]
+	defer s.untrack(up)
+	s.pipe(d, up, cl.name, d.hello, chain.tcp.idleTimeout)
+}
 
+// filters runs the listener filters and returns the chain, or the outcome that refuses the
+// connection.
+func (s *server) filters(lc *listenerConfig, d *downstream) (*chainConfig, string, error) {
+	_ = d.c.SetReadDeadline(time.Now().Add(lc.filterTimeout))
+	defer d.c.SetReadDeadline(time.Time{})
+	if lc.proxyProtocol != nil {
+		d.limit = &io.LimitedReader{R: d.c, N: maxProxyHeader}
+		d.br = bufio.NewReaderSize(d.limit, 4096)
+		d.r = d.br
+		h, err := proxyproto.Read(d.br)
+		switch {
+		case errors.Is(err, proxyproto.ErrNoProxyProtocol):
+			if !lc.proxyProtocol.allowWithout {
+				return nil, outcomeNoProxyHeader, err
+			}
+		case err != nil:
+			if isTimeout(err) {
+				return nil, outcomeProxyTimeout, err
+			}
+			return nil, outcomeBadProxyHeader, err
+		case h.Command.IsProxy():
+			src, dst, ok := h.TCPAddrs()
+			if !ok {
+				return nil, outcomeBadProxyHeader, fmt.Errorf("PROXY header for %v, want TCP", h.TransportProtocol)
+			}
+			d.source, d.local = src.AddrPort(), dst.AddrPort()
+			d.source = netip.AddrPortFrom(d.source.Addr().Unmap(), d.source.Port())
+			d.local = netip.AddrPortFrom(d.local.Addr().Unmap(), d.local.Port())
+		}
+		// LOCAL (a health check from the sender itself) keeps the connection's own addresses.
+	}
+	if lc.tlsInspector {
+		if d.limit != nil {
+			d.limit.N += sni.MaxHelloSize
+		}
+		name, raw, err := sni.ReadClientHello(d.r)
+		if err != nil {
+			return nil, helloOutcome(err), err
+		}
+		d.serverName, d.hello = name, raw
+	}
+	chain := lc.chain(d.local.Port())
+	if chain == nil {
+		return nil, outcomeNoChain, fmt.Errorf("no filter chain for destination port %d", d.local.Port())
+	}
+	return chain, "", nil
+}
+
+// refuse counts and logs (rate-limited) a connection the ingress closes without proxying it.
+func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
+	s.in.metrics.conn(s.name, cluster, outcome)
+	kv := []any{"listener", s.name, "remote", d.c.RemoteAddr().String(), "reason", outcome}
+	if d.source != addrPort(d.c.RemoteAddr()) {
+		kv = append(kv, "source", d.source.String())
+	}
+	if cluster != "" {
+		kv = append(kv, "cluster", cluster)
+	}
+	if err != nil {
+		kv = append(kv, "error", fmt.Sprintf("%q", err.Error()))
+	}
+	s.in.refusals.log("Connection refused", kv...)
+}
+
+// dial connects to an endpoint of cl within the cluster's connect timeout and a slot of its
+// circuit breaker. On success the upstream is tracked for shutdown; the caller releases the
+// slot and untracks the connection.
+func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig) (net.Conn, func(), string, error) {
+	eps := cfg.upstreams(cl)
+	if len(eps) == 0 {
+		return nil, nil, outcomeNoEndpoint, nil
+	}
+	release, ok := s.in.acquire(cl.name, cl.maxConnections)
+	if !ok {
+		return nil, nil, outcomeCircuitOpen, nil
+	}
+	ep := eps[cl.next.Add(1)%uint64(len(eps))]
 	dctx, cancel := context.WithTimeout(ctx, cl.connectTimeout)
 	up, err := (&net.Dialer{}).DialContext(dctx, "tcp", ep.String())
 	cancel()
 	if err != nil {
-		reason := outcomeDialFailed
+		release()
 		if errors.Is(err, context.DeadlineExceeded) {
-			reason = outcomeDialTimeout
+			return nil, nil, outcomeDialTimeout, err
 		}
-		in.metrics.conn(s.name, cl.name, reason)
-		in.refusals.log("Upstream dial failed", "listener", s.name, "cluster", cl.name, "endpoint", ep.String(), "error", err.Error())
-		return
+		return nil, nil, outcomeDialFailed, err
 	}
-	s.mu.Lock()
-	if s.conns == nil || ctx.Err() != nil {
-		s.mu.Unlock()
+	if !s.track(up) {
+		release()
 		up.Close()
-		return
+		return nil, nil, outcomeDialFailed, net.ErrClosed
 	}
-	s.conns[up] = struct{}{}
-	s.mu.Unlock()
-	defer s.untrack(up)
+	return up, release, "", nil
+}
 
-	in.metrics.conn(s.name, cl.name, outcomeProxied)
+// pipe sends the bytes already read from downstream (replay, then whatever the buffered
+// reader holds) to up, and splices the two connections.
+func (s *server) pipe(d *downstream, up net.Conn, cluster string, replay []byte, idle time.Duration) {
+	in := s.in
+	in.metrics.conn(s.name, cluster, outcomeProxied)
 	in.metrics.active.WithLabelValues(s.name).Inc()
 	defer in.metrics.active.WithLabelValues(s.name).Dec()
-	if len(hello) > 0 {
-		if _, err := up.Write(hello); err != nil {
+	if d.br != nil && d.br.Buffered() > 0 {
+		buffered, _ := d.br.Peek(d.br.Buffered())
+		replay = append(replay, buffered...)
+	}
+	if len(replay) > 0 {
+		if _, err := up.Write(replay); err != nil {
 			return
 		}
-		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(len(hello)))
+		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(len(replay)))
 	}
-	splice(c, up, lc.idleTimeout, func(toUp, toDown int64) {
+	splice(d.c, up, idle, func(toUp, toDown int64) {
 		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(toUp))
 		in.metrics.bytes.WithLabelValues(s.name, "downstream").Add(float64(toDown))
 	})
+}
+
+func addrPort(a net.Addr) netip.AddrPort {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	ap, _ := netip.ParseAddrPort(a.String())
+	return ap
 }
 
 func helloOutcome(err error) string {

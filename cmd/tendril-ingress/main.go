@@ -1,5 +1,6 @@
 // Command tendril-ingress is tendril's embedded data plane: it takes its configuration from the
-// xDS server over delta ADS and serves the SNI passthrough listener.
+// xDS server over delta ADS and serves the listeners it is given addresses for: SNI
+// passthrough, PROXY protocol / CONNECT (in-cluster API access), and the reversed VPN's CONNECT.
 package main
 
 import (
@@ -28,6 +29,8 @@ type Config struct {
 	XDSAddress     string
 	NodeID         string
 	SNIAddress     string
+	ProxyAddress   string
+	TunnelAddress  string
 	MetricsAddress string
 	MaxPending     int
 	Log            logr.Logger
@@ -39,6 +42,8 @@ func main() {
 	flag.StringVar(&cfg.XDSAddress, "xds", "127.0.0.1:18000", "xDS server address (host:port)")
 	flag.StringVar(&cfg.NodeID, "node-id", "", "xDS node ID of this replica (default: the host name)")
 	flag.StringVar(&cfg.SNIAddress, "sni-address", "", "address of the SNI passthrough listener (xDS listener \"sni\"); empty: not served")
+	flag.StringVar(&cfg.ProxyAddress, "proxy-address", "", "address of the PROXY-protocol and X-Gardener-Destination CONNECT listener (xDS listener \"proxy\"); empty: not served")
+	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", "", "address of the Reversed-VPN CONNECT listener (xDS listener \"tunnel\"); empty: not served")
 	flag.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:18081", "address for /metrics, /healthz and /readyz (empty: off)")
 	flag.IntVar(&cfg.MaxPending, "max-pending", 10000, "connections allowed to wait for their ClientHello at once")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
@@ -62,11 +67,13 @@ func main() {
 // Run serves until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	listeners := map[string]string{}
-	if cfg.SNIAddress != "" {
-		listeners["sni"] = cfg.SNIAddress
+	for name, addr := range map[string]string{"sni": cfg.SNIAddress, "proxy": cfg.ProxyAddress, "tunnel": cfg.TunnelAddress} {
+		if addr != "" {
+			listeners[name] = addr
+		}
 	}
 	if len(listeners) == 0 {
-		return errors.New("no listener address given (--sni-address)")
+		return errors.New("no listener address given (--sni-address, --proxy-address, --tunnel-address)")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

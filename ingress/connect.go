@@ -1,0 +1,119 @@
+package ingress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// serveConnect serves one request on a connect chain: a CONNECT whose destination header passes
+// its route's guard is proxied to the cluster the header names, answered 200 only once the
+// upstream is connected; everything else gets its status and the connection is closed.
+// Status codes (design.md): missing or malformed header 400 (the route's direct response),
+// unknown cluster 503, dial failure 502, dial timeout 504.
+func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectConfig) {
+	if d.limit == nil {
+		d.limit = &io.LimitedReader{R: d.c}
+		d.br = bufio.NewReaderSize(d.limit, 4096)
+	}
+	// The request line and headers may use up to maxHeaderBytes more; once the request is read
+	// the tunnel's bytes are spliced from the connection itself, past this limit.
+	d.limit.N += int64(hc.maxHeaderBytes)
+	_ = d.c.SetReadDeadline(time.Now().Add(hc.headersTimeout))
+	s.in.pending.Add(1)
+	req, err := http.ReadRequest(d.br)
+	s.in.pending.Add(-1)
+	_ = d.c.SetReadDeadline(time.Time{})
+	if err != nil {
+		switch {
+		case isTimeout(err):
+			s.respond(d, "", outcomeRequestTimeout, http.StatusRequestTimeout, "request not complete within "+hc.headersTimeout.String()+"\n", err)
+		case d.limit.N <= 0:
+			s.respond(d, "", outcomeHeadersTooBig, http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("request headers larger than %d bytes\n", hc.maxHeaderBytes), err)
+		case errors.Is(err, io.EOF):
+			s.refuse(d, "", outcomeBadRequest, err) // closed before a request: nothing to answer
+		default:
+			s.respond(d, "", outcomeBadRequest, http.StatusBadRequest, "malformed request\n", err)
+		}
+		return
+	}
+	route := hc.match(req)
+	switch {
+	case route == nil:
+		s.respond(d, "", outcomeNoRoute, http.StatusNotFound, "no route\n", nil)
+		return
+	case route.clusterHeader == "":
+		s.respond(d, "", outcomeDirectResponse, route.status, route.body, fmt.Errorf("%s %q matched route %s", req.Method, req.Host, route.name))
+		return
+	}
+	cfg := s.in.current.Load()
+	name := req.Header.Get(route.clusterHeader)
+	cl := cfg.clusters[name]
+	if cl == nil {
+		s.respond(d, "", outcomeUnknownRoute, http.StatusServiceUnavailable, "no upstream for this "+route.clusterHeader+"\n", fmt.Errorf("no cluster %q", name))
+		return
+	}
+	up, release, outcome, err := s.dial(ctx, cfg, cl)
+	switch outcome {
+	case "":
+	case outcomeDialTimeout:
+		s.respond(d, cl.name, outcome, http.StatusGatewayTimeout, "upstream connect timed out\n", err)
+		return
+	case outcomeNoEndpoint, outcomeCircuitOpen:
+		s.respond(d, cl.name, outcome, http.StatusServiceUnavailable, "upstream unavailable ("+strings.ReplaceAll(outcome, "_", " ")+")\n", err)
+		return
+	default:
+		s.respond(d, cl.name, outcome, http.StatusBadGateway, "upstream connect failed\n", err)
+		return
+	}
+	defer release()
+	defer s.untrack(up)
+	if _, err := io.WriteString(d.c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		return
+	}
+	s.pipe(d, up, cl.name, nil, hc.idleTimeout)
+}
+
+// match returns the first route matching req, as Envoy does: CONNECT requests only match
+// connect routes, other methods only prefix routes.
+func (hc *connectConfig) match(req *http.Request) *connectRoute {
+	isConnect := req.Method == http.MethodConnect
+	for i := range hc.routes {
+		r := &hc.routes[i]
+		if r.connect != isConnect {
+			continue
+		}
+		if !r.connect && !strings.HasPrefix(req.URL.Path, r.prefix) {
+			continue
+		}
+		ok := true
+		for _, h := range r.headers {
+			// A header sent twice matches nothing: which value would route?
+			v := req.Header.Values(h.name)
+			if len(v) != 1 || !h.regex.MatchString(v[0]) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return r
+		}
+	}
+	return nil
+}
+
+// respond answers a request the ingress does not proxy, counts it and closes the connection.
+func (s *server) respond(d *downstream, cluster, outcome string, status int, body string, err error) {
+	if err == nil {
+		err = errors.New(http.StatusText(status))
+	}
+	s.refuse(d, cluster, outcome, err)
+	_ = d.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(d.c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), len(body), body)
+}
