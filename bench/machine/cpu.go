@@ -1,0 +1,129 @@
+package machine
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTick is the unit of /proc CPU times: USER_HZ, 100 on every Linux ABI
+// Go supports (sysconf(_SC_CLK_TCK) would need cgo to ask).
+const clockTick = 10 * time.Millisecond
+
+// CPUSample is a snapshot of CPU time counters, for telling how much CPU
+// work other than the benchmark's own ran during a measurement.
+type CPUSample struct {
+	// Busy is the CPU time all CPUs spent in user, nice and system mode
+	// or stolen by the hypervisor, since boot. Interrupt and softirq time
+	// is left out: on loopback most of it is the benchmark's own packets.
+	Busy time.Duration
+	// Own is the CPU time of this process and of the live processes in
+	// the process groups passed to SampleCPU.
+	Own time.Duration
+	// OK is false when the counters could not be read (not Linux).
+	OK bool
+}
+
+// SampleCPU reads the counters. groups are process group IDs whose members
+// count as our own (the peers, each started in its own group).
+func SampleCPU(groups []int) CPUSample {
+	busy, ok := busyCPU()
+	if !ok {
+		return CPUSample{}
+	}
+	s := CPUSample{Busy: busy, OK: true}
+	self := os.Getpid()
+	if t, _, ok := procCPU("/proc/self/stat"); ok {
+		s.Own += t
+	}
+	if len(groups) == 0 {
+		return s
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return s
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		t, pgrp, ok := procCPU("/proc/" + e.Name() + "/stat")
+		if !ok {
+			continue // gone meanwhile
+		}
+		for _, g := range groups {
+			if pgrp == g {
+				s.Own += t
+				break
+			}
+		}
+	}
+	return s
+}
+
+// Other returns the CPU time used by others between s and a later sample
+// t: busy time that was neither ours nor our peers'. It is 0 when either
+// sample is missing, and never negative (the counters tick at 10 ms).
+func (s CPUSample) Other(t CPUSample) time.Duration {
+	if !s.OK || !t.OK {
+		return 0
+	}
+	return max(0, (t.Busy-s.Busy)-(t.Own-s.Own))
+}
+
+// busyCPU reads the "cpu" line of /proc/stat.
+func busyCPU() (time.Duration, bool) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	if !sc.Scan() {
+		return 0, false
+	}
+	// cpu user nice system idle iowait irq softirq steal guest guest_nice
+	f0 := strings.Fields(sc.Text())
+	if len(f0) < 9 || f0[0] != "cpu" {
+		return 0, false
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 8} {
+		n, err := strconv.ParseInt(f0[i], 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * clockTick, true
+}
+
+// procCPU reads utime+stime and the process group of one /proc/<pid>/stat.
+func procCPU(path string) (time.Duration, int, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, false
+	}
+	// The command name (field 2) is in parentheses and may contain
+	// spaces; the fields after the last ')' start with the state (3).
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state), so field n is f[n-3]: pgrp 5, utime 14, stime 15.
+	if len(f) < 13 {
+		return 0, 0, false
+	}
+	pgrp, err1 := strconv.Atoi(f[2])
+	ut, err2 := strconv.ParseInt(f[11], 10, 64)
+	st, err3 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return 0, 0, false
+	}
+	return time.Duration(ut+st) * clockTick, pgrp, true
+}

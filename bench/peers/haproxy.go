@@ -1,0 +1,132 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// HAProxy runs the distribution's haproxy in TCP mode: the frontend waits for
+// the ClientHello (tcp-request inspect-delay) and picks a backend with
+// req_ssl_sni. The zero value uses "haproxy" from PATH, DefaultTimeouts and
+// one thread per CPU.
+type HAProxy struct {
+	Bin      string   // path or name in PATH; "" means "haproxy"
+	Timeouts Timeouts // zero means DefaultTimeouts
+	Threads  int      // nbthread; 0 means one per CPU
+}
+
+var _ SNI = HAProxy{}
+
+// HAProxyConfig is the data for haproxy.cfg.tmpl.
+type HAProxyConfig struct {
+	Listen   string // ip:port of the frontend
+	Threads  int
+	MaxConn  int
+	Timeouts Timeouts
+	Routes   []Route
+}
+
+// RenderHAProxy renders the HAProxy configuration for c.
+func RenderHAProxy(c HAProxyConfig) (string, error) {
+	if err := validateRoutes(c.Routes); err != nil {
+		return "", err
+	}
+	return render(haproxyTmpl, c)
+}
+
+// Name implements SNI.
+func (HAProxy) Name() string { return "haproxy" }
+
+func (h HAProxy) bin() (string, error) {
+	name := h.Bin
+	if name == "" {
+		name = "haproxy"
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%s not found (Debian: apt-get install haproxy): %w", name, err)
+	}
+	return p, nil
+}
+
+// Check implements SNI.
+func (h HAProxy) Check(context.Context) error {
+	_, err := h.bin()
+	return err
+}
+
+// Config returns the configuration Start would write for routes on listen.
+func (h HAProxy) Config(listen string, routes []Route) (string, error) {
+	to := h.Timeouts
+	if to == (Timeouts{}) {
+		to = DefaultTimeouts
+	}
+	threads := h.Threads
+	if threads <= 0 {
+		threads = cores()
+	}
+	return RenderHAProxy(HAProxyConfig{Listen: listen, Threads: threads, MaxConn: maxConn, Timeouts: to, Routes: routes})
+}
+
+// CheckConfig runs "haproxy -c -f path".
+func (h HAProxy) CheckConfig(ctx context.Context, path string) error {
+	bin, err := h.bin()
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, bin, "-c", "-f", path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("haproxy -c -f %s: %w: %s", path, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Version returns the first line of "haproxy -v".
+func (h HAProxy) Version(ctx context.Context) string {
+	bin, err := h.bin()
+	if err != nil {
+		return "unknown"
+	}
+	out, _ := exec.CommandContext(ctx, bin, "-v").CombinedOutput()
+	if l := firstLine(string(out)); l != "" {
+		return l
+	}
+	return "unknown"
+}
+
+// Start implements SNI: "haproxy -db -f dir/haproxy.cfg" in the foreground.
+func (h HAProxy) Start(ctx context.Context, dir string, routes []Route) (*Instance, error) {
+	bin, err := h.bin()
+	if err != nil {
+		return nil, err
+	}
+	version := h.Version(ctx)
+	return startRetry(ctx, func() (*Instance, error) {
+		ports, err := FreePorts(1)
+		if err != nil {
+			return nil, err
+		}
+		addr := loopback(ports[0])
+		cfg, err := h.Config(addr, routes)
+		if err != nil {
+			return nil, err
+		}
+		path := filepath.Join(dir, "haproxy.cfg")
+		if err := writeFile(path, cfg); err != nil {
+			return nil, err
+		}
+		p, err := startProcess("haproxy", filepath.Join(dir, "haproxy.log"), bin, "-db", "-f", path)
+		if err != nil {
+			return nil, err
+		}
+		if err := waitAccept(ctx, addr, 10*time.Second, p); err != nil {
+			return nil, errors.Join(fmt.Errorf("haproxy: %w", err), p.stop())
+		}
+		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*process{p}}, nil
+	})
+}

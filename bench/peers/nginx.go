@@ -1,0 +1,206 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Nginx runs the distribution's nginx with only a stream block: ssl_preread
+// reads the ClientHello and a map on $ssl_preread_server_name picks the
+// upstream group. The zero value uses "nginx" from PATH, DefaultTimeouts and
+// one worker per CPU.
+//
+// Debian ships the stream module as a dynamic module (libnginx-mod-stream,
+// nginx -V says --with-stream=dynamic) loaded by an include in the stock
+// /etc/nginx/nginx.conf. Our own configuration file does not read that
+// include, so it loads the module itself, by absolute path because -p moves
+// the prefix into the temporary directory.
+type Nginx struct {
+	Bin      string   // path or name in PATH; "" means "nginx"
+	Timeouts Timeouts // zero means DefaultTimeouts
+	Workers  int      // worker_processes; 0 means one per CPU
+}
+
+var _ SNI = Nginx{}
+
+// NginxConfig is the data for nginx.conf.tmpl.
+type NginxConfig struct {
+	Listen       string // ip:port of the stream server
+	Workers      int
+	MaxConn      int    // worker_connections and worker_rlimit_nofile
+	Dir          string // pid and error log live here
+	StreamModule string // absolute path of ngx_stream_module.so; "" when built in
+	Timeouts     Timeouts
+	Routes       []Route
+}
+
+// RenderNginx renders the nginx configuration for c.
+func RenderNginx(c NginxConfig) (string, error) {
+	if err := validateRoutes(c.Routes); err != nil {
+		return "", err
+	}
+	if !filepath.IsAbs(c.Dir) {
+		return "", fmt.Errorf("nginx dir %q is not absolute", c.Dir)
+	}
+	return render(nginxTmpl, c)
+}
+
+// Name implements SNI.
+func (Nginx) Name() string { return "nginx" }
+
+func (n Nginx) bin() (string, error) {
+	name := n.Bin
+	if name == "" {
+		name = "nginx"
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%s not found (Debian: apt-get install nginx libnginx-mod-stream): %w", name, err)
+	}
+	return p, nil
+}
+
+// StreamModule returns the absolute path of the stream module to load, or ""
+// when nginx has it built in, or an error when nginx has no usable stream
+// module with ssl_preread.
+func (n Nginx) StreamModule(ctx context.Context) (string, error) {
+	bin, err := n.bin()
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.CommandContext(ctx, bin, "-V").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s -V: %w: %s", bin, err, strings.TrimSpace(string(out)))
+	}
+	opts := strings.Fields(string(out))
+	has := func(flag string) bool {
+		for _, o := range opts {
+			if o == flag {
+				return true
+			}
+		}
+		return false
+	}
+	if !has("--with-stream_ssl_preread_module") {
+		return "", errors.New("nginx is built without ssl_preread (--with-stream_ssl_preread_module)")
+	}
+	switch {
+	case has("--with-stream"):
+		return "", nil // built in
+	case !has("--with-stream=dynamic"):
+		return "", errors.New("nginx is built without the stream module")
+	}
+	var dirs []string
+	for _, o := range opts {
+		if d, ok := strings.CutPrefix(o, "--modules-path="); ok {
+			dirs = append(dirs, d)
+		}
+	}
+	dirs = append(dirs, "/usr/lib/nginx/modules", "/usr/lib64/nginx/modules", "/usr/share/nginx/modules")
+	for _, d := range dirs {
+		p := filepath.Join(d, "ngx_stream_module.so")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("ngx_stream_module.so not found in %s (Debian: apt-get install libnginx-mod-stream)", strings.Join(dirs, ", "))
+}
+
+// Check implements SNI.
+func (n Nginx) Check(ctx context.Context) error {
+	_, err := n.StreamModule(ctx)
+	return err
+}
+
+// Config returns the configuration Start would write for routes on listen,
+// with its pid and error log in dir.
+func (n Nginx) Config(ctx context.Context, dir, listen string, routes []Route) (string, error) {
+	mod, err := n.StreamModule(ctx)
+	if err != nil {
+		return "", err
+	}
+	to := n.Timeouts
+	if to == (Timeouts{}) {
+		to = DefaultTimeouts
+	}
+	workers := n.Workers
+	if workers <= 0 {
+		workers = cores()
+	}
+	return RenderNginx(NginxConfig{Listen: listen, Workers: workers, MaxConn: maxConn, Dir: dir,
+		StreamModule: mod, Timeouts: to, Routes: routes})
+}
+
+// args are the command-line options that make nginx use only dir: -p moves
+// the prefix (relative paths, temp files) there and -e the error log it
+// writes before it has read the configuration (default /var/log/nginx).
+func nginxArgs(dir, path string) []string {
+	return []string{"-p", dir + "/", "-e", filepath.Join(dir, "error.log"), "-c", path}
+}
+
+// CheckConfig runs "nginx -t" on the configuration file path, whose files
+// live in dir.
+func (n Nginx) CheckConfig(ctx context.Context, dir, path string) error {
+	bin, err := n.bin()
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, bin, append([]string{"-t", "-q"}, nginxArgs(dir, path)...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("nginx -t -c %s: %w: %s", path, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Version returns what "nginx -v" prints ("nginx version: nginx/1.22.1").
+func (n Nginx) Version(ctx context.Context) string {
+	bin, err := n.bin()
+	if err != nil {
+		return "unknown"
+	}
+	out, _ := exec.CommandContext(ctx, bin, "-v").CombinedOutput()
+	if l := firstLine(string(out)); l != "" {
+		return l
+	}
+	return "unknown"
+}
+
+// Start implements SNI: "nginx -c dir/nginx.conf -g 'daemon off;'", master
+// and workers in the foreground.
+func (n Nginx) Start(ctx context.Context, dir string, routes []Route) (*Instance, error) {
+	bin, err := n.bin()
+	if err != nil {
+		return nil, err
+	}
+	version := n.Version(ctx)
+	return startRetry(ctx, func() (*Instance, error) {
+		ports, err := FreePorts(1)
+		if err != nil {
+			return nil, err
+		}
+		addr := loopback(ports[0])
+		cfg, err := n.Config(ctx, dir, addr, routes)
+		if err != nil {
+			return nil, err
+		}
+		path := filepath.Join(dir, "nginx.conf")
+		if err := writeFile(path, cfg); err != nil {
+			return nil, err
+		}
+		args := append(nginxArgs(dir, path), "-g", "daemon off;")
+		p, err := startProcess("nginx", filepath.Join(dir, "nginx.log"), bin, args...)
+		if err != nil {
+			return nil, err
+		}
+		if err := waitAccept(ctx, addr, 10*time.Second, p); err != nil {
+			return nil, errors.Join(fmt.Errorf("nginx: %w", err), p.stop())
+		}
+		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*process{p}}, nil
+	})
+}

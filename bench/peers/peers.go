@@ -1,0 +1,268 @@
+// Package peers starts, configures and stops the SNI-passthrough data planes
+// that tendril is benchmarked against (HAProxy and nginx from the distribution)
+// and tendril's own seed + ingress binaries, all for the same routes.
+//
+// Each data plane runs as a child process on free loopback ports, with its
+// configuration rendered from the templates embedded in this package into a
+// directory the caller owns. The package does not generate load, measure, or
+// install anything: a missing binary or module is reported by Check so that a
+// benchmark can skip that peer and go on with the others.
+package peers
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"regexp"
+	"runtime"
+	"strings"
+	"text/template"
+	"time"
+)
+
+// Route is one SNI route: connections whose ClientHello names Host go to
+// Upstream.
+type Route struct {
+	// Name identifies the route in generated configurations (backend and
+	// upstream names) and in tendril's route file (the shoot name).
+	Name string
+	// Host is the TLS server name, lower case.
+	Host string
+	// Upstream is the upstream's IP:port (an address, not a host name, so
+	// that no peer resolves anything on the hot path).
+	Upstream string
+}
+
+var (
+	nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+	hostRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$`)
+)
+
+// Validate checks that the route can be written into every peer's
+// configuration as is: names and hosts are plain tokens, so a route can never
+// inject configuration.
+func (r Route) Validate() error {
+	if !nameRE.MatchString(r.Name) {
+		return fmt.Errorf("route name %q: want letters, digits, '_', '.', '-'", r.Name)
+	}
+	if !hostRE.MatchString(r.Host) {
+		return fmt.Errorf("route %s: host %q is not a lower-case DNS name", r.Name, r.Host)
+	}
+	if _, err := netip.ParseAddrPort(r.Upstream); err != nil {
+		return fmt.Errorf("route %s: upstream: %w", r.Name, err)
+	}
+	return nil
+}
+
+func validateRoutes(routes []Route) error {
+	if len(routes) == 0 {
+		return errors.New("no routes")
+	}
+	seen := map[string]bool{}
+	for _, r := range routes {
+		if err := r.Validate(); err != nil {
+			return err
+		}
+		if seen[r.Name] || seen["host:"+r.Host] {
+			return fmt.Errorf("route %s: duplicate name or host %s", r.Name, r.Host)
+		}
+		seen[r.Name], seen["host:"+r.Host] = true, true
+	}
+	return nil
+}
+
+// Timeouts are the same for every peer, so that no peer wins by giving up
+// earlier or waiting longer than another.
+type Timeouts struct {
+	// Hello bounds the wait for the ClientHello (design.md: 10 s).
+	Hello time.Duration
+	// Connect bounds the upstream dial.
+	Connect time.Duration
+	// Idle closes a connection without traffic in either direction.
+	Idle time.Duration
+}
+
+// DefaultTimeouts mirror what tendril-ingress uses for its SNI listener where
+// a benchmark can tell the difference (ClientHello 10 s); the idle timeout is
+// shorter than tendril's 1 h because a benchmark connection is never idle for
+// long, and a stuck one should not outlive the run.
+var DefaultTimeouts = Timeouts{Hello: 10 * time.Second, Connect: 5 * time.Second, Idle: 60 * time.Second}
+
+// maxConn is the connection limit written into the peers' configurations: far
+// above the benchmark's concurrency, so that no peer queues connections, and
+// below the 20,000 open files a process gets here (each proxied connection
+// holds two sockets, nginx counts both against worker_connections).
+const maxConn = 8192
+
+// SNI is a data plane that forwards TLS connections by server name.
+type SNI interface {
+	// Name is the target's name in reports ("haproxy", "nginx", "tendril").
+	Name() string
+	// Check reports why the peer cannot run here (binary or module
+	// missing), or nil.
+	Check(ctx context.Context) error
+	// Start runs the peer for routes, with its files in dir (which the
+	// caller creates and removes after Stop), and returns once the peer
+	// accepts TCP connections on Instance.Addr. It does not check that
+	// routes work end to end: that takes a TLS client.
+	Start(ctx context.Context, dir string, routes []Route) (*Instance, error)
+}
+
+// Instance is a running peer.
+type Instance struct {
+	// Addr is the address clients connect to (127.0.0.1:port).
+	Addr string
+	// Version describes the binary, e.g. "HAProxy version 2.6.12-1+deb12u4".
+	Version string
+	// Config is the rendered configuration (for reports and debugging).
+	Config string
+
+	procs []*process // stopped in reverse order
+}
+
+// Groups returns the process group IDs of the peer's processes: each
+// process leads its own group, which holds its workers too (nginx).
+func (in *Instance) Groups() []int {
+	var gs []int
+	for _, p := range in.procs {
+		gs = append(gs, p.cmd.Process.Pid)
+	}
+	return gs
+}
+
+// Stop stops the peer's processes (last started first) and waits for them.
+// It is safe to call more than once.
+func (in *Instance) Stop() error {
+	var errs []error
+	for i := len(in.procs) - 1; i >= 0; i-- {
+		errs = append(errs, in.procs[i].stop())
+	}
+	return errors.Join(errs...)
+}
+
+// startAttempts is how often a peer start is tried with fresh ports: the free
+// ports are found by binding and releasing them, so another process can take
+// one in between (rare, but it should not cost a whole peer).
+const startAttempts = 3
+
+// startRetry calls start up to startAttempts times, until it succeeds or ctx
+// ends, and returns the last error.
+func startRetry(ctx context.Context, start func() (*Instance, error)) (*Instance, error) {
+	var err error
+	for range startAttempts {
+		var in *Instance
+		if in, err = start(); err == nil {
+			return in, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, err
+}
+
+// FreePorts returns n distinct free TCP ports on 127.0.0.1. It holds all n
+// listeners open at once so the ports differ, then releases them for the
+// peer to bind.
+func FreePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func loopback(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
+
+// cores is the worker/thread count given to every multi-threaded peer: one
+// per CPU, each peer's recommended setting (HAProxy nbthread, nginx
+// worker_processes auto would do the same).
+func cores() int { return runtime.NumCPU() }
+
+var (
+	//go:embed haproxy.cfg.tmpl
+	haproxyTmplText string
+	//go:embed nginx.conf.tmpl
+	nginxTmplText string
+
+	funcs = template.FuncMap{
+		// ms renders a duration in milliseconds, a unit both HAProxy
+		// and nginx accept.
+		"ms": func(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) },
+	}
+	haproxyTmpl = template.Must(template.New("haproxy.cfg").Funcs(funcs).Parse(haproxyTmplText))
+	nginxTmpl   = template.Must(template.New("nginx.conf").Funcs(funcs).Parse(nginxTmplText))
+)
+
+func render(t *template.Template, data any) (string, error) {
+	var b bytes.Buffer
+	if err := t.Execute(&b, data); err != nil {
+		return "", fmt.Errorf("render %s: %w", t.Name(), err)
+	}
+	return b.String(), nil
+}
+
+// waitAccept waits until addr accepts a TCP connection, one of procs exits,
+// timeout passes or ctx ends.
+func waitAccept(ctx context.Context, addr string, timeout time.Duration, procs ...*process) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var d net.Dialer
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for _, p := range procs {
+			if err := p.exited(); err != nil {
+				return err
+			}
+		}
+		dctx, dcancel := context.WithTimeout(ctx, time.Second)
+		c, err := d.DialContext(dctx, "tcp", addr)
+		dcancel()
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s does not accept connections: %w (last: %w)", addr, ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
+}
+
+// firstLine returns the first non-empty line of s, trimmed.
+func firstLine(s string) string {
+	for l := range strings.Lines(s) {
+		if l = strings.TrimSpace(l); l != "" {
+			return l
+		}
+	}
+	return ""
+}
+
+// writeFile writes a configuration file readable by the peer's workers,
+// which may drop privileges (nginx workers run as nobody when started by
+// root; the master reads the configuration, but keep it readable anyway).
+func writeFile(path, content string) error {
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

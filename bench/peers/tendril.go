@@ -1,0 +1,188 @@
+package peers
+
+import (
+	"context"
+	"debug/buildinfo"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Tendril runs tendril's own data plane as two processes: tendril-seed serves
+// the routes from a route file over xDS, tendril-ingress receives them and
+// forwards SNI connections. The zero value looks for the binaries in "bin".
+type Tendril struct {
+	// BinDir holds tendril-seed and tendril-ingress; "" means "bin".
+	BinDir string
+	// ReadyTimeout bounds the wait for the ingress's /readyz; 0 means 30 s.
+	ReadyTimeout time.Duration
+}
+
+var _ SNI = Tendril{}
+
+// Name implements SNI.
+func (Tendril) Name() string { return "tendril" }
+
+func (t Tendril) bins() (seed, ingress string) {
+	dir := t.BinDir
+	if dir == "" {
+		dir = "bin"
+	}
+	return filepath.Join(dir, "tendril-seed"), filepath.Join(dir, "tendril-ingress")
+}
+
+// Check implements SNI: both binaries must exist.
+func (t Tendril) Check(context.Context) error {
+	seed, ingress := t.bins()
+	for _, b := range []string{ingress, seed} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%s not found", b)
+		}
+	}
+	return nil
+}
+
+// RouteFile renders tendril-seed's static route file: one shoot per route,
+// with one host each. Route.Validate guarantees that every value is a plain
+// token, so no value needs escaping beyond the quotes.
+func RouteFile(routes []Route) (string, error) {
+	if err := validateRoutes(routes); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString("shoots:\n")
+	for _, r := range routes {
+		fmt.Fprintf(&b, "- name: %s\n  hosts: [%q]\n  apiserver: %q\n", r.Name, r.Host, r.Upstream)
+	}
+	return b.String(), nil
+}
+
+// Version describes tendril-ingress from its embedded build information:
+// module version, VCS revision (+dirty when built from a modified tree), Go
+// version, and the binary's modification time (a build without VCS
+// information is "(devel)" only, and the time still tells builds apart).
+func (t Tendril) Version() string {
+	_, ingress := t.bins()
+	bi, err := buildinfo.ReadFile(ingress)
+	if err != nil {
+		return "unknown"
+	}
+	built := ""
+	if st, err := os.Stat(ingress); err == nil {
+		built = ", built " + st.ModTime().UTC().Format("2006-01-02 15:04 UTC")
+	}
+	v := "tendril-ingress " + bi.Main.Version
+	settings := map[string]string{}
+	for _, s := range bi.Settings {
+		settings[s.Key] = s.Value
+	}
+	if rev := settings["vcs.revision"]; rev != "" {
+		v += " " + rev[:min(12, len(rev))]
+		if settings["vcs.modified"] == "true" {
+			v += "+dirty"
+		}
+	}
+	return v + " " + bi.GoVersion + built
+}
+
+// Start implements SNI:
+//
+//	tendril-seed --routes FILE --xds-address 127.0.0.1:P1 --metrics-address 127.0.0.1:P2
+//	tendril-ingress --xds 127.0.0.1:P1 --node-id bench --sni-address 127.0.0.1:P3 --metrics-address 127.0.0.1:P4
+//
+// It returns once the ingress's /readyz answers 200 and its SNI listener
+// accepts. The routes may still arrive a moment later over xDS: the caller
+// probes a route end to end before it measures.
+func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instance, error) {
+	if err := t.Check(ctx); err != nil {
+		return nil, err
+	}
+	seedBin, ingressBin := t.bins()
+	// The binaries get absolute paths: exec would otherwise look a bare
+	// relative name up in PATH.
+	seedBin, _ = filepath.Abs(seedBin)
+	ingressBin, _ = filepath.Abs(ingressBin)
+	routeFile, err := RouteFile(routes)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "routes.yaml")
+	if err := writeFile(path, routeFile); err != nil {
+		return nil, err
+	}
+	readyTimeout := t.ReadyTimeout
+	if readyTimeout <= 0 {
+		readyTimeout = 30 * time.Second
+	}
+	version := t.Version()
+	return startRetry(ctx, func() (*Instance, error) {
+		ports, err := FreePorts(4)
+		if err != nil {
+			return nil, err
+		}
+		xds, seedMetrics, sni, ingressMetrics := loopback(ports[0]), loopback(ports[1]), loopback(ports[2]), loopback(ports[3])
+		seed, err := startProcess("tendril-seed", filepath.Join(dir, "tendril-seed.log"), seedBin,
+			"--routes", path, "--xds-address", xds, "--metrics-address", seedMetrics)
+		if err != nil {
+			return nil, err
+		}
+		if err := waitAccept(ctx, xds, readyTimeout, seed); err != nil {
+			return nil, errors.Join(fmt.Errorf("tendril-seed: %w", err), seed.stop())
+		}
+		ingress, err := startProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), ingressBin,
+			"--xds", xds, "--node-id", "bench", "--sni-address", sni, "--metrics-address", ingressMetrics)
+		if err != nil {
+			return nil, errors.Join(err, seed.stop())
+		}
+		in := &Instance{Addr: sni, Version: version, Config: routeFile, procs: []*process{seed, ingress}}
+		if err := waitReady(ctx, "http://"+ingressMetrics+"/readyz", readyTimeout, seed, ingress); err != nil {
+			return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
+		}
+		if err := waitAccept(ctx, sni, readyTimeout, seed, ingress); err != nil {
+			return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
+		}
+		return in, nil
+	})
+}
+
+// waitReady polls url until it answers 200, one of procs exits, timeout
+// passes or ctx ends.
+func waitReady(ctx context.Context, url string, timeout time.Duration, procs ...*process) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	// No keep-alive: a poller that stops must not leave an idle
+	// connection (and its goroutines) behind.
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	last := errors.New("not polled yet")
+	for {
+		for _, p := range procs {
+			if err := p.exited(); err != nil {
+				return err
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return fmt.Errorf("readiness request: %w", err)
+		}
+		if resp, err := client.Do(req); err != nil {
+			last = err
+		} else {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not ready: %w (last: %w)", ctx.Err(), last)
+		case <-tick.C:
+		}
+	}
+}

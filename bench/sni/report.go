@@ -1,0 +1,532 @@
+package sni
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tendril-net/tendril/bench/hist"
+	"github.com/tendril-net/tendril/bench/machine"
+	"github.com/tendril-net/tendril/bench/peers"
+)
+
+// Report is the result of Run. Rate and Bulk hold one row per target and
+// measurement (medians over rounds); RateRuns and BulkRuns every single
+// measurement.
+type Report struct {
+	Mode           string              `json:"mode"`
+	CommandLine    string              `json:"command_line,omitempty"`
+	Machine        machine.Description `json:"machine"`
+	Settings       Settings            `json:"settings"`
+	Started        time.Time           `json:"started"`
+	ElapsedSeconds float64             `json:"elapsed_seconds"`
+	// LoadBefore and LoadAfter are the machine's load averages (1, 5,
+	// 15 min) around the run: anything well above zero before the run
+	// means other work shared the CPUs with the benchmark.
+	LoadBefore string `json:"load_before"`
+	LoadAfter  string `json:"load_after"`
+	// Partial is set when the run was interrupted; Note says where.
+	Partial   bool            `json:"partial"`
+	Note      string          `json:"note,omitempty"`
+	Targets   []TargetInfo    `json:"targets"`
+	Rate      []RateRow       `json:"rate,omitempty"`
+	Bulk      []BulkRow       `json:"bulk,omitempty"`
+	Upstreams []UpstreamStats `json:"upstreams"`
+	RateRuns  []*RateRun      `json:"rate_runs,omitempty"`
+	BulkRuns  []*BulkRun      `json:"bulk_runs,omitempty"`
+}
+
+// Settings are the parameters of the run.
+type Settings struct {
+	Shoots          int      `json:"shoots"`
+	Targets         []string `json:"targets"`
+	Modes           []string `json:"modes"`
+	Concurrency     []int    `json:"concurrency"`
+	DurationSeconds float64  `json:"duration_seconds"`
+	WarmupSeconds   float64  `json:"warmup_seconds"`
+	PayloadBytes    int      `json:"payload_bytes"`
+	BulkBytes       int64    `json:"bulk_bytes"`
+	BulkConns       int      `json:"bulk_conns"`
+	Rounds          int      `json:"rounds"`
+	PeerTimeouts    string   `json:"peer_timeouts"`
+	TLS             string   `json:"tls"` // negotiated parameters, from the readiness probe
+}
+
+func settingsOf(c Config) Settings {
+	to := peers.DefaultTimeouts
+	return Settings{Shoots: c.Shoots, Targets: c.Targets, Modes: c.Modes, Concurrency: c.Concurrency,
+		DurationSeconds: c.Duration.Seconds(), WarmupSeconds: c.Warmup.Seconds(), PayloadBytes: c.Payload,
+		BulkBytes: c.BulkBytes, BulkConns: c.BulkConns, Rounds: c.Rounds,
+		PeerTimeouts: fmt.Sprintf("ClientHello %v, connect %v, idle %v", to.Hello, to.Connect, to.Idle)}
+}
+
+// TargetInfo describes a target, or why it was skipped.
+type TargetInfo struct {
+	Name    string `json:"name"`
+	Version string `json:"version,omitempty"`
+	Addr    string `json:"addr,omitempty"`
+	Skipped string `json:"skipped,omitempty"`
+	Config  string `json:"config,omitempty"` // the peer's rendered configuration
+}
+
+// Latency summarises a time-to-first-byte histogram, in milliseconds.
+type Latency struct {
+	P50  float64 `json:"p50_ms"`
+	P90  float64 `json:"p90_ms"`
+	P99  float64 `json:"p99_ms"`
+	Mean float64 `json:"mean_ms"`
+	Max  float64 `json:"max_ms"`
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func latencyOf(h *hist.Histogram) Latency {
+	return Latency{P50: ms(h.Percentile(0.50)), P90: ms(h.Percentile(0.90)), P99: ms(h.Percentile(0.99)),
+		Mean: ms(h.Mean()), Max: ms(h.Max())}
+}
+
+// RateRun is one connection-rate measurement.
+type RateRun struct {
+	Target       string            `json:"target"`
+	Concurrency  int               `json:"concurrency"`
+	Round        int               `json:"round"`
+	Seconds      float64           `json:"seconds"`
+	Conns        int64             `json:"conns"` // successful, completed inside the window
+	ConnsPerSec  float64           `json:"conns_per_sec"`
+	TTFB         Latency           `json:"ttfb"`
+	Errors       map[string]int64  `json:"errors,omitempty"`
+	ErrorSamples map[string]string `json:"error_samples,omitempty"`
+	// OtherCPU is the CPU, in cores, that processes other than the
+	// benchmark and its peers (and the hypervisor, as steal) used during
+	// the window: noise, ideally near 0.
+	OtherCPU float64 `json:"other_cpu_cores"`
+	// PerShoot counts successful connections per shoot: each one
+	// verified shoot i's certificate for its host and got shoot i's
+	// upstream's answer.
+	PerShoot []int64 `json:"per_shoot"`
+
+	hist hist.Histogram
+}
+
+// BulkRun is one bulk-throughput measurement.
+type BulkRun struct {
+	Target       string            `json:"target"`
+	Conns        int               `json:"conns"`
+	Round        int               `json:"round"`
+	Seconds      float64           `json:"seconds"`
+	Bytes        int64             `json:"bytes"` // read inside the window, all connections
+	MBps         float64           `json:"mb_per_sec"`
+	Transfers    int64             `json:"transfers"` // complete answers that ended inside the window
+	Errors       map[string]int64  `json:"errors,omitempty"`
+	ErrorSamples map[string]string `json:"error_samples,omitempty"`
+	OtherCPU     float64           `json:"other_cpu_cores"` // as in RateRun
+}
+
+// RateRow is a target's connection-rate result at one concurrency: the
+// median over rounds of connections per second, the TTFB of all rounds
+// together, and errors summed.
+type RateRow struct {
+	Concurrency int              `json:"concurrency"`
+	Target      string           `json:"target"`
+	ConnsPerSec float64          `json:"conns_per_sec"`
+	VsDirect    *float64         `json:"vs_direct"`  // null when direct was not measured
+	VsHAProxy   *float64         `json:"vs_haproxy"` // null when haproxy was not measured
+	TTFB        Latency          `json:"ttfb"`
+	Conns       int64            `json:"conns"`
+	Errors      map[string]int64 `json:"errors,omitempty"`
+	OtherCPU    float64          `json:"other_cpu_cores"` // the most of any round
+}
+
+// BulkRow is a target's bulk result: the median over rounds.
+type BulkRow struct {
+	Target    string           `json:"target"`
+	Conns     int              `json:"conns"`
+	MBps      float64          `json:"mb_per_sec"`
+	VsDirect  *float64         `json:"vs_direct"`
+	VsHAProxy *float64         `json:"vs_haproxy"`
+	Transfers int64            `json:"transfers"`
+	Errors    map[string]int64 `json:"errors,omitempty"`
+	OtherCPU  float64          `json:"other_cpu_cores"` // the most of any round
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func ratio(x float64, base map[string]float64, name string) *float64 {
+	b, ok := base[name]
+	if !ok || b == 0 {
+		return nil
+	}
+	v := x / b
+	return &v
+}
+
+func addErrors(dst map[string]int64, src map[string]int64) map[string]int64 {
+	for k, v := range src {
+		if dst == nil {
+			dst = map[string]int64{}
+		}
+		dst[k] += v
+	}
+	return dst
+}
+
+// targetOrder is the report order of targets: the order they were asked for.
+func (rep *Report) targetOrder() []string {
+	var names []string
+	for _, t := range rep.Targets {
+		names = append(names, t.Name)
+	}
+	return names
+}
+
+// aggregate computes Rate and Bulk from the runs so far.
+func (rep *Report) aggregate() {
+	order := rep.targetOrder()
+	idx := func(name string) int { return slices.Index(order, name) }
+
+	rep.Rate = nil
+	type key struct {
+		conc   int
+		target string
+	}
+	groups := map[key][]*RateRun{}
+	for _, r := range rep.RateRuns {
+		k := key{r.Concurrency, r.Target}
+		groups[k] = append(groups[k], r)
+	}
+	keys := slices.SortedFunc(maps.Keys(groups), func(a, b key) int {
+		return cmp.Or(cmp.Compare(slices.Index(rep.Settings.Concurrency, a.conc), slices.Index(rep.Settings.Concurrency, b.conc)),
+			cmp.Compare(idx(a.target), idx(b.target)))
+	})
+	base := map[int]map[string]float64{}
+	for _, k := range keys {
+		var rates []float64
+		var h hist.Histogram
+		row := RateRow{Concurrency: k.conc, Target: k.target}
+		for _, r := range groups[k] {
+			rates = append(rates, r.ConnsPerSec)
+			h.Merge(&r.hist)
+			row.Conns += r.Conns
+			row.Errors = addErrors(row.Errors, r.Errors)
+			row.OtherCPU = max(row.OtherCPU, r.OtherCPU)
+		}
+		row.ConnsPerSec = median(rates)
+		row.TTFB = latencyOf(&h)
+		rep.Rate = append(rep.Rate, row)
+		if base[k.conc] == nil {
+			base[k.conc] = map[string]float64{}
+		}
+		base[k.conc][k.target] = row.ConnsPerSec
+	}
+	for i := range rep.Rate {
+		row := &rep.Rate[i]
+		row.VsDirect = ratio(row.ConnsPerSec, base[row.Concurrency], TargetDirect)
+		row.VsHAProxy = ratio(row.ConnsPerSec, base[row.Concurrency], TargetHAProxy)
+	}
+
+	rep.Bulk = nil
+	bgroups := map[string][]*BulkRun{}
+	for _, r := range rep.BulkRuns {
+		bgroups[r.Target] = append(bgroups[r.Target], r)
+	}
+	bbase := map[string]float64{}
+	for _, name := range order {
+		runs := bgroups[name]
+		if len(runs) == 0 {
+			continue
+		}
+		var xs []float64
+		row := BulkRow{Target: name, Conns: runs[0].Conns}
+		for _, r := range runs {
+			xs = append(xs, r.MBps)
+			row.Transfers += r.Transfers
+			row.Errors = addErrors(row.Errors, r.Errors)
+			row.OtherCPU = max(row.OtherCPU, r.OtherCPU)
+		}
+		row.MBps = median(xs)
+		bbase[name] = row.MBps
+		rep.Bulk = append(rep.Bulk, row)
+	}
+	for i := range rep.Bulk {
+		row := &rep.Bulk[i]
+		row.VsDirect = ratio(row.MBps, bbase, TargetDirect)
+		row.VsHAProxy = ratio(row.MBps, bbase, TargetHAProxy)
+	}
+}
+
+// interrupted marks the report partial and aggregates what was measured.
+func (rep *Report) interrupted(where string) *Report {
+	if !rep.Partial {
+		rep.Partial = true
+		rep.Note = "interrupted " + where + "; only completed measurements are shown"
+	}
+	rep.aggregate()
+	return rep
+}
+
+// WriteJSON writes the report as indented JSON.
+func (rep *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(rep); err != nil {
+		return fmt.Errorf("encode report: %w", err)
+	}
+	return nil
+}
+
+func fmtRatio(r *float64) string {
+	if r == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", *r)
+}
+
+func fmtMS(v float64) string {
+	switch {
+	case v == 0:
+		return "-"
+	case v < 10:
+		return fmt.Sprintf("%.2fms", v)
+	case v < 100:
+		return fmt.Sprintf("%.1fms", v)
+	}
+	return fmt.Sprintf("%.0fms", v)
+}
+
+func fmtErrors(m map[string]int64) string {
+	if len(m) == 0 {
+		return "0 errors"
+	}
+	var parts []string
+	for _, k := range reasonNames {
+		if n := m[k]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", k, n))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+func fmtErrorsShort(m map[string]int64) string {
+	if len(m) == 0 {
+		return "0"
+	}
+	return fmtErrors(m)
+}
+
+func fmtBytes(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func (s Settings) summary() string {
+	return fmt.Sprintf("%d shoots, %s per measurement after %s warm-up, %d round(s)",
+		s.Shoots, time.Duration(s.DurationSeconds*float64(time.Second)),
+		time.Duration(s.WarmupSeconds*float64(time.Second)), s.Rounds)
+}
+
+func (s Settings) rateTitle() string {
+	return fmt.Sprintf("One connection: dial, full TLS handshake with the SNI of a random shoot, "+
+		"certificate verified for that host, 1-byte request, %d-byte answer read to EOF, close. "+
+		"TTFB = dial start to first answer byte.", s.PayloadBytes)
+}
+
+func (s Settings) bulkTitle() string {
+	return fmt.Sprintf("%d connections, each reading %s answers back to back; "+
+		"MB/s = 10^6 bytes per second, all connections together.", s.BulkConns, fmtBytes(s.BulkBytes))
+}
+
+const sharedCPUNote = "Client, upstream TLS servers and the data plane under test share this machine's CPUs; " +
+	"absolute figures are bounded by that, compare the ratios. " +
+	"\"others\" is the CPU (in cores) that other processes and hypervisor steal took during a measurement: " +
+	"where it is above about 0.1 the row is disturbed; repeat with --rounds on a quiet machine."
+
+// fmtCPU formats a CPU figure in cores.
+func fmtCPU(c float64) string { return fmt.Sprintf("%.2f", c) }
+
+// WriteTable writes the report as plain-text tables.
+func (rep *Report) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "tendril-bench sni: %s\n", rep.Settings.summary())
+	fmt.Fprintf(&b, "machine: %s, %d cores, %s, %s\n", rep.Machine.CPUModel, rep.Machine.Cores, rep.Machine.Kernel, rep.Machine.GoVersion)
+	fmt.Fprintf(&b, "load average before/after: %s / %s\n", rep.LoadBefore, rep.LoadAfter)
+	fmt.Fprintf(&b, "tls: %s\n", rep.Settings.TLS)
+	fmt.Fprintf(&b, "note: %s\n", sharedCPUNote)
+	if rep.Partial {
+		fmt.Fprintf(&b, "PARTIAL: %s\n", rep.Note)
+	}
+	b.WriteString("targets:\n")
+	for _, t := range rep.Targets {
+		if t.Skipped != "" {
+			fmt.Fprintf(&b, "  %-8s skipped: %s\n", t.Name, t.Skipped)
+		} else {
+			fmt.Fprintf(&b, "  %-8s %s\n", t.Name, t.Version)
+		}
+	}
+	if len(rep.Rate) > 0 {
+		fmt.Fprintf(&b, "\nNew TLS connections per second. %s\n", rep.Settings.rateTitle())
+		t := table{header: []string{"conc", "target", "conn/s", "×direct", "×haproxy", "TTFB p50", "p90", "p99", "others", "errors"},
+			left: []bool{false, true, false, false, false, false, false, false, false, true}}
+		last := 0
+		for _, r := range rep.Rate {
+			if last != 0 && r.Concurrency != last {
+				t.rows = append(t.rows, nil)
+			}
+			last = r.Concurrency
+			t.rows = append(t.rows, []string{strconv.Itoa(r.Concurrency), r.Target, fmt.Sprintf("%.0f", r.ConnsPerSec),
+				fmtRatio(r.VsDirect), fmtRatio(r.VsHAProxy), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
+				fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
+		}
+		t.write(&b)
+	}
+	if len(rep.Bulk) > 0 {
+		fmt.Fprintf(&b, "\nBulk throughput: %s\n", rep.Settings.bulkTitle())
+		t := table{header: []string{"target", "MB/s", "×direct", "×haproxy", "transfers", "others", "errors"},
+			left: []bool{true, false, false, false, false, false, true}}
+		for _, r := range rep.Bulk {
+			t.rows = append(t.rows, []string{r.Target, fmt.Sprintf("%.0f", r.MBps), fmtRatio(r.VsDirect),
+				fmtRatio(r.VsHAProxy), strconv.FormatInt(r.Transfers, 10), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
+		}
+		t.write(&b)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteMarkdown writes the report as a Markdown document: machine, command
+// line, settings, targets with versions, the tables with ratios, upstream
+// counters and the peers' configurations.
+func (rep *Report) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	m := rep.Machine
+	fmt.Fprintf(&b, "# tendril-bench sni — %s\n\n", rep.Started.Format("2006-01-02 15:04 MST"))
+	if rep.Partial {
+		fmt.Fprintf(&b, "> **Partial results:** %s.\n\n", rep.Note)
+	}
+	fmt.Fprintf(&b, "- Machine: %s, %d cores (GOMAXPROCS %d), %s, %s\n", m.CPUModel, m.Cores, m.GOMAXPROCS, m.Kernel, m.GOOSARCH)
+	fmt.Fprintf(&b, "- Go: %s (client and upstreams)\n", m.GoVersion)
+	if rep.CommandLine != "" {
+		fmt.Fprintf(&b, "- Command: `%s`\n", rep.CommandLine)
+	}
+	fmt.Fprintf(&b, "- Settings: %s; peers' timeouts %s; elapsed %.0fs\n", rep.Settings.summary(), rep.Settings.PeerTimeouts, rep.ElapsedSeconds)
+	fmt.Fprintf(&b, "- TLS: %s\n", rep.Settings.TLS)
+	fmt.Fprintf(&b, "- Load average (1/5/15 min) before / after the run: %s / %s\n", rep.LoadBefore, rep.LoadAfter)
+	fmt.Fprintf(&b, "\n%s Targets are measured one after another in one process run, never at the same time, "+
+		"with the same client code and the same upstreams; they take turns per measurement.\n", sharedCPUNote)
+
+	b.WriteString("\n## Targets\n\n| target | version | status |\n|---|---|---|\n")
+	for _, t := range rep.Targets {
+		status := "measured"
+		if t.Skipped != "" {
+			status = "skipped: " + mdEscape(t.Skipped)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Name, mdEscape(t.Version), status)
+	}
+	if len(rep.Rate) > 0 {
+		fmt.Fprintf(&b, "\n## New TLS connections per second\n\n%s\n\n", rep.Settings.rateTitle())
+		b.WriteString("| concurrency | target | conn/s | × direct | × haproxy | TTFB p50 | TTFB p90 | TTFB p99 | others | errors |\n")
+		b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		for _, r := range rep.Rate {
+			fmt.Fprintf(&b, "| %d | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", r.Concurrency, r.Target, r.ConnsPerSec,
+				fmtRatio(r.VsDirect), fmtRatio(r.VsHAProxy), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
+				fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors))
+		}
+	}
+	if len(rep.Bulk) > 0 {
+		fmt.Fprintf(&b, "\n## Bulk throughput\n\n%s\n\n", rep.Settings.bulkTitle())
+		b.WriteString("| target | MB/s | × direct | × haproxy | transfers | others | errors |\n|---|---:|---:|---:|---:|---:|---|\n")
+		for _, r := range rep.Bulk {
+			fmt.Fprintf(&b, "| %s | %.0f | %s | %s | %d | %s | %s |\n", r.Target, r.MBps, fmtRatio(r.VsDirect),
+				fmtRatio(r.VsHAProxy), r.Transfers, fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors))
+		}
+	}
+	if len(rep.Upstreams) > 0 {
+		b.WriteString("\n## Upstreams\n\nRequests each upstream answered over the whole run (warm-ups and readiness probes included). " +
+			"An upstream refuses a ClientHello for another shoot's host (misrouted). Failed includes the connections " +
+			"the client aborts when a measurement ends.\n\n")
+		b.WriteString("| shoot | host | small | bulk | misrouted | failed |\n|---|---|---:|---:|---:|---:|\n")
+		for _, u := range rep.Upstreams {
+			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d |\n", u.Shoot, u.Host, u.Small, u.Bulk, u.Misrouted, u.Failed)
+		}
+	}
+	var cfgs []TargetInfo
+	for _, t := range rep.Targets {
+		if t.Config != "" {
+			cfgs = append(cfgs, t)
+		}
+	}
+	if len(cfgs) > 0 {
+		b.WriteString("\n## Peer configurations\n")
+		for _, t := range cfgs {
+			fmt.Fprintf(&b, "\n<details><summary>%s</summary>\n\n```\n%s```\n\n</details>\n", t.Name, t.Config)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func mdEscape(s string) string {
+	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
+}
+
+// table is a plain-text table: columns padded to their widest cell, text
+// left-aligned and figures right-aligned; a nil row is an empty line.
+type table struct {
+	header []string
+	left   []bool
+	rows   [][]string
+}
+
+func (t *table) write(b *strings.Builder) {
+	width := make([]int, len(t.header))
+	for _, r := range append([][]string{t.header}, t.rows...) {
+		for i, c := range r {
+			width[i] = max(width[i], utf8.RuneCountInString(c))
+		}
+	}
+	line := func(r []string) {
+		var l strings.Builder
+		for i, c := range r {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(c))
+			if i > 0 {
+				l.WriteString("  ")
+			}
+			if t.left[i] {
+				l.WriteString(c + pad)
+			} else {
+				l.WriteString(pad + c)
+			}
+		}
+		b.WriteString(strings.TrimRight(l.String(), " ") + "\n")
+	}
+	line(t.header)
+	for _, r := range t.rows {
+		if r == nil {
+			b.WriteString("\n")
+			continue
+		}
+		line(r)
+	}
+}
