@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/tendril-seed", "../cmd/tendril-ingress")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/tendril-seed", "../cmd/tendril-ingress", "../cmd/tendril-agent")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)
@@ -47,10 +47,17 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// start runs a binary until the test ends, then stops it with SIGTERM and requires a clean exit.
+// start runs one of tendril's binaries until the test ends.
 func start(t *testing.T, name string, args ...string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, name), args...)
+	startBinary(t, name, filepath.Join(binDir, name), args...)
+}
+
+// startBinary runs path until the test ends, then stops it with SIGTERM and requires a clean
+// exit; name labels its log.
+func startBinary(t *testing.T, name, path string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(path, args...)
 	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
 	if err != nil {
 		t.Fatal(err)

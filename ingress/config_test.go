@@ -44,7 +44,7 @@ func update(t *testing.T, typeURL string, ms ...proto.Message) xdsclient.Update 
 // TestApplyTranslated accepts everything tendril generates.
 func TestApplyTranslated(t *testing.T) {
 	in := New(Config{Listeners: map[string]string{"sni": "127.0.0.1:0", "proxy": "127.0.0.1:0", "tunnel": "127.0.0.1:0"}})
-	r := translate.All([]model.Shoot{{Name: "shoot--a--b", Hosts: []string{"api.b.test"}, APIServer: netip.MustParseAddrPort("10.0.0.1:443")}})
+	r := translate.All(translate.Options{}, []model.Shoot{{Name: "shoot--a--b", Hosts: []string{"api.b.test"}, APIServer: netip.MustParseAddrPort("10.0.0.1:443")}})
 	var clusters, endpoints, listeners []proto.Message
 	for _, c := range r.Clusters {
 		clusters = append(clusters, c)
@@ -100,7 +100,7 @@ func TestApplyTranslated(t *testing.T) {
 
 // TestApplyRejects NACKs what the ingress cannot serve and keeps the previous configuration.
 func TestApplyRejects(t *testing.T) {
-	base := translate.Constant().Listeners[0]
+	base := translate.Constant(translate.Options{}).Listeners[0]
 	mutate := func(f func(l *listenerv3.Listener)) *listenerv3.Listener {
 		l := proto.Clone(base).(*listenerv3.Listener)
 		f(l)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,28 +18,12 @@ import (
 // Status codes (design.md): missing or malformed header 400 (the route's direct response),
 // unknown cluster 503, dial failure 502, dial timeout 504.
 func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectConfig) {
-	if d.limit == nil {
-		d.limit = &io.LimitedReader{R: d.c}
-		d.br = bufio.NewReaderSize(d.limit, 4096)
-	}
-	// The request line and headers may use up to maxHeaderBytes more; once the request is read
-	// the tunnel's bytes are spliced from the connection itself, past this limit.
-	d.limit.N += int64(hc.maxHeaderBytes)
-	_ = d.c.SetReadDeadline(time.Now().Add(hc.headersTimeout))
-	s.in.pending.Add(1)
-	req, err := http.ReadRequest(d.br)
-	s.in.pending.Add(-1)
-	_ = d.c.SetReadDeadline(time.Time{})
-	if err != nil {
-		switch {
-		case isTimeout(err):
-			s.respond(d, "", outcomeRequestTimeout, http.StatusRequestTimeout, "request not complete within "+hc.headersTimeout.String()+"\n", err)
-		case d.limit.N <= 0:
-			s.respond(d, "", outcomeHeadersTooBig, http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("request headers larger than %d bytes\n", hc.maxHeaderBytes), err)
-		case errors.Is(err, io.EOF):
-			s.refuse(d, "", outcomeBadRequest, err) // closed before a request: nothing to answer
-		default:
-			s.respond(d, "", outcomeBadRequest, http.StatusBadRequest, "malformed request\n", err)
+	req, r := readRequest(d, hc, &s.in.pending)
+	if r != nil {
+		if r.status == 0 {
+			s.refuse(d, "", r.outcome, r.err) // closed before a request: nothing to answer
+		} else {
+			s.respond(d, "", r.outcome, r.status, r.body, r.err)
 		}
 		return
 	}
@@ -77,6 +62,44 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 		return
 	}
 	s.pipe(d, up, cl.name, nil, hc.idleTimeout)
+}
+
+// refusal is why a request is not proxied: the outcome counted, and the status and body to
+// answer with (status 0: close without an answer).
+type refusal struct {
+	outcome string
+	status  int
+	body    string
+	err     error
+}
+
+// readRequest reads one request within the chain's time and size limits, counting it as
+// pending while it arrives.
+func readRequest(d *downstream, hc *connectConfig, pending *atomic.Int64) (*http.Request, *refusal) {
+	if d.limit == nil {
+		d.limit = &io.LimitedReader{R: d.c}
+		d.br = bufio.NewReaderSize(d.limit, 4096)
+	}
+	// The request line and headers may use up to maxHeaderBytes more; once the request is read
+	// the tunnel's bytes are spliced from the connection itself, past this limit.
+	d.limit.N += int64(hc.maxHeaderBytes)
+	_ = d.c.SetReadDeadline(time.Now().Add(hc.headersTimeout))
+	pending.Add(1)
+	req, err := http.ReadRequest(d.br)
+	pending.Add(-1)
+	_ = d.c.SetReadDeadline(time.Time{})
+	switch {
+	case err == nil:
+		return req, nil
+	case isTimeout(err):
+		return nil, &refusal{outcomeRequestTimeout, http.StatusRequestTimeout, "request not complete within " + hc.headersTimeout.String() + "\n", err}
+	case d.limit.N <= 0:
+		return nil, &refusal{outcomeHeadersTooBig, http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("request headers larger than %d bytes\n", hc.maxHeaderBytes), err}
+	case errors.Is(err, io.EOF):
+		return nil, &refusal{outcome: outcomeBadRequest, err: err}
+	default:
+		return nil, &refusal{outcomeBadRequest, http.StatusBadRequest, "malformed request\n", err}
+	}
 }
 
 // match returns the first route matching req, as Envoy does: CONNECT requests only match

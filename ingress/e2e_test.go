@@ -51,12 +51,18 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
+	return newWorldWith(t, translate.Options{}, nil)
+}
+
+// newWorldWith is newWorld for a seed with opts and an ingress trusting trusted.
+func newWorldWith(t *testing.T, opts translate.Options, trusted []netip.Prefix) *world {
+	t.Helper()
 	ca, err := testpki.NewCA("tendril test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := &world{t: t, ca: ca, upstreams: map[string]*upstream{}, shoots: map[string]model.Shoot{}, reg: prometheus.NewRegistry()}
-	w.xds = xdsserver.New(xdsserver.Config{Log: testr.New(t).WithName("xds")})
+	w.xds = xdsserver.New(xdsserver.Config{Log: testr.New(t).WithName("xds"), Options: opts})
 	if _, err := w.xds.Apply(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +74,7 @@ func newWorld(t *testing.T) *world {
 		addrs[n] = l.Addr().String()
 	}
 	w.sni, w.proxy, w.tunnel = addrs["sni"], addrs["proxy"], addrs["tunnel"]
-	w.in = New(Config{Listeners: addrs, Log: testr.New(t).WithName("ingress"), Registry: w.reg})
+	w.in = New(Config{Listeners: addrs, Log: testr.New(t).WithName("ingress"), Registry: w.reg, TrustedProxies: trusted})
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {

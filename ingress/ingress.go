@@ -37,6 +37,11 @@ type Config struct {
 	Log logr.Logger
 	// Registry receives the metrics. If nil, they are not registered.
 	Registry prometheus.Registerer
+	// TrustedProxies are the load balancers whose own PROXY header (a listener's required
+	// proxy_protocol filter) is believed; from anyone else it is not read, and a second header
+	// behind an inner one is refused. A listener with such a filter is refused (NACK) while this
+	// is empty.
+	TrustedProxies []netip.Prefix
 	// MaxPending bounds connections still waiting for their ClientHello; beyond it new
 	// connections are closed at once (counted as "overloaded"), so a flood of slow clients costs a
 	// bounded amount of memory. If zero, 10,000 (≈ 10,000 × 16 KiB worst-case hello buffers =
@@ -122,6 +127,9 @@ func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, remo
 			lc, err := parseListener(l)
 			if err != nil {
 				return fmt.Errorf("listener %s: %w", r.GetName(), err)
+			}
+			if lc.lbProxyProtocol && len(in.cfg.TrustedProxies) == 0 {
+				return fmt.Errorf("listener %s reads the load balancer's PROXY header, but no trusted proxy CIDR is configured (--trusted-proxy-cidr)", r.GetName())
 			}
 			m[lc.name] = lc
 		}
@@ -227,6 +235,16 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 		return first
 	}
 	return nil
+}
+
+// trusted reports whether a is one of the trusted load balancers.
+func (in *Ingress) trusted(a netip.Addr) bool {
+	for _, p := range in.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // acquire takes a connection slot of cluster, or reports that its circuit breaker is open.

@@ -25,7 +25,11 @@ import (
 // tcp_proxy (with an optional cluster override) or an HTTP connection manager serving CONNECT.
 type listenerConfig struct {
 	name string
-	// proxyProtocol is set when the listener reads PROXY headers.
+	// lbProxyProtocol: the load balancer's own PROXY header comes first on every connection (a
+	// proxy_protocol filter that does not allow connections without it). tendril-ingress reads
+	// it only from trusted peers.
+	lbProxyProtocol bool
+	// proxyProtocol is set when the listener reads (inner) PROXY headers.
 	proxyProtocol *proxyProtocolConfig
 	tlsInspector  bool
 	// filterTimeout bounds the listener filters (PROXY header, ClientHello).
@@ -133,9 +137,16 @@ func parseListener(l *listenerv3.Listener) (*listenerConfig, error) {
 				return nil, err
 			}
 			if lc.proxyProtocol != nil || lc.tlsInspector {
-				return nil, errors.New("proxy_protocol must come first and once")
+				return nil, errors.New("proxy_protocol filters must come first: the load balancer's, then the inner one")
 			}
-			lc.proxyProtocol = &proxyProtocolConfig{allowWithout: pp.GetAllowRequestsWithoutProxyProtocol()}
+			if !pp.GetAllowRequestsWithoutProxyProtocol() {
+				if lc.lbProxyProtocol {
+					return nil, errors.New("two required proxy_protocol filters")
+				}
+				lc.lbProxyProtocol = true
+				continue
+			}
+			lc.proxyProtocol = &proxyProtocolConfig{allowWithout: true}
 		default:
 			return nil, fmt.Errorf("listener filter %s (%s) is not supported", f.GetName(), cfg.GetTypeUrl())
 		}

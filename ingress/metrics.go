@@ -27,7 +27,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tendril_ingress_active_connections", Help: "Connections being proxied, by listener.",
 		}, []string{"listener"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tendril_ingress_bytes_total", Help: "Bytes proxied, by listener and direction (upstream, downstream), counted per MiB chunk and at close.",
+			Name: "tendril_ingress_bytes_total", Help: "Bytes proxied, by listener and direction (upstream, downstream), counted when a connection ends.",
 		}, []string{"listener", "direction"}),
 		xdsUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tendril_ingress_xds_updates_total", Help: "xDS responses applied (ack) or rejected (nack), by type.",

@@ -19,11 +19,29 @@ import (
 	"testing"
 	"time"
 
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/pires/go-proxyproto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/tendril-net/tendril/ingress/xdsclient"
 
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
 )
+
+// inClusterWorldWith is inClusterWorld behind a load balancer that sends its own PROXY header.
+func inClusterWorldWith(t *testing.T, trusted []netip.Prefix) *world {
+	t.Helper()
+	w := newWorldWith(t, translate.Options{LBProxyProtocol: true}, trusted)
+	u := startUpstream(t, w.ca, "shoot--t--alpha", "api.alpha.test")
+	w.upstreams["shoot--t--alpha"] = u
+	w.route(model.Shoot{Name: "shoot--t--alpha", Hosts: []string{"api.alpha.test"}, APIServer: u.addr, AdvertisedAddress: netip.MustParseAddr("240.0.0.1")})
+	waitFor(t, "proxy cluster", func() bool {
+		return w.in.current.Load().clusters[translate.ProxyCluster(netip.MustParseAddr("240.0.0.1"))] != nil
+	})
+	return w
+}
 
 // inClusterWorld has two shoots with advertised addresses and vpn servers (plain TCP echo
 // servers that prefix their name), and a third shoot without either.
@@ -540,5 +558,107 @@ func runPeer(t *testing.T, bin, cfg string, args func(path string) []string, add
 			t.Fatalf("%s does not accept on %s: %v\n%s", bin, addr, err, output())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func proxyHeader(t *testing.T, src, dst string) []byte {
+	t.Helper()
+	h := proxyproto.HeaderProxyFromAddrs(2, net.TCPAddrFromAddrPort(netip.MustParseAddrPort(src)), net.TCPAddrFromAddrPort(netip.MustParseAddrPort(dst)))
+	b, err := h.Format()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// dialWith connects to addr and sends the given PROXY headers first.
+func dialWith(t *testing.T, addr string, headers ...[]byte) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	for _, h := range headers {
+		if _, err := c.Write(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// TestLoadBalancerProxyHeader: behind a load balancer that prepends its own PROXY header, the
+// inner header still routes and the outer one is read only from a trusted peer; an untrusted
+// peer sending two headers is refused.
+func TestLoadBalancerProxyHeader(t *testing.T) {
+	t.Parallel()
+	lb := proxyHeader(t, "203.0.113.7:51000", "192.0.2.10:8443") // the client as the LB saw it
+	inner := proxyHeader(t, "10.250.0.7:40000", "240.0.0.1:443") // from the apiserver-proxy
+	lbSNI := proxyHeader(t, "203.0.113.7:51001", "192.0.2.10:443")
+
+	trusted := inClusterWorldWith(t, []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")})
+	c := dialWith(t, trusted.proxy, lb, inner)
+	if got, err := trusted.whoVia(c, "api.alpha.test"); err != nil || got != "shoot--t--alpha" {
+		t.Errorf("outer + inner header from a trusted LB: %q, %v", got, err)
+	}
+	c.Close()
+	c = dialWith(t, trusted.sni, lbSNI)
+	if got, err := trusted.whoVia(c, "api.alpha.test"); err != nil || got != "shoot--t--alpha" {
+		t.Errorf("SNI behind a trusted LB: %q, %v", got, err)
+	}
+	c.Close()
+	resp, c := connectRequestWith(t, trusted.tunnel, lb)
+	c.Close()
+	if resp.StatusCode != 400 { // no Reversed-VPN header: the CONNECT chain answered, so the LB header was consumed
+		t.Errorf("tunnel behind a trusted LB: %s, want 400 from the CONNECT chain", resp.Status)
+	}
+
+	untrusted := inClusterWorldWith(t, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")})
+	c = dialWith(t, untrusted.proxy, lb, inner)
+	if got, err := untrusted.whoVia(c, "api.alpha.test"); err == nil {
+		t.Errorf("two headers from an untrusted peer reached %q", got)
+	}
+	c.Close()
+	if n := promtestConn(untrusted, "proxy", outcomeUntrustedProxy); n != 1 {
+		t.Errorf("untrusted_proxy_header: %v, want 1", n)
+	}
+	// From an untrusted peer, one header is the inner one, as without a load balancer.
+	c = dialWith(t, untrusted.proxy, inner)
+	if got, err := untrusted.whoVia(c, "api.alpha.test"); err != nil || got != "shoot--t--alpha" {
+		t.Errorf("inner header alone from an untrusted peer: %q, %v", got, err)
+	}
+	c.Close()
+	c = dialWith(t, untrusted.sni, lbSNI)
+	if got, err := untrusted.whoVia(c, "api.alpha.test"); err == nil {
+		t.Errorf("a PROXY header on the SNI listener from an untrusted peer reached %q", got)
+	}
+	c.Close()
+}
+
+// connectRequestWith sends PROXY headers, then a CONNECT without destination header.
+func connectRequestWith(t *testing.T, addr string, headers ...[]byte) (*http.Response, net.Conn) {
+	t.Helper()
+	c := dialWith(t, addr, headers...)
+	if _, err := io.WriteString(c, "CONNECT x:1194 HTTP/1.1\r\nHost: x:1194\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, c
+}
+
+// TestLoadBalancerHeaderNeedsTrust: a listener that reads the load balancer's header is refused
+// while no trusted proxy is configured.
+func TestLoadBalancerHeaderNeedsTrust(t *testing.T) {
+	in := New(Config{Listeners: map[string]string{"sni": "127.0.0.1:0"}})
+	a, err := anypb.New(translate.Constant(translate.Options{LBProxyProtocol: true}).Listeners[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = in.Apply(xdsclient.Update{TypeURL: resourcev3.ListenerType, Resources: []*discoveryv3.Resource{{Name: "sni", Resource: a}}})
+	if err == nil || !strings.Contains(err.Error(), "trusted proxy") {
+		t.Fatalf("Apply = %v, want a NACK about the missing trusted proxy CIDR", err)
 	}
 }

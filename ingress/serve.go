@@ -10,12 +10,12 @@ import (
 	"net/netip"
 	"os"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/pires/go-proxyproto"
 
 	"github.com/tendril-net/tendril/ingress/sni"
+	"github.com/tendril-net/tendril/internal/relay"
 )
 
 // server accepts the connections of one listener and owns their goroutines.
@@ -103,6 +103,7 @@ const (
 	outcomeBadProxyHeader = "bad_proxy_header"
 	outcomeProxyTimeout   = "proxy_header_timeout"
 	outcomeNoProxyHeader  = "missing_proxy_header"
+	outcomeUntrustedProxy = "untrusted_proxy_header"
 	outcomeBadRequest     = "bad_request"
 	outcomeRequestTimeout = "request_timeout"
 	outcomeHeadersTooBig  = "request_headers_too_large"
@@ -132,7 +133,11 @@ type downstream struct {
 	// local and source are the connection's destination and origin, from the PROXY header
 	// when there is one.
 	local, source netip.AddrPort
-	serverName    string
+	// trustedPeer: the TCP peer is a load balancer whose own PROXY header is believed.
+	trustedPeer bool
+	// client is the origin the load balancer's header reported, if there was one.
+	client     netip.AddrPort
+	serverName string
 	// hello is the ClientHello, to replay to the upstream.
 	hello []byte
 }
@@ -147,12 +152,13 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 		return
 	}
 	d := &downstream{c: c, r: c, local: addrPort(c.LocalAddr()), source: addrPort(c.RemoteAddr())}
+	d.trustedPeer = in.trusted(d.source.Addr())
 	if in.pending.Add(1) > int64(in.cfg.MaxPending) {
 		in.pending.Add(-1)
 		s.refuse(d, "", outcomeOverloaded, nil)
 		return
 	}
-	chain, outcome, err := s.filters(lc, d)
+	chain, outcome, err := listenerFilters(lc, d)
 	in.pending.Add(-1)
 	if outcome != "" {
 		s.refuse(d, "", outcome, err)
@@ -187,34 +193,38 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 
 // filters runs the listener filters and returns the chain, or the outcome that refuses the
 // connection.
-func (s *server) filters(lc *listenerConfig, d *downstream) (*chainConfig, string, error) {
+func listenerFilters(lc *listenerConfig, d *downstream) (*chainConfig, string, error) {
 	_ = d.c.SetReadDeadline(time.Now().Add(lc.filterTimeout))
 	defer d.c.SetReadDeadline(time.Time{})
-	if lc.proxyProtocol != nil {
-		d.limit = &io.LimitedReader{R: d.c, N: maxProxyHeader}
+	if lc.lbProxyProtocol || lc.proxyProtocol != nil {
+		d.limit = &io.LimitedReader{R: d.c}
 		d.br = bufio.NewReaderSize(d.limit, 4096)
 		d.r = d.br
-		h, err := proxyproto.Read(d.br)
-		switch {
-		case errors.Is(err, proxyproto.ErrNoProxyProtocol):
-			if !lc.proxyProtocol.allowWithout {
-				return nil, outcomeNoProxyHeader, err
-			}
-		case err != nil:
-			if isTimeout(err) {
-				return nil, outcomeProxyTimeout, err
-			}
-			return nil, outcomeBadProxyHeader, err
-		case h.Command.IsProxy():
-			src, dst, ok := h.TCPAddrs()
-			if !ok {
-				return nil, outcomeBadProxyHeader, fmt.Errorf("PROXY header for %v, want TCP", h.TransportProtocol)
-			}
-			d.source, d.local = src.AddrPort(), dst.AddrPort()
-			d.source = netip.AddrPortFrom(d.source.Addr().Unmap(), d.source.Port())
-			d.local = netip.AddrPortFrom(d.local.Addr().Unmap(), d.local.Port())
+	}
+	if lc.lbProxyProtocol && d.trustedPeer {
+		h, outcome, err := readProxyHeader(d, false)
+		if outcome != "" {
+			return nil, outcome, err
 		}
-		// LOCAL (a health check from the sender itself) keeps the connection's own addresses.
+		if h != nil {
+			d.client = d.source
+		}
+	}
+	if lc.proxyProtocol != nil {
+		h, outcome, err := readProxyHeader(d, true)
+		if outcome != "" {
+			return nil, outcome, err
+		}
+		if h != nil && lc.lbProxyProtocol && !d.trustedPeer {
+			// Only a load balancer may put its header in front of another one; from anyone
+			// else a second header is an attempt to choose both addresses.
+			d.limit.N += maxProxyHeader
+			if next, _ := d.br.Peek(1); len(next) == 1 && (next[0] == proxyproto.SIGV1[0] || next[0] == proxyproto.SIGV2[0]) {
+				if h2, _ := proxyproto.Read(d.br); h2 != nil {
+					return nil, outcomeUntrustedProxy, fmt.Errorf("two PROXY headers from %v, which is not a trusted proxy", d.c.RemoteAddr())
+				}
+			}
+		}
 	}
 	if lc.tlsInspector {
 		if d.limit != nil {
@@ -233,10 +243,41 @@ func (s *server) filters(lc *listenerConfig, d *downstream) (*chainConfig, strin
 	return chain, "", nil
 }
 
+// readProxyHeader reads one PROXY header (optional when allowWithout) and makes its addresses
+// the connection's. A LOCAL header (the sender's own health check) keeps the connection's.
+func readProxyHeader(d *downstream, allowWithout bool) (*proxyproto.Header, string, error) {
+	d.limit.N += maxProxyHeader
+	h, err := proxyproto.Read(d.br)
+	switch {
+	case errors.Is(err, proxyproto.ErrNoProxyProtocol):
+		if !allowWithout {
+			return nil, outcomeNoProxyHeader, err
+		}
+		return nil, "", nil
+	case err != nil:
+		if isTimeout(err) {
+			return nil, outcomeProxyTimeout, err
+		}
+		return nil, outcomeBadProxyHeader, err
+	case !h.Command.IsProxy():
+		return h, "", nil
+	}
+	src, dst, ok := h.TCPAddrs()
+	if !ok {
+		return nil, outcomeBadProxyHeader, fmt.Errorf("PROXY header for %v, want TCP", h.TransportProtocol)
+	}
+	d.source = netip.AddrPortFrom(src.AddrPort().Addr().Unmap(), src.AddrPort().Port())
+	d.local = netip.AddrPortFrom(dst.AddrPort().Addr().Unmap(), dst.AddrPort().Port())
+	return h, "", nil
+}
+
 // refuse counts and logs (rate-limited) a connection the ingress closes without proxying it.
 func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
 	s.in.metrics.conn(s.name, cluster, outcome)
 	kv := []any{"listener", s.name, "remote", d.c.RemoteAddr().String(), "reason", outcome}
+	if d.client.IsValid() {
+		kv = append(kv, "client", d.client.String())
+	}
 	if d.source != addrPort(d.c.RemoteAddr()) {
 		kv = append(kv, "source", d.source.String())
 	}
@@ -297,10 +338,9 @@ func (s *server) pipe(d *downstream, up net.Conn, cluster string, replay []byte,
 		}
 		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(len(replay)))
 	}
-	splice(d.c, up, idle, func(toUp, toDown int64) {
-		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(toUp))
-		in.metrics.bytes.WithLabelValues(s.name, "downstream").Add(float64(toDown))
-	})
+	toUp, toDown := relay.Pipe(d.c, up, idle)
+	in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(toUp))
+	in.metrics.bytes.WithLabelValues(s.name, "downstream").Add(float64(toDown))
 }
 
 func addrPort(a net.Addr) netip.AddrPort {
@@ -324,65 +364,7 @@ func helloOutcome(err error) string {
 	}
 }
 
-// spliceChunk is how much one splice call may move before the idle deadline is pushed out again:
-// large enough that the deadline costs nothing per byte (one syscall per MiB), small enough that
-// byte counters move during a long transfer.
-const spliceChunk = 1 << 20
-
-// splice copies both directions until both have ended, closing each write side when its read
-// side ends (half-close, as tcp_proxy does), and reports the bytes moved each way. Between TCP
-// connections io.Copy uses splice(2), so payload never enters user space. A direction idle for
-// idle (0: no limit) ends the connection.
-func splice(down, up net.Conn, idle time.Duration, count func(toUp, toDown int64)) {
-	var wg sync.WaitGroup
-	var toUp int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		toUp = copyHalf(up, down, idle)
-	}()
-	toDown := copyHalf(down, up, idle)
-	wg.Wait()
-	count(toUp, toDown)
-}
-
-// copyHalf copies src to dst and then half-closes dst. A read error other than EOF (a reset, an
-// idle timeout) closes both connections, so the other direction ends too.
-func copyHalf(dst, src net.Conn, idle time.Duration) int64 {
-	var total int64
-	for {
-		if idle > 0 {
-			_ = src.SetReadDeadline(time.Now().Add(idle))
-		}
-		n, err := io.Copy(dst, io.LimitReader(src, spliceChunk))
-		total += n
-		if err == nil && n == spliceChunk {
-			continue // chunk done, more to come
-		}
-		if err == nil { // EOF: the peer finished sending
-			closeWrite(dst)
-			return total
-		}
-		if isTimeout(err) && n > 0 {
-			continue // bytes moved within the window: not idle
-		}
-		src.Close()
-		dst.Close()
-		return total
-	}
-}
-
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		if err := cw.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ENOTCONN) {
-			c.Close()
-		}
-		return
-	}
-	c.Close()
 }

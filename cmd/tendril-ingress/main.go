@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -32,7 +33,10 @@ type Config struct {
 	ProxyAddress   string
 	TunnelAddress  string
 	MetricsAddress string
+	// Profiling serves the Go profiler on the metrics address.
+	Profiling      bool
 	MaxPending     int
+	TrustedProxies []netip.Prefix
 	Log            logr.Logger
 }
 
@@ -46,6 +50,15 @@ func main() {
 	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", "", "address of the Reversed-VPN CONNECT listener (xDS listener \"tunnel\"); empty: not served")
 	flag.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:18081", "address for /metrics, /healthz and /readyz (empty: off)")
 	flag.IntVar(&cfg.MaxPending, "max-pending", 10000, "connections allowed to wait for their ClientHello at once")
+	flag.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
+	flag.Func("trusted-proxy-cidr", "CIDR of the load balancers whose own PROXY header is believed (with tendril-seed --lb-proxy-protocol); repeatable", func(v string) error {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return err
+		}
+		cfg.TrustedProxies = append(cfg.TrustedProxies, p)
+		return nil
+	})
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -77,7 +90,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending})
+	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending, TrustedProxies: cfg.TrustedProxies})
 
 	g, ctx := errgroup.WithContext(ctx)
 	if cfg.MetricsAddress != "" {
@@ -91,7 +104,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			return false, "no configuration applied yet"
 		}
-		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, ready)) })
+		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, ready, cfg.Profiling)) })
 	}
 	g.Go(func() error {
 		return in.Run(ctx, xdsclient.Config{Address: cfg.XDSAddress, NodeID: cfg.NodeID})

@@ -22,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/source"
+	"github.com/tendril-net/tendril/xds/translate"
 )
 
 // Config is tendril-seed's configuration.
@@ -32,7 +33,11 @@ type Config struct {
 	XDSAddress string
 	// MetricsAddress is where /metrics, /healthz and /readyz are served; empty disables them.
 	MetricsAddress string
-	Log            logr.Logger
+	// Profiling serves the Go profiler on the metrics address.
+	Profiling bool
+	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
+	LBProxyProtocol bool
+	Log             logr.Logger
 }
 
 func main() {
@@ -41,6 +46,8 @@ func main() {
 	flag.StringVar(&cfg.Routes, "routes", "", "route file (YAML: shoots: [{name, hosts, apiserver, advertisedAddress, vpnServer}]); re-read when it changes")
 	flag.StringVar(&cfg.XDSAddress, "xds-address", "127.0.0.1:18000", "address the xDS (ADS) gRPC server listens on")
 	flag.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:18080", "address for /metrics, /healthz and /readyz (empty: off)")
+	flag.BoolVar(&cfg.LBProxyProtocol, "lb-proxy-protocol", false, "the seed's load balancer prepends its own PROXY header to every connection: every listener reads it first (tendril-ingress needs --trusted-proxy-cidr)")
+	flag.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -64,7 +71,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	xs := server.New(server.Config{Log: cfg.Log.WithName("xds"), Registry: reg})
+	xs := server.New(server.Config{Log: cfg.Log.WithName("xds"), Registry: reg, Options: translate.Options{LBProxyProtocol: cfg.LBProxyProtocol}})
 	var ready probe.Ready
 
 	xl, err := net.Listen("tcp", cfg.XDSAddress)
@@ -83,7 +90,7 @@ func Run(ctx context.Context, cfg Config) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return xs.Serve(ctx, xl) })
 	if ml != nil {
-		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, ready.Get)) })
+		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, ready.Get, cfg.Profiling)) })
 	}
 	routes := &source.File{Path: cfg.Routes, Log: cfg.Log.WithName("routes"), Registry: reg}
 	g.Go(func() error {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,9 +47,16 @@ func (r *Ready) Get() (bool, string) {
 // ReadyFunc reports readiness and, when not ready, why. (*Ready).Get is one.
 type ReadyFunc func() (bool, string)
 
-// Handler returns the HTTP handler for /metrics (from g), /healthz and /readyz (from ready).
-func Handler(g prometheus.Gatherer, ready ReadyFunc) http.Handler {
+// Handler returns the HTTP handler for /metrics (from g), /healthz and /readyz (from ready), and
+// with profiling the Go profiler under /debug/pprof/.
+func Handler(g prometheus.Gatherer, ready ReadyFunc, profiling bool) http.Handler {
 	mux := http.NewServeMux()
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

@@ -50,11 +50,14 @@ type Config struct {
 	// one's, so a client reconnecting after a restart is not told it is up to date. If empty, the
 	// start time is used.
 	VersionPrefix string
+	// Options shape the constant resources (translate.Options).
+	Options translate.Options
 }
 
 // Server holds the current resources and serves them over ADS.
 type Server struct {
 	log     logr.Logger
+	opts    translate.Options
 	caches  map[string]*cachev3.LinearCache
 	mux     *cachev3.MuxCache
 	metrics *metrics
@@ -77,6 +80,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{
 		log:     cfg.Log,
+		opts:    cfg.Options,
 		caches:  make(map[string]*cachev3.LinearCache, len(Types)),
 		shoots:  make(map[string]model.Shoot),
 		owned:   make(map[string]map[string][]string),
@@ -133,7 +137,7 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 		released[t] = make(map[string]bool)
 	}
 	if !s.constantSet {
-		s.collect(translate.Constant(), desired)
+		s.collect(translate.Constant(s.opts), desired)
 	}
 	for _, sh := range shoots {
 		next[sh.Name] = sh

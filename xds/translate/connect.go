@@ -81,17 +81,29 @@ func ProxyCluster(advertised netip.Addr) string {
 // VPNServerService is the EDS service name of shoot ns's vpn server.
 func VPNServerService(ns string) string { return ns + "/tendril-server" }
 
-func proxyListener() *listenerv3.Listener {
+// lbProxyProtocol is the listener filter that reads the load balancer's own PROXY header, when
+// the seed has one: required, since every connection through the load balancer carries it.
+func lbProxyProtocol(opts Options) []*listenerv3.ListenerFilter {
+	if !opts.LBProxyProtocol {
+		return nil
+	}
+	return []*listenerv3.ListenerFilter{{
+		Name:       ProxyProtocolFilter,
+		ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&proxyprotocolv3.ProxyProtocol{})},
+	}}
+}
+
+func proxyListener(opts Options) *listenerv3.Listener {
 	return &listenerv3.Listener{
 		Name:    ProxyListener,
 		Address: socketAddress("0.0.0.0", ProxyPort),
-		ListenerFilters: []*listenerv3.ListenerFilter{{
+		ListenerFilters: append(lbProxyProtocol(opts), &listenerv3.ListenerFilter{
 			Name: ProxyProtocolFilter,
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&proxyprotocolv3.ProxyProtocol{
 				// Connections without a header are the CONNECT generation of the same path.
 				AllowRequestsWithoutProxyProtocol: true,
 			})},
-		}},
+		}),
 		ListenerFiltersTimeout:        durationpb.New(ProxyHeaderTimeout),
 		PerConnectionBufferLimitBytes: wrapperspb.UInt32(PerConnectionBufferLimit),
 		FilterChains: []*listenerv3.FilterChain{
@@ -112,16 +124,21 @@ func proxyListener() *listenerv3.Listener {
 	}
 }
 
-func tunnelListener() *listenerv3.Listener {
-	return &listenerv3.Listener{
+func tunnelListener(opts Options) *listenerv3.Listener {
+	l := &listenerv3.Listener{
 		Name:                          TunnelListener,
 		Address:                       socketAddress("0.0.0.0", TunnelPort),
+		ListenerFilters:               lbProxyProtocol(opts),
 		PerConnectionBufferLimitBytes: wrapperspb.UInt32(PerConnectionBufferLimit),
 		FilterChains: []*listenerv3.FilterChain{{
 			Name:    TunnelListener,
 			Filters: []*listenerv3.Filter{connectManager(TunnelListener, ReversedVPNHeader, TunnelDestinationRegex)},
 		}},
 	}
+	if opts.LBProxyProtocol {
+		l.ListenerFiltersTimeout = durationpb.New(ProxyHeaderTimeout)
+	}
+	return l
 }
 
 // connectManager is an HTTP connection manager that serves CONNECT only: one route takes the

@@ -88,10 +88,20 @@ func SNICluster(host string) string { return SNIClusterPrefix + host }
 // that its endpoints are one ClusterLoadAssignment however many names reach it.
 func APIServerService(shoot string) string { return shoot + "/kube-apiserver" }
 
+// Options are the seed-wide choices that shape the constant resources. The zero value is a seed
+// whose load balancer passes connections through unchanged.
+type Options struct {
+	// LBProxyProtocol says the seed's load balancer prepends its own PROXY header to every
+	// connection: every listener reads that header first. (Envoy then keeps only the last
+	// header's addresses; tendril-ingress keeps both and trusts the outer one only from its
+	// --trusted-proxy-cidr.)
+	LBProxyProtocol bool
+}
+
 // All translates a whole route set: the constant resources followed by every shoot's, in the
 // order of shoots.
-func All(shoots []model.Shoot) Resources {
-	r := Constant()
+func All(opts Options, shoots []model.Shoot) Resources {
+	r := Constant(opts)
 	for _, s := range shoots {
 		r.Append(Shoot(s))
 	}
@@ -100,9 +110,9 @@ func All(shoots []model.Shoot) Resources {
 
 // Constant returns the resources that never change with shoots: the listeners and the
 // blackhole cluster tcp_proxy falls back to.
-func Constant() Resources {
+func Constant(opts Options) Resources {
 	return Resources{
-		Listeners: []*listenerv3.Listener{sniListener(), proxyListener(), tunnelListener()},
+		Listeners: []*listenerv3.Listener{sniListener(opts), proxyListener(opts), tunnelListener(opts)},
 		Clusters:  []*clusterv3.Cluster{blackholeCluster()},
 	}
 }
@@ -130,14 +140,14 @@ func Shoot(s model.Shoot) Resources {
 	return r
 }
 
-func sniListener() *listenerv3.Listener {
+func sniListener(opts Options) *listenerv3.Listener {
 	return &listenerv3.Listener{
 		Name:    SNIListener,
 		Address: socketAddress("0.0.0.0", SNIPort),
-		ListenerFilters: []*listenerv3.ListenerFilter{{
+		ListenerFilters: append(lbProxyProtocol(opts), &listenerv3.ListenerFilter{
 			Name:       TLSInspectorFilter,
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})},
-		}},
+		}),
 		ListenerFiltersTimeout:           durationpb.New(ClientHelloTimeout),
 		ContinueOnListenerFiltersTimeout: false,
 		PerConnectionBufferLimitBytes:    wrapperspb.UInt32(PerConnectionBufferLimit),

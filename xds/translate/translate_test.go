@@ -47,7 +47,10 @@ func TestGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := translate.All(shoots)
+			// Inputs named lb-proxy-protocol* are translated for a seed whose load balancer
+			// prepends its own PROXY header.
+			opts := translate.Options{LBProxyProtocol: strings.HasPrefix(name, "lb-proxy-protocol")}
+			r := translate.All(opts, shoots)
 			for _, m := range messages(r) {
 				if err := translate.Validate(m); err != nil {
 					t.Errorf("invalid resource: %v", err)
@@ -140,12 +143,12 @@ func render(t *testing.T, r translate.Resources) []byte {
 // TestConstantIndependentOfShoots checks the layout's promise: the listeners do not depend on the
 // shoots, and a shoot's resources do not depend on the other shoots.
 func TestConstantIndependentOfShoots(t *testing.T) {
-	base := translate.All(nil)
+	base := translate.All(translate.Options{}, nil)
 	var shoots []model.Shoot
 	for i := range 100 {
 		shoots = append(shoots, testShoot(i))
 	}
-	all := translate.All(shoots)
+	all := translate.All(translate.Options{}, shoots)
 	if len(all.Listeners) != len(base.Listeners) {
 		t.Fatalf("listeners: %d with 100 shoots, %d with none", len(all.Listeners), len(base.Listeners))
 	}
@@ -175,7 +178,7 @@ func TestConstantIndependentOfShoots(t *testing.T) {
 // TestValidateRejects makes sure Validate looks inside typed_config: a tcp_proxy without a stat
 // prefix is invalid only there, so the listener's own Validate passes it.
 func TestValidateRejects(t *testing.T) {
-	l := proto.Clone(translate.Constant().Listeners[0]).(*listenerv3.Listener)
+	l := proto.Clone(translate.Constant(translate.Options{}).Listeners[0]).(*listenerv3.Listener)
 	bad, err := anypb.New(&tcpproxyv3.TcpProxy{ClusterSpecifier: &tcpproxyv3.TcpProxy_Cluster{Cluster: "x"}})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,372 @@
+// Package apiserverproxy is the shoot node agent of GEP-8: it holds kube-apiserver's advertised
+// address on a dummy link of the node, accepts in-cluster connections to that address and
+// forwards each to the seed ingress, announcing the original destination either with a PROXY v2
+// header (the ingress routes by it) or with an HTTP CONNECT carrying X-Gardener-Destination. TLS
+// stays end to end between the pod and kube-apiserver. It knows nothing of Kubernetes objects.
+package apiserverproxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/pires/go-proxyproto"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tendril-net/tendril/internal/relay"
+)
+
+// Mode is how the agent tells the ingress where a connection was going.
+type Mode string
+
+const (
+	// ModeProxyProtocol prefixes each connection with a PROXY v2 header (GEP-8).
+	ModeProxyProtocol Mode = "proxy-protocol"
+	// ModeConnect opens each connection with CONNECT and X-Gardener-Destination (Gardener ≥ 1.130).
+	ModeConnect Mode = "connect"
+)
+
+// Config configures the agent. AdvertisedAddress and Ingress are required.
+type Config struct {
+	// AdvertisedAddress is kube-apiserver's --advertise-address, the endpoint of the shoot's
+	// "kubernetes" Service.
+	AdvertisedAddress netip.Addr
+	// Port is the port in-cluster clients dial. If zero, 443.
+	Port uint16
+	// Ingress is the seed ingress's PROXY/CONNECT listener, host:port.
+	Ingress string
+	// Mode selects the announcement. If empty, ModeProxyProtocol.
+	Mode Mode
+	// Namespace is the shoot's namespace in the seed; ModeConnect needs it for the header value.
+	Namespace string
+	// Interface is the dummy link that holds the address (at most 15 characters). If empty, the
+	// address must already be on the node and the agent does not touch links.
+	Interface string
+	// DialTimeout bounds a dial to the ingress and, in ModeConnect, its answer. If zero, 10 s.
+	DialTimeout time.Duration
+	// IdleTimeout ends a relayed connection after this long without bytes. If zero, 1 h (the
+	// ingress's own idle timeout).
+	IdleTimeout time.Duration
+	// DrainTimeout is how long connections may continue after shutdown began. If zero, 30 s.
+	DrainTimeout time.Duration
+	// CheckInterval is how often the ingress's reachability (readiness) and the link are
+	// checked. If zero, 10 s.
+	CheckInterval time.Duration
+	// Log receives the agent's logs. The zero value discards them.
+	Log logr.Logger
+	// Registry receives the metrics. If nil, they are not registered.
+	Registry prometheus.Registerer
+}
+
+func (c *Config) defaults() error {
+	if !c.AdvertisedAddress.IsValid() {
+		return errors.New("apiserver-proxy: an advertised address is required")
+	}
+	if c.Ingress == "" {
+		return errors.New("apiserver-proxy: the ingress address is required")
+	}
+	if c.Port == 0 {
+		c.Port = 443
+	}
+	switch c.Mode {
+	case "":
+		c.Mode = ModeProxyProtocol
+	case ModeProxyProtocol:
+	case ModeConnect:
+		if c.Namespace == "" {
+			return errors.New("apiserver-proxy: connect mode needs the shoot namespace")
+		}
+	default:
+		return fmt.Errorf("apiserver-proxy: unknown mode %q (proxy-protocol, connect)", c.Mode)
+	}
+	if len(c.Interface) > 15 {
+		return fmt.Errorf("apiserver-proxy: interface name %q longer than 15 characters", c.Interface)
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = time.Hour
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+	if c.CheckInterval == 0 {
+		c.CheckInterval = 10 * time.Second
+	}
+	return nil
+}
+
+// Agent forwards connections to the advertised address to the ingress.
+type Agent struct {
+	cfg     Config
+	metrics *metrics
+	ready   atomic.Bool
+}
+
+// New validates cfg and returns an agent.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	return &Agent{cfg: cfg, metrics: newMetrics(cfg.Registry)}, nil
+}
+
+// Ready reports whether the ingress answered the last check.
+func (a *Agent) Ready() bool { return a.ready.Load() }
+
+// Run sets up the link, listens on the advertised address and forwards until ctx ends; then it
+// stops accepting, lets open connections finish for up to DrainTimeout, and closes the rest.
+// The address stays on the link: in-cluster clients keep reaching it across agent restarts.
+func (a *Agent) Run(ctx context.Context) error {
+	if a.cfg.Interface != "" {
+		if err := ensureAddress(a.cfg.Interface, a.cfg.AdvertisedAddress); err != nil {
+			return err
+		}
+	}
+	addr := netip.AddrPortFrom(a.cfg.AdvertisedAddress, a.cfg.Port).String()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("apiserver-proxy: listen on %s: %w", addr, err)
+	}
+	a.cfg.Log.Info("Forwarding", "address", addr, "ingress", a.cfg.Ingress, "mode", string(a.cfg.Mode))
+	return a.Serve(ctx, l)
+}
+
+// Serve is Run with the listener already bound.
+func (a *Agent) Serve(ctx context.Context, l net.Listener) error {
+	var wg sync.WaitGroup
+	conns := newConnSet()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.routineCheck(ctx)
+	}()
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	var err error
+	for {
+		var c net.Conn
+		c, err = l.Accept()
+		if err != nil {
+			break
+		}
+		conns.add(c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer conns.remove(c)
+			a.forward(ctx, c, conns)
+		}()
+	}
+	if ctx.Err() == nil {
+		l.Close()
+		conns.closeAll()
+		wg.Wait()
+		return fmt.Errorf("apiserver-proxy: accept: %w", err)
+	}
+	// Drain: open connections may finish; after the drain timeout they are closed.
+	a.cfg.Log.Info("Draining", "connections", conns.len(), "timeout", a.cfg.DrainTimeout.String())
+	drained := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-time.After(a.cfg.DrainTimeout):
+		conns.closeAll()
+		<-drained
+	}
+	return nil
+}
+
+// forward relays one in-cluster connection through the ingress.
+func (a *Agent) forward(ctx context.Context, c net.Conn, conns *connSet) {
+	start := time.Now()
+	up, err := a.dialIngress(context.WithoutCancel(ctx), c)
+	a.metrics.dialSeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		a.metrics.connections.WithLabelValues("dial_failed").Inc()
+		a.cfg.Log.Info("Ingress unreachable, connection closed", "client", c.RemoteAddr().String(), "error", err.Error())
+		return
+	}
+	conns.add(up)
+	defer conns.remove(up)
+	a.metrics.connections.WithLabelValues("forwarded").Inc()
+	a.metrics.active.Inc()
+	defer a.metrics.active.Dec()
+	toUp, toDown := relay.Pipe(c, up, a.cfg.IdleTimeout)
+	a.metrics.bytes.WithLabelValues("upstream").Add(float64(toUp))
+	a.metrics.bytes.WithLabelValues("downstream").Add(float64(toDown))
+}
+
+// dialIngress connects to the ingress and announces c's destination.
+func (a *Agent) dialIngress(ctx context.Context, c net.Conn) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.DialTimeout)
+	defer cancel()
+	up, err := (&net.Dialer{}).DialContext(ctx, "tcp", a.cfg.Ingress)
+	if err != nil {
+		return nil, err
+	}
+	deadline, _ := ctx.Deadline()
+	_ = up.SetDeadline(deadline)
+	switch a.cfg.Mode {
+	case ModeConnect:
+		err = a.connect(up)
+	default:
+		h := proxyproto.HeaderProxyFromAddrs(2, c.RemoteAddr(), c.LocalAddr())
+		_, err = h.WriteTo(up)
+	}
+	if err != nil {
+		up.Close()
+		return nil, err
+	}
+	_ = up.SetDeadline(time.Time{})
+	return up, nil
+}
+
+// APIServerDestination is the X-Gardener-Destination value for shoot ns's kube-apiserver.
+func APIServerDestination(ns string) string {
+	return "outbound|443||kube-apiserver." + ns + ".svc.cluster.local"
+}
+
+// connect opens a CONNECT tunnel on up. The answer is read byte by byte up to its blank line,
+// so that nothing of the tunnel's own stream is consumed with it.
+func (a *Agent) connect(up net.Conn) error {
+	// The request target must be an authority (host:port); the header routes.
+	target := "kube-apiserver." + a.cfg.Namespace + ".svc.cluster.local:443"
+	if _, err := fmt.Fprintf(up, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nX-Gardener-Destination: %s\r\n\r\n", target, target, APIServerDestination(a.cfg.Namespace)); err != nil {
+		return err
+	}
+	head, err := readHead(up, 4096)
+	if err != nil {
+		return fmt.Errorf("CONNECT answer: %w", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(head)), nil)
+	if err != nil {
+		return fmt.Errorf("CONNECT answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("CONNECT refused: %s", resp.Status)
+	}
+	return nil
+}
+
+// readHead reads an HTTP response head (through its blank line) of at most limit bytes.
+func readHead(r io.Reader, limit int) ([]byte, error) {
+	head := make([]byte, 0, 128)
+	b := make([]byte, 1)
+	for len(head) < limit {
+		if _, err := io.ReadFull(r, b); err != nil {
+			return nil, err
+		}
+		head = append(head, b[0])
+		if bytes.HasSuffix(head, []byte("\r\n\r\n")) {
+			return head, nil
+		}
+	}
+	return nil, fmt.Errorf("response head longer than %d bytes", limit)
+}
+
+// routineCheck keeps readiness (the ingress accepts TCP) and the link's address up to date.
+func (a *Agent) routineCheck(ctx context.Context) {
+	t := time.NewTicker(a.cfg.CheckInterval)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.DialTimeout)
+		c, err := (&net.Dialer{}).DialContext(cctx, "tcp", a.cfg.Ingress)
+		cancel()
+		if err == nil {
+			c.Close()
+		}
+		if ready := err == nil; ready != a.ready.Swap(ready) {
+			a.cfg.Log.Info("Ingress reachability changed", "ready", ready)
+		}
+		if a.cfg.Interface != "" {
+			// Something else (a network plugin, an operator) may have removed the address.
+			if err := ensureAddress(a.cfg.Interface, a.cfg.AdvertisedAddress); err != nil {
+				a.cfg.Log.Error(err, "Restoring the advertised address failed")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// connSet tracks open connections so that shutdown can close them.
+type connSet struct {
+	mu sync.Mutex
+	m  map[net.Conn]struct{}
+}
+
+func newConnSet() *connSet { return &connSet{m: make(map[net.Conn]struct{})} }
+
+func (s *connSet) add(c net.Conn) {
+	s.mu.Lock()
+	s.m[c] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *connSet) remove(c net.Conn) {
+	s.mu.Lock()
+	delete(s.m, c)
+	s.mu.Unlock()
+	c.Close()
+}
+
+func (s *connSet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m)
+}
+
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.m {
+		c.Close()
+	}
+}
+
+type metrics struct {
+	connections *prometheus.CounterVec
+	active      prometheus.Gauge
+	bytes       *prometheus.CounterVec
+	dialSeconds prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		connections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_apiserver_proxy_connections_total", Help: "In-cluster connections, by outcome (forwarded, dial_failed).",
+		}, []string{"outcome"}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tendril_apiserver_proxy_active_connections", Help: "Connections being forwarded.",
+		}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_apiserver_proxy_bytes_total", Help: "Bytes forwarded, by direction, counted when a connection ends.",
+		}, []string{"direction"}),
+		dialSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tendril_apiserver_proxy_dial_seconds", Help: "Time to connect to the ingress and announce the destination.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.connections, m.active, m.bytes, m.dialSeconds)
+	}
+	return m
+}

@@ -1,0 +1,129 @@
+// Command tendril-agent runs tendril's shoot-side agents. `tendril-agent apiserver-proxy` is the
+// node agent of GEP-8 (a DaemonSet on the host network): it forwards in-cluster connections to
+// kube-apiserver's advertised address to the seed ingress.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tendril-net/tendril/agent/apiserverproxy"
+	"github.com/tendril-net/tendril/internal/logging"
+	"github.com/tendril-net/tendril/internal/probe"
+)
+
+const usage = `usage: tendril-agent <mode> [flags]
+
+modes:
+  apiserver-proxy   forward in-cluster connections to kube-apiserver's advertised address to the seed ingress
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	var log logr.Logger
+	switch os.Args[1] {
+	case "apiserver-proxy":
+		var cfg APIServerProxyConfig
+		cfg, err = parseAPIServerProxy(os.Args[2:])
+		if err == nil {
+			log = cfg.Log
+			err = RunAPIServerProxy(ctx, cfg)
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "tendril-agent: unknown mode %q\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		if log.GetSink() == nil {
+			fmt.Fprintln(os.Stderr, "tendril-agent:", err)
+		} else {
+			log.Error(err, "Exiting")
+		}
+		os.Exit(1)
+	}
+}
+
+// APIServerProxyConfig is the configuration of `tendril-agent apiserver-proxy`.
+type APIServerProxyConfig struct {
+	Proxy          apiserverproxy.Config
+	MetricsAddress string
+	Log            logr.Logger
+}
+
+func parseAPIServerProxy(args []string) (APIServerProxyConfig, error) {
+	var cfg APIServerProxyConfig
+	fs := flag.NewFlagSet("tendril-agent apiserver-proxy", flag.ContinueOnError)
+	var advertised, mode string
+	var port uint
+	var verbosity int
+	fs.StringVar(&advertised, "advertised-address", "", "kube-apiserver's advertised address (the shoot's kubernetes Service endpoint)")
+	fs.UintVar(&port, "port", 443, "port in-cluster clients dial on the advertised address")
+	fs.StringVar(&cfg.Proxy.Ingress, "ingress", "", "the seed ingress's PROXY/CONNECT listener, host:8443")
+	fs.StringVar(&mode, "mode", string(apiserverproxy.ModeProxyProtocol), "how the destination is announced: proxy-protocol or connect")
+	fs.StringVar(&cfg.Proxy.Namespace, "namespace", "", "the shoot's namespace in the seed (connect mode: X-Gardener-Destination)")
+	fs.StringVar(&cfg.Proxy.Interface, "interface", "tendril-api", `dummy link holding the advertised address (needs NET_ADMIN); "" leaves links alone`)
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:16911", "address for /metrics, /healthz and /readyz (empty: off)")
+	fs.IntVar(&verbosity, "v", 0, "log verbosity")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	a, err := netip.ParseAddr(advertised)
+	if err != nil {
+		return cfg, fmt.Errorf("--advertised-address: %w", err)
+	}
+	if port == 0 || port > 65535 {
+		return cfg, errors.New("--port out of range")
+	}
+	cfg.Proxy.AdvertisedAddress, cfg.Proxy.Port, cfg.Proxy.Mode = a, uint16(port), apiserverproxy.Mode(mode)
+	cfg.Log = logging.New(os.Stderr, verbosity).WithName("apiserver-proxy")
+	cfg.Proxy.Log = cfg.Log
+	return cfg, nil
+}
+
+// RunAPIServerProxy runs the node agent until ctx ends.
+func RunAPIServerProxy(ctx context.Context, cfg APIServerProxyConfig) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Proxy.Registry = reg
+	agent, err := apiserverproxy.New(cfg.Proxy)
+	if err != nil {
+		return err
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	if cfg.MetricsAddress != "" {
+		ml, err := net.Listen("tcp", cfg.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		ready := func() (bool, string) {
+			if agent.Ready() {
+				return true, ""
+			}
+			return false, "ingress " + cfg.Proxy.Ingress + " not reachable"
+		}
+		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, ready, false)) })
+	}
+	g.Go(func() error { return agent.Run(ctx) })
+	return g.Wait()
+}

@@ -1,0 +1,75 @@
+// Package relay joins two connections: it copies bytes both ways until both directions have
+// ended, passing each end of stream on as a half-close, with an idle timeout, and zero-copy
+// (splice(2)) between TCP connections. It does not dial, parse or count anything else.
+package relay
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// chunk is how much one splice may move before the idle deadline is pushed out again: large
+// enough that the deadline costs nothing per byte (one extra call per MiB).
+const chunk = 1 << 20
+
+// Pipe copies a to b and b to a until both directions have ended, half-closing each write side
+// when its read side reaches end of stream (as Envoy's tcp_proxy does), and returns the bytes
+// moved each way. A direction without a byte for idle (0: no limit) ends both; so does a reset
+// on either side. The caller closes both connections once Pipe returns.
+func Pipe(a, b net.Conn, idle time.Duration) (aToB, bToA int64) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		aToB = half(b, a, idle)
+	}()
+	bToA = half(a, b, idle)
+	wg.Wait()
+	return aToB, bToA
+}
+
+// half copies src to dst and then half-closes dst. A read error other than end of stream (a
+// reset, the idle timeout) closes both connections, so the other direction ends too. The idle
+// timeout is measured per chunk: a direction is idle once a whole deadline passes without a
+// byte, so it ends between idle and twice idle after its last byte.
+func half(dst, src net.Conn, idle time.Duration) int64 {
+	var total int64
+	for {
+		if idle > 0 {
+			_ = src.SetReadDeadline(time.Now().Add(idle))
+		}
+		n, err := io.Copy(dst, io.LimitReader(src, chunk))
+		total += n
+		switch {
+		case err == nil && n == chunk:
+			continue // chunk done, more to come
+		case err == nil: // end of stream: the peer finished sending
+			closeWrite(dst)
+			return total
+		case isTimeout(err) && n > 0:
+			continue // bytes moved within the window: not idle
+		}
+		src.Close()
+		dst.Close()
+		return total
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		if err := cw.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ENOTCONN) {
+			c.Close()
+		}
+		return
+	}
+	c.Close()
+}

@@ -1,0 +1,113 @@
+package relay
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pair returns both ends of a loopback TCP connection.
+func pair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		accepted <- c
+	}()
+	client, err = net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server = <-accepted
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
+}
+
+// relayed sets up client ⇄ (a | Pipe | b) ⇄ server over real sockets.
+func relayed(t *testing.T, idle time.Duration) (client, server net.Conn, done chan [2]int64) {
+	client, a := pair(t)
+	b, server := pair(t)
+	done = make(chan [2]int64, 1)
+	go func() {
+		x, y := Pipe(a, b, idle)
+		a.Close()
+		b.Close()
+		done <- [2]int64{x, y}
+	}()
+	return client, server, done
+}
+
+func TestHalfClose(t *testing.T) {
+	client, server, done := relayed(t, 0)
+	req := bytes.Repeat([]byte("q"), 3<<20) // more than one chunk
+	go func() {
+		_, _ = client.Write(req)
+		_ = client.(*net.TCPConn).CloseWrite()
+	}()
+	got, err := io.ReadAll(server) // ends only if the half-close was passed on
+	if err != nil || !bytes.Equal(got, req) {
+		t.Fatalf("server read %d bytes (%v), want %d", len(got), err, len(req))
+	}
+	// The other direction still works after the first one ended.
+	if _, err := server.Write([]byte("answer")); err != nil {
+		t.Fatal(err)
+	}
+	_ = server.(*net.TCPConn).CloseWrite()
+	ans, err := io.ReadAll(client)
+	if err != nil || string(ans) != "answer" {
+		t.Fatalf("client read %q (%v)", ans, err)
+	}
+	if n := <-done; n != [2]int64{int64(len(req)), 6} {
+		t.Fatalf("counted %v", n)
+	}
+}
+
+func TestIdleTimeout(t *testing.T) {
+	client, server, done := relayed(t, 100*time.Millisecond)
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1)
+	if _, err := io.ReadFull(server, buf); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("an idle relay did not end")
+	}
+	if d := time.Since(start); d < 100*time.Millisecond {
+		t.Fatalf("ended after %v, before the idle timeout", d)
+	}
+	_ = server.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := server.Read(buf); err == nil {
+		t.Fatal("the server's connection is still open after the idle timeout")
+	}
+}
+
+func TestResetEndsBoth(t *testing.T) {
+	client, server, done := relayed(t, 0)
+	_ = client.(*net.TCPConn).SetLinger(0)
+	client.Close() // RST
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a reset did not end the relay")
+	}
+	_ = server.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := io.ReadAll(server); isTimeout(err) {
+		t.Fatal("the server's connection is still open after the client's reset")
+	}
+}
