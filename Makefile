@@ -26,9 +26,10 @@ fuzz: ## Run every fuzz target for FUZZ_TIME each.
 		done; \
 	done
 
-bench: build ## Run the benchmarks against their peers and write docs/benchmarks.md.
-	$(GO) test -run=NONE -bench=. -benchtime=1x -timeout 30m ./xds/... 
-	bin/tendril-bench sni --markdown docs/benchmarks.md $(BENCH_ARGS)
+bench: build ## Run the benchmarks against their peers; fresh reports go to docs/bench/ (summary: docs/benchmarks.md).
+	@mkdir -p docs/bench
+	$(GO) test -run=NONE -bench=ShootChange -benchtime=200x -timeout 30m ./xds/server/ | tee docs/bench/xds.txt
+	bin/tendril-bench sni --rounds 3 --markdown docs/bench/sni.md $(BENCH_ARGS)
 
 run: build ## Start a local seed (tendril-seed, tendril-ingress, two example shoots) until interrupted.
 	bin/tendril-local
