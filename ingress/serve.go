@@ -39,6 +39,7 @@ func (s *server) serve(ctx context.Context) error {
 		for c := range s.conns {
 			c.Close()
 		}
+		s.conns = nil // from now on track refuses, so a late upstream dial is closed at once
 		s.mu.Unlock()
 	})
 	defer stop()
@@ -191,7 +192,7 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 	s.pipe(d, up, cl.name, d.hello, chain.tcp.idleTimeout)
 }
 
-// filters runs the listener filters and returns the chain, or the outcome that refuses the
+// listenerFilters runs the listener filters and returns the chain, or the outcome that refuses the
 // connection.
 func listenerFilters(lc *listenerConfig, d *downstream) (*chainConfig, string, error) {
 	_ = d.c.SetReadDeadline(time.Now().Add(lc.filterTimeout))
