@@ -174,6 +174,18 @@ func (f *File) Run(ctx context.Context, publish Publish) error {
 			return fmt.Errorf("register route file metrics: %w", err)
 		}
 	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch route file: %w", err)
+	}
+	defer w.Close()
+	// The watch starts before the first load, so a change made while it loads is not missed.
+	// Watch the directory, not the file: editors and ConfigMap volumes replace the file by rename,
+	// which ends a watch on the file itself.
+	if err := w.Add(filepath.Dir(f.Path)); err != nil {
+		return fmt.Errorf("watch route file: %w", err)
+	}
+
 	shoots, err := f.Load(ctx)
 	if err != nil {
 		return err
@@ -183,17 +195,6 @@ func (f *File) Run(ctx context.Context, publish Publish) error {
 	}
 	loads.WithLabelValues("applied").Inc()
 	f.Log.Info("Routes loaded", "path", f.Path, "shoots", len(shoots))
-
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("watch route file: %w", err)
-	}
-	defer w.Close()
-	// Watch the directory, not the file: editors and ConfigMap volumes replace the file by rename,
-	// which ends a watch on the file itself.
-	if err := w.Add(filepath.Dir(f.Path)); err != nil {
-		return fmt.Errorf("watch route file: %w", err)
-	}
 	settle := f.Settle
 	if settle == 0 {
 		settle = 100 * time.Millisecond
