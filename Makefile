@@ -16,7 +16,7 @@ vet: ## go vet and gofmt.
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
-test: vet ## Run all tests (unit tests with -race, loopback end-to-end tests, golden files).
+test: vet build ## Run all tests (unit tests with -race, loopback end-to-end tests, golden files).
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 fuzz: ## Run every fuzz target for FUZZ_TIME each.
@@ -30,6 +30,8 @@ bench: build ## Run the benchmarks against their peers; fresh reports go to docs
 	@mkdir -p docs/bench
 	$(GO) test -run=NONE -bench=ShootChange -benchtime=200x -timeout 30m ./xds/server/ | tee docs/bench/xds.txt
 	bin/tendril-bench sni --rounds 3 --markdown docs/bench/sni.md $(BENCH_ARGS)
+	bin/tendril-bench proxy --rounds 3 --markdown docs/bench/proxy.md $(BENCH_ARGS)
+	bin/tendril-bench connect --rounds 3 --markdown docs/bench/connect.md $(BENCH_ARGS)
 
 run: build ## Start a local seed (tendril-seed, tendril-ingress, two example shoots) until interrupted.
 	bin/tendril-local

@@ -10,20 +10,36 @@ import (
 	"time"
 )
 
-// HAProxy runs the distribution's haproxy in TCP mode: the frontend waits for
-// the ClientHello (tcp-request inspect-delay) and picks a backend with
-// req_ssl_sni. The zero value uses "haproxy" from PATH, DefaultTimeouts and
+// HAProxy runs the distribution's haproxy for a Job, one backend per route:
+//
+//   - JobSNI, TCP mode: the frontend waits for the ClientHello
+//     (tcp-request inspect-delay) and picks the backend with req_ssl_sni.
+//   - JobProxy, TCP mode: the bind line has accept-proxy, so the PROXY
+//     header's addresses stand for the connection's own everywhere but in
+//     "tcp-request connection" rules (configuration manual, accept-proxy):
+//     the dst and dst_port fetches return the header's destination, and
+//     "use_backend X if { dst A } { dst_port 443 }" picks the backend.
+//   - JobConnect, HTTP mode: "use_backend X if METH_CONNECT
+//     { req.hdr(X-Gardener-Destination) -m str … }". HAProxy is a reverse
+//     proxy, not a CONNECT endpoint: it forwards the CONNECT request to the
+//     chosen server and tunnels only after that server answers 2xx. An
+//     upstream TLS server does not, so HAProxy 2.6 answers 502 and this job
+//     does not work with it; the configuration exists to show that by trying.
+//
+// The zero value does JobSNI with "haproxy" from PATH, DefaultTimeouts and
 // one thread per CPU.
 type HAProxy struct {
 	Bin      string   // path or name in PATH; "" means "haproxy"
+	Job      Job      // "" means JobSNI
 	Timeouts Timeouts // zero means DefaultTimeouts
 	Threads  int      // nbthread; 0 means one per CPU
 }
 
-var _ SNI = HAProxy{}
+var _ Peer = HAProxy{}
 
 // HAProxyConfig is the data for haproxy.cfg.tmpl.
 type HAProxyConfig struct {
+	Job      Job    // "" means JobSNI
 	Listen   string // ip:port of the frontend
 	Threads  int
 	MaxConn  int
@@ -33,13 +49,27 @@ type HAProxyConfig struct {
 
 // RenderHAProxy renders the HAProxy configuration for c.
 func RenderHAProxy(c HAProxyConfig) (string, error) {
+	if c.Job == "" {
+		c.Job = JobSNI
+	}
 	if err := validateRoutes(c.Routes); err != nil {
 		return "", err
+	}
+	switch c.Job {
+	case JobSNI, JobConnect:
+	case JobProxy:
+		for _, r := range c.Routes {
+			if !r.Advertised.IsValid() {
+				return "", fmt.Errorf("route %s: no advertised address to route PROXY headers by", r.Name)
+			}
+		}
+	default:
+		return "", fmt.Errorf("haproxy: unknown job %q", c.Job)
 	}
 	return render(haproxyTmpl, c)
 }
 
-// Name implements SNI.
+// Name implements Peer.
 func (HAProxy) Name() string { return "haproxy" }
 
 func (h HAProxy) bin() (string, error) {
@@ -54,7 +84,7 @@ func (h HAProxy) bin() (string, error) {
 	return p, nil
 }
 
-// Check implements SNI.
+// Check implements Peer.
 func (h HAProxy) Check(context.Context) error {
 	_, err := h.bin()
 	return err
@@ -70,7 +100,7 @@ func (h HAProxy) Config(listen string, routes []Route) (string, error) {
 	if threads <= 0 {
 		threads = cores()
 	}
-	return RenderHAProxy(HAProxyConfig{Listen: listen, Threads: threads, MaxConn: maxConn, Timeouts: to, Routes: routes})
+	return RenderHAProxy(HAProxyConfig{Job: h.Job, Listen: listen, Threads: threads, MaxConn: maxConn, Timeouts: to, Routes: routes})
 }
 
 // CheckConfig runs "haproxy -c -f path".
@@ -99,7 +129,7 @@ func (h HAProxy) Version(ctx context.Context) string {
 	return "unknown"
 }
 
-// Start implements SNI: "haproxy -db -f dir/haproxy.cfg" in the foreground.
+// Start implements Peer: "haproxy -db -f dir/haproxy.cfg" in the foreground.
 func (h HAProxy) Start(ctx context.Context, dir string, routes []Route) (*Instance, error) {
 	bin, err := h.bin()
 	if err != nil {

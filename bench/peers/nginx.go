@@ -13,7 +13,11 @@ import (
 
 // Nginx runs the distribution's nginx with only a stream block: ssl_preread
 // reads the ClientHello and a map on $ssl_preread_server_name picks the
-// upstream group. The zero value uses "nginx" from PATH, DefaultTimeouts and
+// upstream group. For JobProxy the listen line has proxy_protocol instead and
+// the map key is the header's destination, $proxy_protocol_server_addr and
+// _port (stream module, nginx ≥ 1.17.6). JobConnect it cannot do: nginx 1.22
+// answers 400 to a CONNECT request line, and the stream module cannot answer
+// one. The zero value does JobSNI with "nginx" from PATH, DefaultTimeouts and
 // one worker per CPU.
 //
 // Debian ships the stream module as a dynamic module (libnginx-mod-stream,
@@ -23,14 +27,16 @@ import (
 // the prefix into the temporary directory.
 type Nginx struct {
 	Bin      string   // path or name in PATH; "" means "nginx"
+	Job      Job      // "" means JobSNI; JobConnect is refused
 	Timeouts Timeouts // zero means DefaultTimeouts
 	Workers  int      // worker_processes; 0 means one per CPU
 }
 
-var _ SNI = Nginx{}
+var _ Peer = Nginx{}
 
 // NginxConfig is the data for nginx.conf.tmpl.
 type NginxConfig struct {
+	Job          Job    // "" means JobSNI
 	Listen       string // ip:port of the stream server
 	Workers      int
 	MaxConn      int    // worker_connections and worker_rlimit_nofile
@@ -42,8 +48,22 @@ type NginxConfig struct {
 
 // RenderNginx renders the nginx configuration for c.
 func RenderNginx(c NginxConfig) (string, error) {
+	if c.Job == "" {
+		c.Job = JobSNI
+	}
 	if err := validateRoutes(c.Routes); err != nil {
 		return "", err
+	}
+	switch c.Job {
+	case JobSNI:
+	case JobProxy:
+		for _, r := range c.Routes {
+			if !r.Advertised.IsValid() {
+				return "", fmt.Errorf("route %s: no advertised address to route PROXY headers by", r.Name)
+			}
+		}
+	default:
+		return "", fmt.Errorf("nginx cannot do job %q", c.Job)
 	}
 	if !filepath.IsAbs(c.Dir) {
 		return "", fmt.Errorf("nginx dir %q is not absolute", c.Dir)
@@ -51,7 +71,7 @@ func RenderNginx(c NginxConfig) (string, error) {
 	return render(nginxTmpl, c)
 }
 
-// Name implements SNI.
+// Name implements Peer.
 func (Nginx) Name() string { return "nginx" }
 
 func (n Nginx) bin() (string, error) {
@@ -112,8 +132,11 @@ func (n Nginx) StreamModule(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("ngx_stream_module.so not found in %s (Debian: apt-get install libnginx-mod-stream)", strings.Join(dirs, ", "))
 }
 
-// Check implements SNI.
+// Check implements Peer.
 func (n Nginx) Check(ctx context.Context) error {
+	if n.Job == JobConnect {
+		return errors.New("nginx cannot answer CONNECT (nginx 1.22 answers 400 to a CONNECT request line)")
+	}
 	_, err := n.StreamModule(ctx)
 	return err
 }
@@ -133,7 +156,7 @@ func (n Nginx) Config(ctx context.Context, dir, listen string, routes []Route) (
 	if workers <= 0 {
 		workers = cores()
 	}
-	return RenderNginx(NginxConfig{Listen: listen, Workers: workers, MaxConn: maxConn, Dir: dir,
+	return RenderNginx(NginxConfig{Job: n.Job, Listen: listen, Workers: workers, MaxConn: maxConn, Dir: dir,
 		StreamModule: mod, Timeouts: to, Routes: routes})
 }
 
@@ -171,7 +194,7 @@ func (n Nginx) Version(ctx context.Context) string {
 	return "unknown"
 }
 
-// Start implements SNI: "nginx -c dir/nginx.conf -g 'daemon off;'", master
+// Start implements Peer: "nginx -c dir/nginx.conf -g 'daemon off;'", master
 // and workers in the foreground.
 func (n Nginx) Start(ctx context.Context, dir string, routes []Route) (*Instance, error) {
 	bin, err := n.bin()

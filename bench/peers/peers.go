@@ -1,6 +1,8 @@
-// Package peers starts, configures and stops the SNI-passthrough data planes
-// that tendril is benchmarked against (HAProxy and nginx from the distribution)
-// and tendril's own seed + ingress binaries, all for the same routes.
+// Package peers starts, configures and stops the data planes that tendril is
+// benchmarked against (HAProxy and nginx from the distribution) and tendril's
+// own seed + ingress binaries, all for the same routes and the same Job: SNI
+// passthrough, PROXY-protocol routing by destination, or CONNECT routing by
+// the X-Gardener-Destination header.
 //
 // Each data plane runs as a child process on free loopback ports, with its
 // configuration rendered from the templates embedded in this package into a
@@ -25,8 +27,9 @@ import (
 	"time"
 )
 
-// Route is one SNI route: connections whose ClientHello names Host go to
-// Upstream.
+// Route is one shoot's route: connections whose ClientHello names Host, whose
+// PROXY header's destination is Advertised:443, or whose CONNECT names the
+// shoot (GardenerDestination(Name)) go to Upstream.
 type Route struct {
 	// Name identifies the route in generated configurations (backend and
 	// upstream names) and in tendril's route file (the shoot name).
@@ -36,6 +39,39 @@ type Route struct {
 	// Upstream is the upstream's IP:port (an address, not a host name, so
 	// that no peer resolves anything on the hot path).
 	Upstream string
+	// Advertised is the shoot's advertised address, the destination of
+	// the PROXY headers for it; the zero value means none (JobSNI and
+	// JobConnect do without).
+	Advertised netip.Addr
+}
+
+// Job is what a data plane routes by.
+type Job string
+
+const (
+	// JobSNI routes TLS connections by the ClientHello's server name.
+	JobSNI Job = "sni"
+	// JobProxy reads a PROXY header (v1 or v2) first and routes by its
+	// destination: Route.Advertised, port APIServerPort (GEP-8).
+	JobProxy Job = "proxy"
+	// JobConnect answers an HTTP/1.1 CONNECT whose X-Gardener-Destination
+	// header names a shoot's kube-apiserver, once that shoot's upstream is
+	// connected, and then tunnels (the current Gardener generation).
+	JobConnect Job = "connect"
+)
+
+// APIServerPort is the destination port of the PROXY headers for an
+// advertised address: kube-apiserver's port in the shoot.
+const APIServerPort = 443
+
+// GardenerDestinationHeader is the CONNECT request header that names the
+// destination cluster, in Gardener's wire form (GardenerDestination).
+const GardenerDestinationHeader = "X-Gardener-Destination"
+
+// GardenerDestination is the X-Gardener-Destination value that reaches the
+// kube-apiserver of the shoot named name (its namespace in the seed).
+func GardenerDestination(name string) string {
+	return "outbound|443||kube-apiserver." + name + ".svc.cluster.local"
 }
 
 var (
@@ -56,6 +92,9 @@ func (r Route) Validate() error {
 	if _, err := netip.ParseAddrPort(r.Upstream); err != nil {
 		return fmt.Errorf("route %s: upstream: %w", r.Name, err)
 	}
+	if r.Advertised.IsValid() && (r.Advertised.Zone() != "" || r.Advertised.Is4In6()) {
+		return fmt.Errorf("route %s: advertised address %s: want a plain IPv4 or IPv6 address", r.Name, r.Advertised)
+	}
 	return nil
 }
 
@@ -72,6 +111,12 @@ func validateRoutes(routes []Route) error {
 			return fmt.Errorf("route %s: duplicate name or host %s", r.Name, r.Host)
 		}
 		seen[r.Name], seen["host:"+r.Host] = true, true
+		if a := r.Advertised; a.IsValid() {
+			if seen["advertised:"+a.String()] {
+				return fmt.Errorf("route %s: duplicate advertised address %s", r.Name, a)
+			}
+			seen["advertised:"+a.String()] = true
+		}
 	}
 	return nil
 }
@@ -99,8 +144,8 @@ var DefaultTimeouts = Timeouts{Hello: 10 * time.Second, Connect: 5 * time.Second
 // holds two sockets, nginx counts both against worker_connections).
 const maxConn = 8192
 
-// SNI is a data plane that forwards TLS connections by server name.
-type SNI interface {
+// Peer is a data plane doing one Job.
+type Peer interface {
 	// Name is the target's name in reports ("haproxy", "nginx", "tendril").
 	Name() string
 	// Check reports why the peer cannot run here (binary or module
@@ -200,14 +245,29 @@ var (
 	haproxyTmplText string
 	//go:embed nginx.conf.tmpl
 	nginxTmplText string
+	//go:embed squid.conf.tmpl
+	squidTmplText string
 
 	funcs = template.FuncMap{
 		// ms renders a duration in milliseconds, a unit both HAProxy
 		// and nginx accept.
 		"ms": func(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) },
+		// destination is a route's X-Gardener-Destination value.
+		"destination": GardenerDestination,
+		// secs renders a duration in whole seconds, at least 1, for
+		// squid's time units.
+		"secs": func(d time.Duration) string {
+			return fmt.Sprintf("%d seconds", max(1, int64((d+time.Second-1)/time.Second)))
+		},
+		// regex quotes a string for a POSIX extended regular expression.
+		"regex": regexp.QuoteMeta,
+		// host and port split a route's validated IP:port upstream.
+		"host": func(hostport string) string { return netip.MustParseAddrPort(hostport).Addr().String() },
+		"port": func(hostport string) uint16 { return netip.MustParseAddrPort(hostport).Port() },
 	}
 	haproxyTmpl = template.Must(template.New("haproxy.cfg").Funcs(funcs).Parse(haproxyTmplText))
 	nginxTmpl   = template.Must(template.New("nginx.conf").Funcs(funcs).Parse(nginxTmplText))
+	squidTmpl   = template.Must(template.New("squid.conf").Funcs(funcs).Parse(squidTmplText))
 )
 
 func render(t *template.Template, data any) (string, error) {

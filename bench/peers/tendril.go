@@ -14,17 +14,22 @@ import (
 
 // Tendril runs tendril's own data plane as two processes: tendril-seed serves
 // the routes from a route file over xDS, tendril-ingress receives them and
-// forwards SNI connections. The zero value looks for the binaries in "bin".
+// forwards connections on the listener for its Job: the SNI listener for
+// JobSNI, the proxy listener (PROXY header or X-Gardener-Destination CONNECT,
+// one port for both) for JobProxy and JobConnect. The zero value does JobSNI
+// with the binaries in "bin".
 type Tendril struct {
 	// BinDir holds tendril-seed and tendril-ingress; "" means "bin".
 	BinDir string
+	// Job selects the listener; "" means JobSNI.
+	Job Job
 	// ReadyTimeout bounds the wait for the ingress's /readyz; 0 means 30 s.
 	ReadyTimeout time.Duration
 }
 
-var _ SNI = Tendril{}
+var _ Peer = Tendril{}
 
-// Name implements SNI.
+// Name implements Peer.
 func (Tendril) Name() string { return "tendril" }
 
 func (t Tendril) bins() (seed, ingress string) {
@@ -35,7 +40,7 @@ func (t Tendril) bins() (seed, ingress string) {
 	return filepath.Join(dir, "tendril-seed"), filepath.Join(dir, "tendril-ingress")
 }
 
-// Check implements SNI: both binaries must exist.
+// Check implements Peer: both binaries must exist.
 func (t Tendril) Check(context.Context) error {
 	seed, ingress := t.bins()
 	for _, b := range []string{ingress, seed} {
@@ -47,8 +52,9 @@ func (t Tendril) Check(context.Context) error {
 }
 
 // RouteFile renders tendril-seed's static route file: one shoot per route,
-// with one host each. Route.Validate guarantees that every value is a plain
-// token, so no value needs escaping beyond the quotes.
+// with one host each and its advertised address if it has one.
+// Route.Validate guarantees that every value is a plain token, so no value
+// needs escaping beyond the quotes.
 func RouteFile(routes []Route) (string, error) {
 	if err := validateRoutes(routes); err != nil {
 		return "", err
@@ -57,6 +63,9 @@ func RouteFile(routes []Route) (string, error) {
 	b.WriteString("shoots:\n")
 	for _, r := range routes {
 		fmt.Fprintf(&b, "- name: %s\n  hosts: [%q]\n  apiserver: %q\n", r.Name, r.Host, r.Upstream)
+		if r.Advertised.IsValid() {
+			fmt.Fprintf(&b, "  advertisedAddress: %q\n", r.Advertised.String())
+		}
 	}
 	return b.String(), nil
 }
@@ -89,17 +98,26 @@ func (t Tendril) Version() string {
 	return v + " " + bi.GoVersion + built
 }
 
-// Start implements SNI:
+// Start implements Peer:
 //
 //	tendril-seed --routes FILE --xds-address 127.0.0.1:P1 --metrics-address 127.0.0.1:P2
-//	tendril-ingress --xds 127.0.0.1:P1 --node-id bench --sni-address 127.0.0.1:P3 --metrics-address 127.0.0.1:P4
+//	tendril-ingress --xds 127.0.0.1:P1 --node-id bench --sni-address 127.0.0.1:P3 --metrics-address 127.0.0.1:P4 --profiling
 //
-// It returns once the ingress's /readyz answers 200 and its SNI listener
-// accepts. The routes may still arrive a moment later over xDS: the caller
-// probes a route end to end before it measures.
+// with --proxy-address instead of --sni-address for JobProxy and JobConnect.
+// It returns once the ingress's /readyz answers 200 and its listener accepts.
+// The routes may still arrive a moment later over xDS: the caller probes a
+// route end to end before it measures.
 func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instance, error) {
 	if err := t.Check(ctx); err != nil {
 		return nil, err
+	}
+	listenFlag := "--sni-address"
+	switch t.Job {
+	case "", JobSNI:
+	case JobProxy, JobConnect:
+		listenFlag = "--proxy-address"
+	default:
+		return nil, fmt.Errorf("tendril: unknown job %q", t.Job)
 	}
 	seedBin, ingressBin := t.bins()
 	// The binaries get absolute paths: exec would otherwise look a bare
@@ -124,7 +142,7 @@ func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instan
 		if err != nil {
 			return nil, err
 		}
-		xds, seedMetrics, sni, ingressMetrics := loopback(ports[0]), loopback(ports[1]), loopback(ports[2]), loopback(ports[3])
+		xds, seedMetrics, listen, ingressMetrics := loopback(ports[0]), loopback(ports[1]), loopback(ports[2]), loopback(ports[3])
 		seed, err := startProcess("tendril-seed", filepath.Join(dir, "tendril-seed.log"), seedBin,
 			"--routes", path, "--xds-address", xds, "--metrics-address", seedMetrics)
 		if err != nil {
@@ -134,15 +152,15 @@ func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instan
 			return nil, errors.Join(fmt.Errorf("tendril-seed: %w", err), seed.stop())
 		}
 		ingress, err := startProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), ingressBin,
-			"--xds", xds, "--node-id", "bench", "--sni-address", sni, "--metrics-address", ingressMetrics)
+			"--xds", xds, "--node-id", "bench", listenFlag, listen, "--metrics-address", ingressMetrics, "--profiling")
 		if err != nil {
 			return nil, errors.Join(err, seed.stop())
 		}
-		in := &Instance{Addr: sni, Version: version, Config: routeFile, procs: []*process{seed, ingress}}
+		in := &Instance{Addr: listen, Version: version, Config: routeFile, procs: []*process{seed, ingress}}
 		if err := waitReady(ctx, "http://"+ingressMetrics+"/readyz", readyTimeout, seed, ingress); err != nil {
 			return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
 		}
-		if err := waitAccept(ctx, sni, readyTimeout, seed, ingress); err != nil {
+		if err := waitAccept(ctx, listen, readyTimeout, seed, ingress); err != nil {
 			return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
 		}
 		return in, nil

@@ -2,7 +2,9 @@
 // of tendril side by side with peer implementations in the same run and
 // reports the ratios.
 //
-//	tendril-bench sni [flags]   SNI passthrough: new TLS connections/s, TTFB, bulk MB/s
+//	tendril-bench sni [flags]       SNI passthrough: new TLS connections/s, TTFB, bulk MB/s
+//	tendril-bench proxy [flags]     PROXY v2 header routed by destination, then TLS: the same figures
+//	tendril-bench connect [flags]   CONNECT with X-Gardener-Destination, then TLS: the same figures
 //
 // This file only turns flags into a configuration and prints results; the
 // benchmarks live in package bench/….
@@ -22,17 +24,38 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/harness"
+	"github.com/tendril-net/tendril/bench/incluster"
 	"github.com/tendril-net/tendril/bench/sni"
 )
 
 const usage = `usage: tendril-bench <mode> [flags]
 
 modes:
-  sni    SNI passthrough: direct vs HAProxy vs nginx vs tendril-ingress
-         (new TLS connections per second, time to first byte, bulk MB/s)
+  sni      SNI passthrough: direct vs HAProxy vs nginx vs tendril-ingress
+  proxy    PROXY v2 header with the shoot's advertised address, then TLS:
+           direct vs HAProxy (accept-proxy, use_backend by dst) vs nginx
+           (proxy_protocol, map on the header's destination) vs tendril-ingress
+  connect  CONNECT with X-Gardener-Destination, then TLS through the tunnel:
+           direct vs squid (cache_peer per shoot) vs tendril-ingress; HAProxy
+           is tried and cannot do it (it forwards the CONNECT instead)
 
-Run "tendril-bench <mode> -h" for the flags of a mode.
+Each measures new TLS connections per second with time to first byte, and
+bulk throughput. Run "tendril-bench <mode> -h" for the flags of a mode; all
+modes take the same flags. --markdown-append adds a mode's section to an
+existing report, so that several runs make one document:
+
+  tendril-bench sni --markdown docs/bench/all.md
+  tendril-bench proxy --markdown-append docs/bench/all.md
+  tendril-bench connect --markdown-append docs/bench/all.md
 `
+
+// modes are the benchmark modes by command name.
+var modes = map[string]harness.Mode{
+	sni.Mode.Name:          sni.Mode,
+	incluster.Proxy.Name:   incluster.Proxy,
+	incluster.Connect.Name: incluster.Connect,
+}
 
 // errUsage marks an error in the command line (exit status 2).
 var errUsage = errors.New("usage")
@@ -64,14 +87,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("%w: no mode given", errUsage)
 	}
-	switch args[1] {
-	case "sni":
-		c, err := parseSNI(args[2:], stderr)
+	if mode, ok := modes[args[1]]; ok {
+		c, err := parseCommand(mode, args[2:], stderr)
 		if err != nil {
 			return err
 		}
 		c.Config.CommandLine = commandLine(args)
 		return c.Run(ctx, stdout)
+	}
+	switch args[1] {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -80,26 +104,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return fmt.Errorf("%w: unknown mode %q", errUsage, args[1])
 }
 
-// sniCommand is the configuration of "tendril-bench sni".
-type sniCommand struct {
-	Config   sni.Config
+// command is the configuration of "tendril-bench <mode>".
+type command struct {
+	Mode     harness.Mode
+	Config   harness.Config
 	JSON     bool   // print the report as JSON instead of tables
 	Markdown string // also write a Markdown report to this file
+	// MarkdownAppend, if set, receives the Markdown report at its end
+	// (the file is created if missing).
+	MarkdownAppend string
 	// CPUProfile, if set, receives a CPU profile of the whole run (client
 	// and upstreams; the peers are other processes).
 	CPUProfile string
 }
 
-func parseSNI(args []string, stderr io.Writer) (*sniCommand, error) {
-	c := &sniCommand{}
-	fs := flag.NewFlagSet("tendril-bench sni", flag.ContinueOnError)
+func parseCommand(mode harness.Mode, args []string, stderr io.Writer) (*command, error) {
+	c := &command{Mode: mode}
+	fs := flag.NewFlagSet("tendril-bench "+mode.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	targets := stringList(sni.DefaultTargets)
-	modes := stringList{sni.ModeRate, sni.ModeBulk}
+	targets := stringList(mode.Targets)
+	modes := stringList{harness.ModeRate, harness.ModeBulk}
 	conc := intList{1, 16, 128}
 	bulkBytes := byteSize(64 << 20)
 	fs.IntVar(&c.Config.Shoots, "shoots", 4, "number of shoots: routes and upstream TLS servers (api.s<i>.bench.tendril.local)")
-	fs.Var(&targets, "targets", "comma-separated targets: direct, haproxy, nginx, tendril")
+	fs.Var(&targets, "targets", "comma-separated targets: "+strings.Join(mode.Targets, ", "))
 	fs.Var(&modes, "modes", "comma-separated measurements: rate (connections/s and TTFB), bulk (MB/s)")
 	fs.Var(&conc, "concurrency", "comma-separated client concurrency levels of the connection-rate test")
 	fs.DurationVar(&c.Config.Duration, "duration", 5*time.Second, "duration of each measurement")
@@ -110,7 +138,8 @@ func parseSNI(args []string, stderr io.Writer) (*sniCommand, error) {
 	fs.IntVar(&c.Config.Rounds, "rounds", 1, "repeat all measurements this often and report medians")
 	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with tendril-seed and tendril-ingress")
 	fs.BoolVar(&c.JSON, "json", false, "print machine-readable JSON instead of tables")
-	fs.StringVar(&c.Markdown, "markdown", "", "also write a Markdown report to `file`")
+	fs.StringVar(&c.Markdown, "markdown", "", "also write a Markdown report to `file`, replacing it")
+	fs.StringVar(&c.MarkdownAppend, "markdown-append", "", "also append the Markdown report as a section to `file` (created if missing)")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the benchmark process (client and upstreams) to `file`")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -121,6 +150,9 @@ func parseSNI(args []string, stderr io.Writer) (*sniCommand, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
+	if c.Markdown != "" && c.Markdown == c.MarkdownAppend {
+		return nil, fmt.Errorf("%w: --markdown and --markdown-append name the same file", errUsage)
+	}
 	c.Config.Targets, c.Config.Modes, c.Config.Concurrency = targets, modes, conc
 	c.Config.BulkBytes = int64(bulkBytes)
 	c.Config.Progress = stderr
@@ -129,7 +161,7 @@ func parseSNI(args []string, stderr io.Writer) (*sniCommand, error) {
 
 // Run runs the benchmark and prints its report to stdout, also when it was
 // interrupted (then marked partial).
-func (c *sniCommand) Run(ctx context.Context, stdout io.Writer) error {
+func (c *command) Run(ctx context.Context, stdout io.Writer) error {
 	if c.CPUProfile != "" {
 		f, err := os.Create(c.CPUProfile)
 		if err != nil {
@@ -141,7 +173,7 @@ func (c *sniCommand) Run(ctx context.Context, stdout io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	rep, err := sni.Run(ctx, c.Config)
+	rep, err := harness.Run(ctx, c.Mode, c.Config)
 	if rep == nil {
 		return err
 	}
@@ -153,15 +185,32 @@ func (c *sniCommand) Run(ctx context.Context, stdout io.Writer) error {
 		werr = rep.WriteTable(stdout)
 	}
 	if c.Markdown != "" {
-		werr = errors.Join(werr, writeFile(c.Markdown, rep.WriteMarkdown))
+		werr = errors.Join(werr, writeFile(c.Markdown, false, rep.WriteMarkdown))
+	}
+	if c.MarkdownAppend != "" {
+		werr = errors.Join(werr, writeFile(c.MarkdownAppend, true, rep.WriteMarkdown))
 	}
 	return errors.Join(err, werr)
 }
 
-func writeFile(path string, write func(io.Writer) error) error {
-	f, err := os.Create(path)
+// writeFile writes a report to path: replacing it, or at its end, after an
+// empty line and a rule when the file already has content.
+func writeFile(path string, appending bool, write func(io.Writer) error) error {
+	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	if appending {
+		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
+	}
+	f, err := os.OpenFile(path, flags, 0o644)
 	if err != nil {
 		return fmt.Errorf("markdown report: %w", err)
+	}
+	if appending {
+		if st, err := f.Stat(); err == nil && st.Size() > 0 {
+			if _, err := io.WriteString(f, "\n---\n\n"); err != nil {
+				f.Close()
+				return fmt.Errorf("markdown report %s: %w", path, err)
+			}
+		}
 	}
 	if err := write(f); err != nil {
 		f.Close()

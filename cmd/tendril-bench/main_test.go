@@ -3,13 +3,17 @@ package main
 import (
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/tendril-net/tendril/bench/sni"
 )
 
 func TestParseSNI(t *testing.T) {
-	c, err := parseSNI([]string{"--duration", "3s", "--concurrency", "1,8", "--targets", "direct,nginx",
+	c, err := parseCommand(sni.Mode, []string{"--duration", "3s", "--concurrency", "1,8", "--targets", "direct,nginx",
 		"--bytes", "8MiB", "--json", "--markdown", "out.md"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -21,8 +25,8 @@ func TestParseSNI(t *testing.T) {
 		t.Errorf("parsed %+v", c)
 	}
 	for _, bad := range [][]string{{"--concurrency", "1,x"}, {"--bytes", "-1"}, {"extra"}} {
-		if _, err := parseSNI(bad, io.Discard); !errors.Is(err, errUsage) {
-			t.Errorf("parseSNI(%q) = %v, want a usage error", bad, err)
+		if _, err := parseCommand(sni.Mode, bad, io.Discard); !errors.Is(err, errUsage) {
+			t.Errorf("parseCommand(sni, %q) = %v, want a usage error", bad, err)
 		}
 	}
 }
@@ -46,5 +50,56 @@ func TestCommandLine(t *testing.T) {
 func TestUnknownMode(t *testing.T) {
 	if err := run(t.Context(), []string{"tendril-bench", "tunnel"}, io.Discard, io.Discard); !errors.Is(err, errUsage) {
 		t.Errorf("run(tunnel) = %v, want a usage error", err)
+	}
+}
+
+func TestParseModes(t *testing.T) {
+	for name, mode := range modes {
+		if name != mode.Name {
+			t.Errorf("mode %q is registered as %q", mode.Name, name)
+		}
+		c, err := parseCommand(mode, []string{"--markdown-append", "all.md", "--targets", "direct,tendril"}, io.Discard)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if c.Mode.Name != name || c.MarkdownAppend != "all.md" || !slices.Equal(c.Config.Targets, []string{"direct", "tendril"}) {
+			t.Errorf("%s: parsed %+v", name, c)
+		}
+		def, err := parseCommand(mode, nil, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(def.Config.Targets, mode.Targets) {
+			t.Errorf("%s: default targets %v, want %v", name, def.Config.Targets, mode.Targets)
+		}
+	}
+	if _, err := parseCommand(modes["proxy"], []string{"--markdown", "x.md", "--markdown-append", "x.md"}, io.Discard); !errors.Is(err, errUsage) {
+		t.Errorf("same file for --markdown and --markdown-append: %v, want a usage error", err)
+	}
+}
+
+func TestMarkdownAppend(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "benchmarks.md")
+	section := func(s string) func(io.Writer) error {
+		return func(w io.Writer) error { _, err := io.WriteString(w, s); return err }
+	}
+	if err := writeFile(path, true, section("# sni\n")); err != nil { // created by appending
+		t.Fatal(err)
+	}
+	if err := writeFile(path, true, section("# proxy\n")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "# sni\n\n---\n\n# proxy\n"; string(b) != want {
+		t.Errorf("appended file %q, want %q", b, want)
+	}
+	if err := writeFile(path, false, section("# connect\n")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "# connect\n" {
+		t.Errorf("replaced file %q", b)
 	}
 }

@@ -1,4 +1,4 @@
-package sni
+package harness
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 // runner runs the measurements of one Run.
 type runner struct {
 	cfg      Config
+	mode     Mode
 	client   *client
 	progress io.Writer
 	report   *Report
@@ -28,7 +29,7 @@ type runner struct {
 
 func (r *runner) logf(format string, args ...any) {
 	if r.progress != nil {
-		fmt.Fprintf(r.progress, "sni: "+format+"\n", args...)
+		fmt.Fprintf(r.progress, r.mode.Name+": "+format+"\n", args...)
 	}
 }
 
@@ -155,7 +156,7 @@ func (w *rateWorker) run(ctx context.Context, c *client, t *target, phase *atomi
 	for phase.Load() != phaseStop && ctx.Err() == nil {
 		i := w.rng.IntN(len(c.shoots))
 		start := time.Now()
-		ttfb, err := c.fetchSmall(ctx, t.addr(i), i, &w.slot, buf, nil)
+		ttfb, err := c.fetchSmall(ctx, t, i, &w.slot, buf, nil)
 		// A connection counts in the phase in which it completes.
 		ph := phase.Load()
 		counted := ph == phaseMeasure
@@ -242,8 +243,8 @@ func (r *runner) measureRate(ctx context.Context, t *target, conc, round int) (*
 	}
 	t0, t1, other, err := r.window(ctx, &phase, func() {}, func(el time.Duration) {
 		n := done.Load()
-		fmt.Fprintf(r.progress, "sni: %s: %.0fs/%.0fs %d conns (%.0f/s), %d errors\n",
-			label, el.Seconds(), r.cfg.Duration.Seconds(), n, float64(n)/el.Seconds(), failed.Load())
+		fmt.Fprintf(r.progress, "%s: %s: %.0fs/%.0fs %d conns (%.0f/s), %d errors\n",
+			r.mode.Name, label, el.Seconds(), r.cfg.Duration.Seconds(), n, float64(n)/el.Seconds(), failed.Load())
 	})
 	stop()
 	if err != nil {
@@ -315,7 +316,7 @@ func (w *bulkWorker) run(ctx context.Context, c *client, t *target, k, conns int
 	buf := make([]byte, bulkBuf)
 	for j := 0; phase.Load() != phaseStop && ctx.Err() == nil; j++ {
 		shoot := (k + j*conns) % len(c.shoots)
-		err := c.fetchBulk(ctx, t.addr(shoot), shoot, &w.slot, buf, &w.got)
+		err := c.fetchBulk(ctx, t, shoot, &w.slot, buf, &w.got)
 		counted := phase.Load() == phaseMeasure
 		if err != nil {
 			if counted {
@@ -367,8 +368,8 @@ func (r *runner) measureBulk(ctx context.Context, t *target, round int) (*BulkRu
 	}
 	var b0 int64
 	t0, t1, other, err := r.window(ctx, &phase, func() { b0 = total() }, func(el time.Duration) {
-		fmt.Fprintf(r.progress, "sni: %s: %.0fs/%.0fs %.0f MB/s, %d errors\n",
-			label, el.Seconds(), r.cfg.Duration.Seconds(), float64(total()-b0)/el.Seconds()/1e6, failed.Load())
+		fmt.Fprintf(r.progress, "%s: %s: %.0fs/%.0fs %.0f MB/s, %d errors\n",
+			r.mode.Name, label, el.Seconds(), r.cfg.Duration.Seconds(), float64(total()-b0)/el.Seconds()/1e6, failed.Load())
 	})
 	b1 := total()
 	stop()

@@ -1,4 +1,4 @@
-package sni
+package harness
 
 import (
 	"crypto/ecdsa"

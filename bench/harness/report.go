@@ -1,4 +1,4 @@
-package sni
+package harness
 
 import (
 	"cmp"
@@ -21,7 +21,13 @@ import (
 // measurement (medians over rounds); RateRuns and BulkRuns every single
 // measurement.
 type Report struct {
-	Mode           string              `json:"mode"`
+	Mode string `json:"mode"`
+	// Path is what a connection sends before its TLS handshake (the
+	// mode's Path); Notes are the mode's remarks.
+	Path  string   `json:"path,omitempty"`
+	Notes []string `json:"notes,omitempty"`
+	// Baseline is the peer of the second ratio column (the mode's).
+	Baseline       string              `json:"baseline"`
 	CommandLine    string              `json:"command_line,omitempty"`
 	Machine        machine.Description `json:"machine"`
 	Settings       Settings            `json:"settings"`
@@ -136,8 +142,8 @@ type RateRow struct {
 	Concurrency int              `json:"concurrency"`
 	Target      string           `json:"target"`
 	ConnsPerSec float64          `json:"conns_per_sec"`
-	VsDirect    *float64         `json:"vs_direct"`  // null when direct was not measured
-	VsHAProxy   *float64         `json:"vs_haproxy"` // null when haproxy was not measured
+	VsDirect    *float64         `json:"vs_direct"`   // null when direct was not measured
+	VsBaseline  *float64         `json:"vs_baseline"` // to Report.Baseline; null when it was not measured
 	TTFB        Latency          `json:"ttfb"`
 	Conns       int64            `json:"conns"`
 	Errors      map[string]int64 `json:"errors,omitempty"`
@@ -146,14 +152,14 @@ type RateRow struct {
 
 // BulkRow is a target's bulk result: the median over rounds.
 type BulkRow struct {
-	Target    string           `json:"target"`
-	Conns     int              `json:"conns"`
-	MBps      float64          `json:"mb_per_sec"`
-	VsDirect  *float64         `json:"vs_direct"`
-	VsHAProxy *float64         `json:"vs_haproxy"`
-	Transfers int64            `json:"transfers"`
-	Errors    map[string]int64 `json:"errors,omitempty"`
-	OtherCPU  float64          `json:"other_cpu_cores"` // the most of any round
+	Target     string           `json:"target"`
+	Conns      int              `json:"conns"`
+	MBps       float64          `json:"mb_per_sec"`
+	VsDirect   *float64         `json:"vs_direct"`
+	VsBaseline *float64         `json:"vs_baseline"`
+	Transfers  int64            `json:"transfers"`
+	Errors     map[string]int64 `json:"errors,omitempty"`
+	OtherCPU   float64          `json:"other_cpu_cores"` // the most of any round
 }
 
 func median(xs []float64) float64 {
@@ -237,7 +243,7 @@ func (rep *Report) aggregate() {
 	for i := range rep.Rate {
 		row := &rep.Rate[i]
 		row.VsDirect = ratio(row.ConnsPerSec, base[row.Concurrency], TargetDirect)
-		row.VsHAProxy = ratio(row.ConnsPerSec, base[row.Concurrency], TargetHAProxy)
+		row.VsBaseline = ratio(row.ConnsPerSec, base[row.Concurrency], rep.Baseline)
 	}
 
 	rep.Bulk = nil
@@ -266,7 +272,7 @@ func (rep *Report) aggregate() {
 	for i := range rep.Bulk {
 		row := &rep.Bulk[i]
 		row.VsDirect = ratio(row.MBps, bbase, TargetDirect)
-		row.VsHAProxy = ratio(row.MBps, bbase, TargetHAProxy)
+		row.VsBaseline = ratio(row.MBps, bbase, rep.Baseline)
 	}
 }
 
@@ -347,10 +353,14 @@ func (s Settings) summary() string {
 		time.Duration(s.WarmupSeconds*float64(time.Second)), s.Rounds)
 }
 
-func (s Settings) rateTitle() string {
-	return fmt.Sprintf("One connection: dial, full TLS handshake with the SNI of a random shoot, "+
+func (rep *Report) rateTitle() string {
+	path := ""
+	if rep.Path != "" {
+		path = rep.Path + ", "
+	}
+	return fmt.Sprintf("One connection: dial, %sfull TLS handshake with the SNI of a random shoot, "+
 		"certificate verified for that host, 1-byte request, %d-byte answer read to EOF, close. "+
-		"TTFB = dial start to first answer byte.", s.PayloadBytes)
+		"TTFB = dial start to first answer byte.", path, rep.Settings.PayloadBytes)
 }
 
 func (s Settings) bulkTitle() string {
@@ -369,11 +379,14 @@ func fmtCPU(c float64) string { return fmt.Sprintf("%.2f", c) }
 // WriteTable writes the report as plain-text tables.
 func (rep *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "tendril-bench sni: %s\n", rep.Settings.summary())
+	fmt.Fprintf(&b, "tendril-bench %s: %s\n", rep.Mode, rep.Settings.summary())
 	fmt.Fprintf(&b, "machine: %s, %d cores, %s, %s\n", rep.Machine.CPUModel, rep.Machine.Cores, rep.Machine.Kernel, rep.Machine.GoVersion)
 	fmt.Fprintf(&b, "load average before/after: %s / %s\n", rep.LoadBefore, rep.LoadAfter)
 	fmt.Fprintf(&b, "tls: %s\n", rep.Settings.TLS)
 	fmt.Fprintf(&b, "note: %s\n", sharedCPUNote)
+	for _, n := range rep.Notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
 	if rep.Partial {
 		fmt.Fprintf(&b, "PARTIAL: %s\n", rep.Note)
 	}
@@ -386,8 +399,8 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		}
 	}
 	if len(rep.Rate) > 0 {
-		fmt.Fprintf(&b, "\nNew TLS connections per second. %s\n", rep.Settings.rateTitle())
-		t := table{header: []string{"conc", "target", "conn/s", "×direct", "×haproxy", "TTFB p50", "p90", "p99", "others", "errors"},
+		fmt.Fprintf(&b, "\nNew TLS connections per second. %s\n", rep.rateTitle())
+		t := table{header: []string{"conc", "target", "conn/s", "×direct", "×" + rep.Baseline, "TTFB p50", "p90", "p99", "others", "errors"},
 			left: []bool{false, true, false, false, false, false, false, false, false, true}}
 		last := 0
 		for _, r := range rep.Rate {
@@ -396,18 +409,18 @@ func (rep *Report) WriteTable(w io.Writer) error {
 			}
 			last = r.Concurrency
 			t.rows = append(t.rows, []string{strconv.Itoa(r.Concurrency), r.Target, fmt.Sprintf("%.0f", r.ConnsPerSec),
-				fmtRatio(r.VsDirect), fmtRatio(r.VsHAProxy), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
+				fmtRatio(r.VsDirect), fmtRatio(r.VsBaseline), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
 				fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
 		}
 		t.write(&b)
 	}
 	if len(rep.Bulk) > 0 {
 		fmt.Fprintf(&b, "\nBulk throughput: %s\n", rep.Settings.bulkTitle())
-		t := table{header: []string{"target", "MB/s", "×direct", "×haproxy", "transfers", "others", "errors"},
+		t := table{header: []string{"target", "MB/s", "×direct", "×" + rep.Baseline, "transfers", "others", "errors"},
 			left: []bool{true, false, false, false, false, false, true}}
 		for _, r := range rep.Bulk {
 			t.rows = append(t.rows, []string{r.Target, fmt.Sprintf("%.0f", r.MBps), fmtRatio(r.VsDirect),
-				fmtRatio(r.VsHAProxy), strconv.FormatInt(r.Transfers, 10), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
+				fmtRatio(r.VsBaseline), strconv.FormatInt(r.Transfers, 10), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
 		}
 		t.write(&b)
 	}
@@ -421,7 +434,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 func (rep *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	m := rep.Machine
-	fmt.Fprintf(&b, "# tendril-bench sni — %s\n\n", rep.Started.Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&b, "# tendril-bench %s — %s\n\n", rep.Mode, rep.Started.Format("2006-01-02 15:04 MST"))
 	if rep.Partial {
 		fmt.Fprintf(&b, "> **Partial results:** %s.\n\n", rep.Note)
 	}
@@ -435,6 +448,9 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "- Load average (1/5/15 min) before / after the run: %s / %s\n", rep.LoadBefore, rep.LoadAfter)
 	fmt.Fprintf(&b, "\n%s Targets are measured one after another in one process run, never at the same time, "+
 		"with the same client code and the same upstreams; they take turns per measurement.\n", sharedCPUNote)
+	for _, n := range rep.Notes {
+		fmt.Fprintf(&b, "\n%s\n", n)
+	}
 
 	b.WriteString("\n## Targets\n\n| target | version | status |\n|---|---|---|\n")
 	for _, t := range rep.Targets {
@@ -445,21 +461,21 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Name, mdEscape(t.Version), status)
 	}
 	if len(rep.Rate) > 0 {
-		fmt.Fprintf(&b, "\n## New TLS connections per second\n\n%s\n\n", rep.Settings.rateTitle())
-		b.WriteString("| concurrency | target | conn/s | × direct | × haproxy | TTFB p50 | TTFB p90 | TTFB p99 | others | errors |\n")
+		fmt.Fprintf(&b, "\n## New TLS connections per second\n\n%s\n\n", rep.rateTitle())
+		fmt.Fprintf(&b, "| concurrency | target | conn/s | × direct | × %s | TTFB p50 | TTFB p90 | TTFB p99 | others | errors |\n", rep.Baseline)
 		b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, r := range rep.Rate {
 			fmt.Fprintf(&b, "| %d | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", r.Concurrency, r.Target, r.ConnsPerSec,
-				fmtRatio(r.VsDirect), fmtRatio(r.VsHAProxy), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
+				fmtRatio(r.VsDirect), fmtRatio(r.VsBaseline), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
 				fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors))
 		}
 	}
 	if len(rep.Bulk) > 0 {
 		fmt.Fprintf(&b, "\n## Bulk throughput\n\n%s\n\n", rep.Settings.bulkTitle())
-		b.WriteString("| target | MB/s | × direct | × haproxy | transfers | others | errors |\n|---|---:|---:|---:|---:|---:|---|\n")
+		fmt.Fprintf(&b, "| target | MB/s | × direct | × %s | transfers | others | errors |\n|---|---:|---:|---:|---:|---:|---|\n", rep.Baseline)
 		for _, r := range rep.Bulk {
 			fmt.Fprintf(&b, "| %s | %.0f | %s | %s | %d | %s | %s |\n", r.Target, r.MBps, fmtRatio(r.VsDirect),
-				fmtRatio(r.VsHAProxy), r.Transfers, fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors))
+				fmtRatio(r.VsBaseline), r.Transfers, fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors))
 		}
 	}
 	if len(rep.Upstreams) > 0 {
