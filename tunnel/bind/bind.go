@@ -1,0 +1,678 @@
+// Package bind is a WireGuard conn.Bind whose network is a set of framed byte streams (tendril
+// agents' TCP connections, dialed out through an HTTP CONNECT proxy) instead of a UDP socket.
+// Each attached stream is one path to one peer and is its own Endpoint; WireGuard learns which
+// peer is behind a stream from the first authenticated packet on it, and roams to the newest.
+// The package moves packets and counts them. It does not dial or accept streams, authenticate
+// anything (WireGuard does) or retry: a stream that fails is detached, and the side that dialed
+// it dials again.
+//
+// Receive path: one reader goroutine per stream reads frames into that stream's own buffers
+// (at most Config.StreamBuffers of them) and queues them; the device's ReceiveFunc copies them
+// out in batches. A stream whose buffers are all queued waits for WireGuard to take them before
+// it reads more: backpressure on that stream's TCP flow, never a drop. Drops would only make
+// the inner TCP connections retransmit across a transport that is already reliable, and a
+// buffer count per stream keeps a slow or hostile stream from holding buffers that another
+// stream needs.
+//
+// Send path: Send appends a batch as frames to the stream's pending buffer and returns; the
+// stream's writer goroutine takes everything pending and writes it in one call, so packets
+// that queue up while a write is in progress go out together (wireguard-go's netstack hands
+// the sender one packet at a time, so batches form here, not in WireGuard). The pending buffer
+// is bounded (maxPending); Send waits for room, which is backpressure on the sending peer,
+// and a write that makes no progress within WriteTimeout detaches the stream.
+package bind
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.zx2c4.com/wireguard/conn"
+
+	"github.com/tendril-net/tendril/tunnel/frame"
+)
+
+const (
+	// DefaultMaxStreams bounds the attached streams. A shoot's agent runs one stream per
+	// replica (two for high availability); the rest is room for reconnections that overlap a
+	// stream not yet known to be dead.
+	DefaultMaxStreams = 16
+
+	// DefaultStreamBuffers is how many received packets one stream may have waiting for
+	// WireGuard: one full ReceiveFunc batch (DefaultBatchSize) from a single stream. The
+	// reader refills as fast as WireGuard drains, so more would only hold more memory:
+	// 32 frames are 1.9 MB at the default MTU (60,032-byte frames), 46 KB at 1420.
+	DefaultStreamBuffers = 32
+
+	// DefaultBatchSize is how many packets one ReceiveFunc call returns at most and Send
+	// accepts. wireguard-go keeps BatchSize message buffers of 64 KiB per receive goroutine, so
+	// 32 costs 2 MiB where conn.IdealBatchSize (128) would cost 8 MiB, and with 60 KB packets
+	// a batch of 32 is already 1.9 MB.
+	DefaultBatchSize = 32
+
+	// DefaultWriteTimeout is how long one write to a stream may make no progress before the
+	// stream is declared dead. The peer's reader only waits for its own WireGuard device, so a
+	// write stuck this long means the path is gone (a half-open TCP connection), not that the
+	// peer is busy.
+	DefaultWriteTimeout = 30 * time.Second
+
+	// maxPending bounds the frames a stream holds for its writer: 256 KiB is four frames of
+	// the largest size or 180 at MTU 1420, enough that the writer always has a full write
+	// ready while the sender fills the next one. A batch larger than this still goes out
+	// whole once the buffer is empty.
+	maxPending = 256 << 10
+
+	// endpointPrefix starts the name of every endpoint: "stream/" and the stream's number.
+	endpointPrefix = "stream/"
+)
+
+var (
+	// ErrDetached reports a Send to an endpoint whose stream has ended.
+	ErrDetached = errors.New("bind: stream detached")
+	// ErrTooManyStreams reports an Attach beyond Config.MaxStreams.
+	ErrTooManyStreams = errors.New("bind: too many streams")
+	// ErrUnknownEndpoint reports an endpoint string that names no attached stream.
+	ErrUnknownEndpoint = errors.New("bind: unknown endpoint")
+)
+
+// Config tunes a Bind. The zero value is valid: every zero field takes the default named in
+// its comment.
+type Config struct {
+	// MaxStreams bounds the streams attached at once; Attach beyond it fails. 0 means
+	// DefaultMaxStreams.
+	MaxStreams int
+	// StreamBuffers is how many received packets of one stream may wait for WireGuard.
+	// 0 means DefaultStreamBuffers. The worst-case memory of a Bind's streams is
+	// MaxStreams × (StreamBuffers × MaxFrameSize + 2 × maxPending + a 64 KiB read buffer):
+	// 16 × (32 × 64 KiB + 512 KiB + 64 KiB) = 41 MiB with the defaults and frame.MaxSize, less
+	// for a smaller MTU. Buffers grow only to what a stream actually used.
+	StreamBuffers int
+	// BatchSize is the Bind's BatchSize. 0 means DefaultBatchSize.
+	BatchSize int
+	// MaxFrameSize is the largest frame accepted or sent. 0 means frame.MaxSize (65,535),
+	// which carries any MTU up to 65,503.
+	MaxFrameSize int
+	// WriteTimeout bounds one write to a stream; a stream whose write times out is detached.
+	// 0 means DefaultWriteTimeout; negative means no deadline.
+	WriteTimeout time.Duration
+	// Logger receives stream lifecycle events: attach at V(1), detach with its reason at V(0)
+	// (V(1) for DetachClosed). The zero Logger discards.
+	Logger logr.Logger
+}
+
+// DetachReason says why a stream ended. Each reason has its own counter in Stats.
+type DetachReason int
+
+const (
+	// DetachEOF: the peer closed the stream between two frames.
+	DetachEOF DetachReason = iota
+	// DetachReadError: reading failed (reset, timeout, a stream cut inside a frame).
+	DetachReadError
+	// DetachBadFrame: the peer sent a zero or oversized length; the stream cannot be
+	// resynchronised after that.
+	DetachBadFrame
+	// DetachWriteError: a write failed or exceeded WriteTimeout.
+	DetachWriteError
+	// DetachClosed: Endpoint.Close or Bind.Close.
+	DetachClosed
+
+	numDetachReasons
+)
+
+func (r DetachReason) String() string {
+	switch r {
+	case DetachEOF:
+		return "eof"
+	case DetachReadError:
+		return "read-error"
+	case DetachBadFrame:
+		return "bad-frame"
+	case DetachWriteError:
+		return "write-error"
+	case DetachClosed:
+		return "closed"
+	}
+	return "unknown"
+}
+
+// SendDropReason says why packets given to Send were not written.
+type SendDropReason int
+
+const (
+	// SendDropDetached: the endpoint's stream had ended at Send, or ended while the packets
+	// were still pending.
+	SendDropDetached SendDropReason = iota
+	// SendDropWriteError: the write carrying the packets failed (the stream is detached too).
+	SendDropWriteError
+	// SendDropRefused: a packet was empty or larger than MaxFrameSize.
+	SendDropRefused
+
+	numSendDropReasons
+)
+
+func (r SendDropReason) String() string {
+	switch r {
+	case SendDropDetached:
+		return "detached"
+	case SendDropWriteError:
+		return "write-error"
+	case SendDropRefused:
+		return "refused"
+	}
+	return "unknown"
+}
+
+// Stats is a snapshot of a Bind's counters. All counters only grow (StreamsActive excepted).
+type Stats struct {
+	StreamsAttached uint64
+	StreamsActive   int
+	// StreamsDetached counts ended streams by reason (index: DetachReason).
+	StreamsDetached [numDetachReasons]uint64
+	// AttachRefused counts Attach calls refused for MaxStreams or a closed Bind.
+	AttachRefused uint64
+	PacketsIn     uint64
+	BytesIn       uint64
+	PacketsOut    uint64
+	BytesOut      uint64
+	// FramesRejected counts received frames with an invalid length (each also detached its
+	// stream with DetachBadFrame).
+	FramesRejected uint64
+	// SendDropped counts packets given to Send and not written, by reason (index:
+	// SendDropReason).
+	SendDropped [numSendDropReasons]uint64
+}
+
+// Bind is a conn.Bind over framed streams. Create it with New, hand it to device.NewDevice,
+// and Attach streams once the device is up (the device opens the Bind in Up).
+type Bind struct {
+	cfg Config
+	log logr.Logger
+
+	mu       sync.Mutex
+	open     bool
+	closed   chan struct{}      // closed by Close; replaced by Open
+	queue    chan *packet       // received packets for the ReceiveFunc; replaced by Open
+	streams  map[uint64]*stream // attached streams by number
+	nextID   uint64
+	routines sync.WaitGroup // two per stream: its reader and its writer
+
+	attached, refused    atomic.Uint64
+	detached             [numDetachReasons]atomic.Uint64
+	packetsIn, bytesIn   atomic.Uint64
+	packetsOut, bytesOut atomic.Uint64
+	framesRejected       atomic.Uint64
+	sendDropped          [numSendDropReasons]atomic.Uint64
+}
+
+var _ conn.Bind = (*Bind)(nil)
+
+// New returns a closed Bind; the WireGuard device opens it.
+func New(cfg Config) *Bind {
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = DefaultMaxStreams
+	}
+	if cfg.StreamBuffers <= 0 {
+		cfg.StreamBuffers = DefaultStreamBuffers
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.MaxFrameSize <= 0 || cfg.MaxFrameSize > frame.MaxSize {
+		cfg.MaxFrameSize = frame.MaxSize
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	return &Bind{cfg: cfg, log: cfg.Logger, streams: make(map[uint64]*stream)}
+}
+
+// Open starts receiving. The port means nothing to streams; it is reported back unchanged so
+// that the device's configuration reads as it was set. It returns one ReceiveFunc, which
+// returns packets from every attached stream.
+func (b *Bind) Open(port uint16) ([]conn.ReceiveFunc, uint16, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.open {
+		return nil, 0, conn.ErrBindAlreadyOpen
+	}
+	b.open = true
+	b.closed = make(chan struct{})
+	// Room for every buffer that attached streams can own, so a reader never blocks on the
+	// queue itself, only on its own buffers (MaxStreams × StreamBuffers pointers: 4 KiB).
+	b.queue = make(chan *packet, b.cfg.MaxStreams*b.cfg.StreamBuffers)
+	closed, queue := b.closed, b.queue
+	recv := func(packets [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
+		return b.receive(closed, queue, packets, sizes, eps)
+	}
+	return []conn.ReceiveFunc{recv}, port, nil
+}
+
+// Close detaches every stream (closing its connection), waits for their goroutines to end and
+// makes the ReceiveFunc return net.ErrClosed. The Bind can be opened again; streams must then
+// be attached anew. Closing a closed Bind does nothing.
+func (b *Bind) Close() error {
+	b.mu.Lock()
+	if !b.open {
+		b.mu.Unlock()
+		return nil
+	}
+	b.open = false
+	close(b.closed)
+	streams := make([]*stream, 0, len(b.streams))
+	for _, s := range b.streams {
+		streams = append(streams, s)
+	}
+	b.mu.Unlock()
+	for _, s := range streams {
+		s.detach(DetachClosed, nil)
+	}
+	b.routines.Wait()
+	return nil
+}
+
+// SetMark does nothing: there is no socket of the Bind's own to mark.
+func (b *Bind) SetMark(uint32) error { return nil }
+
+// BatchSize reports Config.BatchSize.
+func (b *Bind) BatchSize() int { return b.cfg.BatchSize }
+
+// ParseEndpoint returns the endpoint of an attached stream from its name ("stream/7", as
+// Endpoint.DstToString prints it). A well-formed name of a stream that is not attached (never
+// was, or already detached) yields ErrUnknownEndpoint: WireGuard learns endpoints from received
+// packets, so a configuration never needs to name a stream that is gone.
+func (b *Bind) ParseEndpoint(s string) (conn.Endpoint, error) {
+	num, ok := strings.CutPrefix(s, endpointPrefix)
+	if !ok {
+		return nil, fmt.Errorf("bind: parse endpoint %q: want %s<number>", s, endpointPrefix)
+	}
+	id, err := strconv.ParseUint(num, 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("bind: parse endpoint %q: %w", s, err)
+	}
+	b.mu.Lock()
+	st := b.streams[id]
+	b.mu.Unlock()
+	if st == nil {
+		return nil, fmt.Errorf("bind: parse endpoint %q: %w", s, ErrUnknownEndpoint)
+	}
+	return st.ep, nil
+}
+
+// Attach adds c as a stream and returns its endpoint; from then on the Bind owns c and closes
+// it when the stream is detached. A reader goroutine feeds c's frames into the ReceiveFunc and
+// a writer goroutine writes what Send queues, until c ends, a frame is malformed, a write
+// fails, the endpoint is closed or the Bind is closed. Attach fails with net.ErrClosed when the Bind is not open and with ErrTooManyStreams
+// beyond MaxStreams; c is closed then too.
+func (b *Bind) Attach(c net.Conn) (*Endpoint, error) {
+	b.mu.Lock()
+	if !b.open || len(b.streams) >= b.cfg.MaxStreams {
+		open := b.open
+		b.mu.Unlock()
+		b.refused.Add(1)
+		_ = c.Close()
+		if !open {
+			return nil, fmt.Errorf("bind: attach: %w", net.ErrClosed)
+		}
+		return nil, fmt.Errorf("bind: attach %s: %w (%d)", c.RemoteAddr(), ErrTooManyStreams, b.cfg.MaxStreams)
+	}
+	b.nextID++
+	s := &stream{
+		bind:  b,
+		conn:  c,
+		queue: b.queue,
+		free:  make(chan *packet, b.cfg.StreamBuffers),
+		kick:  make(chan struct{}, 1),
+		done:  make(chan struct{}),
+	}
+	s.wcond = sync.NewCond(&s.wmu)
+	s.ep = &Endpoint{id: b.nextID, s: s}
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		s.ep.dstIP = ta.AddrPort().Addr().Unmap()
+	}
+	for range b.cfg.StreamBuffers {
+		s.free <- &packet{home: s}
+	}
+	b.streams[s.ep.id] = s
+	b.routines.Add(2)
+	b.mu.Unlock()
+
+	b.attached.Add(1)
+	b.log.V(1).Info("stream attached", "endpoint", s.ep.DstToString(), "remote", c.RemoteAddr().String())
+	go s.routineRead()
+	go s.routineWrite()
+	return s.ep, nil
+}
+
+// Stats returns a snapshot of the counters.
+func (b *Bind) Stats() Stats {
+	b.mu.Lock()
+	active := len(b.streams)
+	b.mu.Unlock()
+	st := Stats{
+		StreamsAttached: b.attached.Load(),
+		StreamsActive:   active,
+		AttachRefused:   b.refused.Load(),
+		PacketsIn:       b.packetsIn.Load(),
+		BytesIn:         b.bytesIn.Load(),
+		PacketsOut:      b.packetsOut.Load(),
+		BytesOut:        b.bytesOut.Load(),
+		FramesRejected:  b.framesRejected.Load(),
+	}
+	for i := range st.StreamsDetached {
+		st.StreamsDetached[i] = b.detached[i].Load()
+	}
+	for i := range st.SendDropped {
+		st.SendDropped[i] = b.sendDropped[i].Load()
+	}
+	return st
+}
+
+// receive is the ReceiveFunc of one Open: it waits for one packet, then takes whatever else is
+// already queued, up to the batch.
+func (b *Bind) receive(closed <-chan struct{}, queue <-chan *packet, packets [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
+	// Closed wins over queued packets: after Close the device must see net.ErrClosed, not
+	// what was still in flight.
+	select {
+	case <-closed:
+		return 0, net.ErrClosed
+	default:
+	}
+	var p *packet
+	select {
+	case <-closed:
+		return 0, net.ErrClosed
+	case p = <-queue:
+	}
+	n := 0
+	for {
+		// wireguard-go's receive buffers are MaxMessageSize (65,535) and frames never exceed
+		// MaxFrameSize ≤ 65,535, so the copy is whole.
+		sizes[n] = copy(packets[n], p.buf[:p.n])
+		eps[n] = p.home.ep
+		b.packetsIn.Add(1)
+		b.bytesIn.Add(uint64(p.n))
+		p.home.free <- p // never blocks: free holds every packet of its stream
+		n++
+		if n == len(packets) {
+			return n, nil
+		}
+		select {
+		case p = <-queue:
+		default:
+			return n, nil
+		}
+	}
+}
+
+// Send queues bufs as frames for ep's stream and returns once they are queued (waiting while
+// the stream's pending buffer is full). It fails with ErrDetached (wrapped) once the stream has
+// ended; a write error is therefore reported by the Sends after it. Packets that are not
+// written are counted by reason.
+func (b *Bind) Send(bufs [][]byte, ep conn.Endpoint) error {
+	e, ok := ep.(*Endpoint)
+	if !ok {
+		return conn.ErrWrongEndpointType
+	}
+	return e.s.send(bufs)
+}
+
+// packet is one received frame in a buffer owned by one stream. It travels free → reader →
+// queue → ReceiveFunc → free.
+type packet struct {
+	buf  []byte
+	n    int
+	home *stream
+}
+
+// stream is one attached connection.
+type stream struct {
+	bind  *Bind
+	conn  net.Conn
+	ep    *Endpoint
+	queue chan<- *packet // the queue of the Open that was current at Attach
+	free  chan *packet   // this stream's idle buffers; capacity StreamBuffers
+
+	wmu      sync.Mutex
+	wcond    *sync.Cond    // on wmu; broadcast when pending was taken or the stream ended
+	pending  []byte        // frames queued by Send, not yet taken by routineWrite
+	pendingN int           // packets in pending
+	kick     chan struct{} // capacity 1: wakes routineWrite
+
+	detachOnce sync.Once
+	done       chan struct{} // closed on detach
+	reason     DetachReason  // set before done is closed
+	err        error         // set before done is closed
+}
+
+// routineRead feeds the stream's frames to the queue until the stream ends.
+func (s *stream) routineRead() {
+	defer s.bind.routines.Done()
+	fr := frame.NewReader(s.conn, s.bind.cfg.MaxFrameSize)
+	for {
+		// Wait for a frame before taking a buffer, so an idle stream holds none.
+		n, err := fr.PeekLen()
+		if err != nil {
+			s.readFailed(err)
+			return
+		}
+		var p *packet
+		select {
+		case p = <-s.free:
+		case <-s.done:
+			return
+		}
+		if cap(p.buf) < n {
+			// Grows at most StreamBuffers times per stream in steady state: buffers keep
+			// the largest size they have held.
+			p.buf = make([]byte, n)
+		}
+		p.n, err = fr.ReadFrame(p.buf[:cap(p.buf)])
+		if err != nil {
+			s.free <- p
+			s.readFailed(err)
+			return
+		}
+		select {
+		case s.queue <- p:
+		case <-s.done:
+			return
+		}
+	}
+}
+
+func (s *stream) readFailed(err error) {
+	switch {
+	case errors.Is(err, frame.ErrInvalidLength), errors.Is(err, frame.ErrTooLarge):
+		s.bind.framesRejected.Add(1)
+		s.detach(DetachBadFrame, err)
+	case errors.Is(err, io.EOF):
+		s.detach(DetachEOF, nil)
+	default:
+		s.detach(DetachReadError, err)
+	}
+}
+
+// send queues one batch. See Bind.Send.
+func (s *stream) send(bufs [][]byte) error {
+	b := s.bind
+	need := 0
+	for _, p := range bufs {
+		need += frame.HeaderSize + len(p)
+	}
+	s.wmu.Lock()
+	for !s.ended() && len(s.pending) > 0 && len(s.pending)+need > maxPending {
+		s.wcond.Wait()
+	}
+	if s.ended() {
+		s.wmu.Unlock()
+		b.sendDropped[SendDropDetached].Add(uint64(len(bufs)))
+		return fmt.Errorf("bind: send to %s: %w", s.ep.DstToString(), ErrDetached)
+	}
+	var refused error
+	for _, p := range bufs {
+		var err error
+		if s.pending, err = frame.AppendFrame(s.pending, p, b.cfg.MaxFrameSize); err != nil {
+			// WireGuard never sends these; refuse the packet, keep the stream.
+			b.sendDropped[SendDropRefused].Add(1)
+			refused = fmt.Errorf("bind: send to %s: %w", s.ep.DstToString(), err)
+			continue
+		}
+		s.pendingN++
+	}
+	s.wmu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default: // already kicked; the writer will take these frames too
+	}
+	return refused
+}
+
+func (s *stream) ended() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// routineWrite writes what Send queued, everything pending at once, until the stream ends. It
+// owns two buffers, swapping the one it has written for the one Send filled.
+func (s *stream) routineWrite() {
+	b := s.bind
+	defer b.routines.Done()
+	var spare []byte
+	for {
+		select {
+		case <-s.kick:
+		case <-s.done:
+			s.wmu.Lock()
+			b.sendDropped[SendDropDetached].Add(uint64(s.pendingN))
+			s.pending, s.pendingN = nil, 0
+			s.wmu.Unlock()
+			return
+		}
+		s.wmu.Lock()
+		buf, n := s.pending, s.pendingN
+		s.pending, s.pendingN = spare[:0], 0
+		s.wcond.Broadcast()
+		s.wmu.Unlock()
+		if n == 0 {
+			spare = buf
+			continue
+		}
+		if b.cfg.WriteTimeout > 0 {
+			// Failing to set a deadline on a closing connection shows up as a write error.
+			_ = s.conn.SetWriteDeadline(time.Now().Add(b.cfg.WriteTimeout))
+		}
+		if _, err := s.conn.Write(buf); err != nil {
+			// What part of a failed write reached the peer is unknown; it will not read
+			// the rest of the stream anyway, so the whole write counts as lost.
+			b.sendDropped[SendDropWriteError].Add(uint64(n))
+			s.detach(DetachWriteError, err)
+			continue // to the done case: count what is still pending and return
+		}
+		b.packetsOut.Add(uint64(n))
+		b.bytesOut.Add(uint64(len(buf) - n*frame.HeaderSize))
+		spare = buf
+	}
+}
+
+// detach ends the stream once: it leaves the Bind's set, its connection is closed (which ends
+// the reader), its endpoint's Done is closed and the reason is counted and logged.
+func (s *stream) detach(reason DetachReason, err error) {
+	s.detachOnce.Do(func() {
+		b := s.bind
+		b.mu.Lock()
+		delete(b.streams, s.ep.id)
+		b.mu.Unlock()
+		s.reason, s.err = reason, err
+		b.detached[reason].Add(1) // before done, so that whoever waits on Done sees it counted
+		close(s.done)
+		_ = s.conn.Close()
+		// Wake Sends waiting for room; they see the stream ended.
+		s.wmu.Lock()
+		s.wcond.Broadcast()
+		s.wmu.Unlock()
+		kv := []any{"endpoint", s.ep.DstToString(), "remote", s.conn.RemoteAddr().String(), "reason", reason.String()}
+		if err != nil {
+			kv = append(kv, "error", err.Error())
+		}
+		// A stream closed on purpose is routine; one that ended by itself is news.
+		if reason == DetachClosed {
+			b.log.V(1).Info("stream detached", kv...)
+		} else {
+			b.log.Info("stream detached", kv...)
+		}
+	})
+}
+
+// Endpoint is one attached stream as WireGuard sees it. Its name is "stream/<n>", numbered
+// from 1 in attach order per Bind and never reused. Beyond conn.Endpoint it tells when the
+// stream ended and why, so that the dialing side knows when to dial again.
+type Endpoint struct {
+	id    uint64
+	s     *stream
+	dstIP netip.Addr // the TCP peer's address, when there is one
+}
+
+var _ conn.Endpoint = (*Endpoint)(nil)
+
+// ID returns the stream's number.
+func (e *Endpoint) ID() uint64 { return e.id }
+
+// Done is closed when the stream has been detached.
+func (e *Endpoint) Done() <-chan struct{} { return e.s.done }
+
+// Err reports why the stream was detached: nil while attached; the DetachReason and the error
+// that caused it (nil for DetachEOF and DetachClosed) after Done is closed.
+func (e *Endpoint) Err() (DetachReason, error) {
+	select {
+	case <-e.s.done:
+		return e.s.reason, e.s.err
+	default:
+		return 0, nil
+	}
+}
+
+// Close detaches the stream and closes its connection.
+func (e *Endpoint) Close() error {
+	e.s.detach(DetachClosed, nil)
+	return nil
+}
+
+// RemoteAddr is the stream connection's remote address.
+func (e *Endpoint) RemoteAddr() net.Addr { return e.s.conn.RemoteAddr() }
+
+// ClearSrc does nothing: a stream has no source address to choose.
+func (e *Endpoint) ClearSrc() {}
+
+// SrcToString returns "": a stream has no source address to choose.
+func (e *Endpoint) SrcToString() string { return "" }
+
+// DstToString returns the endpoint's name, "stream/<n>", which ParseEndpoint accepts.
+func (e *Endpoint) DstToString() string { return endpointPrefix + strconv.FormatUint(e.id, 10) }
+
+// DstToBytes identifies the stream for WireGuard's cookie MACs (the stream number, big endian).
+func (e *Endpoint) DstToBytes() []byte {
+	return binary.BigEndian.AppendUint64(nil, e.id)
+}
+
+// DstIP returns the TCP peer's address (the invalid Addr for other connections). WireGuard
+// rate-limits handshakes per DstIP under load; on the seed every stream arrives from the
+// ingress, so they share one budget there.
+func (e *Endpoint) DstIP() netip.Addr { return e.dstIP }
+
+// SrcIP returns the invalid Addr: a stream has no source address to choose.
+func (e *Endpoint) SrcIP() netip.Addr { return netip.Addr{} }
+
+func (e *Endpoint) String() string { return e.DstToString() }

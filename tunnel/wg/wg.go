@@ -1,0 +1,359 @@
+// Package wg runs a userspace WireGuard device (golang.zx2c4.com/wireguard) with a gVisor
+// netstack as its interface, over the framed streams of package bind: no TUN device, no
+// privileges, no UDP. A Tunnel dials and listens on its own inner addresses like package net
+// does, and reports per-peer handshake and byte counters. It does not dial or accept the
+// outer streams (the caller does and attaches them), does not resolve names (inner addresses
+// are IP literals), and does not yet terminate connections to addresses other than its own
+// (the agent's forwarder into the shoot's networks is a later slice).
+package wg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.zx2c4.com/wireguard/device"
+	"golang.zx2c4.com/wireguard/tun/netstack"
+
+	"github.com/tendril-net/tendril/tunnel/bind"
+	"github.com/tendril-net/tendril/tunnel/frame"
+)
+
+const (
+	// DefaultMTU is the inner MTU when Config.MTU is 0. Over a stream the outer TCP connection
+	// segments and retransmits, so the inner packets can be as large as a frame allows and each
+	// costs one encryption and one pass through both netstacks: measured on loopback, two
+	// netstacks over one TCP stream move ≈ 78 MB/s at 1420, ≈ 305 MB/s at 8000 and ≈ 706 MB/s
+	// at 60000 (design.md).
+	DefaultMTU = 60000
+
+	// MaxMTU is the largest inner MTU: a transport message is the padded packet (never beyond
+	// the MTU) plus 32 bytes (16-byte header, 16-byte Poly1305 tag), and must fit one frame:
+	// 65,535 − 32 = 65,503.
+	MaxMTU = frame.MaxSize - device.MessageTransportSize
+
+	// MinMTU is IPv6's minimum link MTU (RFC 8200), which the inner addresses may use.
+	MinMTU = 1280
+)
+
+var (
+	// ErrUnknownPeer reports a public key that is not one of the Tunnel's peers.
+	ErrUnknownPeer = errors.New("wg: unknown peer")
+)
+
+// Config describes a Tunnel. PrivateKey and LocalAddresses are required; every other zero
+// field takes the default named in its comment.
+type Config struct {
+	// PrivateKey is this end's WireGuard identity.
+	PrivateKey Key
+	// Peers are the only keys this end completes a handshake with. A packet from an inner
+	// address goes to the peer whose AllowedIPs contain it.
+	Peers []Peer
+	// LocalAddresses are this end's inner addresses (for tendril, from Gardener's VPN range
+	// fd8f:6d53:b97a:1::/96: the server ::1, agents from ::2 on).
+	LocalAddresses []netip.Addr
+	// MTU is the inner MTU, MinMTU … MaxMTU. 0 means DefaultMTU. Both ends should agree: each
+	// end's TCP announces an MSS from its own MTU, so a smaller one on either side wins.
+	MTU int
+	// Bind tunes the streams (limits, buffers, write timeout); its zero value is valid. Its
+	// Logger defaults to Logger.
+	Bind bind.Config
+	// Logger receives the tunnel's and WireGuard's log lines: WireGuard's errors at V(0),
+	// rate-limited to about one a second (a dead stream would otherwise log every packet), its
+	// verbose lines at V(2). The zero Logger discards.
+	Logger logr.Logger
+}
+
+// Peer is a WireGuard peer of a Tunnel.
+type Peer struct {
+	// PublicKey identifies the peer.
+	PublicKey Key
+	// AllowedIPs are the inner addresses the peer may send from and that are routed to it.
+	AllowedIPs []netip.Prefix
+	// PersistentKeepalive, if non-zero, sends a keepalive after this much silence (whole
+	// seconds, at most 65,535 s). The dialing side (the agent) sets it, so that the accepting
+	// side always knows the agent's current stream and a dead stream shows up within it.
+	PersistentKeepalive time.Duration
+}
+
+// Tunnel is a running WireGuard device with a netstack. Its methods are safe for concurrent
+// use.
+type Tunnel struct {
+	cfg   Config
+	log   logr.Logger
+	bind  *bind.Bind
+	dev   *device.Device
+	net   *netstack.Net
+	peers []Key // in Config order, for Peers
+
+	// Persistent keepalives start with a peer's first AttachPeer, not at Up: a keepalive due
+	// at Up finds no endpoint, yet counts as a handshake attempt, and WireGuard then refuses
+	// the next initiation for 5 s (RekeyTimeout), which would delay the first stream that long.
+	kaMu sync.Mutex
+	kaOn map[Key]bool
+
+	// muted silences wireguard-go's log lines from Close on: its peer routines log their
+	// "stopped" line after the device stopped waiting for them, which would otherwise reach the
+	// Logger after Close returned.
+	muted     atomic.Bool
+	closeOnce sync.Once
+}
+
+// New validates cfg, starts the device and returns the Tunnel. No stream is attached yet.
+func New(cfg Config) (*Tunnel, error) {
+	if cfg.MTU == 0 {
+		cfg.MTU = DefaultMTU
+	}
+	uapi, err := cfg.uapi()
+	if err != nil {
+		return nil, err
+	}
+	bcfg := cfg.Bind
+	if bcfg.Logger.GetSink() == nil {
+		bcfg.Logger = cfg.Logger
+	}
+	// Frames carry at most MTU + 32 bytes; refusing larger ones bounds every stream buffer.
+	if bcfg.MaxFrameSize == 0 {
+		bcfg.MaxFrameSize = cfg.MTU + device.MessageTransportSize
+	}
+	tunDev, tnet, err := netstack.CreateNetTUN(cfg.LocalAddresses, nil, cfg.MTU)
+	if err != nil {
+		return nil, fmt.Errorf("wg: create netstack: %w", err)
+	}
+	t := &Tunnel{cfg: cfg, log: cfg.Logger, net: tnet, kaOn: make(map[Key]bool)}
+	t.bind = bind.New(bcfg)
+	t.dev = device.NewDevice(tunDev, t.bind, deviceLogger(cfg.Logger, &t.muted))
+	for _, p := range cfg.Peers {
+		t.peers = append(t.peers, p.PublicKey)
+	}
+	if err := t.dev.IpcSet(uapi); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("wg: configure device: %w", err)
+	}
+	if err := t.dev.Up(); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("wg: bring device up: %w", err)
+	}
+	return t, nil
+}
+
+// uapi validates the configuration and renders it in WireGuard's configuration protocol.
+func (cfg *Config) uapi() (string, error) {
+	if cfg.PrivateKey.IsZero() {
+		return "", errors.New("wg: config: PrivateKey is required")
+	}
+	if len(cfg.LocalAddresses) == 0 {
+		return "", errors.New("wg: config: LocalAddresses is required")
+	}
+	for _, a := range cfg.LocalAddresses {
+		if !a.IsValid() || a.Zone() != "" {
+			return "", fmt.Errorf("wg: config: local address %q is not a plain IP address", a)
+		}
+	}
+	if cfg.MTU < MinMTU || cfg.MTU > MaxMTU {
+		return "", fmt.Errorf("wg: config: MTU %d outside %d … %d", cfg.MTU, MinMTU, MaxMTU)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "private_key=%s\nreplace_peers=true\n", cfg.PrivateKey.hex())
+	seen := make(map[Key]bool, len(cfg.Peers))
+	for i, p := range cfg.Peers {
+		if p.PublicKey.IsZero() {
+			return "", fmt.Errorf("wg: config: peer %d: PublicKey is required", i)
+		}
+		if seen[p.PublicKey] {
+			return "", fmt.Errorf("wg: config: peer %s listed twice", p.PublicKey)
+		}
+		seen[p.PublicKey] = true
+		ka := p.PersistentKeepalive
+		if ka < 0 || ka > 65535*time.Second || ka%time.Second != 0 {
+			return "", fmt.Errorf("wg: config: peer %s: PersistentKeepalive %v is not 0 … 65535 whole seconds", p.PublicKey, ka)
+		}
+		// persistent_keepalive_interval stays 0 until AttachPeer (see Tunnel.kaOn).
+		fmt.Fprintf(&b, "public_key=%s\nreplace_allowed_ips=true\npersistent_keepalive_interval=0\n", p.PublicKey.hex())
+		for _, pfx := range p.AllowedIPs {
+			if !pfx.IsValid() {
+				return "", fmt.Errorf("wg: config: peer %s: invalid allowed IP prefix", p.PublicKey)
+			}
+			fmt.Fprintf(&b, "allowed_ip=%s\n", pfx.Masked())
+		}
+	}
+	return b.String(), nil
+}
+
+// Attach adds c as a stream that the Tunnel now owns (the accepting side: the seed server, for
+// each agent connection). No peer is pointed at it: WireGuard assigns it to the peer whose
+// authenticated packets arrive on it, and roams that peer to it from the old stream. The
+// returned endpoint's Done is closed when the stream ends.
+func (t *Tunnel) Attach(c net.Conn) (*bind.Endpoint, error) {
+	ep, err := t.bind.Attach(c)
+	if err != nil {
+		return nil, fmt.Errorf("wg: %w", err)
+	}
+	return ep, nil
+}
+
+// AttachPeer adds c as a stream that the Tunnel now owns and makes it the endpoint of the peer
+// with public key peer at once (the dialing side: the agent, after each successful dial). It
+// sends a keepalive, which moves the other side to this stream if the current session is
+// still valid, and starts a handshake, which re-establishes a session the other side lost (a
+// restarted server). WireGuard sends at most one handshake initiation per 5 s (RekeyTimeout);
+// a stream attached sooner after the previous one gets its handshake from the retry timer,
+// within about 5 s.
+func (t *Tunnel) AttachPeer(c net.Conn, peer Key) (*bind.Endpoint, error) {
+	p := t.dev.LookupPeer(device.NoisePublicKey(peer))
+	if p == nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("wg: attach stream for peer %s: %w", peer, ErrUnknownPeer)
+	}
+	ep, err := t.bind.Attach(c)
+	if err != nil {
+		return nil, fmt.Errorf("wg: attach stream for peer %s: %w", peer, err)
+	}
+	p.SetEndpointFromPacket(ep)
+	if err := t.startKeepalive(peer); err != nil {
+		_ = ep.Close()
+		return nil, err
+	}
+	p.SendKeepalive()
+	if err := p.SendHandshakeInitiation(false); err != nil {
+		// The stream failed already; its Done says so and the caller dials again.
+		t.log.V(1).Info("handshake initiation on a new stream failed", "peer", peer.String(), "endpoint", ep.DstToString(), "error", err.Error())
+	}
+	return ep, nil
+}
+
+// startKeepalive turns the peer's persistent keepalive on, once, now that it has an endpoint.
+func (t *Tunnel) startKeepalive(peer Key) error {
+	t.kaMu.Lock()
+	defer t.kaMu.Unlock()
+	if t.kaOn[peer] {
+		return nil
+	}
+	var ka time.Duration
+	for _, p := range t.cfg.Peers {
+		if p.PublicKey == peer {
+			ka = p.PersistentKeepalive
+		}
+	}
+	if ka == 0 {
+		return nil
+	}
+	err := t.dev.IpcSet(fmt.Sprintf("public_key=%s\nupdate_only=true\npersistent_keepalive_interval=%d\n", peer.hex(), int(ka/time.Second)))
+	if err != nil {
+		return fmt.Errorf("wg: start keepalive for peer %s: %w", peer, err)
+	}
+	t.kaOn[peer] = true
+	return nil
+}
+
+// DialContext connects to addr (an IP literal with a port) over the tunnel. network is "tcp",
+// "tcp4", "tcp6", "udp", "udp4", "udp6", "ping", "ping4" or "ping6", as for netstack.Net.
+func (t *Tunnel) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := t.net.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("wg: dial %s %s: %w", network, addr, err)
+	}
+	return c, nil
+}
+
+// Listen listens on addr ("[ip]:port", "ip:port" or ":port" for every local address) for
+// network "tcp", "tcp4" or "tcp6" inside the tunnel.
+func (t *Tunnel) Listen(network, addr string) (net.Listener, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, fmt.Errorf("wg: listen %s %s: %w", network, addr, net.UnknownNetworkError(network))
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("wg: listen %s %s: %w", network, addr, err)
+	}
+	ap, err := netip.ParseAddrPort(net.JoinHostPort(orUnspecified(host, network), port))
+	if err != nil {
+		return nil, fmt.Errorf("wg: listen %s %s: %w", network, addr, err)
+	}
+	return t.ListenTCP(ap)
+}
+
+func orUnspecified(host, network string) string {
+	switch {
+	case host != "":
+		return host
+	case network == "tcp4":
+		return "0.0.0.0"
+	default:
+		// gVisor's unspecified IPv6 listener accepts IPv4 too (dual stack).
+		return "::"
+	}
+}
+
+// ListenTCP listens on addr inside the tunnel; the unspecified address listens on every local
+// address.
+func (t *Tunnel) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
+	ap := addr
+	if ap.Addr().IsUnspecified() {
+		// netstack binds the zero address to every local address.
+		ap = netip.AddrPortFrom(netip.Addr{}, addr.Port())
+	}
+	ln, err := t.net.ListenTCPAddrPort(ap)
+	if err != nil {
+		return nil, fmt.Errorf("wg: listen tcp %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// BindStats returns the stream counters.
+func (t *Tunnel) BindStats() bind.Stats { return t.bind.Stats() }
+
+// PeerStatus is the state of one peer, for health checks and metrics.
+type PeerStatus struct {
+	PublicKey Key
+	// Endpoint is the stream the peer is reached over ("stream/7"), or "" before the first
+	// authenticated packet (accepting side) or AttachPeer (dialing side). It may name a stream
+	// that has ended since.
+	Endpoint string
+	// LastHandshake is when the last handshake completed; the zero Time if none has. A
+	// session lives at most 180 s after it (RejectAfterTime), and a healthy peer handshakes
+	// again every 120 s while traffic flows (RekeyAfterTime).
+	LastHandshake time.Time
+	RxBytes       uint64
+	TxBytes       uint64
+}
+
+// Peers returns every peer's status, in Config order.
+func (t *Tunnel) Peers() ([]PeerStatus, error) {
+	out, err := t.dev.IpcGet()
+	if err != nil {
+		return nil, fmt.Errorf("wg: read device state: %w", err)
+	}
+	byKey, err := parsePeers(out)
+	if err != nil {
+		return nil, err
+	}
+	st := make([]PeerStatus, 0, len(t.peers))
+	for _, k := range t.peers {
+		if p, ok := byKey[k]; ok {
+			st = append(st, p)
+		}
+	}
+	return st, nil
+}
+
+// Close stops the device, detaches (and closes) every stream and shuts the netstack down:
+// connections and listeners of the tunnel fail from then on. It returns nil; a second call does
+// nothing.
+func (t *Tunnel) Close() error {
+	t.closeOnce.Do(func() {
+		t.muted.Store(true)
+		t.dev.Close()
+		<-t.dev.Wait()
+	})
+	return nil
+}

@@ -1,0 +1,539 @@
+package wg
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"go.uber.org/goleak"
+
+	"github.com/tendril-net/tendril/tunnel/bind"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// Inner addresses from Gardener's VPN range fd8f:6d53:b97a:1::/96.
+var (
+	serverAddr = netip.MustParseAddr("fd8f:6d53:b97a:1::1")
+	agentAddr  = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
+)
+
+// world is a seed server and an agent tunnel joined by real loopback TCP connections: the
+// agent dials the server's listener (as it dials the ingress's CONNECT port), the server
+// attaches what it accepts, the agent attaches what it dialed to its peer, the server.
+type world struct {
+	t             testing.TB
+	server, agent *Tunnel
+	serverKey     Key
+	agentKey      Key
+	ln            net.Listener
+	serverEP      chan *bind.Endpoint // endpoints the server attached, in order
+	acceptDone    chan struct{}
+	lastAgentConn net.Conn
+	lastAgentEP   *bind.Endpoint
+	lastServerEP  *bind.Endpoint
+}
+
+type worldOpts struct {
+	mtu int
+	// agentKey, if set, is the agent's private key; the server's peer stays the key the world
+	// generated, so a different one is the wrong key.
+	agentKey *Key
+}
+
+func newKey(t testing.TB) Key {
+	t.Helper()
+	k, err := GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func newWorld(t testing.TB, o worldOpts) *world {
+	t.Helper()
+	w := &world{t: t, serverKey: newKey(t), agentKey: newKey(t), serverEP: make(chan *bind.Endpoint, 16), acceptDone: make(chan struct{})}
+	agentPriv := w.agentKey
+	if o.agentKey != nil {
+		agentPriv = *o.agentKey
+	}
+	var err error
+	w.server, err = New(Config{
+		PrivateKey:     w.serverKey,
+		Logger:         testr.NewWithInterface(t, testr.Options{LogTimestamp: true}).WithName("server"),
+		LocalAddresses: []netip.Addr{serverAddr},
+		MTU:            o.mtu,
+		Peers: []Peer{{
+			PublicKey:  w.agentKey.PublicKey(),
+			AllowedIPs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.server.Close() })
+	w.agent, err = New(Config{
+		PrivateKey:     agentPriv,
+		Logger:         testr.NewWithInterface(t, testr.Options{LogTimestamp: true}).WithName("agent"),
+		LocalAddresses: []netip.Addr{agentAddr},
+		MTU:            o.mtu,
+		Peers: []Peer{{
+			PublicKey:           w.serverKey.PublicKey(),
+			AllowedIPs:          []netip.Prefix{netip.PrefixFrom(serverAddr, 128)},
+			PersistentKeepalive: 25 * time.Second,
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.agent.Close() })
+
+	w.ln, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(w.acceptDone)
+		for {
+			c, err := w.ln.Accept()
+			if err != nil {
+				return
+			}
+			ep, err := w.server.Attach(c)
+			if err != nil {
+				t.Errorf("server attach: %v", err)
+				return
+			}
+			w.serverEP <- ep
+		}
+	}()
+	t.Cleanup(func() { w.ln.Close(); <-w.acceptDone })
+	w.connect()
+	if o.agentKey == nil {
+		// Let the agent's handshake finish before the test sends: a server that has data for
+		// the agent while the agent's initiation is being answered initiates too, and
+		// wireguard-go resolves crossing initiations only by its 5 s retry.
+		for _, tun := range []*Tunnel{w.agent, w.server} {
+			waitFor(t, "first handshake", func() bool {
+				ps, err := tun.Peers()
+				return err == nil && !ps[0].LastHandshake.IsZero()
+			})
+		}
+	}
+	return w
+}
+
+// connect dials a new stream from the agent to the server and attaches both ends.
+func (w *world) connect() {
+	w.t.Helper()
+	c, err := net.Dial("tcp", w.ln.Addr().String())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	ep, err := w.agent.AttachPeer(c, w.serverKey.PublicKey())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	select {
+	case w.lastServerEP = <-w.serverEP:
+	case <-time.After(5 * time.Second):
+		w.t.Fatal("server did not attach the stream")
+	}
+	w.lastAgentConn, w.lastAgentEP = c, ep
+}
+
+// serve accepts on ln until it is closed and runs handle for each connection; the test waits
+// for every handler at cleanup.
+func serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+}
+
+// echo copies everything back and half-closes when the client does.
+func echo(c net.Conn) {
+	_, _ = io.Copy(c, c)
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+}
+
+func listen(t testing.TB, tun *Tunnel, addr netip.Addr, port uint16) net.Listener {
+	t.Helper()
+	ln, err := tun.ListenTCP(netip.AddrPortFrom(addr, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+func dial(t testing.TB, tun *Tunnel, addr netip.Addr, port uint16, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	return tun.DialContext(ctx, "tcp", netip.AddrPortFrom(addr, port).String())
+}
+
+// roundTrip sends payload on c, half-closes, and checks that the echo is identical.
+func roundTrip(c net.Conn, payload []byte) error {
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(payload)
+		if err == nil {
+			err = c.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		errc <- err
+	}()
+	got, err := io.ReadAll(c)
+	if werr := <-errc; werr != nil {
+		return fmt.Errorf("write: %w", werr)
+	}
+	if err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if !bytes.Equal(got, payload) {
+		return fmt.Errorf("echo differs: got %d bytes, want %d identical bytes", len(got), len(payload))
+	}
+	return nil
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestEchoBothWays sends 8 MB through an echo server on each side: the server dials the
+// agent's inner address (path 4) and the agent dials the server's.
+func TestEchoBothWays(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	serve(t, listen(t, w.agent, agentAddr, 7000), echo)
+	serve(t, listen(t, w.server, serverAddr, 7000), echo)
+	payload := randomBytes(t, 8<<20)
+	for _, tc := range []struct {
+		name string
+		from *Tunnel
+		to   netip.Addr
+	}{
+		{"server to agent", w.server, agentAddr},
+		{"agent to server", w.agent, serverAddr},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := dial(t, tc.from, tc.to, 7000, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := roundTrip(c, payload); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	ps, err := w.server.Peers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 1 || ps[0].PublicKey != w.agentKey.PublicKey() || ps[0].LastHandshake.IsZero() ||
+		ps[0].RxBytes < 2*8<<20 || ps[0].TxBytes < 2*8<<20 || ps[0].Endpoint == "" {
+		t.Fatalf("server's view of the agent: %+v", ps)
+	}
+	if st := w.server.BindStats(); st.StreamsActive != 1 || st.PacketsIn == 0 || st.PacketsOut == 0 {
+		t.Fatalf("server bind stats: %+v", st)
+	}
+}
+
+// TestManyConnections opens 200 connections at once from the server to the agent.
+func TestManyConnections(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	serve(t, listen(t, w.agent, agentAddr, 7000), echo)
+	const conns = 200
+	var wg sync.WaitGroup
+	errs := make(chan error, conns)
+	for i := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := dial(t, w.server, agentAddr, 7000, 20*time.Second)
+			if err != nil {
+				errs <- fmt.Errorf("conn %d: %w", i, err)
+				return
+			}
+			defer c.Close()
+			if err := roundTrip(c, []byte(fmt.Sprintf("hello %d", i))); err != nil {
+				errs <- fmt.Errorf("conn %d: %w", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestStalledReaderDoesNotStallOthers holds one connection that the agent never reads, fills
+// its window, and checks that a 32 MB transfer on another connection of the same tunnel still
+// completes: each inner TCP connection has its own flow control.
+func TestStalledReaderDoesNotStallOthers(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	release := make(chan struct{})
+	serve(t, listen(t, w.agent, agentAddr, 7001), func(c net.Conn) { <-release }) // never reads
+	received := make(chan int64, 1)
+	serve(t, listen(t, w.agent, agentAddr, 7002), func(c net.Conn) {
+		n, _ := io.Copy(io.Discard, c)
+		received <- n
+	})
+	defer close(release)
+
+	stalled, err := dial(t, w.server, agentAddr, 7001, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Close()
+	// Fill the stalled connection until writes stop making progress.
+	stalledWrites := make(chan int64, 1)
+	go func() {
+		var n int64
+		buf := make([]byte, 64<<10)
+		for {
+			m, err := stalled.Write(buf)
+			n += int64(m)
+			if err != nil {
+				stalledWrites <- n
+				return
+			}
+		}
+	}()
+
+	const size = 32 << 20
+	bulk, err := dial(t, w.server, agentAddr, 7002, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bulk.Close()
+	if _, err := io.CopyN(bulk, zeros{}, size); err != nil {
+		t.Fatalf("bulk write: %v", err)
+	}
+	bulk.(interface{ CloseWrite() error }).CloseWrite()
+	select {
+	case n := <-received:
+		if n != size {
+			t.Fatalf("agent received %d bytes, want %d", n, size)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("32 MB transfer did not complete beside a stalled connection")
+	}
+	stalled.Close()
+	if n := <-stalledWrites; n >= size {
+		t.Fatalf("the unread connection accepted %d bytes: it was not stalled", n)
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// TestStreamBreakAndReattach cuts the agent's TCP connection, dials a new one, and checks that
+// the server reaches the agent over it.
+func TestStreamBreakAndReattach(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	serve(t, listen(t, w.agent, agentAddr, 7000), echo)
+	check := func(what string) {
+		t.Helper()
+		c, err := dial(t, w.server, agentAddr, 7000, 10*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		defer c.Close()
+		if err := roundTrip(c, []byte(what)); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	check("before the break")
+	old := w.lastAgentEP
+	start := time.Now()
+	w.lastAgentConn.Close()
+	select {
+	case <-old.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("agent did not detach its closed stream")
+	}
+	waitFor(t, "server detaches the broken stream", func() bool { return w.server.BindStats().StreamsActive == 0 })
+	t.Logf("both sides detached after %v", time.Since(start))
+
+	w.connect()
+	// The server cannot know the new stream before the agent's first packet on it arrives
+	// (AttachPeer sends a keepalive and a handshake at once); a dial before that goes to the
+	// dead stream and waits for a SYN retransmission.
+	start = time.Now()
+	waitFor(t, "server roams the agent to the new stream", func() bool {
+		ps, err := w.server.Peers()
+		return err == nil && ps[0].Endpoint == w.lastServerEP.DstToString()
+	})
+	t.Logf("server roamed to the new stream after %v", time.Since(start))
+	start = time.Now()
+	check("after the reattach")
+	t.Logf("check after the reattach took %v", time.Since(start))
+	st := w.server.BindStats()
+	// Closing a connection with unread data resets it, so the server may see a read error
+	// rather than EOF.
+	if st.StreamsAttached != 2 || st.StreamsActive != 1 || st.StreamsDetached[bind.DetachEOF]+st.StreamsDetached[bind.DetachReadError] != 1 {
+		t.Fatalf("server bind stats: %+v", st)
+	}
+}
+
+// TestWrongKey runs an agent whose key is not the server's peer: nothing gets through either
+// way, and the server records no handshake although the agent's initiations reached it.
+func TestWrongKey(t *testing.T) {
+	wrong := newKey(t)
+	w := newWorld(t, worldOpts{agentKey: &wrong})
+	serve(t, listen(t, w.agent, agentAddr, 7000), echo)
+	serve(t, listen(t, w.server, serverAddr, 7000), echo)
+
+	var wg sync.WaitGroup
+	for _, tc := range []struct {
+		name string
+		from *Tunnel
+		to   netip.Addr
+	}{
+		{"server to agent", w.server, agentAddr},
+		{"agent to server", w.agent, serverAddr},
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			c, err := dial(t, tc.from, tc.to, 7000, 2*time.Second)
+			if err == nil {
+				c.Close()
+				t.Errorf("%s: dial succeeded with the wrong agent key", tc.name)
+				return
+			}
+			if !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
+				t.Errorf("%s: got %v, want a timeout", tc.name, err)
+			}
+			if d := time.Since(start); d > 3*time.Second {
+				t.Errorf("%s: dial took %v with a 2 s deadline", tc.name, d)
+			}
+		}()
+	}
+	wg.Wait()
+	ps, err := w.server.Peers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 1 || !ps[0].LastHandshake.IsZero() || ps[0].RxBytes != 0 || ps[0].Endpoint != "" {
+		t.Fatalf("server's view of its configured peer: %+v", ps)
+	}
+	if st := w.server.BindStats(); st.PacketsIn == 0 {
+		t.Fatal("no handshake initiation reached the server: the test proves nothing")
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	k := newKey(t)
+	good := Config{PrivateKey: k, LocalAddresses: []netip.Addr{serverAddr}}
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+	}{
+		{"no private key", func(c *Config) { c.PrivateKey = Key{} }},
+		{"no addresses", func(c *Config) { c.LocalAddresses = nil }},
+		{"MTU too small", func(c *Config) { c.MTU = 1000 }},
+		{"MTU too large", func(c *Config) { c.MTU = MaxMTU + 1 }},
+		{"peer without key", func(c *Config) { c.Peers = []Peer{{}} }},
+		{"peer twice", func(c *Config) { c.Peers = []Peer{{PublicKey: k}, {PublicKey: k}} }},
+		{"fractional keepalive", func(c *Config) { c.Peers = []Peer{{PublicKey: k, PersistentKeepalive: 1500 * time.Millisecond}} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := good
+			tc.mod(&cfg)
+			if tun, err := New(cfg); err == nil {
+				tun.Close()
+				t.Fatal("New accepted the config")
+			}
+		})
+	}
+	tun, err := New(good)
+	if err != nil {
+		t.Fatalf("minimal config: %v", err)
+	}
+	tun.Close()
+	tun.Close()
+}
+
+func TestAttachPeerUnknown(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	a, b := net.Pipe()
+	defer a.Close()
+	if _, err := w.agent.AttachPeer(b, newKey(t).PublicKey()); !errors.Is(err, ErrUnknownPeer) {
+		t.Fatalf("got %v, want ErrUnknownPeer", err)
+	}
+}
+
+func TestListenAddresses(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	ln, err := w.agent.Listen("tcp", ":7100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, ln, echo)
+	c, err := dial(t, w.server, agentAddr, 7100, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("any address")); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][2]string{{"udp", ":53"}, {"tcp", "nonsense"}, {"tcp", "host.example:80"}} {
+		if ln, err := w.agent.Listen(bad[0], bad[1]); err == nil {
+			ln.Close()
+			t.Errorf("Listen(%q, %q) succeeded", bad[0], bad[1])
+		}
+	}
+}
