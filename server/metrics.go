@@ -1,0 +1,53 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	dials       *prometheus.CounterVec
+	dialSeconds prometheus.Histogram
+	bytes       *prometheus.CounterVec
+	active      prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
+	m := &metrics{
+		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_server_dials_total", Help: "Egress CONNECTs by outcome.",
+		}, []string{"outcome"}),
+		dialSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tendril_server_dial_seconds", Help: "Time to dial a target through the tunnel.",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
+		}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_server_bytes_total", Help: "Egress bytes by direction (to_shoot, from_shoot), counted when a connection ends.",
+		}, []string{"direction"}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tendril_server_active_connections", Help: "Egress connections open through the tunnel.",
+		}),
+	}
+	if reg == nil {
+		return m
+	}
+	reg.MustRegister(m.dials, m.dialSeconds, m.bytes, m.active,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tendril_server_tunnel_handshake_age_seconds",
+			Help: "Seconds since the last WireGuard handshake with an agent (-1: none yet).",
+		}, func() float64 {
+			age, ok := s.handshakeAge()
+			if !ok {
+				return -1
+			}
+			return age.Seconds()
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tendril_server_tunnel_streams_total",
+			Help: "Agent streams attached since start; more than the agents means reconnects.",
+		}, func() float64 { return float64(s.tun.BindStats().StreamsAttached) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tendril_server_tunnel_streams_active", Help: "Agent streams attached now.",
+		}, func() float64 { return float64(s.tun.BindStats().StreamsActive) }),
+	)
+	return m
+}

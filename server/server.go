@@ -1,0 +1,315 @@
+// Package server is tendril-server, the seed side of one shoot's reversed VPN. It accepts the
+// shoot agent's tunnel streams (which the ingress forwards from the agent's CONNECT), runs
+// WireGuard over them, and serves kube-apiserver's egress: an HTTP CONNECT (over mutual TLS or a
+// Unix socket) to a pod, service or node address becomes its own TCP connection through the
+// tunnel, so one slow reader never blocks another. Targets outside the shoot's CIDRs are
+// refused. It does not know Kubernetes objects; keys and CIDRs come from its configuration.
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/tunnel/wg"
+)
+
+// Config configures a Server. Tunnel and ShootCIDRs are required.
+type Config struct {
+	// Tunnel is the WireGuard end: the server's key and inner address, and the agent as its
+	// peer with the shoot's CIDRs among its AllowedIPs (so that those destinations route to it).
+	Tunnel wg.Config
+	// ShootCIDRs are the shoot's node, pod and service networks: the only egress targets.
+	ShootCIDRs []netip.Prefix
+	// MaxConcurrentDials caps dials in flight through the tunnel; beyond it a CONNECT is
+	// answered 503 at once. If zero, 256 (kube-apiserver opens one per exec/logs/port-forward or
+	// webhook call; a burst of 256 at ~1 ms each clears in well under a second).
+	MaxConcurrentDials int
+	// DialTimeout bounds a dial through the tunnel. If zero, 10 s.
+	DialTimeout time.Duration
+	// IdleTimeout ends an egress connection idle in both directions this long. If zero, 1 h.
+	IdleTimeout time.Duration
+	// RequestTimeout bounds the CONNECT request's arrival. If zero, 10 s.
+	RequestTimeout time.Duration
+	// Log receives the server's logs. The zero value discards them.
+	Log logr.Logger
+	// Registry receives the metrics. If nil, they are not registered.
+	Registry prometheus.Registerer
+}
+
+// Server is one shoot's seed-side tunnel endpoint and egress front-end.
+type Server struct {
+	cfg     Config
+	log     logr.Logger
+	tun     *wg.Tunnel
+	dials   chan struct{} // a slot per dial in flight
+	metrics *metrics
+}
+
+// New starts the tunnel device; Close stops it.
+func New(cfg Config) (*Server, error) {
+	if len(cfg.ShootCIDRs) == 0 {
+		return nil, errors.New("server: the shoot's CIDRs are required: without them no target is allowed")
+	}
+	if cfg.MaxConcurrentDials == 0 {
+		cfg.MaxConcurrentDials = 256
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = time.Hour
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = 10 * time.Second
+	}
+	if cfg.Tunnel.Logger.GetSink() == nil {
+		cfg.Tunnel.Logger = cfg.Log.WithName("tunnel")
+	}
+	t, err := wg.New(cfg.Tunnel)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, tun: t, dials: make(chan struct{}, cfg.MaxConcurrentDials)}
+	s.metrics = newMetrics(cfg.Registry, s)
+	return s, nil
+}
+
+// Close stops the tunnel and ends every connection through it.
+func (s *Server) Close() error { return s.tun.Close() }
+
+// Tunnel is the server's WireGuard end, for status.
+func (s *Server) Tunnel() *wg.Tunnel { return s.tun }
+
+// HandshakeFresh is how recent the last handshake must be for the tunnel to count as up:
+// WireGuard rejects a session 180 s after its handshake (RejectAfterTime) and, with the agent's
+// keepalive, handshakes again every 120 s.
+const HandshakeFresh = 180 * time.Second
+
+// Ready reports whether an agent's tunnel is up: a handshake within HandshakeFresh.
+func (s *Server) Ready() (bool, string) {
+	age, ok := s.handshakeAge()
+	switch {
+	case !ok:
+		return false, "no agent has completed a handshake"
+	case age > HandshakeFresh:
+		return false, fmt.Sprintf("last handshake %s ago", age.Round(time.Second))
+	}
+	return true, ""
+}
+
+// handshakeAge is the time since the most recent handshake of any agent.
+func (s *Server) handshakeAge() (time.Duration, bool) {
+	peers, err := s.tun.Peers()
+	if err != nil {
+		return 0, false
+	}
+	var last time.Time
+	for _, p := range peers {
+		if p.LastHandshake.After(last) {
+			last = p.LastHandshake
+		}
+	}
+	if last.IsZero() {
+		return 0, false
+	}
+	return time.Since(last), true
+}
+
+// ServeTunnel accepts agents' streams on l (the port the ingress forwards to, 1194) until ctx
+// ends. Who may use a stream is WireGuard's decision: a stream whose packets do not come from a
+// configured peer key never carries anything.
+func (s *Server) ServeTunnel(ctx context.Context, l net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("server: accept tunnel: %w", err)
+		}
+		if _, err := s.tun.Attach(c); err != nil {
+			s.log.Info("Tunnel stream refused", "remote", c.RemoteAddr().String(), "error", err.Error())
+			c.Close()
+			continue
+		}
+		s.log.V(1).Info("Tunnel stream attached", "remote", c.RemoteAddr().String())
+	}
+}
+
+// ServeConnect serves HTTP CONNECT on l (a TLS listener that verified kube-apiserver's client
+// certificate, or a Unix socket) until ctx ends, then closes every egress connection.
+func (s *Server) ServeConnect(ctx context.Context, l net.Listener) error {
+	var wg sync.WaitGroup
+	conns := make(map[net.Conn]struct{})
+	var mu sync.Mutex
+	closed := false
+	track := func(c net.Conn) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if closed {
+			return false
+		}
+		conns[c] = struct{}{}
+		return true
+	}
+	untrack := func(c net.Conn) {
+		mu.Lock()
+		delete(conns, c)
+		mu.Unlock()
+		c.Close()
+	}
+	stop := context.AfterFunc(ctx, func() {
+		l.Close()
+		mu.Lock()
+		closed = true
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	defer stop()
+	defer wg.Wait()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("server: accept egress: %w", err)
+		}
+		if !track(c) {
+			c.Close()
+			return nil
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer untrack(c)
+			s.serveConnect(ctx, c, track, untrack)
+		}()
+	}
+}
+
+// Dial outcomes, the values of the metrics' outcome label.
+const (
+	outcomeOK          = "ok"
+	outcomeBadRequest  = "bad_request"
+	outcomeNotAllowed  = "target_not_allowed"
+	outcomeTooMany     = "too_many_dials"
+	outcomeDialFailed  = "dial_failed"
+	outcomeDialTimeout = "dial_timeout"
+)
+
+// maxRequestBytes bounds a CONNECT request: kube-apiserver's are about 100 bytes.
+const maxRequestBytes = 16 << 10
+
+func (s *Server) serveConnect(ctx context.Context, c net.Conn, track func(net.Conn) bool, untrack func(net.Conn)) {
+	_ = c.SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout))
+	br := bufio.NewReaderSize(io.LimitReader(c, maxRequestBytes), 4096)
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			s.answer(c, outcomeBadRequest, http.StatusBadRequest, "malformed request", err)
+		}
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	if req.Method != http.MethodConnect {
+		s.answer(c, outcomeBadRequest, http.StatusMethodNotAllowed, "only CONNECT is served", nil)
+		return
+	}
+	target, err := netip.ParseAddrPort(req.Host)
+	if err != nil {
+		// kube-apiserver dials pod, service and node IPs; a name would need DNS inside the shoot.
+		s.answer(c, outcomeBadRequest, http.StatusBadRequest, "target must be IP:port", fmt.Errorf("target %q: %w", req.Host, err))
+		return
+	}
+	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
+	if !s.allowed(target.Addr()) {
+		s.answer(c, outcomeNotAllowed, http.StatusForbidden, "target "+target.String()+" is outside the shoot's networks", nil)
+		return
+	}
+	select {
+	case s.dials <- struct{}{}:
+	default:
+		s.answer(c, outcomeTooMany, http.StatusServiceUnavailable, "too many dials in flight ("+strconv.Itoa(cap(s.dials))+")", nil)
+		return
+	}
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	up, err := s.tun.DialContext(dctx, "tcp", target.String())
+	cancel()
+	<-s.dials
+	s.metrics.dialSeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+			s.answer(c, outcomeDialTimeout, http.StatusGatewayTimeout, "dial "+target.String()+" through the tunnel timed out", err)
+		} else {
+			s.answer(c, outcomeDialFailed, http.StatusBadGateway, "dial "+target.String()+" through the tunnel failed", err)
+		}
+		return
+	}
+	if !track(up) {
+		up.Close()
+		return
+	}
+	defer untrack(up)
+	s.metrics.dials.WithLabelValues(outcomeOK).Inc()
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		return
+	}
+	// Bytes the client sent right after its request are the tunnel's first bytes.
+	if n := br.Buffered(); n > 0 {
+		b, _ := br.Peek(n)
+		if _, err := up.Write(b); err != nil {
+			return
+		}
+	}
+	s.metrics.active.Inc()
+	defer s.metrics.active.Dec()
+	toShoot, fromShoot := relay.Pipe(c, up, s.cfg.IdleTimeout)
+	s.metrics.bytes.WithLabelValues("to_shoot").Add(float64(toShoot))
+	s.metrics.bytes.WithLabelValues("from_shoot").Add(float64(fromShoot))
+}
+
+func (s *Server) allowed(a netip.Addr) bool {
+	for _, p := range s.cfg.ShootCIDRs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// answer refuses a CONNECT with a status and reason, counts and logs it.
+func (s *Server) answer(c net.Conn, outcome string, status int, reason string, err error) {
+	s.metrics.dials.WithLabelValues(outcome).Inc()
+	kv := []any{"remote", c.RemoteAddr().String(), "status", status, "reason", reason}
+	if err != nil {
+		kv = append(kv, "error", err.Error())
+	}
+	s.log.Info("Egress refused", kv...)
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s\n",
+		status, http.StatusText(status), len(reason)+1, reason)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,290 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"go.uber.org/goleak"
+
+	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/tunnel/wg"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	serverAddr = netip.MustParseAddr("fd8f:6d53:b97a:1::1")
+	agentAddr  = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
+)
+
+// rig is a server with its egress front-end on mutual TLS, and an agent end of the tunnel
+// connected to it over a real TCP stream. The agent serves an echo on its inner address, which
+// is the only "shoot network" the server allows.
+type rig struct {
+	srv     *Server
+	connect string // the egress front-end
+	tlsCfg  *tls.Config
+	agent   *wg.Tunnel
+}
+
+func newRig(t *testing.T, agentKey wg.Key) *rig {
+	t.Helper()
+	serverKey, err := wg.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	realAgent, err := wg.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if agentKey.IsZero() {
+		agentKey = realAgent
+	}
+	srv, err := New(Config{
+		Tunnel: wg.Config{
+			PrivateKey:     serverKey,
+			LocalAddresses: []netip.Addr{serverAddr},
+			Peers:          []wg.Peer{{PublicKey: realAgent.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)}}},
+		},
+		ShootCIDRs:  []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
+		DialTimeout: 2 * time.Second,
+		Log:         testr.New(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := wg.New(wg.Config{
+		PrivateKey:     agentKey,
+		LocalAddresses: []netip.Addr{agentAddr},
+		Peers: []wg.Peer{{PublicKey: serverKey.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(serverAddr, 128)},
+			PersistentKeepalive: 25 * time.Second}},
+		Logger: testr.New(t).WithName("agent"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ca, err := testpki.NewCA("shoot CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverCert, err := ca.Leaf("tendril-server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCert, err := ca.Leaf("kube-apiserver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tunnelL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rawConnect, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	connectL := tls.NewListener(rawConnect, &tls.Config{
+		Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wgr sync.WaitGroup
+	wgr.Add(2)
+	go func() { defer wgr.Done(); _ = srv.ServeTunnel(ctx, tunnelL) }()
+	go func() { defer wgr.Done(); _ = srv.ServeConnect(ctx, connectL) }()
+
+	// The agent dials the server's tunnel port, as it would through the ingress.
+	stream, err := net.Dial("tcp", tunnelL.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.AttachPeer(stream, serverKey.PublicKey()); err != nil {
+		t.Fatal(err)
+	}
+	echoL, err := agent.ListenTCP(netip.AddrPortFrom(agentAddr, 8080))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wgr.Add(1)
+	go func() {
+		defer wgr.Done()
+		serveEcho(echoL)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		echoL.Close()
+		agent.Close()
+		srv.Close()
+		wgr.Wait()
+	})
+	return &rig{srv: srv, connect: rawConnect.Addr().String(), agent: agent,
+		tlsCfg: &tls.Config{Certificates: []tls.Certificate{clientCert}, RootCAs: ca.Pool, ServerName: "tendril-server"}}
+}
+
+// serveEcho greets each connection with "echo\n" and echoes it.
+func serveEcho(l net.Listener) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			_, _ = io.WriteString(c, "echo\n")
+			_, _ = io.Copy(c, c)
+		}()
+	}
+}
+
+// connect opens a CONNECT to target over mutual TLS and returns the status and the connection.
+func (r *rig) connectTo(t *testing.T, target string) (int, net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := tls.Dial("tcp", r.connect, r.tlsCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, c, br
+}
+
+func waitReady(t *testing.T, s *Server) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if ok, _ := s.Ready(); ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			_, why := s.Ready()
+			t.Fatalf("tunnel not up: %s", why)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestConnectThroughTunnel(t *testing.T) {
+	r := newRig(t, wg.Key{})
+	target := netip.AddrPortFrom(agentAddr, 8080).String()
+	// The first dial also brings the tunnel up (the agent's keepalive starts the handshake).
+	waitReady(t, r.srv)
+	status, c, br := r.connectTo(t, target)
+	if status != 200 {
+		t.Fatalf("CONNECT %s: %d", target, status)
+	}
+	defer c.Close()
+	if l, _ := br.ReadString('\n'); l != "echo\n" {
+		t.Fatalf("greeting %q", l)
+	}
+	payload := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB
+	go func() { _, _ = c.Write(payload) }()
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(br, got); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("echo through the tunnel differs (%v)", err)
+	}
+}
+
+func TestConnectRefusals(t *testing.T) {
+	r := newRig(t, wg.Key{})
+	waitReady(t, r.srv)
+	for target, want := range map[string]int{
+		"10.0.0.1:443":                            403, // outside the shoot's networks
+		"[fd8f:6d53:b97a:1::3]:80":                403,
+		"kube-apiserver:443":                      400, // names need DNS inside the shoot
+		netip.AddrPortFrom(agentAddr, 9).String(): 502, // nothing listens: refused through the tunnel
+	} {
+		status, c, _ := r.connectTo(t, target)
+		c.Close()
+		if status != want {
+			t.Errorf("CONNECT %s: %d, want %d", target, status, want)
+		}
+	}
+	// Not CONNECT.
+	c, err := tls.Dial("tcp", r.connect, r.tlsCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 405 {
+		t.Errorf("GET: %v %v", resp, err)
+	}
+	// No client certificate: the TLS handshake fails.
+	nc, err := tls.Dial("tcp", r.connect, &tls.Config{RootCAs: r.tlsCfg.RootCAs, ServerName: "tendril-server"})
+	if err == nil {
+		_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprint(nc, "CONNECT 10.0.0.1:1 HTTP/1.1\r\n\r\n")
+		if _, err = http.ReadResponse(bufio.NewReader(nc), nil); err == nil {
+			t.Error("a client without a certificate got an answer")
+		}
+		nc.Close()
+	}
+}
+
+// TestWrongAgentKey: an agent whose key is not the configured peer never brings the tunnel up,
+// and a dial through it times out.
+func TestWrongAgentKey(t *testing.T) {
+	wrong, err := wg.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, wrong)
+	status, c, _ := r.connectTo(t, netip.AddrPortFrom(agentAddr, 8080).String())
+	c.Close()
+	if status != 504 {
+		t.Errorf("CONNECT with a wrong agent key: %d, want 504", status)
+	}
+	if ok, why := r.srv.Ready(); ok || !strings.Contains(why, "no agent") {
+		t.Errorf("ready = %v (%s) with a wrong agent key", ok, why)
+	}
+}
+
+// TestHeadOfLine: a connection whose reader stalls does not slow another one down.
+func TestHeadOfLine(t *testing.T) {
+	r := newRig(t, wg.Key{})
+	waitReady(t, r.srv)
+	target := netip.AddrPortFrom(agentAddr, 8080).String()
+	status, stalled, _ := r.connectTo(t, target)
+	if status != 200 {
+		t.Fatal(status)
+	}
+	defer stalled.Close()
+	// Fill the stalled connection's path: write, never read the echo back.
+	go func() { _, _ = stalled.Write(bytes.Repeat([]byte("x"), 32<<20)) }()
+
+	status, c, br := r.connectTo(t, target)
+	if status != 200 {
+		t.Fatal(status)
+	}
+	defer c.Close()
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	const size = 32 << 20
+	go func() { _, _ = c.Write(bytes.Repeat([]byte("y"), size)) }()
+	if n, err := io.CopyN(io.Discard, br, size); err != nil || n != size {
+		t.Fatalf("the second connection moved %d of %d bytes (%v) beside a stalled one", n, size, err)
+	}
+}
