@@ -1,0 +1,204 @@
+// Command tendril-server is the seed side of one shoot's reversed VPN: it accepts the shoot
+// agent's tunnel (forwarded by the ingress) and serves kube-apiserver's egress to the shoot's
+// networks through it (HTTP CONNECT over mutual TLS, or over a Unix socket).
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tendril-net/tendril/internal/logging"
+	"github.com/tendril-net/tendril/internal/probe"
+	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/tunnel/wg"
+)
+
+// Config is tendril-server's configuration.
+type Config struct {
+	PrivateKeyFile     string
+	AgentPublicKey     string
+	Address            netip.Addr
+	AgentAddress       netip.Addr
+	ShootCIDRs         []netip.Prefix
+	TunnelAddress      string
+	ConnectAddress     string
+	ConnectSocket      string
+	TLSCertFile        string
+	TLSKeyFile         string
+	ClientCAFile       string
+	MetricsAddress     string
+	MaxConcurrentDials int
+	Log                logr.Logger
+}
+
+func main() {
+	var cfg Config
+	var address, agentAddress, cidrs string
+	var verbosity int
+	flag.StringVar(&cfg.PrivateKeyFile, "private-key-file", "", "the server's WireGuard private key (base64, as wg genkey writes it)")
+	flag.StringVar(&cfg.AgentPublicKey, "agent-public-key", "", "the shoot agent's WireGuard public key (base64), or @FILE to read it from a file")
+	flag.StringVar(&address, "address", "fd8f:6d53:b97a:1::1", "the server's inner tunnel address")
+	flag.StringVar(&agentAddress, "agent-address", "fd8f:6d53:b97a:1::2", "the agent's inner tunnel address")
+	flag.StringVar(&cidrs, "shoot-cidrs", "", "the shoot's node, pod and service networks, comma-separated: the only egress targets")
+	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", ":1194", "where agents' tunnel streams arrive (forwarded by the ingress)")
+	flag.StringVar(&cfg.ConnectAddress, "connect-address", ":9443", "egress HTTP CONNECT over mutual TLS (empty: off)")
+	flag.StringVar(&cfg.ConnectSocket, "connect-socket", "", "egress HTTP CONNECT on this Unix socket (empty: off)")
+	flag.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "certificate of the CONNECT front-end")
+	flag.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "key of the CONNECT front-end")
+	flag.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA that signs kube-apiserver's client certificate")
+	flag.StringVar(&cfg.MetricsAddress, "metrics-address", ":9090", "address for /metrics, /healthz and /readyz (empty: off)")
+	flag.IntVar(&cfg.MaxConcurrentDials, "max-concurrent-dials", 256, "dials in flight through the tunnel at once; beyond, CONNECT gets 503")
+	flag.IntVar(&verbosity, "v", 0, "log verbosity")
+	flag.Parse()
+	cfg.Log = logging.New(os.Stderr, verbosity).WithName("tendril-server")
+	fail := func(err error) {
+		cfg.Log.Error(err, "Exiting")
+		os.Exit(1)
+	}
+	var err error
+	if cfg.Address, err = netip.ParseAddr(address); err != nil {
+		fail(fmt.Errorf("--address: %w", err))
+	}
+	if cfg.AgentAddress, err = netip.ParseAddr(agentAddress); err != nil {
+		fail(fmt.Errorf("--agent-address: %w", err))
+	}
+	for _, c := range strings.Split(cidrs, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			fail(fmt.Errorf("--shoot-cidrs: %w", err))
+		}
+		cfg.ShootCIDRs = append(cfg.ShootCIDRs, p)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := Run(ctx, cfg); err != nil {
+		fail(err)
+	}
+}
+
+// Run serves until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	priv, err := wg.LoadPrivateKey(cfg.PrivateKeyFile)
+	if err != nil {
+		return err
+	}
+	agentKey, err := publicKey(cfg.AgentPublicKey)
+	if err != nil {
+		return fmt.Errorf("--agent-public-key: %w", err)
+	}
+	// The agent is reached at its own address and routes the shoot's networks.
+	allowed := append([]netip.Prefix{netip.PrefixFrom(cfg.AgentAddress, cfg.AgentAddress.BitLen())}, cfg.ShootCIDRs...)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := server.New(server.Config{
+		Tunnel: wg.Config{
+			PrivateKey:     priv,
+			LocalAddresses: []netip.Addr{cfg.Address},
+			Peers:          []wg.Peer{{PublicKey: agentKey, AllowedIPs: allowed}},
+		},
+		ShootCIDRs:         cfg.ShootCIDRs,
+		MaxConcurrentDials: cfg.MaxConcurrentDials,
+		Log:                cfg.Log,
+		Registry:           reg,
+	})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	tl, err := net.Listen("tcp", cfg.TunnelAddress)
+	if err != nil {
+		return fmt.Errorf("tunnel listener: %w", err)
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return srv.ServeTunnel(ctx, tl) })
+	if cfg.ConnectAddress != "" {
+		tlsCfg, err := mutualTLS(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.ClientCAFile)
+		if err != nil {
+			tl.Close()
+			return err
+		}
+		cl, err := tls.Listen("tcp", cfg.ConnectAddress, tlsCfg)
+		if err != nil {
+			tl.Close()
+			return fmt.Errorf("CONNECT listener: %w", err)
+		}
+		g.Go(func() error { return srv.ServeConnect(ctx, cl) })
+	}
+	if cfg.ConnectSocket != "" {
+		_ = os.Remove(cfg.ConnectSocket) // a stale socket from a previous run
+		ul, err := net.Listen("unix", cfg.ConnectSocket)
+		if err != nil {
+			return fmt.Errorf("CONNECT socket: %w", err)
+		}
+		g.Go(func() error { return srv.ServeConnect(ctx, ul) })
+	}
+	if cfg.MetricsAddress != "" {
+		ml, err := net.Listen("tcp", cfg.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, srv.Ready, false)) })
+	}
+	cfg.Log.Info("Serving", "tunnel", tl.Addr().String(), "connect", cfg.ConnectAddress, "socket", cfg.ConnectSocket, "shootCIDRs", fmt.Sprint(cfg.ShootCIDRs))
+	return g.Wait()
+}
+
+func publicKey(v string) (wg.Key, error) {
+	if path, ok := strings.CutPrefix(v, "@"); ok {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return wg.Key{}, err
+		}
+		v = string(b)
+	}
+	if strings.TrimSpace(v) == "" {
+		return wg.Key{}, errors.New("required")
+	}
+	return wg.ParseKey(strings.TrimSpace(v))
+}
+
+// mutualTLS is the front-end's TLS: its own certificate, and kube-apiserver's client
+// certificate required and verified against the shoot's CA. The handshake's deadline is the
+// request deadline the server sets before its first read.
+func mutualTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
+	if certFile == "" || keyFile == "" || caFile == "" {
+		return nil, errors.New("the CONNECT front-end needs --tls-cert-file, --tls-key-file and --client-ca-file (mutual TLS), or --connect-address=\"\"")
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("CONNECT certificate: %w", err)
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("client CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("client CA %s: no certificates", caFile)
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		ClientCAs:    pool,
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		MinVersion:   tls.VersionTLS12,
+	}, nil
+}
