@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/go-logr/logr"
@@ -20,13 +21,16 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/agent/apiserverproxy"
+	"github.com/tendril-net/tendril/agent/vpn"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
+	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
 const usage = `usage: tendril-agent <mode> [flags]
 
 modes:
+  vpn               keep the reversed VPN to the seed up and serve the seed's connections into the shoot
   apiserver-proxy   forward in-cluster connections to kube-apiserver's advertised address to the seed ingress
 `
 
@@ -40,6 +44,13 @@ func main() {
 	var err error
 	var log logr.Logger
 	switch os.Args[1] {
+	case "vpn":
+		var cfg VPNConfig
+		cfg, err = parseVPN(os.Args[2:])
+		if err == nil {
+			log = cfg.Log
+			err = RunVPN(ctx, cfg)
+		}
 	case "apiserver-proxy":
 		var cfg APIServerProxyConfig
 		cfg, err = parseAPIServerProxy(os.Args[2:])
@@ -59,6 +70,96 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// VPNConfig is the configuration of `tendril-agent vpn`.
+type VPNConfig struct {
+	VPN            vpn.Config
+	PrivateKeyFile string
+	ServerKey      string
+	MetricsAddress string
+	Log            logr.Logger
+}
+
+func parseVPN(args []string) (VPNConfig, error) {
+	var cfg VPNConfig
+	fs := flag.NewFlagSet("tendril-agent vpn", flag.ContinueOnError)
+	var address, serverAddress, cidrs string
+	var verbosity int
+	fs.StringVar(&cfg.PrivateKeyFile, "private-key-file", "", "the agent's WireGuard private key (base64)")
+	fs.StringVar(&cfg.ServerKey, "server-public-key", "", "the server's WireGuard public key (base64), or @FILE")
+	fs.StringVar(&address, "address", "fd8f:6d53:b97a:1::2", "the agent's inner tunnel address")
+	fs.StringVar(&serverAddress, "server-address", "fd8f:6d53:b97a:1::1", "the server's inner tunnel address")
+	fs.StringVar(&cidrs, "shoot-cidrs", "", "the shoot's node, pod and service networks, comma-separated: the only destinations the seed may reach")
+	fs.StringVar(&cfg.VPN.Seed, "seed", "", "the ingress's tunnel listener (host:8132), or with --direct the server's tunnel port")
+	fs.BoolVar(&cfg.VPN.Direct, "direct", false, "dial the server directly, without CONNECT")
+	fs.StringVar(&cfg.VPN.Header, "header", "Reversed-VPN", "CONNECT header naming the destination (Reversed-VPN on 8132, X-Gardener-Destination on 8443)")
+	fs.StringVar(&cfg.VPN.Destination, "destination", "", "CONNECT destination: outbound|1194||vpn-seed-server.<namespace>.svc.cluster.local")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:16912", "address for /metrics, /healthz and /readyz (empty: off)")
+	fs.IntVar(&verbosity, "v", 0, "log verbosity")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if cfg.VPN.Address, err = netip.ParseAddr(address); err != nil {
+		return cfg, fmt.Errorf("--address: %w", err)
+	}
+	if cfg.VPN.ServerAddress, err = netip.ParseAddr(serverAddress); err != nil {
+		return cfg, fmt.Errorf("--server-address: %w", err)
+	}
+	for _, c := range strings.Split(cidrs, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return cfg, fmt.Errorf("--shoot-cidrs: %w", err)
+		}
+		cfg.VPN.ShootCIDRs = append(cfg.VPN.ShootCIDRs, p)
+	}
+	cfg.Log = logging.New(os.Stderr, verbosity).WithName("vpn")
+	cfg.VPN.Log = cfg.Log
+	return cfg, nil
+}
+
+// RunVPN runs the vpn agent until ctx ends.
+func RunVPN(ctx context.Context, cfg VPNConfig) error {
+	var err error
+	if cfg.VPN.PrivateKey, err = wg.LoadPrivateKey(cfg.PrivateKeyFile); err != nil {
+		return err
+	}
+	key := cfg.ServerKey
+	if path, ok := strings.CutPrefix(key, "@"); ok {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("--server-public-key: %w", err)
+		}
+		key = string(b)
+	}
+	if cfg.VPN.ServerPublicKey, err = wg.ParseKey(strings.TrimSpace(key)); err != nil {
+		return fmt.Errorf("--server-public-key: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.VPN.Registry = reg
+	agent, err := vpn.New(cfg.VPN)
+	if err != nil {
+		return err
+	}
+	defer agent.Close()
+	g, ctx := errgroup.WithContext(ctx)
+	if cfg.MetricsAddress != "" {
+		ml, err := net.Listen("tcp", cfg.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, agent.Ready, false)) })
+	}
+	g.Go(func() error { return agent.Run(ctx) })
+	return g.Wait()
 }
 
 // APIServerProxyConfig is the configuration of `tendril-agent apiserver-proxy`.
