@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/tendril-seed", "../cmd/tendril-ingress", "../cmd/tendril-agent")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/tendril-seed", "../cmd/tendril-ingress", "../cmd/tendril-agent", "../cmd/tendril-server")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)

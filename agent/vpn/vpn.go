@@ -20,6 +20,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/tunnel/netstack"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
@@ -27,8 +29,10 @@ import (
 type Config struct {
 	PrivateKey      wg.Key
 	ServerPublicKey wg.Key
-	// Address is the agent's inner address; ServerAddress the server's.
-	Address, ServerAddress netip.Addr
+	// Address is the agent's inner address; ServerAddresses are the server's (an IPv6 one from
+	// Gardener's VPN range and an IPv4 one, the source of connections to IPv4 shoot networks).
+	Address         netip.Addr
+	ServerAddresses []netip.Addr
 	// ShootCIDRs are the networks the seed may reach through this agent.
 	ShootCIDRs []netip.Prefix
 	// Seed is where the agent dials: the ingress's tunnel listener (host:8132), or with Direct
@@ -49,9 +53,6 @@ type Config struct {
 	Log logr.Logger
 	// Registry receives the metrics. If nil, they are not registered.
 	Registry prometheus.Registerer
-	// Tunnel lets the caller adjust the WireGuard end before it starts (for instance its
-	// forwarder). Optional.
-	Tunnel func(*wg.Config)
 }
 
 // Agent keeps one tunnel to the seed.
@@ -61,6 +62,7 @@ type Agent struct {
 	connected  atomic.Bool
 	reconnects prometheus.Counter
 	dialErrors *prometheus.CounterVec
+	forwards   *prometheus.CounterVec
 }
 
 // New starts the WireGuard end; Run connects it.
@@ -94,28 +96,33 @@ func New(cfg Config) (*Agent, error) {
 		LocalAddresses: []netip.Addr{cfg.Address},
 		Peers: []wg.Peer{{
 			PublicKey:           cfg.ServerPublicKey,
-			AllowedIPs:          []netip.Prefix{netip.PrefixFrom(cfg.ServerAddress, cfg.ServerAddress.BitLen())},
+			AllowedIPs:          hostPrefixes(cfg.ServerAddresses),
 			PersistentKeepalive: cfg.Keepalive,
 		}},
 		Logger: cfg.Log.WithName("tunnel"),
 	}
-	if cfg.Tunnel != nil {
-		cfg.Tunnel(&wcfg)
+	a := &Agent{cfg: cfg}
+	a.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tendril_agent_vpn_forwarded_total", Help: "Connections from the seed into the shoot, by outcome (ok, dial_failed, accept_failed).",
+	}, []string{"outcome"})
+	a.reconnects = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tendril_agent_vpn_streams_total", Help: "Tunnel streams established to the seed (more than one: reconnects).",
+	})
+	a.dialErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tendril_agent_vpn_dial_errors_total", Help: "Failed attempts to reach the seed, by stage (dial, connect).",
+	}, []string{"stage"})
+	if len(cfg.ShootCIDRs) > 0 {
+		// Connections the seed opens to the shoot's networks end in the netstack; each is
+		// dialled for real here. Anything else is reset by the netstack.
+		wcfg.Forward = netstack.Forward{Prefixes: cfg.ShootCIDRs, Handler: a.forward}
 	}
 	t, err := wg.New(wcfg)
 	if err != nil {
 		return nil, fmt.Errorf("vpn: %w", err)
 	}
-	a := &Agent{cfg: cfg, tun: t,
-		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tendril_agent_vpn_streams_total", Help: "Tunnel streams established to the seed (more than one: reconnects).",
-		}),
-		dialErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tendril_agent_vpn_dial_errors_total", Help: "Failed attempts to reach the seed, by stage (dial, connect).",
-		}, []string{"stage"}),
-	}
+	a.tun = t
 	if cfg.Registry != nil {
-		cfg.Registry.MustRegister(a.reconnects, a.dialErrors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		cfg.Registry.MustRegister(a.reconnects, a.dialErrors, a.forwards, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tendril_agent_vpn_handshake_age_seconds", Help: "Seconds since the last handshake with the server (-1: none).",
 		}, func() float64 {
 			if last := a.lastHandshake(); !last.IsZero() {
@@ -125,6 +132,14 @@ func New(cfg Config) (*Agent, error) {
 		}))
 	}
 	return a, nil
+}
+
+func hostPrefixes(addrs []netip.Addr) []netip.Prefix {
+	var ps []netip.Prefix
+	for _, a := range addrs {
+		ps = append(ps, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return ps
 }
 
 // Tunnel is the agent's WireGuard end.
@@ -194,6 +209,32 @@ func (a *Agent) Run(ctx context.Context) error {
 		backoff = min(2*backoff, a.cfg.MaxBackoff)
 	}
 	return nil
+}
+
+// forwardDialTimeout bounds the real dial of a forwarded connection; the seed's own dial through
+// the tunnel waits for it (tendril-server's default dial timeout is 10 s).
+const forwardDialTimeout = 8 * time.Second
+
+// forward serves one connection from the seed into the shoot: dial the real destination first,
+// so that a refused destination is refused through the tunnel too, then relay.
+func (a *Agent) forward(ctx context.Context, r *netstack.Request) {
+	dctx, cancel := context.WithTimeout(ctx, forwardDialTimeout)
+	up, err := (&net.Dialer{}).DialContext(dctx, "tcp", r.Dst().String())
+	cancel()
+	if err != nil {
+		a.forwards.WithLabelValues("dial_failed").Inc()
+		a.cfg.Log.V(1).Info("Forwarded dial failed", "destination", r.Dst().String(), "error", err.Error())
+		r.Refuse()
+		return
+	}
+	defer up.Close()
+	c, err := r.Accept()
+	if err != nil {
+		a.forwards.WithLabelValues("accept_failed").Inc()
+		return
+	}
+	a.forwards.WithLabelValues("ok").Inc()
+	relay.Pipe(c, up, time.Hour)
 }
 
 // dial opens the stream: TCP to the seed, then (unless Direct) CONNECT with the destination

@@ -89,7 +89,7 @@ func parseVPN(args []string) (VPNConfig, error) {
 	fs.StringVar(&cfg.PrivateKeyFile, "private-key-file", "", "the agent's WireGuard private key (base64)")
 	fs.StringVar(&cfg.ServerKey, "server-public-key", "", "the server's WireGuard public key (base64), or @FILE")
 	fs.StringVar(&address, "address", "fd8f:6d53:b97a:1::2", "the agent's inner tunnel address")
-	fs.StringVar(&serverAddress, "server-address", "fd8f:6d53:b97a:1::1", "the server's inner tunnel address")
+	fs.StringVar(&serverAddress, "server-addresses", "fd8f:6d53:b97a:1::1,198.18.0.1", "the server's inner tunnel addresses (IPv6 and IPv4, comma-separated)")
 	fs.StringVar(&cidrs, "shoot-cidrs", "", "the shoot's node, pod and service networks, comma-separated: the only destinations the seed may reach")
 	fs.StringVar(&cfg.VPN.Seed, "seed", "", "the ingress's tunnel listener (host:8132), or with --direct the server's tunnel port")
 	fs.BoolVar(&cfg.VPN.Direct, "direct", false, "dial the server directly, without CONNECT")
@@ -107,8 +107,12 @@ func parseVPN(args []string) (VPNConfig, error) {
 	if cfg.VPN.Address, err = netip.ParseAddr(address); err != nil {
 		return cfg, fmt.Errorf("--address: %w", err)
 	}
-	if cfg.VPN.ServerAddress, err = netip.ParseAddr(serverAddress); err != nil {
-		return cfg, fmt.Errorf("--server-address: %w", err)
+	for _, a := range strings.Split(serverAddress, ",") {
+		addr, err := netip.ParseAddr(strings.TrimSpace(a))
+		if err != nil {
+			return cfg, fmt.Errorf("--server-addresses: %w", err)
+		}
+		cfg.VPN.ServerAddresses = append(cfg.VPN.ServerAddresses, addr)
 	}
 	for _, c := range strings.Split(cidrs, ",") {
 		if c = strings.TrimSpace(c); c == "" {

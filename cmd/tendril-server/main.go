@@ -32,7 +32,7 @@ import (
 type Config struct {
 	PrivateKeyFile     string
 	AgentPublicKey     string
-	Address            netip.Addr
+	Addresses          []netip.Addr
 	AgentAddress       netip.Addr
 	ShootCIDRs         []netip.Prefix
 	TunnelAddress      string
@@ -52,7 +52,7 @@ func main() {
 	var verbosity int
 	flag.StringVar(&cfg.PrivateKeyFile, "private-key-file", "", "the server's WireGuard private key (base64, as wg genkey writes it)")
 	flag.StringVar(&cfg.AgentPublicKey, "agent-public-key", "", "the shoot agent's WireGuard public key (base64), or @FILE to read it from a file")
-	flag.StringVar(&address, "address", "fd8f:6d53:b97a:1::1", "the server's inner tunnel address")
+	flag.StringVar(&address, "addresses", "fd8f:6d53:b97a:1::1,198.18.0.1", "the server's inner tunnel addresses, comma-separated: an IPv6 one from Gardener's VPN range, and an IPv4 one (RFC 2544's 198.18/15, unlikely in a shoot) as the source toward IPv4 shoot networks")
 	flag.StringVar(&agentAddress, "agent-address", "fd8f:6d53:b97a:1::2", "the agent's inner tunnel address")
 	flag.StringVar(&cidrs, "shoot-cidrs", "", "the shoot's node, pod and service networks, comma-separated: the only egress targets")
 	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", ":1194", "where agents' tunnel streams arrive (forwarded by the ingress)")
@@ -71,8 +71,12 @@ func main() {
 		os.Exit(1)
 	}
 	var err error
-	if cfg.Address, err = netip.ParseAddr(address); err != nil {
-		fail(fmt.Errorf("--address: %w", err))
+	for _, a := range strings.Split(address, ",") {
+		addr, err := netip.ParseAddr(strings.TrimSpace(a))
+		if err != nil {
+			fail(fmt.Errorf("--addresses: %w", err))
+		}
+		cfg.Addresses = append(cfg.Addresses, addr)
 	}
 	if cfg.AgentAddress, err = netip.ParseAddr(agentAddress); err != nil {
 		fail(fmt.Errorf("--agent-address: %w", err))
@@ -111,7 +115,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv, err := server.New(server.Config{
 		Tunnel: wg.Config{
 			PrivateKey:     priv,
-			LocalAddresses: []netip.Addr{cfg.Address},
+			LocalAddresses: cfg.Addresses,
 			Peers:          []wg.Peer{{PublicKey: agentKey, AllowedIPs: allowed}},
 		},
 		ShootCIDRs:         cfg.ShootCIDRs,

@@ -1,10 +1,11 @@
 // Package wg runs a userspace WireGuard device (golang.zx2c4.com/wireguard) with a gVisor
-// netstack as its interface, over the framed streams of package bind: no TUN device, no
-// privileges, no UDP. A Tunnel dials and listens on its own inner addresses like package net
-// does, and reports per-peer handshake and byte counters. It does not dial or accept the
-// outer streams (the caller does and attaches them), does not resolve names (inner addresses
-// are IP literals), and does not yet terminate connections to addresses other than its own
-// (the agent's forwarder into the shoot's networks is a later slice).
+// netstack (package netstack) as its interface, over the framed streams of package bind: no
+// TUN device, no privileges, no UDP. A Tunnel dials and listens on its own inner addresses like
+// package net does, optionally terminates TCP connections to destinations inside configured
+// prefixes and hands them to a handler (the agent's forwarder into the shoot's networks), and
+// reports per-peer handshake and byte counters. It does not dial or accept the outer streams
+// (the caller does and attaches them), does not dial the real destinations of forwarded
+// connections (the handler does), and does not resolve names (inner addresses are IP literals).
 package wg
 
 import (
@@ -20,10 +21,11 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.zx2c4.com/wireguard/device"
-	"golang.zx2c4.com/wireguard/tun/netstack"
+	"golang.zx2c4.com/wireguard/tun"
 
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/frame"
+	"github.com/tendril-net/tendril/tunnel/netstack"
 )
 
 const (
@@ -65,6 +67,13 @@ type Config struct {
 	// Bind tunes the streams (limits, buffers, write timeout); its zero value is valid. Its
 	// Logger defaults to Logger.
 	Bind bind.Config
+	// Forward, if its Handler is set, terminates TCP connections to destinations inside its
+	// Prefixes (the agent: the shoot's node, pod and service networks) and hands each to the
+	// Handler; connection attempts to other addresses are reset. The zero value forwards
+	// nothing. The server must route those prefixes here (its Peer for the agent lists them in
+	// AllowedIPs) and needs an inner address of each family it dials: an IPv4 one, which the
+	// agent's Peer for the server allows, to reach IPv4 networks.
+	Forward netstack.Forward
 	// Logger receives the tunnel's and WireGuard's log lines: WireGuard's errors at V(0),
 	// rate-limited to about one a second (a dead stream would otherwise log every packet), its
 	// verbose lines at V(2). The zero Logger discards.
@@ -90,7 +99,7 @@ type Tunnel struct {
 	log   logr.Logger
 	bind  *bind.Bind
 	dev   *device.Device
-	net   *netstack.Net
+	stack innerStack
 	peers []Key // in Config order, for Peers
 
 	// Persistent keepalives start with a peer's first AttachPeer, not at Up: a keepalive due
@@ -106,8 +115,22 @@ type Tunnel struct {
 	closeOnce sync.Once
 }
 
+// innerStack is what a Tunnel uses of its netstack. It is a *netstack.Stack; the throughput
+// benchmark puts wireguard-go's own tun/netstack behind it for comparison.
+type innerStack interface {
+	tun.Device
+	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
+	ListenTCP(addr netip.AddrPort) (net.Listener, error)
+	StopForwarding()
+	Stats() netstack.Stats
+}
+
 // New validates cfg, starts the device and returns the Tunnel. No stream is attached yet.
 func New(cfg Config) (*Tunnel, error) {
+	return newTunnel(cfg, func(cfg netstack.Config) (innerStack, error) { return netstack.New(cfg) })
+}
+
+func newTunnel(cfg Config, newStack func(netstack.Config) (innerStack, error)) (*Tunnel, error) {
 	if cfg.MTU == 0 {
 		cfg.MTU = DefaultMTU
 	}
@@ -123,13 +146,13 @@ func New(cfg Config) (*Tunnel, error) {
 	if bcfg.MaxFrameSize == 0 {
 		bcfg.MaxFrameSize = cfg.MTU + device.MessageTransportSize
 	}
-	tunDev, tnet, err := netstack.CreateNetTUN(cfg.LocalAddresses, nil, cfg.MTU)
+	st, err := newStack(netstack.Config{Addresses: cfg.LocalAddresses, MTU: cfg.MTU, Forward: cfg.Forward})
 	if err != nil {
 		return nil, fmt.Errorf("wg: create netstack: %w", err)
 	}
-	t := &Tunnel{cfg: cfg, log: cfg.Logger, net: tnet, kaOn: make(map[Key]bool)}
+	t := &Tunnel{cfg: cfg, log: cfg.Logger, stack: st, kaOn: make(map[Key]bool)}
 	t.bind = bind.New(bcfg)
-	t.dev = device.NewDevice(tunDev, t.bind, deviceLogger(cfg.Logger, &t.muted))
+	t.dev = device.NewDevice(st, t.bind, deviceLogger(cfg.Logger, &t.muted))
 	for _, p := range cfg.Peers {
 		t.peers = append(t.peers, p.PublicKey)
 	}
@@ -254,11 +277,11 @@ func (t *Tunnel) startKeepalive(peer Key) error {
 }
 
 // DialContext connects to addr (an IP literal with a port) over the tunnel. network is "tcp",
-// "tcp4", "tcp6", "udp", "udp4", "udp6", "ping", "ping4" or "ping6", as for netstack.Net.
+// "tcp4", "tcp6", "udp", "udp4" or "udp6". TCP connections can CloseWrite.
 func (t *Tunnel) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := t.net.DialContext(ctx, network, addr)
+	c, err := t.stack.DialContext(ctx, network, addr)
 	if err != nil {
-		return nil, fmt.Errorf("wg: dial %s %s: %w", network, addr, err)
+		return nil, fmt.Errorf("wg: %w", err) // the netstack's error names network and address
 	}
 	return c, nil
 }
@@ -295,22 +318,22 @@ func orUnspecified(host, network string) string {
 }
 
 // ListenTCP listens on addr inside the tunnel; the unspecified address listens on every local
-// address.
+// address. With Forward on, the unspecified address needs exactly one local address of its
+// family (see netstack.Stack.ListenTCP).
 func (t *Tunnel) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
-	ap := addr
-	if ap.Addr().IsUnspecified() {
-		// netstack binds the zero address to every local address.
-		ap = netip.AddrPortFrom(netip.Addr{}, addr.Port())
-	}
-	ln, err := t.net.ListenTCPAddrPort(ap)
+	ln, err := t.stack.ListenTCP(addr)
 	if err != nil {
-		return nil, fmt.Errorf("wg: listen tcp %s: %w", addr, err)
+		return nil, fmt.Errorf("wg: %w", err)
 	}
 	return ln, nil
 }
 
 // BindStats returns the stream counters.
 func (t *Tunnel) BindStats() bind.Stats { return t.bind.Stats() }
+
+// StackStats returns the netstack's counters: forwarded connections, refusals by reason, and
+// dropped packets by reason.
+func (t *Tunnel) StackStats() netstack.Stats { return t.stack.Stats() }
 
 // PeerStatus is the state of one peer, for health checks and metrics.
 type PeerStatus struct {
@@ -351,6 +374,11 @@ func (t *Tunnel) Peers() ([]PeerStatus, error) {
 // nothing.
 func (t *Tunnel) Close() error {
 	t.closeOnce.Do(func() {
+		// Forwarded connections first, while the device runs: a Handler that queries the
+		// Tunnel does not wait on the device's lock, which device.Close holds while it closes
+		// the netstack, and their resets may still reach the server (best effort: closing
+		// the device drops what WireGuard has not sent yet).
+		t.stack.StopForwarding()
 		t.muted.Store(true)
 		t.dev.Close()
 		<-t.dev.Wait()

@@ -17,14 +17,18 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tendril-net/tendril/tunnel/bind"
+	"github.com/tendril-net/tendril/tunnel/netstack"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// Inner addresses from Gardener's VPN range fd8f:6d53:b97a:1::/96.
+// Inner addresses from Gardener's VPN range fd8f:6d53:b97a:1::/96, and an IPv4 one for the
+// server from Gardener's legacy VPN range 192.168.123.0/24, so that it can dial IPv4 shoot
+// networks.
 var (
-	serverAddr = netip.MustParseAddr("fd8f:6d53:b97a:1::1")
-	agentAddr  = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
+	serverAddr  = netip.MustParseAddr("fd8f:6d53:b97a:1::1")
+	agentAddr   = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
+	serverAddr4 = netip.MustParseAddr("192.168.123.1")
 )
 
 // world is a seed server and an agent tunnel joined by real loopback TCP connections: the
@@ -48,6 +52,13 @@ type worldOpts struct {
 	// agentKey, if set, is the agent's private key; the server's peer stays the key the world
 	// generated, so a different one is the wrong key.
 	agentKey *Key
+	// forward, if set, is the agent's Forward. The server then has serverAddr4 as well, and
+	// routes forward.Prefixes and routed to the agent.
+	forward *netstack.Forward
+	// routed are more prefixes the server routes to the agent (which may not forward them).
+	routed []netip.Prefix
+	// newStack, if set, builds both ends' netstacks (the benchmark's comparison).
+	newStack func(netstack.Config) (innerStack, error)
 }
 
 func newKey(t testing.TB) Key {
@@ -66,8 +77,11 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	if o.agentKey != nil {
 		agentPriv = *o.agentKey
 	}
-	var err error
-	w.server, err = New(Config{
+	newStack := o.newStack
+	if newStack == nil {
+		newStack = func(cfg netstack.Config) (innerStack, error) { return netstack.New(cfg) }
+	}
+	serverCfg := Config{
 		PrivateKey:     w.serverKey,
 		Logger:         testr.NewWithInterface(t, testr.Options{LogTimestamp: true}).WithName("server"),
 		LocalAddresses: []netip.Addr{serverAddr},
@@ -76,12 +90,8 @@ func newWorld(t testing.TB, o worldOpts) *world {
 			PublicKey:  w.agentKey.PublicKey(),
 			AllowedIPs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
 		}},
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
-	t.Cleanup(func() { w.server.Close() })
-	w.agent, err = New(Config{
+	agentCfg := Config{
 		PrivateKey:     agentPriv,
 		Logger:         testr.NewWithInterface(t, testr.Options{LogTimestamp: true}).WithName("agent"),
 		LocalAddresses: []netip.Addr{agentAddr},
@@ -91,7 +101,20 @@ func newWorld(t testing.TB, o worldOpts) *world {
 			AllowedIPs:          []netip.Prefix{netip.PrefixFrom(serverAddr, 128)},
 			PersistentKeepalive: 25 * time.Second,
 		}},
-	})
+	}
+	if o.forward != nil {
+		serverCfg.LocalAddresses = append(serverCfg.LocalAddresses, serverAddr4)
+		serverCfg.Peers[0].AllowedIPs = append(append(serverCfg.Peers[0].AllowedIPs, o.forward.Prefixes...), o.routed...)
+		agentCfg.Peers[0].AllowedIPs = append(agentCfg.Peers[0].AllowedIPs, netip.PrefixFrom(serverAddr4, 32))
+		agentCfg.Forward = *o.forward
+	}
+	var err error
+	w.server, err = newTunnel(serverCfg, newStack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.server.Close() })
+	w.agent, err = newTunnel(agentCfg, newStack)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,548 @@
+package netstack
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	addrA  = netip.MustParseAddr("fd00::1")
+	addrA4 = netip.MustParseAddr("192.168.123.1")
+	addrB  = netip.MustParseAddr("fd00::2")
+	podNet = netip.MustParsePrefix("10.123.0.0/16")
+)
+
+// pair joins two Stacks back to back, as two WireGuard devices would: a pump per direction
+// moves what one Read returns into the other's Write, at WireGuard's offset. Cleanup closes
+// both and waits for the pumps.
+func pair(t *testing.T, a, b Config) (*Stack, *Stack) {
+	t.Helper()
+	sa, err := New(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := New(b)
+	if err != nil {
+		sa.Close()
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); pump(sa, sb) }()
+	go func() { defer wg.Done(); pump(sb, sa) }()
+	t.Cleanup(func() {
+		sa.Close()
+		sb.Close()
+		wg.Wait()
+	})
+	return sa, sb
+}
+
+const offset = 16 // WireGuard's transport header in front of each packet
+
+func pump(from, to *Stack) {
+	bufs := make([][]byte, batchSize)
+	for i := range bufs {
+		bufs[i] = make([]byte, offset+MaxMTU)
+	}
+	sizes := make([]int, batchSize)
+	out := make([][]byte, 0, batchSize)
+	for {
+		n, err := from.Read(bufs, sizes, offset)
+		if err != nil {
+			return
+		}
+		out = out[:0]
+		for i := range n {
+			out = append(out, bufs[i][:offset+sizes[i]])
+		}
+		if _, err := to.Write(out, offset); err != nil {
+			return
+		}
+	}
+}
+
+// echoServer is a real loopback TCP echo server.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				echo(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	return ln.Addr().String()
+}
+
+func echo(c net.Conn) {
+	_, _ = io.Copy(c, c)
+	_ = c.(interface{ CloseWrite() error }).CloseWrite()
+}
+
+// relay is a Forward.Handler that dials backend first and accepts only if that worked.
+func relay(backend string) Handler {
+	return func(ctx context.Context, r *Request) {
+		var d net.Dialer
+		up, err := d.DialContext(ctx, "tcp", backend)
+		if err != nil {
+			r.Refuse()
+			return
+		}
+		defer up.Close()
+		c, err := r.Accept()
+		if err != nil {
+			return
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = io.Copy(up, c)
+			_ = up.(*net.TCPConn).CloseWrite()
+		}()
+		_, _ = io.Copy(c, up)
+		_ = c.(interface{ CloseWrite() error }).CloseWrite()
+		<-done
+	}
+}
+
+func roundTrip(c net.Conn, payload []byte) error {
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(payload)
+		if err == nil {
+			err = c.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		errc <- err
+	}()
+	got, err := io.ReadAll(c)
+	if werr := <-errc; werr != nil {
+		return fmt.Errorf("write: %w", werr)
+	}
+	if err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if !bytes.Equal(got, payload) {
+		return fmt.Errorf("echo differs: %d bytes, want %d identical", len(got), len(payload))
+	}
+	return nil
+}
+
+func dial(t *testing.T, s *Stack, network, addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	return s.DialContext(ctx, network, addr)
+}
+
+func TestConfigErrors(t *testing.T) {
+	h := func(context.Context, *Request) {}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"no addresses", Config{}},
+		{"unspecified address", Config{Addresses: []netip.Addr{netip.IPv6Unspecified()}}},
+		{"invalid address", Config{Addresses: []netip.Addr{{}}}},
+		{"MTU too small", Config{Addresses: []netip.Addr{addrA}, MTU: 576}},
+		{"MTU too large", Config{Addresses: []netip.Addr{addrA}, MTU: MaxMTU + 1}},
+		{"prefixes without handler", Config{Addresses: []netip.Addr{addrA}, Forward: Forward{Prefixes: []netip.Prefix{podNet}}}},
+		{"handler without prefixes", Config{Addresses: []netip.Addr{addrA}, Forward: Forward{Handler: h}}},
+		{"invalid prefix", Config{Addresses: []netip.Addr{addrA}, Forward: Forward{Handler: h, Prefixes: []netip.Prefix{{}}}}},
+		{"mapped prefix", Config{Addresses: []netip.Addr{addrA}, Forward: Forward{Handler: h, Prefixes: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if s, err := New(tc.cfg); err == nil {
+				s.Close()
+				t.Fatal("New accepted the config")
+			}
+		})
+	}
+	s, err := New(Config{Addresses: []netip.Addr{addrA}})
+	if err != nil {
+		t.Fatalf("minimal config: %v", err)
+	}
+	if mtu, _ := s.MTU(); mtu != DefaultMTU || s.BatchSize() != batchSize {
+		t.Fatalf("MTU %d, batch %d", mtu, s.BatchSize())
+	}
+	if ev := <-s.Events(); ev != 1 { // tun.EventUp
+		t.Fatalf("first event %v, want EventUp", ev)
+	}
+	s.Close()
+	s.Close()
+	if _, ok := <-s.Events(); ok {
+		t.Fatal("Events not closed by Close")
+	}
+	if _, err := s.Read(make([][]byte, 1), make([]int, 1), 0); !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("Read after Close: %v", err)
+	}
+	if _, err := s.DialTCP(t.Context(), netip.AddrPortFrom(addrB, 80)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("DialTCP after Close: %v", err)
+	}
+}
+
+// TestOwnAddresses dials and listens on own addresses without forwarding: TCP echo both
+// ways, UDP, a closed port, and bad addresses.
+func TestOwnAddresses(t *testing.T) {
+	a, b := pair(t, Config{Addresses: []netip.Addr{addrA}, MTU: 60000}, Config{Addresses: []netip.Addr{addrB}, MTU: 60000})
+	ln, err := b.Listen("tcp", ":7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveEcho(t, ln)
+	c, err := dial(t, a, "tcp6", "[fd00::2]:7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roundTrip(c, bytes.Repeat([]byte("0123456789abcdef"), 1<<18)); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+	if _, err := dial(t, a, "tcp", "[fd00::2]:7001"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial a closed port: %v, want ECONNREFUSED", err)
+	}
+
+	pc, err := b.ListenUDP(netip.AddrPortFrom(addrB, 53))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	uc, err := dial(t, a, "udp", "[fd00::2]:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	if _, err := uc.Write([]byte("query")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	_ = pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, from, err := pc.ReadFrom(buf)
+	if err != nil || string(buf[:n]) != "query" {
+		t.Fatalf("UDP: %q from %v, %v", buf[:n], from, err)
+	}
+
+	for _, bad := range [][2]string{
+		{"tcp", "nonsense"}, {"tcp", "host.example:80"}, {"tcp4", "[fd00::2]:80"},
+		{"tcp", "[fd00::2]:http"}, {"sctp", "[fd00::2]:80"}, {"tcp", ":80"},
+	} {
+		if c, err := dial(t, a, bad[0], bad[1]); err == nil {
+			c.Close()
+			t.Errorf("DialContext(%q, %q) succeeded", bad[0], bad[1])
+		}
+	}
+	if ln, err := b.Listen("tcp", "[fd00::9]:80"); err == nil {
+		ln.Close()
+		t.Error("Listen on an address that is not the stack's succeeded")
+	}
+	if ln, err := b.Listen("udp", ":80"); err == nil {
+		ln.Close()
+		t.Error("Listen udp succeeded")
+	}
+}
+
+func serveEcho(t *testing.T, ln net.Listener) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				echo(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+}
+
+// forwardPair is A (the seed server, with an IPv4 address to dial IPv4 pods from) and B (the
+// agent) forwarding podNet with h.
+func forwardPair(t *testing.T, fwd Forward) (*Stack, *Stack) {
+	fwd.Prefixes = append(fwd.Prefixes, podNet)
+	return pair(t,
+		Config{Addresses: []netip.Addr{addrA, addrA4}, MTU: 60000},
+		Config{Addresses: []netip.Addr{addrB}, MTU: 60000, Forward: fwd})
+}
+
+// TestForward forwards to a real loopback echo server and checks every refusal reason.
+func TestForward(t *testing.T) {
+	backend := echoServer(t)
+	var seen sync.Map // dst → src
+	a, b := forwardPair(t, Forward{Handler: func(ctx context.Context, r *Request) {
+		seen.Store(r.Dst(), r.Src())
+		switch r.Dst().Port() {
+		case 81: // the real destination refuses
+			r.Refuse()
+		case 82: // the handler gives up without a word
+		default:
+			relay(backend)(ctx, r)
+		}
+	}})
+
+	c, err := dial(t, a, "tcp", "10.123.4.5:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roundTrip(c, bytes.Repeat([]byte{7}, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.RemoteAddr().String(); got != "10.123.4.5:80" {
+		t.Fatalf("RemoteAddr %s", got)
+	}
+	c.Close()
+	if src, ok := seen.Load(netip.MustParseAddrPort("10.123.4.5:80")); !ok || src.(netip.AddrPort).Addr() != addrA4 {
+		t.Fatalf("handler saw src %v, %v", src, ok)
+	}
+
+	for _, tc := range []struct {
+		dst    string
+		reason RefuseReason
+	}{
+		{"10.200.0.1:80", RefusedOutside},
+		{"[fd00::2]:9", RefusedLocalPort},
+		{"10.123.0.1:81", RefusedByHandler},
+		{"10.123.0.1:82", RefusedByHandler},
+	} {
+		before := b.Stats().Refused[tc.reason]
+		start := time.Now()
+		c, err := dial(t, a, "tcp", tc.dst)
+		if err == nil {
+			c.Close()
+			t.Fatalf("dial %s succeeded", tc.dst)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
+			t.Fatalf("dial %s: %v after %v, want ECONNREFUSED at once", tc.dst, err, time.Since(start))
+		}
+		if got := b.Stats().Refused[tc.reason]; got != before+1 {
+			t.Fatalf("dial %s: Refused[%v] %d → %d", tc.dst, tc.reason, before, got)
+		}
+	}
+	if _, ok := seen.Load(netip.MustParseAddrPort("10.200.0.1:80")); ok {
+		t.Fatal("the handler was asked for a destination outside the prefixes")
+	}
+	st := b.Stats()
+	if st.Forwarded != 1 || st.ForwardInFlight != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestForwardDropsNonTCP checks that with forwarding on only TCP reaches the stack for other
+// addresses, and that non-IP packets are counted.
+func TestForwardDropsNonTCP(t *testing.T) {
+	a, b := forwardPair(t, Forward{Handler: func(context.Context, *Request) {}})
+	uc, err := dial(t, a, "udp", "10.123.0.1:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	if _, err := uc.Write([]byte("query")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "UDP to a pod dropped", func() bool { return b.Stats().Dropped[DropNotTCP] == 1 })
+	if _, err := b.Write([][]byte{{0x00, 0x01, 0x02}, {0x45}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Stats(); st.Dropped[DropNotIP] != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestForwardListenUnspecified checks that a listener on the unspecified address takes only
+// the stack's own address: the same port on a pod address is still forwarded.
+func TestForwardListenUnspecified(t *testing.T) {
+	backend := echoServer(t)
+	a, b := forwardPair(t, Forward{Handler: relay(backend)})
+	ln, err := b.Listen("tcp", ":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ln.Addr().String(); got != "[fd00::2]:8080" {
+		t.Fatalf("listener on %s, want the one own address", got)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c, err := ln.Accept()
+		if err == nil {
+			_, _ = c.Write([]byte("agent"))
+			c.Close()
+		}
+	}()
+	defer func() { ln.Close(); wg.Wait() }()
+	c, err := dial(t, a, "tcp", "10.123.0.9:8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("the pod echoes")); err != nil {
+		t.Fatal(err)
+	}
+
+	two, err := New(Config{Addresses: []netip.Addr{addrB, netip.MustParseAddr("10.0.0.2")}, Forward: Forward{Prefixes: []netip.Prefix{podNet}, Handler: relay(backend)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer two.Close()
+	if ln, err := two.Listen("tcp", ":80"); err == nil {
+		ln.Close()
+		t.Fatal("Listen on :: with two own addresses and forwarding succeeded")
+	}
+	ln4, err := two.Listen("tcp4", ":80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln4.Close()
+}
+
+// TestForwardInFlightLimit holds MaxInFlight attempts in their Handlers and checks that the
+// next SYN is dropped and counted, and that it gets through once a slot frees (its client
+// retransmits the SYN after 1 s).
+func TestForwardInFlightLimit(t *testing.T) {
+	backend := echoServer(t)
+	release := make(chan struct{})
+	a, b := forwardPair(t, Forward{MaxInFlight: 2, Handler: func(ctx context.Context, r *Request) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return
+		}
+		relay(backend)(ctx, r)
+	}})
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := dial(t, a, "tcp", fmt.Sprintf("10.123.0.%d:80", i+1))
+			if err == nil {
+				err = roundTrip(c, []byte("late"))
+				c.Close()
+			}
+			errs <- err
+		}()
+	}
+	waitFor(t, "a SYN dropped at the limit", func() bool { return b.Stats().Refused[RefusedInFlight] > 0 })
+	if st := b.Stats(); st.ForwardInFlight != 2 || st.ForwardActive != 2 {
+		t.Fatalf("at the limit: %+v", st)
+	}
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if st := b.Stats(); st.Forwarded != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestForwardCloseWaitsForHandlers closes the agent's stack while one Handler waits before
+// Accept (its handshake is pending) and one relays an accepted connection: Close ends both and
+// returns after they did. (The other side learns nothing: a closed stack sends no more
+// packets, as a closed WireGuard device carries none.)
+func TestForwardCloseWaitsForHandlers(t *testing.T) {
+	backend := echoServer(t)
+	var returned sync.WaitGroup
+	returned.Add(2)
+	a, b := forwardPair(t, Forward{Handler: func(ctx context.Context, r *Request) {
+		defer returned.Done()
+		if r.Dst().Port() == 1 {
+			<-ctx.Done()
+			if _, err := r.Accept(); err == nil {
+				t.Error("Accept succeeded on a closed stack")
+			}
+			return
+		}
+		relay(backend)(ctx, r)
+	}})
+	pending := make(chan error, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() {
+		// Its SYN-ACK never comes: b closes first and a's dial would wait for its deadline.
+		c, err := a.DialContext(ctx, "tcp", "10.123.0.1:1")
+		if err == nil {
+			c.Close()
+		}
+		pending <- err
+	}()
+	c, err := dial(t, a, "tcp", "10.123.0.2:2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitFor(t, "two handlers", func() bool { return b.Stats().ForwardActive == 2 })
+	start := time.Now()
+	b.Close()
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+	returned.Wait() // Close returned after both; this only makes the race detector agree
+	if st := b.Stats(); st.ForwardActive != 0 || st.ForwardInFlight != 0 || st.Refused[RefusedClosed] != 1 {
+		t.Fatalf("after Close: %+v", st)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) && (err == nil || isTimeout(err)) {
+		t.Fatalf("the forwarded connection after Close: %v, want a reset", err)
+	}
+	cancel()
+	if err := <-pending; err == nil {
+		t.Fatal("the pending dial succeeded")
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
