@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -11,6 +13,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
 	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/tunnel/wg"
@@ -115,14 +121,14 @@ func TestReversedVPN(t *testing.T) {
 	}
 
 	const ns = "shoot--e2e--vpn"
-	tunnelAddr, connectAddr, serverMetrics := freeAddr(t), freeAddr(t), freeAddr(t)
+	tunnelAddr, connectAddr, grpcAddr, serverMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.vpn.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	_, port, _ := net.SplitHostPort(freeAddr(t))
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
 	start(t, "tendril-seed", "--routes", routes, "--xds-address", xdsAddr, "--metrics-address", "")
 	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", "10.215.0.1:"+port, "--metrics-address", ingressMetrics)
 	start(t, "tendril-server", "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub,
-		"--shoot-cidrs", "10.216.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", connectAddr,
+		"--shoot-cidrs", "10.216.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", grpcAddr,
 		"--tls-cert-file", filepath.Join(dir, "srv.pem"), "--tls-key-file", filepath.Join(dir, "srv-key.pem"), "--client-ca-file", caFile,
 		"--metrics-address", serverMetrics)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
@@ -152,5 +158,31 @@ func TestReversedVPN(t *testing.T) {
 	})
 	if got, err := curl("10.215.0.1:" + port); err == nil {
 		t.Errorf("a target outside the shoot's networks answered %q", got)
+	}
+
+	// The same through konnectivity's gRPC protocol, with konnectivity-client as kube-apiserver
+	// uses it (one single-use tunnel per connection).
+	clientCert, err := tls.LoadX509KeyPair(filepath.Join(dir, "api.pem"), filepath.Join(dir, "api-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{clientCert}, RootCAs: ca.Pool, ServerName: "tendril-server"})
+	hc := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			tun, err := konnectivity.CreateSingleUseGrpcTunnel(ctx, grpcAddr, grpc.WithTransportCredentials(creds))
+			if err != nil {
+				return nil, err
+			}
+			return tun.DialContext(ctx, network, addr)
+		},
+	}}
+	resp, err := hc.Get("http://10.216.0.2:8080/")
+	if err != nil {
+		t.Fatalf("the pod through konnectivity: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "pod 10.216.0.2:8080" {
+		t.Errorf("the pod through konnectivity answered %q", body)
 	}
 }

@@ -17,6 +17,9 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
 	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/tunnel/wg"
@@ -35,6 +38,7 @@ var (
 type rig struct {
 	srv     *Server
 	connect string // the egress front-end
+	grpc    string // the konnectivity front-end
 	tlsCfg  *tls.Config
 	agent   *wg.Tunnel
 }
@@ -99,11 +103,19 @@ func newRig(t *testing.T, agentKey wg.Key) *rig {
 	connectL := tls.NewListener(rawConnect, &tls.Config{
 		Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert,
 	})
+	grpcL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	grpcCreds := credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert,
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wgr sync.WaitGroup
-	wgr.Add(2)
+	wgr.Add(3)
 	go func() { defer wgr.Done(); _ = srv.ServeTunnel(ctx, tunnelL) }()
 	go func() { defer wgr.Done(); _ = srv.ServeConnect(ctx, connectL) }()
+	go func() { defer wgr.Done(); _ = srv.ServeGRPC(ctx, grpcL, grpcCreds) }()
 
 	// The agent dials the server's tunnel port, as it would through the ingress.
 	stream, err := net.Dial("tcp", tunnelL.Addr().String())
@@ -129,7 +141,7 @@ func newRig(t *testing.T, agentKey wg.Key) *rig {
 		srv.Close()
 		wgr.Wait()
 	})
-	return &rig{srv: srv, connect: rawConnect.Addr().String(), agent: agent,
+	return &rig{srv: srv, connect: rawConnect.Addr().String(), grpc: grpcL.Addr().String(), agent: agent,
 		tlsCfg: &tls.Config{Certificates: []tls.Certificate{clientCert}, RootCAs: ca.Pool, ServerName: "tendril-server"}}
 }
 
@@ -286,5 +298,40 @@ func TestHeadOfLine(t *testing.T) {
 	go func() { _, _ = c.Write(bytes.Repeat([]byte("y"), size)) }()
 	if n, err := io.CopyN(io.Discard, br, size); err != nil || n != size {
 		t.Fatalf("the second connection moved %d of %d bytes (%v) beside a stalled one", n, size, err)
+	}
+}
+
+// TestKonnectivityClient drives the gRPC front-end with konnectivity-client, the library
+// kube-apiserver uses for its EgressSelector in grpc mode.
+func TestKonnectivityClient(t *testing.T) {
+	r := newRig(t, wg.Key{})
+	waitReady(t, r.srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dial := func() konnectivity.Tunnel {
+		t.Helper()
+		tun, err := konnectivity.CreateSingleUseGrpcTunnel(ctx, r.grpc, grpc.WithTransportCredentials(credentials.NewTLS(r.tlsCfg)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tun
+	}
+	c, err := dial().DialContext(ctx, "tcp", netip.AddrPortFrom(agentAddr, 8080).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	if l, _ := br.ReadString('\n'); l != "echo\n" {
+		t.Fatalf("greeting %q", l)
+	}
+	payload := bytes.Repeat([]byte("konnectivity"), 1<<18) // 3 MiB
+	go func() { _, _ = c.Write(payload) }()
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(br, got); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("echo through konnectivity differs (%v)", err)
+	}
+	if _, err := dial().DialContext(ctx, "tcp", "10.0.0.1:443"); err == nil || !strings.Contains(err.Error(), "outside the shoot") {
+		t.Errorf("dial outside the shoot's networks: %v", err)
 	}
 }

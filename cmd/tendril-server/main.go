@@ -1,6 +1,7 @@
 // Command tendril-server is the seed side of one shoot's reversed VPN: it accepts the shoot
 // agent's tunnel (forwarded by the ingress) and serves kube-apiserver's egress to the shoot's
-// networks through it (HTTP CONNECT over mutual TLS, or over a Unix socket).
+// networks through it: HTTP CONNECT or konnectivity's gRPC ProxyService, each over mutual TLS
+// or a Unix socket.
 package main
 
 import (
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
@@ -38,6 +40,8 @@ type Config struct {
 	TunnelAddress      string
 	ConnectAddress     string
 	ConnectSocket      string
+	GRPCAddress        string
+	GRPCSocket         string
 	TLSCertFile        string
 	TLSKeyFile         string
 	ClientCAFile       string
@@ -58,8 +62,10 @@ func main() {
 	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", ":1194", "where agents' tunnel streams arrive (forwarded by the ingress)")
 	flag.StringVar(&cfg.ConnectAddress, "connect-address", ":9443", "egress HTTP CONNECT over mutual TLS (empty: off)")
 	flag.StringVar(&cfg.ConnectSocket, "connect-socket", "", "egress HTTP CONNECT on this Unix socket (empty: off)")
-	flag.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "certificate of the CONNECT front-end")
-	flag.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "key of the CONNECT front-end")
+	flag.StringVar(&cfg.GRPCAddress, "grpc-address", ":8090", "egress konnectivity gRPC ProxyService over mutual TLS (empty: off)")
+	flag.StringVar(&cfg.GRPCSocket, "grpc-socket", "", "egress konnectivity gRPC ProxyService on this Unix socket (empty: off)")
+	flag.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "certificate of the CONNECT and gRPC front-ends")
+	flag.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "key of the CONNECT and gRPC front-ends")
 	flag.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA that signs kube-apiserver's client certificate")
 	flag.StringVar(&cfg.MetricsAddress, "metrics-address", ":9090", "address for /metrics, /healthz and /readyz (empty: off)")
 	flag.IntVar(&cfg.MaxConcurrentDials, "max-concurrent-dials", 256, "dials in flight through the tunnel at once; beyond, CONNECT gets 503")
@@ -134,12 +140,14 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.ServeTunnel(ctx, tl) })
-	if cfg.ConnectAddress != "" {
-		tlsCfg, err := mutualTLS(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.ClientCAFile)
-		if err != nil {
+	var tlsCfg *tls.Config
+	if cfg.ConnectAddress != "" || cfg.GRPCAddress != "" {
+		if tlsCfg, err = mutualTLS(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.ClientCAFile); err != nil {
 			tl.Close()
 			return err
 		}
+	}
+	if cfg.ConnectAddress != "" {
 		cl, err := tls.Listen("tcp", cfg.ConnectAddress, tlsCfg)
 		if err != nil {
 			tl.Close()
@@ -147,13 +155,29 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		g.Go(func() error { return srv.ServeConnect(ctx, cl) })
 	}
-	if cfg.ConnectSocket != "" {
-		_ = os.Remove(cfg.ConnectSocket) // a stale socket from a previous run
-		ul, err := net.Listen("unix", cfg.ConnectSocket)
+	if cfg.GRPCAddress != "" {
+		gl, err := net.Listen("tcp", cfg.GRPCAddress)
 		if err != nil {
-			return fmt.Errorf("CONNECT socket: %w", err)
+			return fmt.Errorf("gRPC listener: %w", err)
 		}
-		g.Go(func() error { return srv.ServeConnect(ctx, ul) })
+		g.Go(func() error { return srv.ServeGRPC(ctx, gl, credentials.NewTLS(tlsCfg)) })
+	}
+	for _, sock := range []struct {
+		path  string
+		serve func(net.Listener) error
+	}{
+		{cfg.ConnectSocket, func(l net.Listener) error { return srv.ServeConnect(ctx, l) }},
+		{cfg.GRPCSocket, func(l net.Listener) error { return srv.ServeGRPC(ctx, l, nil) }},
+	} {
+		if sock.path == "" {
+			continue
+		}
+		_ = os.Remove(sock.path) // a stale socket from a previous run
+		ul, err := net.Listen("unix", sock.path)
+		if err != nil {
+			return fmt.Errorf("socket %s: %w", sock.path, err)
+		}
+		g.Go(func() error { return sock.serve(ul) })
 	}
 	if cfg.MetricsAddress != "" {
 		ml, err := net.Listen("tcp", cfg.MetricsAddress)
@@ -162,7 +186,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, srv.Ready, false)) })
 	}
-	cfg.Log.Info("Serving", "tunnel", tl.Addr().String(), "connect", cfg.ConnectAddress, "socket", cfg.ConnectSocket, "shootCIDRs", fmt.Sprint(cfg.ShootCIDRs))
+	cfg.Log.Info("Serving", "tunnel", tl.Addr().String(), "connect", cfg.ConnectAddress, "grpc", cfg.GRPCAddress, "shootCIDRs", fmt.Sprint(cfg.ShootCIDRs))
 	return g.Wait()
 }
 
@@ -185,7 +209,7 @@ func publicKey(v string) (wg.Key, error) {
 // request deadline the server sets before its first read.
 func mutualTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
 	if certFile == "" || keyFile == "" || caFile == "" {
-		return nil, errors.New("the CONNECT front-end needs --tls-cert-file, --tls-key-file and --client-ca-file (mutual TLS), or --connect-address=\"\"")
+		return nil, errors.New("the CONNECT and gRPC front-ends need --tls-cert-file, --tls-key-file and --client-ca-file (mutual TLS), or --connect-address=\"\" --grpc-address=\"\"")
 	}
 	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {

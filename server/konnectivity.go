@@ -1,0 +1,212 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// ServeGRPC serves konnectivity's ProxyService (the EgressSelector's grpc mode, with
+// konnectivity-client as kube-apiserver's client) on l until ctx ends. creds is mutual TLS for
+// TCP, or nil for a Unix socket. Each dial becomes its own TCP connection through the tunnel;
+// kube-apiserver's single-use tunnels carry one connection per gRPC stream, so one slow reader
+// never holds up another connection's bytes.
+func (s *Server) ServeGRPC(ctx context.Context, l net.Listener, creds credentials.TransportCredentials) error {
+	var opts []grpc.ServerOption
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	g := grpc.NewServer(opts...)
+	client.RegisterProxyServiceServer(g, &proxyService{s: s})
+	stop := context.AfterFunc(ctx, g.Stop)
+	defer stop()
+	if err := g.Serve(l); err != nil && ctx.Err() == nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("server: serve konnectivity: %w", err)
+	}
+	return nil
+}
+
+type proxyService struct {
+	client.UnimplementedProxyServiceServer
+	s *Server
+}
+
+// dataChunk is the most a DATA packet carries: konnectivity's own agents use 32 KiB reads too.
+const dataChunk = 32 << 10
+
+// Proxy serves one gRPC stream: DIAL_REQ → dial through the tunnel → DIAL_RSP; DATA both ways;
+// CLOSE_REQ/CLOSE_RSP; DIAL_CLS cancels a dial in flight. Packets are sent by one goroutine at a
+// time (gRPC streams are not safe for concurrent Send).
+func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
+	s := p.s
+	ctx, cancel := context.WithCancel(stream.Context())
+	var (
+		sendMu  sync.Mutex
+		mu      sync.Mutex
+		conns   = map[int64]net.Conn{}
+		dialing = map[int64]context.CancelFunc{}
+		nextID  int64
+		wg      sync.WaitGroup
+	)
+	defer func() {
+		cancel()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	}()
+	send := func(pkt *client.Packet) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(pkt)
+	}
+	dialResponse := func(random int64, id int64, err string) {
+		_ = send(&client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{
+			DialResponse: &client.DialResponse{Random: random, ConnectID: id, Error: err}}})
+	}
+	closeResponse := func(id int64, err string) {
+		_ = send(&client.Packet{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{
+			CloseResponse: &client.CloseResponse{ConnectID: id, Error: err}}})
+	}
+	for {
+		pkt, err := stream.Recv()
+		if err != nil {
+			return nil // the client ended the stream (or it broke): close everything
+		}
+		switch pkt.GetType() {
+		case client.PacketType_DIAL_REQ:
+			req := pkt.GetDialRequest()
+			target, reason := s.checkTarget(req.GetProtocol(), req.GetAddress())
+			if reason != "" {
+				s.metrics.dials.WithLabelValues(outcomeNotAllowed).Inc()
+				dialResponse(req.GetRandom(), 0, reason)
+				continue
+			}
+			select {
+			case s.dials <- struct{}{}:
+			default:
+				s.metrics.dials.WithLabelValues(outcomeTooMany).Inc()
+				dialResponse(req.GetRandom(), 0, "too many dials in flight")
+				continue
+			}
+			dctx, dcancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+			mu.Lock()
+			dialing[req.GetRandom()] = dcancel
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := s.tun.DialContext(dctx, "tcp", target.String())
+				dcancel()
+				<-s.dials
+				mu.Lock()
+				delete(dialing, req.GetRandom())
+				if err != nil {
+					mu.Unlock()
+					s.metrics.dials.WithLabelValues(dialOutcome(err)).Inc()
+					dialResponse(req.GetRandom(), 0, fmt.Sprintf("dial %s through the tunnel: %v", target, err))
+					return
+				}
+				if ctx.Err() != nil {
+					mu.Unlock()
+					c.Close()
+					return
+				}
+				nextID++
+				id := nextID
+				conns[id] = c
+				mu.Unlock()
+				s.metrics.dials.WithLabelValues(outcomeOK).Inc()
+				s.metrics.active.Inc()
+				defer s.metrics.active.Dec()
+				dialResponse(req.GetRandom(), id, "")
+				// Shoot → apiserver: read and send until the target ends.
+				buf := make([]byte, dataChunk)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						s.metrics.bytes.WithLabelValues("from_shoot").Add(float64(n))
+						if serr := send(&client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{
+							Data: &client.Data{ConnectID: id, Data: append([]byte(nil), buf[:n]...)}}}); serr != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+				mu.Lock()
+				_, open := conns[id]
+				delete(conns, id)
+				mu.Unlock()
+				c.Close()
+				if open {
+					closeResponse(id, "")
+				}
+			}()
+		case client.PacketType_DATA:
+			d := pkt.GetData()
+			mu.Lock()
+			c := conns[d.GetConnectID()]
+			mu.Unlock()
+			if c == nil {
+				closeResponse(d.GetConnectID(), "unknown connection")
+				continue
+			}
+			if _, err := c.Write(d.GetData()); err != nil {
+				c.Close() // the reader ends and answers CLOSE_RSP
+				continue
+			}
+			s.metrics.bytes.WithLabelValues("to_shoot").Add(float64(len(d.GetData())))
+		case client.PacketType_CLOSE_REQ:
+			id := pkt.GetCloseRequest().GetConnectID()
+			mu.Lock()
+			c := conns[id]
+			delete(conns, id)
+			mu.Unlock()
+			if c != nil {
+				c.Close()
+			}
+			closeResponse(id, "")
+		case client.PacketType_DIAL_CLS:
+			mu.Lock()
+			if cancelDial := dialing[pkt.GetCloseDial().GetRandom()]; cancelDial != nil {
+				cancelDial()
+			}
+			mu.Unlock()
+		}
+	}
+}
+
+// checkTarget validates a dial request's target: TCP to an IP:port inside the shoot's CIDRs. A
+// refusal comes with its reason for the client.
+func (s *Server) checkTarget(protocol, address string) (netip.AddrPort, string) {
+	if protocol != "tcp" {
+		return netip.AddrPort{}, fmt.Sprintf("protocol %q not supported (tcp only)", protocol)
+	}
+	target, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Sprintf("target %q must be IP:port", address)
+	}
+	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
+	if !s.allowed(target.Addr()) {
+		return netip.AddrPort{}, "target " + target.String() + " is outside the shoot's networks"
+	}
+	return target, ""
+}
+
+func dialOutcome(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		return outcomeDialTimeout
+	}
+	return outcomeDialFailed
+}
