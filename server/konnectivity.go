@@ -91,9 +91,7 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 				dialResponse(req.GetRandom(), 0, reason)
 				continue
 			}
-			select {
-			case s.dials <- struct{}{}:
-			default:
+			if !s.acquireDial(ctx) {
 				s.metrics.dials.WithLabelValues(outcomeTooMany).Inc()
 				dialResponse(req.GetRandom(), 0, "too many dials in flight")
 				continue

@@ -33,9 +33,10 @@ type Config struct {
 	Tunnel wg.Config
 	// ShootCIDRs are the shoot's node, pod and service networks: the only egress targets.
 	ShootCIDRs []netip.Prefix
-	// MaxConcurrentDials caps dials in flight through the tunnel; beyond it a CONNECT is
-	// answered 503 at once. If zero, 256 (kube-apiserver opens one per exec/logs/port-forward or
-	// webhook call; a burst of 256 at ~1 ms each clears in well under a second).
+	// MaxConcurrentDials caps dials in flight through the tunnel; a dial beyond it waits for a
+	// slot up to DialTimeout and is then answered 503. If zero, 256 (kube-apiserver opens one
+	// per exec/logs/port-forward or webhook call; a burst of 256 at ~1 ms each clears in well
+	// under a second, so a burst of 1,000 waits, it does not fail).
 	MaxConcurrentDials int
 	// DialTimeout bounds a dial through the tunnel. If zero, 10 s.
 	DialTimeout time.Duration
@@ -244,9 +245,7 @@ func (s *Server) serveConnect(ctx context.Context, c net.Conn, track func(net.Co
 		s.answer(c, outcomeNotAllowed, http.StatusForbidden, "target "+target.String()+" is outside the shoot's networks", nil)
 		return
 	}
-	select {
-	case s.dials <- struct{}{}:
-	default:
+	if !s.acquireDial(ctx) {
 		s.answer(c, outcomeTooMany, http.StatusServiceUnavailable, "too many dials in flight ("+strconv.Itoa(cap(s.dials))+")", nil)
 		return
 	}
@@ -285,6 +284,25 @@ func (s *Server) serveConnect(ctx context.Context, c net.Conn, track func(net.Co
 	toShoot, fromShoot := relay.Pipe(c, up, s.cfg.IdleTimeout)
 	s.metrics.bytes.WithLabelValues("to_shoot").Add(float64(toShoot))
 	s.metrics.bytes.WithLabelValues("from_shoot").Add(float64(fromShoot))
+}
+
+// acquireDial takes a dial slot, waiting up to DialTimeout for one.
+func (s *Server) acquireDial(ctx context.Context) bool {
+	select {
+	case s.dials <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(s.cfg.DialTimeout)
+	defer t.Stop()
+	select {
+	case s.dials <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func (s *Server) allowed(a netip.Addr) bool {

@@ -335,3 +335,53 @@ func TestKonnectivityClient(t *testing.T) {
 		t.Errorf("dial outside the shoot's networks: %v", err)
 	}
 }
+
+// TestThousandConcurrentDials: a burst of 1,000 CONNECTs, four times the dial cap, all succeed
+// (dials beyond the cap wait for a slot).
+func TestThousandConcurrentDials(t *testing.T) {
+	r := newRig(t, wg.Key{})
+	waitReady(t, r.srv)
+	target := netip.AddrPortFrom(agentAddr, 8080).String()
+	const n = 1000
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := tls.Dial("tcp", r.connect, r.tlsCfg)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+			fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if resp.StatusCode != 200 {
+				errs <- fmt.Errorf("dial %d: %s", i, resp.Status)
+				return
+			}
+			if l, err := br.ReadString('\n'); err != nil || l != "echo\n" {
+				errs <- fmt.Errorf("dial %d: greeting %q, %v", i, l, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	failed := 0
+	for err := range errs {
+		if failed < 5 {
+			t.Error(err)
+		}
+		failed++
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d concurrent dials failed", failed, n)
+	}
+}
