@@ -43,7 +43,7 @@ type rig struct {
 	agent   *wg.Tunnel
 }
 
-func newRig(t *testing.T, agentKey wg.Key) *rig {
+func newRig(t *testing.T, agentKey wg.Key, dialTimeout time.Duration) *rig {
 	t.Helper()
 	serverKey, err := wg.GenerateKey()
 	if err != nil {
@@ -63,7 +63,7 @@ func newRig(t *testing.T, agentKey wg.Key) *rig {
 			Peers:          []wg.Peer{{PublicKey: realAgent.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)}}},
 		},
 		ShootCIDRs:  []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
-		DialTimeout: 2 * time.Second,
+		DialTimeout: dialTimeout,
 		Log:         testr.New(t),
 	})
 	if err != nil {
@@ -197,7 +197,7 @@ func waitReady(t *testing.T, s *Server) {
 }
 
 func TestConnectThroughTunnel(t *testing.T) {
-	r := newRig(t, wg.Key{})
+	r := newRig(t, wg.Key{}, 10*time.Second)
 	target := netip.AddrPortFrom(agentAddr, 8080).String()
 	// The first dial also brings the tunnel up (the agent's keepalive starts the handshake).
 	waitReady(t, r.srv)
@@ -218,7 +218,7 @@ func TestConnectThroughTunnel(t *testing.T) {
 }
 
 func TestConnectRefusals(t *testing.T) {
-	r := newRig(t, wg.Key{})
+	r := newRig(t, wg.Key{}, 10*time.Second)
 	waitReady(t, r.srv)
 	for target, want := range map[string]int{
 		"10.0.0.1:443":                            403, // outside the shoot's networks
@@ -262,7 +262,7 @@ func TestWrongAgentKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newRig(t, wrong)
+	r := newRig(t, wrong, 2*time.Second)
 	status, c, _ := r.connectTo(t, netip.AddrPortFrom(agentAddr, 8080).String())
 	c.Close()
 	if status != 504 {
@@ -275,7 +275,7 @@ func TestWrongAgentKey(t *testing.T) {
 
 // TestHeadOfLine: a connection whose reader stalls does not slow another one down.
 func TestHeadOfLine(t *testing.T) {
-	r := newRig(t, wg.Key{})
+	r := newRig(t, wg.Key{}, 10*time.Second)
 	waitReady(t, r.srv)
 	target := netip.AddrPortFrom(agentAddr, 8080).String()
 	status, stalled, _ := r.connectTo(t, target)
@@ -304,7 +304,7 @@ func TestHeadOfLine(t *testing.T) {
 // TestKonnectivityClient drives the gRPC front-end with konnectivity-client, the library
 // kube-apiserver uses for its EgressSelector in grpc mode.
 func TestKonnectivityClient(t *testing.T) {
-	r := newRig(t, wg.Key{})
+	r := newRig(t, wg.Key{}, 10*time.Second)
 	waitReady(t, r.srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -339,7 +339,7 @@ func TestKonnectivityClient(t *testing.T) {
 // TestThousandConcurrentDials: a burst of 1,000 CONNECTs, four times the dial cap, all succeed
 // (dials beyond the cap wait for a slot).
 func TestThousandConcurrentDials(t *testing.T) {
-	r := newRig(t, wg.Key{})
+	r := newRig(t, wg.Key{}, 30*time.Second) // generous: under -race 1,000 dials take seconds
 	waitReady(t, r.srv)
 	target := netip.AddrPortFrom(agentAddr, 8080).String()
 	const n = 1000
