@@ -78,22 +78,28 @@ func startIngress(t *testing.T, addr string, vpn netip.AddrPort) func() {
 func TestThroughIngress(t *testing.T) {
 	serverKey, _ := wg.GenerateKey()
 	agentKey, _ := wg.GenerateKey()
-	srv, err := server.New(server.Config{
-		Tunnel: wg.Config{PrivateKey: serverKey, LocalAddresses: []netip.Addr{serverAddr},
-			Peers: []wg.Peer{{PublicKey: agentKey.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)}}}},
-		ShootCIDRs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
-		Log:        testr.New(t).WithName("server"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	sl := listen(t, "127.0.0.1:0")
 	ctx, cancel := context.WithCancel(context.Background())
 	var wgr sync.WaitGroup
 	defer func() { cancel(); wgr.Wait() }()
-	wgr.Add(1)
-	go func() { defer wgr.Done(); _ = srv.ServeTunnel(ctx, sl) }()
+	// startServer runs a tendril-server end on addr until the returned func is called.
+	startServer := func(addr string) (*server.Server, net.Listener, func()) {
+		srv, err := server.New(server.Config{
+			Tunnel: wg.Config{PrivateKey: serverKey, LocalAddresses: []netip.Addr{serverAddr},
+				Peers: []wg.Peer{{PublicKey: agentKey.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)}}}},
+			ShootCIDRs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
+			Log:        testr.New(t).WithName("server"),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := listen(t, addr)
+		sctx, scancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = srv.ServeTunnel(sctx, l) }()
+		return srv, l, func() { scancel(); <-done; srv.Close() }
+	}
+	srv, sl, stopServer := startServer("127.0.0.1:0")
+	defer func() { stopServer() }()
 
 	// The ingress restarts on the same address: take a free port once.
 	probe := listen(t, "127.0.0.1:0")
@@ -124,7 +130,7 @@ func TestThroughIngress(t *testing.T) {
 	roundTrip := func() error {
 		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
 		defer dcancel()
-		c, err := srv.Tunnel().DialContext(dctx, "tcp", netip.AddrPortFrom(agentAddr, 7).String())
+		c, err := srv.Tunnel().DialContext(dctx, "tcp", netip.AddrPortFrom(agentAddr, 7).String()) // srv: the current server
 		if err != nil {
 			return err
 		}
@@ -156,6 +162,15 @@ func TestThroughIngress(t *testing.T) {
 	}
 	// How fast is measured, not asserted (timings belong in benchmarks); the backoff bounds it.
 	t.Logf("tunnel back %v after the ingress", time.Since(back))
+
+	// The server restarts (same keys, same address): the ingress's upstream ends, so does the
+	// agent's stream; the agent reconnects to the new server.
+	addr := sl.Addr().String()
+	stopServer()
+	srv, _, stopServer = startServer(addr)
+	back = time.Now()
+	eventually(t, "a round trip after the server restart", roundTrip)
+	t.Logf("tunnel back %v after the server", time.Since(back))
 }
 
 func eventually(t *testing.T, what string, f func() error) {

@@ -230,6 +230,14 @@ func (t *Tunnel) Attach(c net.Conn) (*bind.Endpoint, error) {
 // a stream attached sooner after the previous one gets its handshake from the retry timer,
 // within about 5 s.
 func (t *Tunnel) AttachPeer(c net.Conn, peer Key) (*bind.Endpoint, error) {
+	// A new stream often means a new server process (a restart): its WireGuard knows no session
+	// of ours, and wireguard-go allows one handshake initiation per 5 s, so our stale session
+	// would stay in use until a rekey timer fires (up to 2 min). Starting the peer afresh makes
+	// the stream's first packet a handshake. A stream to the same server costs one handshake.
+	if err := t.resetPeer(peer); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
 	p := t.dev.LookupPeer(device.NoisePublicKey(peer))
 	if p == nil {
 		_ = c.Close()
@@ -253,6 +261,34 @@ func (t *Tunnel) AttachPeer(c net.Conn, peer Key) (*bind.Endpoint, error) {
 }
 
 // startKeepalive turns the peer's persistent keepalive on, once, now that it has an endpoint.
+// resetPeer removes peer from the device and adds it again with its allowed IPs: no session, no
+// handshake state, no endpoint. The keepalive stays off until the caller has set the endpoint:
+// turning it on sends at once, and a send without an endpoint would spend the one handshake
+// initiation wireguard-go allows per 5 s.
+func (t *Tunnel) resetPeer(peer Key) error {
+	var cfg *Peer
+	for i := range t.cfg.Peers {
+		if t.cfg.Peers[i].PublicKey == peer {
+			cfg = &t.cfg.Peers[i]
+		}
+	}
+	if cfg == nil {
+		return fmt.Errorf("wg: attach stream for peer %s: %w", peer, ErrUnknownPeer)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "public_key=%s\nremove=true\npublic_key=%s\npersistent_keepalive_interval=0\n", peer.hex(), peer.hex())
+	for _, pfx := range cfg.AllowedIPs {
+		fmt.Fprintf(&b, "allowed_ip=%s\n", pfx.Masked())
+	}
+	t.kaMu.Lock()
+	defer t.kaMu.Unlock()
+	if err := t.dev.IpcSet(b.String()); err != nil {
+		return fmt.Errorf("wg: reset peer %s: %w", peer, err)
+	}
+	t.kaOn[peer] = false
+	return nil
+}
+
 func (t *Tunnel) startKeepalive(peer Key) error {
 	t.kaMu.Lock()
 	defer t.kaMu.Unlock()
