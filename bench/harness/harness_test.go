@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,10 +60,11 @@ func TestRunCancel(t *testing.T) {
 	targets, _ := testMode.Installed(context.Background(), Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// Cancel as soon as the first measurement has reported its result (its line carries
+	// "conn/s,"), so the second is interrupted however slow the machine is.
+	progress := cancelOn{w: benchtest.Log{T: t}, marker: "conn/s,", cancel: cancel}
 	cfg := Config{Targets: targets, Concurrency: []int{2}, Duration: 400 * time.Millisecond,
-		Warmup: 50 * time.Millisecond, Progress: benchtest.Log{T: t}}
-	// Cancel in the middle of the second measurement.
-	time.AfterFunc(700*time.Millisecond, cancel)
+		Warmup: 50 * time.Millisecond, Progress: &progress}
 	start := time.Now()
 	rep, err := Run(ctx, testMode, cfg)
 	if !errors.Is(err, context.Canceled) {
@@ -77,6 +79,21 @@ func TestRunCancel(t *testing.T) {
 	if len(rep.Rate) == 0 {
 		t.Errorf("no completed measurement in the partial report (note: %s)", rep.Note)
 	}
+}
+
+// cancelOn passes progress lines on and calls cancel at the first one containing marker.
+type cancelOn struct {
+	w      io.Writer
+	marker string
+	cancel context.CancelFunc
+	once   sync.Once
+}
+
+func (c *cancelOn) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), c.marker) {
+		c.once.Do(c.cancel)
+	}
+	return c.w.Write(p)
 }
 
 // TestClientVerifies checks the client's error classification: an untrusted
