@@ -426,9 +426,13 @@ func TestStreamBreakAndReattach(t *testing.T) {
 	check("after the reattach")
 	t.Logf("check after the reattach took %v", time.Since(start))
 	st := w.server.BindStats()
-	// Closing a connection with unread data resets it, so the server may see a read error
-	// rather than EOF.
-	if st.StreamsAttached != 2 || st.StreamsActive != 1 || st.StreamsDetached[bind.DetachEOF]+st.StreamsDetached[bind.DetachReadError] != 1 {
+	// Closing a connection with unread data resets it, so the server may see a read or write
+	// error rather than EOF: any one reason, once.
+	var detached uint64
+	for _, n := range st.StreamsDetached {
+		detached += n
+	}
+	if st.StreamsAttached != 2 || st.StreamsActive != 1 || detached != 1 {
 		t.Fatalf("server bind stats: %+v", st)
 	}
 }
@@ -484,9 +488,11 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
+// waitFor polls cond for up to 15 s: longer than WireGuard's 5 s handshake retry, so a lost
+// first initiation (possible right after a stream change) is retried before the test gives up.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting: %s", what)
