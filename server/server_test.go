@@ -316,19 +316,37 @@ func TestKonnectivityClient(t *testing.T) {
 		}
 		return tun
 	}
-	c, err := dial().DialContext(ctx, "tcp", netip.AddrPortFrom(agentAddr, 8080).String())
+	// konnectivity-client registers a connection only after its DialContext got the DIAL_RSP,
+	// while its receive loop already handles the next packet: DATA that follows DIAL_RSP at once
+	// (a server that speaks first) can arrive "unrecognized" and the client closes the
+	// connection. kube-apiserver's egress is client-first (TLS), so this test uses a plain echo
+	// that waits for the client.
+	el, err := r.agent.ListenTCP(netip.AddrPortFrom(agentAddr, 8081))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			ec, err := el.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(ec, ec)
+			ec.Close()
+		}
+	}()
+	defer func() { el.Close(); <-done }()
+	c, err := dial().DialContext(ctx, "tcp", netip.AddrPortFrom(agentAddr, 8081).String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	br := bufio.NewReader(c)
-	if l, _ := br.ReadString('\n'); l != "echo\n" {
-		t.Fatalf("greeting %q", l)
-	}
 	payload := bytes.Repeat([]byte("konnectivity"), 1<<18) // 3 MiB
 	go func() { _, _ = c.Write(payload) }()
 	got := make([]byte, len(payload))
-	if _, err := io.ReadFull(br, got); err != nil || !bytes.Equal(got, payload) {
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, payload) {
 		t.Fatalf("echo through konnectivity differs (%v)", err)
 	}
 	if _, err := dial().DialContext(ctx, "tcp", "10.0.0.1:443"); err == nil || !strings.Contains(err.Error(), "outside the shoot") {
