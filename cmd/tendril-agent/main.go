@@ -23,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/agent/apiserverproxy"
 	"github.com/tendril-net/tendril/agent/vpn"
 	"github.com/tendril-net/tendril/internal/logging"
+	"github.com/tendril-net/tendril/internal/netflag"
 	"github.com/tendril-net/tendril/internal/probe"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
@@ -84,13 +85,19 @@ type VPNConfig struct {
 func parseVPN(args []string) (VPNConfig, error) {
 	var cfg VPNConfig
 	fs := flag.NewFlagSet("tendril-agent vpn", flag.ContinueOnError)
-	var address, serverAddress, cidrs string
 	var verbosity int
+	cfg.VPN.Address = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
+	if err := (*netflag.Addrs)(&cfg.VPN.ServerAddresses).Set("fd8f:6d53:b97a:1::1,198.18.0.1"); err != nil {
+		return cfg, err
+	}
 	fs.StringVar(&cfg.PrivateKeyFile, "private-key-file", "", "the agent's WireGuard private key (base64)")
 	fs.StringVar(&cfg.ServerKey, "server-public-key", "", "the server's WireGuard public key (base64), or @FILE")
-	fs.StringVar(&address, "address", "fd8f:6d53:b97a:1::2", "the agent's inner tunnel address")
-	fs.StringVar(&serverAddress, "server-addresses", "fd8f:6d53:b97a:1::1,198.18.0.1", "the server's inner tunnel addresses (IPv6 and IPv4, comma-separated)")
-	fs.StringVar(&cidrs, "shoot-cidrs", "", "the shoot's node, pod and service networks, comma-separated: the only destinations the seed may reach")
+	fs.Func("address", "the agent's inner tunnel address (default fd8f:6d53:b97a:1::2)", func(v string) (err error) {
+		cfg.VPN.Address, err = netip.ParseAddr(v)
+		return err
+	})
+	fs.Var((*netflag.Addrs)(&cfg.VPN.ServerAddresses), "server-addresses", "the server's inner tunnel addresses (IPv6 and IPv4, comma-separated)")
+	fs.Var((*netflag.Prefixes)(&cfg.VPN.ShootCIDRs), "shoot-cidrs", "the shoot's node, pod and service networks, comma-separated: the only destinations the seed may reach")
 	fs.StringVar(&cfg.VPN.Seed, "seed", "", "the ingress's tunnel listener (host:8132), or with --direct the server's tunnel port")
 	fs.BoolVar(&cfg.VPN.Direct, "direct", false, "dial the server directly, without CONNECT")
 	fs.StringVar(&cfg.VPN.Header, "header", "Reversed-VPN", "CONNECT header naming the destination (Reversed-VPN on 8132, X-Gardener-Destination on 8443)")
@@ -102,27 +109,6 @@ func parseVPN(args []string) (VPNConfig, error) {
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	var err error
-	if cfg.VPN.Address, err = netip.ParseAddr(address); err != nil {
-		return cfg, fmt.Errorf("--address: %w", err)
-	}
-	for _, a := range strings.Split(serverAddress, ",") {
-		addr, err := netip.ParseAddr(strings.TrimSpace(a))
-		if err != nil {
-			return cfg, fmt.Errorf("--server-addresses: %w", err)
-		}
-		cfg.VPN.ServerAddresses = append(cfg.VPN.ServerAddresses, addr)
-	}
-	for _, c := range strings.Split(cidrs, ",") {
-		if c = strings.TrimSpace(c); c == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(c)
-		if err != nil {
-			return cfg, fmt.Errorf("--shoot-cidrs: %w", err)
-		}
-		cfg.VPN.ShootCIDRs = append(cfg.VPN.ShootCIDRs, p)
 	}
 	cfg.Log = logging.New(os.Stderr, verbosity).WithName("vpn")
 	cfg.VPN.Log = cfg.Log

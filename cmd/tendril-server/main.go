@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/tendril-net/tendril/internal/logging"
+	"github.com/tendril-net/tendril/internal/netflag"
 	"github.com/tendril-net/tendril/internal/probe"
 	"github.com/tendril-net/tendril/server"
 	"github.com/tendril-net/tendril/tunnel/wg"
@@ -52,13 +53,17 @@ type Config struct {
 
 func main() {
 	var cfg Config
-	var address, agentAddress, cidrs string
+	cfg.Addresses = mustAddrs("fd8f:6d53:b97a:1::1,198.18.0.1")
+	cfg.AgentAddress = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
 	var verbosity int
 	flag.StringVar(&cfg.PrivateKeyFile, "private-key-file", "", "the server's WireGuard private key (base64, as wg genkey writes it)")
 	flag.StringVar(&cfg.AgentPublicKey, "agent-public-key", "", "the shoot agent's WireGuard public key (base64), or @FILE to read it from a file")
-	flag.StringVar(&address, "addresses", "fd8f:6d53:b97a:1::1,198.18.0.1", "the server's inner tunnel addresses, comma-separated: an IPv6 one from Gardener's VPN range, and an IPv4 one (RFC 2544's 198.18/15, unlikely in a shoot) as the source toward IPv4 shoot networks")
-	flag.StringVar(&agentAddress, "agent-address", "fd8f:6d53:b97a:1::2", "the agent's inner tunnel address")
-	flag.StringVar(&cidrs, "shoot-cidrs", "", "the shoot's node, pod and service networks, comma-separated: the only egress targets")
+	flag.Var((*netflag.Addrs)(&cfg.Addresses), "addresses", "the server's inner tunnel addresses, comma-separated: an IPv6 one from Gardener's VPN range, and an IPv4 one (RFC 2544's 198.18/15, unlikely in a shoot) as the source toward IPv4 shoot networks")
+	flag.Func("agent-address", "the agent's inner tunnel address (default fd8f:6d53:b97a:1::2)", func(v string) (err error) {
+		cfg.AgentAddress, err = netip.ParseAddr(v)
+		return err
+	})
+	flag.Var((*netflag.Prefixes)(&cfg.ShootCIDRs), "shoot-cidrs", "the shoot's node, pod and service networks, comma-separated: the only egress targets")
 	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", ":1194", "where agents' tunnel streams arrive (forwarded by the ingress)")
 	flag.StringVar(&cfg.ConnectAddress, "connect-address", ":9443", "egress HTTP CONNECT over mutual TLS (empty: off)")
 	flag.StringVar(&cfg.ConnectSocket, "connect-socket", "", "egress HTTP CONNECT on this Unix socket (empty: off)")
@@ -68,7 +73,7 @@ func main() {
 	flag.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "key of the CONNECT and gRPC front-ends")
 	flag.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA that signs kube-apiserver's client certificate")
 	flag.StringVar(&cfg.MetricsAddress, "metrics-address", ":9090", "address for /metrics, /healthz and /readyz (empty: off)")
-	flag.IntVar(&cfg.MaxConcurrentDials, "max-concurrent-dials", 256, "dials in flight through the tunnel at once; beyond, CONNECT gets 503")
+	flag.IntVar(&cfg.MaxConcurrentDials, "max-concurrent-dials", 256, "dials in flight through the tunnel at once; more wait up to the dial timeout, then get 503")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
 	flag.Parse()
 	cfg.Log = logging.New(os.Stderr, verbosity).WithName("tendril-server")
@@ -76,32 +81,19 @@ func main() {
 		cfg.Log.Error(err, "Exiting")
 		os.Exit(1)
 	}
-	var err error
-	for _, a := range strings.Split(address, ",") {
-		addr, err := netip.ParseAddr(strings.TrimSpace(a))
-		if err != nil {
-			fail(fmt.Errorf("--addresses: %w", err))
-		}
-		cfg.Addresses = append(cfg.Addresses, addr)
-	}
-	if cfg.AgentAddress, err = netip.ParseAddr(agentAddress); err != nil {
-		fail(fmt.Errorf("--agent-address: %w", err))
-	}
-	for _, c := range strings.Split(cidrs, ",") {
-		if c = strings.TrimSpace(c); c == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(c)
-		if err != nil {
-			fail(fmt.Errorf("--shoot-cidrs: %w", err))
-		}
-		cfg.ShootCIDRs = append(cfg.ShootCIDRs, p)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := Run(ctx, cfg); err != nil {
 		fail(err)
 	}
+}
+
+func mustAddrs(v string) []netip.Addr {
+	var a netflag.Addrs
+	if err := a.Set(v); err != nil {
+		panic(err) // a constant default
+	}
+	return a
 }
 
 // Run serves until ctx ends.
