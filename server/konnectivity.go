@@ -85,9 +85,9 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_REQ:
 			req := pkt.GetDialRequest()
-			target, reason := s.checkTarget(req.GetProtocol(), req.GetAddress())
-			if reason != "" {
-				s.metrics.dials.WithLabelValues(outcomeNotAllowed).Inc()
+			target, outcome, reason := s.checkTarget(req.GetProtocol(), req.GetAddress())
+			if outcome != "" {
+				s.metrics.dials.WithLabelValues(outcome).Inc()
 				dialResponse(req.GetRandom(), 0, reason)
 				continue
 			}
@@ -185,21 +185,22 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 	}
 }
 
-// checkTarget validates a dial request's target: TCP to an IP:port inside the shoot's CIDRs. A
-// refusal comes with its reason for the client.
-func (s *Server) checkTarget(protocol, address string) (netip.AddrPort, string) {
+// checkTarget validates a dial's target: TCP to an IP:port inside the shoot's CIDRs.
+// kube-apiserver dials pod, service and node IPs; a name would need DNS inside the shoot. A
+// refusal comes with its outcome (bad_request, target_not_allowed) and a reason for the client.
+func (s *Server) checkTarget(protocol, address string) (target netip.AddrPort, outcome, reason string) {
 	if protocol != "tcp" {
-		return netip.AddrPort{}, fmt.Sprintf("protocol %q not supported (tcp only)", protocol)
+		return target, outcomeBadRequest, fmt.Sprintf("protocol %q not supported (tcp only)", protocol)
 	}
 	target, err := netip.ParseAddrPort(address)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Sprintf("target %q must be IP:port", address)
+		return target, outcomeBadRequest, fmt.Sprintf("target %q must be IP:port", address)
 	}
 	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
 	if !s.allowed(target.Addr()) {
-		return netip.AddrPort{}, "target " + target.String() + " is outside the shoot's networks"
+		return target, outcomeNotAllowed, "target " + target.String() + " is outside the shoot's networks"
 	}
-	return target, ""
+	return target, "", ""
 }
 
 func dialOutcome(err error) string {

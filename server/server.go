@@ -234,15 +234,13 @@ func (s *Server) serveConnect(ctx context.Context, c net.Conn, track func(net.Co
 		s.answer(c, outcomeBadRequest, http.StatusMethodNotAllowed, "only CONNECT is served", nil)
 		return
 	}
-	target, err := netip.ParseAddrPort(req.Host)
-	if err != nil {
-		// kube-apiserver dials pod, service and node IPs; a name would need DNS inside the shoot.
-		s.answer(c, outcomeBadRequest, http.StatusBadRequest, "target must be IP:port", fmt.Errorf("target %q: %w", req.Host, err))
+	target, outcome, reason := s.checkTarget("tcp", req.Host)
+	switch outcome {
+	case outcomeBadRequest:
+		s.answer(c, outcome, http.StatusBadRequest, reason, nil)
 		return
-	}
-	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
-	if !s.allowed(target.Addr()) {
-		s.answer(c, outcomeNotAllowed, http.StatusForbidden, "target "+target.String()+" is outside the shoot's networks", nil)
+	case outcomeNotAllowed:
+		s.answer(c, outcome, http.StatusForbidden, reason, nil)
 		return
 	}
 	if !s.acquireDial(ctx) {

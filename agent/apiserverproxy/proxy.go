@@ -6,14 +6,10 @@
 package apiserverproxy
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -23,6 +19,7 @@ import (
 	"github.com/pires/go-proxyproto"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
 )
 
@@ -241,42 +238,11 @@ func APIServerDestination(ns string) string {
 	return "outbound|443||kube-apiserver." + ns + ".svc.cluster.local"
 }
 
-// connect opens a CONNECT tunnel on up. The answer is read byte by byte up to its blank line,
-// so that nothing of the tunnel's own stream is consumed with it.
+// connect opens a CONNECT tunnel on up to the shoot's kube-apiserver. The request target must be
+// an authority (host:port); the header routes.
 func (a *Agent) connect(up net.Conn) error {
-	// The request target must be an authority (host:port); the header routes.
-	target := "kube-apiserver." + a.cfg.Namespace + ".svc.cluster.local:443"
-	if _, err := fmt.Fprintf(up, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nX-Gardener-Destination: %s\r\n\r\n", target, target, APIServerDestination(a.cfg.Namespace)); err != nil {
-		return err
-	}
-	head, err := readHead(up, 4096)
-	if err != nil {
-		return fmt.Errorf("CONNECT answer: %w", err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(head)), nil)
-	if err != nil {
-		return fmt.Errorf("CONNECT answer: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("CONNECT refused: %s", resp.Status)
-	}
-	return nil
-}
-
-// readHead reads an HTTP response head (through its blank line) of at most limit bytes.
-func readHead(r io.Reader, limit int) ([]byte, error) {
-	head := make([]byte, 0, 128)
-	b := make([]byte, 1)
-	for len(head) < limit {
-		if _, err := io.ReadFull(r, b); err != nil {
-			return nil, err
-		}
-		head = append(head, b[0])
-		if bytes.HasSuffix(head, []byte("\r\n\r\n")) {
-			return head, nil
-		}
-	}
-	return nil, fmt.Errorf("response head longer than %d bytes", limit)
+	return connect.Open(up, "kube-apiserver."+a.cfg.Namespace+".svc.cluster.local:443",
+		"X-Gardener-Destination", APIServerDestination(a.cfg.Namespace))
 }
 
 // routineCheck keeps readiness (the ingress accepts TCP) and the link's address up to date.

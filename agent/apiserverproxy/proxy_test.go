@@ -240,9 +240,18 @@ func TestDrain(t *testing.T) {
 		t.Fatalf("before shutdown: %q", l)
 	}
 	cancel()
-	time.Sleep(50 * time.Millisecond) // the listener closes
-	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-		t.Error("a new connection was accepted while draining")
+	// The listener closes as the context ends; from then on new connections are refused.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		nc, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			break
+		}
+		nc.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("new connections are still accepted while draining")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if _, err := io.WriteString(c, "two\n"); err != nil {
 		t.Fatal(err)

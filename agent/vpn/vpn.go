@@ -6,11 +6,9 @@
 package vpn
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -20,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 	"github.com/tendril-net/tendril/tunnel/wg"
@@ -253,36 +252,12 @@ func (a *Agent) dial(ctx context.Context) (net.Conn, error) {
 	}
 	deadline, _ := ctx.Deadline()
 	_ = c.SetDeadline(deadline)
-	if err := connect(c, a.cfg.Header, a.cfg.Destination); err != nil {
+	// The request line needs an authority; the header routes.
+	if err := connect.Open(c, "vpn-seed-server:1194", a.cfg.Header, a.cfg.Destination); err != nil {
 		a.dialErrors.WithLabelValues("connect").Inc()
 		c.Close()
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Time{})
 	return c, nil
-}
-
-// connect sends the CONNECT and reads the answer's head byte by byte, so that nothing of the
-// tunnel's own stream is consumed with it.
-func connect(c net.Conn, header, dest string) error {
-	const target = "vpn-seed-server:1194" // an authority for the request line; the header routes
-	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s: %s\r\n\r\n", target, target, header, dest); err != nil {
-		return err
-	}
-	head := make([]byte, 0, 128)
-	b := make([]byte, 1)
-	for !bytes.HasSuffix(head, []byte("\r\n\r\n")) {
-		if len(head) >= 4096 {
-			return errors.New("CONNECT answer longer than 4 KiB")
-		}
-		if _, err := io.ReadFull(c, b); err != nil {
-			return fmt.Errorf("CONNECT answer: %w", err)
-		}
-		head = append(head, b[0])
-	}
-	status, _, _ := bytes.Cut(head, []byte("\r\n"))
-	if f := bytes.Fields(status); len(f) < 2 || string(f[1]) != "200" {
-		return fmt.Errorf("CONNECT refused: %q", status)
-	}
-	return nil
 }

@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/go-logr/logr"
@@ -121,15 +120,7 @@ func RunVPN(ctx context.Context, cfg VPNConfig) error {
 	if cfg.VPN.PrivateKey, err = wg.LoadPrivateKey(cfg.PrivateKeyFile); err != nil {
 		return err
 	}
-	key := cfg.ServerKey
-	if path, ok := strings.CutPrefix(key, "@"); ok {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return fmt.Errorf("--server-public-key: %w", err)
-		}
-		key = string(b)
-	}
-	if cfg.VPN.ServerPublicKey, err = wg.ParseKey(strings.TrimSpace(key)); err != nil {
+	if cfg.VPN.ServerPublicKey, err = wg.ParsePublicKeyArg(cfg.ServerKey); err != nil {
 		return fmt.Errorf("--server-public-key: %w", err)
 	}
 	reg := prometheus.NewRegistry()

@@ -15,7 +15,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/go-logr/logr"
@@ -102,7 +101,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	agentKey, err := publicKey(cfg.AgentPublicKey)
+	agentKey, err := wg.ParsePublicKeyArg(cfg.AgentPublicKey)
 	if err != nil {
 		return fmt.Errorf("--agent-public-key: %w", err)
 	}
@@ -180,20 +179,6 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	cfg.Log.Info("Serving", "tunnel", tl.Addr().String(), "connect", cfg.ConnectAddress, "grpc", cfg.GRPCAddress, "shootCIDRs", fmt.Sprint(cfg.ShootCIDRs))
 	return g.Wait()
-}
-
-func publicKey(v string) (wg.Key, error) {
-	if path, ok := strings.CutPrefix(v, "@"); ok {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return wg.Key{}, err
-		}
-		v = string(b)
-	}
-	if strings.TrimSpace(v) == "" {
-		return wg.Key{}, errors.New("required")
-	}
-	return wg.ParseKey(strings.TrimSpace(v))
 }
 
 // mutualTLS is the front-end's TLS: its own certificate, and kube-apiserver's client

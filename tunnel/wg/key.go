@@ -117,3 +117,19 @@ func (k Key) hex() string {
 	}
 	return string(b[:])
 }
+
+// ParsePublicKeyArg parses a public key given on a command line: the key itself, or @FILE to read
+// it from a file (a mounted Secret), surrounding whitespace ignored.
+func ParsePublicKeyArg(v string) (Key, error) {
+	if path, ok := strings.CutPrefix(v, "@"); ok {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return Key{}, fmt.Errorf("wg: public key: %w", err)
+		}
+		v = string(b)
+	}
+	if strings.TrimSpace(v) == "" {
+		return Key{}, errors.New("wg: public key: empty")
+	}
+	return ParseKey(strings.TrimSpace(v))
+}

@@ -153,3 +153,25 @@ func TestLimiter(t *testing.T) {
 		t.Fatalf("after a second: allowed %v, suppressed %d; want true, 5", ok, suppressed)
 	}
 }
+
+func TestParsePublicKeyArg(t *testing.T) {
+	k, err := GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := k.PublicKey()
+	path := t.TempDir() + "/pub"
+	if err := os.WriteFile(path, []byte(pub.String()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, arg := range []string{pub.String(), "@" + path} {
+		if got, err := ParsePublicKeyArg(arg); err != nil || got != pub {
+			t.Errorf("%q: %v, %v", arg, got, err)
+		}
+	}
+	for _, bad := range []string{"", "@" + path + ".missing", "not-a-key"} {
+		if _, err := ParsePublicKeyArg(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
