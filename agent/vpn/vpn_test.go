@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/server"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/model"
@@ -122,10 +122,9 @@ func TestThroughIngress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wgr.Add(2)
-	go func() { defer wgr.Done(); serveEcho(echo) }()
+	testnet.Serve(t, echo, testnet.Echo)
+	wgr.Add(1)
 	go func() { defer wgr.Done(); _ = a.Run(ctx) }()
-	defer echo.Close()
 
 	roundTrip := func() error {
 		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
@@ -185,22 +184,5 @@ func eventually(t *testing.T, what string, f func() error) {
 			t.Fatalf("%s: %v", what, err)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func serveEcho(l net.Listener) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer c.Close()
-			_, _ = io.Copy(c, c)
-		}()
 	}
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/tendril-net/tendril/internal/testnet"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -76,39 +78,6 @@ func pump(from, to *Stack) {
 	}
 }
 
-// echoServer is a real loopback TCP echo server.
-func echoServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				echo(c)
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	return ln.Addr().String()
-}
-
-func echo(c net.Conn) {
-	_, _ = io.Copy(c, c)
-	_ = c.(interface{ CloseWrite() error }).CloseWrite()
-}
-
 // relay is a Forward.Handler that dials backend first and accepts only if that worked.
 func relay(backend string) Handler {
 	return func(ctx context.Context, r *Request) {
@@ -133,28 +102,6 @@ func relay(backend string) Handler {
 		_ = c.(interface{ CloseWrite() error }).CloseWrite()
 		<-done
 	}
-}
-
-func roundTrip(c net.Conn, payload []byte) error {
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Write(payload)
-		if err == nil {
-			err = c.(interface{ CloseWrite() error }).CloseWrite()
-		}
-		errc <- err
-	}()
-	got, err := io.ReadAll(c)
-	if werr := <-errc; werr != nil {
-		return fmt.Errorf("write: %w", werr)
-	}
-	if err != nil {
-		return fmt.Errorf("read: %w", err)
-	}
-	if !bytes.Equal(got, payload) {
-		return fmt.Errorf("echo differs: %d bytes, want %d identical", len(got), len(payload))
-	}
-	return nil
 }
 
 func dial(t *testing.T, s *Stack, network, addr string) (net.Conn, error) {
@@ -217,12 +164,12 @@ func TestOwnAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serveEcho(t, ln)
+	testnet.Serve(t, ln, testnet.Echo)
 	c, err := dial(t, a, "tcp6", "[fd00::2]:7000")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := roundTrip(c, bytes.Repeat([]byte("0123456789abcdef"), 1<<18)); err != nil {
+	if err := testnet.RoundTrip(c, bytes.Repeat([]byte("0123456789abcdef"), 1<<18)); err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
@@ -270,27 +217,6 @@ func TestOwnAddresses(t *testing.T) {
 	}
 }
 
-func serveEcho(t *testing.T, ln net.Listener) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				echo(c)
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-}
-
 // forwardPair is A (the seed server, with an IPv4 address to dial IPv4 pods from) and B (the
 // agent) forwarding podNet with h.
 func forwardPair(t *testing.T, fwd Forward) (*Stack, *Stack) {
@@ -302,7 +228,7 @@ func forwardPair(t *testing.T, fwd Forward) (*Stack, *Stack) {
 
 // TestForward forwards to a real loopback echo server and checks every refusal reason.
 func TestForward(t *testing.T) {
-	backend := echoServer(t)
+	backend := testnet.EchoServer(t)
 	var seen sync.Map // dst → src
 	a, b := forwardPair(t, Forward{Handler: func(ctx context.Context, r *Request) {
 		seen.Store(r.Dst(), r.Src())
@@ -319,7 +245,7 @@ func TestForward(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := roundTrip(c, bytes.Repeat([]byte{7}, 1<<20)); err != nil {
+	if err := testnet.RoundTrip(c, bytes.Repeat([]byte{7}, 1<<20)); err != nil {
 		t.Fatal(err)
 	}
 	if got := c.RemoteAddr().String(); got != "10.123.4.5:80" {
@@ -386,7 +312,7 @@ func TestForwardDropsNonTCP(t *testing.T) {
 // TestForwardListenUnspecified checks that a listener on the unspecified address takes only
 // the stack's own address: the same port on a pod address is still forwarded.
 func TestForwardListenUnspecified(t *testing.T) {
-	backend := echoServer(t)
+	backend := testnet.EchoServer(t)
 	a, b := forwardPair(t, Forward{Handler: relay(backend)})
 	ln, err := b.Listen("tcp", ":8080")
 	if err != nil {
@@ -411,7 +337,7 @@ func TestForwardListenUnspecified(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := roundTrip(c, []byte("the pod echoes")); err != nil {
+	if err := testnet.RoundTrip(c, []byte("the pod echoes")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -435,7 +361,7 @@ func TestForwardListenUnspecified(t *testing.T) {
 // next SYN is dropped and counted, and that it gets through once a slot frees (its client
 // retransmits the SYN after 1 s).
 func TestForwardInFlightLimit(t *testing.T) {
-	backend := echoServer(t)
+	backend := testnet.EchoServer(t)
 	release := make(chan struct{})
 	a, b := forwardPair(t, Forward{MaxInFlight: 2, Handler: func(ctx context.Context, r *Request) {
 		select {
@@ -453,7 +379,7 @@ func TestForwardInFlightLimit(t *testing.T) {
 			defer wg.Done()
 			c, err := dial(t, a, "tcp", fmt.Sprintf("10.123.0.%d:80", i+1))
 			if err == nil {
-				err = roundTrip(c, []byte("late"))
+				err = testnet.RoundTrip(c, []byte("late"))
 				c.Close()
 			}
 			errs <- err
@@ -482,7 +408,7 @@ func TestForwardInFlightLimit(t *testing.T) {
 // returns after they did. (The other side learns nothing: a closed stack sends no more
 // packets, as a closed WireGuard device carries none.)
 func TestForwardCloseWaitsForHandlers(t *testing.T) {
-	backend := echoServer(t)
+	backend := testnet.EchoServer(t)
 	var returned sync.WaitGroup
 	returned.Add(2)
 	a, b := forwardPair(t, Forward{Handler: func(ctx context.Context, r *Request) {

@@ -14,6 +14,7 @@ import (
 	"golang.zx2c4.com/wireguard/tun"
 	wgnetstack "golang.zx2c4.com/wireguard/tun/netstack"
 
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 )
 
@@ -42,7 +43,7 @@ func BenchmarkThroughput(b *testing.B) {
 		return func(b *testing.B) {
 			w := newWorld(b, o)
 			received := make(chan int64, 1)
-			serve(b, listen(b, w.agent, agentAddr, 9000), func(c net.Conn) { received <- drain(c) })
+			testnet.Serve(b, listen(b, w.agent, agentAddr, 9000), func(c net.Conn) { received <- drain(c) })
 			benchTransfer(b, size, received, func() (net.Conn, error) {
 				return dial(b, w.server, agentAddr, 9000, 10*time.Second)
 			})
@@ -65,7 +66,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.Fatal(err)
 		}
 		received := make(chan int64, 1)
-		serve(b, ln, func(c net.Conn) { received <- drain(c) })
+		testnet.Serve(b, ln, func(c net.Conn) { received <- drain(c) })
 		benchTransfer(b, size, received, func() (net.Conn, error) {
 			return net.Dial("tcp", ln.Addr().String())
 		})

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 )
 
@@ -39,7 +40,7 @@ func newShoot(t testing.TB, handle func(net.Conn)) *shoot {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serve(t, ln, handle)
+	testnet.Serve(t, ln, handle)
 	// A port that refuses: listen, note the port, close.
 	gone, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -97,7 +98,7 @@ func dialAddr(t testing.TB, tun *Tunnel, ap netip.AddrPort, timeout time.Duratio
 // TestForward runs a server and an agent that forwards 10.123.0.0/16 over one real TCP stream;
 // the agent's handler relays to a real loopback echo server.
 func TestForward(t *testing.T) {
-	w, sh := newForwardWorld(t, worldOpts{}, echo)
+	w, sh := newForwardWorld(t, worldOpts{}, testnet.Echo)
 
 	t.Run("8 MB echo", func(t *testing.T) {
 		dst := netip.MustParseAddrPort("10.123.0.5:80")
@@ -106,7 +107,7 @@ func TestForward(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		if err := roundTrip(c, randomBytes(t, 8<<20)); err != nil {
+		if err := testnet.RoundTrip(c, randomBytes(t, 8<<20)); err != nil {
 			t.Fatal(err)
 		}
 		src, ok := sh.src(dst)
@@ -133,7 +134,7 @@ func TestForward(t *testing.T) {
 					return
 				}
 				defer c.Close()
-				if err := roundTrip(c, []byte(fmt.Sprintf("hello %d", i))); err != nil {
+				if err := testnet.RoundTrip(c, []byte(fmt.Sprintf("hello %d", i))); err != nil {
 					errs <- fmt.Errorf("conn %d to %v: %w", i, dst, err)
 					return
 				}
@@ -175,21 +176,21 @@ func TestForward(t *testing.T) {
 	})
 
 	t.Run("own address", func(t *testing.T) {
-		serve(t, listen(t, w.agent, agentAddr, 7000), echo)
+		testnet.Serve(t, listen(t, w.agent, agentAddr, 7000), testnet.Echo)
 		// A listener on the unspecified address binds the agent's one address only: the same
 		// port on a pod address is still forwarded.
 		any, err := w.agent.Listen("tcp", ":8080")
 		if err != nil {
 			t.Fatal(err)
 		}
-		serve(t, any, func(c net.Conn) { _, _ = c.Write([]byte("agent")) })
+		testnet.Serve(t, any, func(c net.Conn) { _, _ = c.Write([]byte("agent")) })
 		for _, port := range []uint16{7000, 8080} {
 			c, err := dialAddr(t, w.server, netip.AddrPortFrom(agentAddr, port), 10*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if port == 7000 {
-				err = roundTrip(c, []byte("own address"))
+				err = testnet.RoundTrip(c, []byte("own address"))
 			} else {
 				var buf [5]byte
 				_, err = c.Read(buf[:])
@@ -208,7 +209,7 @@ func TestForward(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		if err := roundTrip(c, []byte("still the pod")); err != nil {
+		if err := testnet.RoundTrip(c, []byte("still the pod")); err != nil {
 			t.Fatal(err)
 		}
 		refused(t, netip.AddrPortFrom(agentAddr, 7999), netstack.RefusedLocalPort)
@@ -226,7 +227,7 @@ func TestForward(t *testing.T) {
 // handler queries the agent's Tunnel on its way out (which would wait forever for the device's
 // lock if the device closed before the handlers were done).
 func TestForwardClose(t *testing.T) {
-	sh := newShoot(t, echo)
+	sh := newShoot(t, testnet.Echo)
 	var agent atomic.Pointer[Tunnel]
 	w := newWorld(t, worldOpts{
 		routed: []netip.Prefix{serverNet},

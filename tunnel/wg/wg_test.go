@@ -1,7 +1,6 @@
 package wg
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -16,6 +15,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"go.uber.org/goleak"
 
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 )
@@ -174,37 +174,6 @@ func (w *world) connect() {
 	w.lastAgentConn, w.lastAgentEP = c, ep
 }
 
-// serve accepts on ln until it is closed and runs handle for each connection; the test waits
-// for every handler at cleanup.
-func serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				handle(c)
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-}
-
-// echo copies everything back and half-closes when the client does.
-func echo(c net.Conn) {
-	_, _ = io.Copy(c, c)
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	}
-}
-
 func listen(t testing.TB, tun *Tunnel, addr netip.Addr, port uint16) net.Listener {
 	t.Helper()
 	ln, err := tun.ListenTCP(netip.AddrPortFrom(addr, port))
@@ -220,29 +189,6 @@ func dial(t testing.TB, tun *Tunnel, addr netip.Addr, port uint16, timeout time.
 	return tun.DialContext(ctx, "tcp", netip.AddrPortFrom(addr, port).String())
 }
 
-// roundTrip sends payload on c, half-closes, and checks that the echo is identical.
-func roundTrip(c net.Conn, payload []byte) error {
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Write(payload)
-		if err == nil {
-			err = c.(interface{ CloseWrite() error }).CloseWrite()
-		}
-		errc <- err
-	}()
-	got, err := io.ReadAll(c)
-	if werr := <-errc; werr != nil {
-		return fmt.Errorf("write: %w", werr)
-	}
-	if err != nil {
-		return fmt.Errorf("read: %w", err)
-	}
-	if !bytes.Equal(got, payload) {
-		return fmt.Errorf("echo differs: got %d bytes, want %d identical bytes", len(got), len(payload))
-	}
-	return nil
-}
-
 func randomBytes(t *testing.T, n int) []byte {
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
@@ -255,8 +201,8 @@ func randomBytes(t *testing.T, n int) []byte {
 // agent's inner address (path 4) and the agent dials the server's.
 func TestEchoBothWays(t *testing.T) {
 	w := newWorld(t, worldOpts{})
-	serve(t, listen(t, w.agent, agentAddr, 7000), echo)
-	serve(t, listen(t, w.server, serverAddr, 7000), echo)
+	testnet.Serve(t, listen(t, w.agent, agentAddr, 7000), testnet.Echo)
+	testnet.Serve(t, listen(t, w.server, serverAddr, 7000), testnet.Echo)
 	payload := randomBytes(t, 8<<20)
 	for _, tc := range []struct {
 		name string
@@ -272,7 +218,7 @@ func TestEchoBothWays(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			if err := roundTrip(c, payload); err != nil {
+			if err := testnet.RoundTrip(c, payload); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -293,7 +239,7 @@ func TestEchoBothWays(t *testing.T) {
 // TestManyConnections opens 200 connections at once from the server to the agent.
 func TestManyConnections(t *testing.T) {
 	w := newWorld(t, worldOpts{})
-	serve(t, listen(t, w.agent, agentAddr, 7000), echo)
+	testnet.Serve(t, listen(t, w.agent, agentAddr, 7000), testnet.Echo)
 	const conns = 200
 	var wg sync.WaitGroup
 	errs := make(chan error, conns)
@@ -307,7 +253,7 @@ func TestManyConnections(t *testing.T) {
 				return
 			}
 			defer c.Close()
-			if err := roundTrip(c, []byte(fmt.Sprintf("hello %d", i))); err != nil {
+			if err := testnet.RoundTrip(c, []byte(fmt.Sprintf("hello %d", i))); err != nil {
 				errs <- fmt.Errorf("conn %d: %w", i, err)
 			}
 		}()
@@ -325,9 +271,9 @@ func TestManyConnections(t *testing.T) {
 func TestStalledReaderDoesNotStallOthers(t *testing.T) {
 	w := newWorld(t, worldOpts{})
 	release := make(chan struct{})
-	serve(t, listen(t, w.agent, agentAddr, 7001), func(c net.Conn) { <-release }) // never reads
+	testnet.Serve(t, listen(t, w.agent, agentAddr, 7001), func(c net.Conn) { <-release }) // never reads
 	received := make(chan int64, 1)
-	serve(t, listen(t, w.agent, agentAddr, 7002), func(c net.Conn) {
+	testnet.Serve(t, listen(t, w.agent, agentAddr, 7002), func(c net.Conn) {
 		n, _ := io.Copy(io.Discard, c)
 		received <- n
 	})
@@ -388,7 +334,7 @@ func (zeros) Read(p []byte) (int, error) {
 // the server reaches the agent over it.
 func TestStreamBreakAndReattach(t *testing.T) {
 	w := newWorld(t, worldOpts{})
-	serve(t, listen(t, w.agent, agentAddr, 7000), echo)
+	testnet.Serve(t, listen(t, w.agent, agentAddr, 7000), testnet.Echo)
 	check := func(what string) {
 		t.Helper()
 		c, err := dial(t, w.server, agentAddr, 7000, 10*time.Second)
@@ -396,7 +342,7 @@ func TestStreamBreakAndReattach(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 		defer c.Close()
-		if err := roundTrip(c, []byte(what)); err != nil {
+		if err := testnet.RoundTrip(c, []byte(what)); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
@@ -442,8 +388,8 @@ func TestStreamBreakAndReattach(t *testing.T) {
 func TestWrongKey(t *testing.T) {
 	wrong := newKey(t)
 	w := newWorld(t, worldOpts{agentKey: &wrong})
-	serve(t, listen(t, w.agent, agentAddr, 7000), echo)
-	serve(t, listen(t, w.server, serverAddr, 7000), echo)
+	testnet.Serve(t, listen(t, w.agent, agentAddr, 7000), testnet.Echo)
+	testnet.Serve(t, listen(t, w.server, serverAddr, 7000), testnet.Echo)
 
 	var wg sync.WaitGroup
 	for _, tc := range []struct {
@@ -548,13 +494,13 @@ func TestListenAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serve(t, ln, echo)
+	testnet.Serve(t, ln, testnet.Echo)
 	c, err := dial(t, w.server, agentAddr, 7100, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := roundTrip(c, []byte("any address")); err != nil {
+	if err := testnet.RoundTrip(c, []byte("any address")); err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range [][2]string{{"udp", ":53"}, {"tcp", "nonsense"}, {"tcp", "host.example:80"}} {
