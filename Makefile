@@ -3,8 +3,9 @@ export GOTOOLCHAIN := local
 GO        ?= go
 FUZZ_TIME ?= 30s
 BENCH_ARGS ?=
+CONTROLLER_GEN_VERSION ?= v0.23.0
 
-.PHONY: help build test vet fuzz bench run clean
+.PHONY: help build test vet fuzz bench run clean generate testbin
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -16,8 +17,15 @@ vet: ## go vet and gofmt.
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
-test: vet build ## Run all tests (unit tests with -race, loopback end-to-end tests, golden files).
-	$(GO) test -race -count=1 -timeout 20m ./...
+test: vet build testbin ## Run all tests (unit tests with -race, loopback end-to-end tests, envtest, golden files).
+	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" $(GO) test -race -count=1 -timeout 30m ./...
+
+testbin: ## Build kube-apiserver and etcd for envtest into ~/.cache/tendril (once; about 9 minutes on 2 cores).
+	@hack/testbin.sh >/dev/null
+
+generate: ## Regenerate deepcopy functions and the CRDs from apis/ (controller-gen).
+	$(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION) object paths=./apis/... \
+		crd:crdVersions=v1 output:crd:artifacts:config=charts/tendril-seed/crds
 
 fuzz: ## Run every fuzz target for FUZZ_TIME each.
 	@$(GO) list -f '{{.ImportPath}} {{.Dir}}' ./... | while read -r pkg dir; do \

@@ -1,0 +1,100 @@
+package v1alpha1
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// ProviderConfigKind is the kind of the Extension's providerConfig.
+const ProviderConfigKind = "ProviderConfig"
+
+// EgressMode is how kube-apiserver sends its EgressSelector `cluster` traffic to tendril-server.
+type EgressMode string
+
+const (
+	// EgressHTTPConnect is HTTP CONNECT over mutual TLS (tendril-server port 9443).
+	EgressHTTPConnect EgressMode = "httpConnect"
+	// EgressGRPC is the konnectivity gRPC ProxyService (tendril-server port 8090).
+	EgressGRPC EgressMode = "grpc"
+)
+
+// ProviderConfig is the shoot owner's configuration of the tendril Extension
+// (Extension.spec.providerConfig). Its zero value is the default: HTTP CONNECT egress and no
+// apiserver-proxy agent.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:skipversion
+type ProviderConfig struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// APIServerProxy deploys the apiserver-proxy agent (a DaemonSet on every node) that sends
+	// in-cluster API traffic to the ingress's PROXY-protocol listener.
+	//
+	// +optional
+	APIServerProxy *APIServerProxy `json:"apiserverProxy,omitempty"`
+
+	// Egress selects kube-apiserver's egress front-end: httpConnect (default) or grpc.
+	//
+	// +optional
+	Egress EgressMode `json:"egress,omitempty"`
+}
+
+// APIServerProxy configures the shoot-side apiserver-proxy agent.
+type APIServerProxy struct {
+	// Enabled deploys the agent.
+	Enabled bool `json:"enabled"`
+}
+
+// APIServerProxyEnabled reports whether the apiserver-proxy agent is wanted.
+func (c *ProviderConfig) APIServerProxyEnabled() bool {
+	return c != nil && c.APIServerProxy != nil && c.APIServerProxy.Enabled
+}
+
+// EgressOrDefault is the configured egress mode, httpConnect when unset.
+func (c *ProviderConfig) EgressOrDefault() EgressMode {
+	if c == nil || c.Egress == "" {
+		return EgressHTTPConnect
+	}
+	return c.Egress
+}
+
+// DecodeProviderConfig decodes raw strictly (unknown fields are errors, so a typo does not
+// silently fall back to a default) and validates it. Empty raw is the default config.
+// Errors are field errors so the reconciler can report ERR_CONFIGURATION_PROBLEM.
+func DecodeProviderConfig(raw []byte) (*ProviderConfig, field.ErrorList) {
+	root := field.NewPath("spec", "providerConfig")
+	cfg := &ProviderConfig{}
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return cfg, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(cfg); err != nil {
+		return nil, field.ErrorList{field.Invalid(root, string(raw), fmt.Sprintf("cannot decode: %v", err))}
+	}
+	if dec.More() {
+		return nil, field.ErrorList{field.Invalid(root, string(raw), "trailing data after the object")}
+	}
+	return cfg, ValidateProviderConfig(cfg, root)
+}
+
+// ValidateProviderConfig checks a decoded ProviderConfig.
+func ValidateProviderConfig(c *ProviderConfig, root *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if c.APIVersion != "" && c.APIVersion != SchemeGroupVersion.String() {
+		errs = append(errs, field.NotSupported(root.Child("apiVersion"), c.APIVersion, []string{SchemeGroupVersion.String()}))
+	}
+	if c.Kind != "" && c.Kind != ProviderConfigKind {
+		errs = append(errs, field.NotSupported(root.Child("kind"), c.Kind, []string{ProviderConfigKind}))
+	}
+	switch c.Egress {
+	case "", EgressHTTPConnect, EgressGRPC:
+	default:
+		errs = append(errs, field.NotSupported(root.Child("egress"), c.Egress, []EgressMode{EgressHTTPConnect, EgressGRPC}))
+	}
+	return errs
+}

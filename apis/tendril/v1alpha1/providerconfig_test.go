@@ -1,0 +1,41 @@
+package v1alpha1
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestDecodeProviderConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, raw  string
+		wantErr    string
+		wantEgress EgressMode
+		wantProxy  bool
+	}{
+		{name: "empty is the default", raw: "", wantEgress: EgressHTTPConnect},
+		{name: "full", raw: `{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true},"egress":"grpc"}`, wantEgress: EgressGRPC, wantProxy: true},
+		{name: "without type meta", raw: `{"egress":"httpConnect"}`, wantEgress: EgressHTTPConnect},
+		{name: "unknown field", raw: `{"egres":"grpc"}`, wantErr: `unknown field "egres"`},
+		{name: "bad egress", raw: `{"egress":"socks"}`, wantErr: `spec.providerConfig.egress: Unsupported value: "socks"`},
+		{name: "wrong kind", raw: `{"kind":"Other"}`, wantErr: "spec.providerConfig.kind"},
+		{name: "wrong version", raw: `{"apiVersion":"tendril.extensions.gardener.cloud/v9"}`, wantErr: "spec.providerConfig.apiVersion"},
+		{name: "garbage", raw: "\x00\xff", wantErr: "cannot decode"},
+		{name: "two objects", raw: `{} {}`, wantErr: "trailing data"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, errs := DecodeProviderConfig([]byte(tc.raw))
+			if tc.wantErr != "" {
+				if len(errs) == 0 || !strings.Contains(errs.ToAggregate().Error(), tc.wantErr) {
+					t.Fatalf("errors %v, want one containing %q", errs, tc.wantErr)
+				}
+				return
+			}
+			if len(errs) != 0 {
+				t.Fatalf("unexpected errors: %v", errs)
+			}
+			if cfg.EgressOrDefault() != tc.wantEgress || cfg.APIServerProxyEnabled() != tc.wantProxy {
+				t.Fatalf("got egress %q proxy %v", cfg.EgressOrDefault(), cfg.APIServerProxyEnabled())
+			}
+		})
+	}
+}
