@@ -1,6 +1,6 @@
 // Package model is tendril's routing model: one Route per shoot, naming the server names that reach
 // its kube-apiserver, the advertised address the PROXY listener routes by, and the upstream
-// addresses behind them. It validates routes but knows nothing about Envoy, xDS or Kubernetes; the
+// endpoints behind them (kube-apiserver runs several replicas, so an upstream is a list). It validates routes but knows nothing about Envoy, xDS or Kubernetes; the
 // sources (route file, Kubernetes objects) fill it and xds/translate turns it into resources.
 package model
 
@@ -20,15 +20,23 @@ type Shoot struct {
 	Name string
 	// Hosts are the TLS server names (SNI) that reach the shoot's kube-apiserver, lower-case.
 	Hosts []string
-	// APIServer is the kube-apiserver upstream. EDS endpoints must be IP addresses, so a source
-	// resolves host names before it builds the model.
-	APIServer netip.AddrPort
+	// APIServers are the kube-apiserver's endpoints, one per ready replica. EDS endpoints must be
+	// IP addresses, so a source resolves host names before it builds the model. Empty means the
+	// shoot is routed but has no ready endpoint: its clusters exist (its server names stay
+	// claimed) and connections to it are refused until endpoints appear.
+	APIServers []netip.AddrPort
 	// AdvertisedAddress is kube-apiserver's advertised address, which in-cluster clients reach
 	// through the PROXY listener; the zero value means the shoot has none.
 	AdvertisedAddress netip.Addr
-	// VPNServer is the shoot's tunnel endpoint (tendril-server), reached through the CONNECT
-	// listeners; the zero value means the shoot has none.
-	VPNServer netip.AddrPort
+	// VPNServers are the shoot's tunnel endpoints (tendril-server), reached through the CONNECT
+	// listeners; empty means the shoot has no tunnel route.
+	VPNServers []netip.AddrPort
+
+	// APIServer and VPNServer are single-endpoint shorthands, merged into the lists by
+	// APIServerEndpoints and VPNServerEndpoints.
+	//
+	// Deprecated: use APIServers and VPNServers; kept until the remaining callers move.
+	APIServer, VPNServer netip.AddrPort
 }
 
 // Validate reports the first thing wrong with one shoot's route.
@@ -36,11 +44,11 @@ func (s Shoot) Validate() error {
 	if err := validateLabel(s.Name); err != nil {
 		return fmt.Errorf("shoot name %q: %w", s.Name, err)
 	}
-	if !s.APIServer.IsValid() || s.APIServer.Port() == 0 {
-		return fmt.Errorf("shoot %s: apiserver must be IP:port with a non-zero port", s.Name)
+	if err := validateEndpoints(s.APIServers, s.APIServer); err != nil {
+		return fmt.Errorf("shoot %s: apiserver: %w", s.Name, err)
 	}
-	if s.VPNServer.IsValid() && s.VPNServer.Port() == 0 {
-		return fmt.Errorf("shoot %s: vpnServer must have a non-zero port", s.Name)
+	if err := validateEndpoints(s.VPNServers, s.VPNServer); err != nil {
+		return fmt.Errorf("shoot %s: vpnServer: %w", s.Name, err)
 	}
 	if len(s.Hosts) == 0 {
 		return fmt.Errorf("shoot %s: at least one host is required", s.Name)
@@ -56,6 +64,38 @@ func (s Shoot) Validate() error {
 		seen[h] = true
 	}
 	return nil
+}
+
+// APIServerEndpoints returns the kube-apiserver endpoints (APIServers and the deprecated
+// APIServer), unmapped, sorted and without duplicates, so that the order a source lists them in
+// never changes the resources.
+func (s Shoot) APIServerEndpoints() []netip.AddrPort { return endpoints(s.APIServers, s.APIServer) }
+
+// VPNServerEndpoints returns the tunnel endpoints like APIServerEndpoints.
+func (s Shoot) VPNServerEndpoints() []netip.AddrPort { return endpoints(s.VPNServers, s.VPNServer) }
+
+func validateEndpoints(list []netip.AddrPort, single netip.AddrPort) error {
+	if single.IsValid() {
+		list = append(slices.Clip(list), single)
+	}
+	for _, e := range list {
+		if !e.IsValid() || e.Port() == 0 {
+			return fmt.Errorf("endpoint %q must be IP:port with a non-zero port", e)
+		}
+	}
+	return nil
+}
+
+func endpoints(list []netip.AddrPort, single netip.AddrPort) []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(list)+1)
+	for _, e := range list {
+		out = append(out, netip.AddrPortFrom(e.Addr().Unmap(), e.Port()))
+	}
+	if single.IsValid() {
+		out = append(out, netip.AddrPortFrom(single.Addr().Unmap(), single.Port()))
+	}
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out)
 }
 
 // ValidateHost checks that h is a lower-case DNS name as a TLS client sends it in SNI: labels of

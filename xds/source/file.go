@@ -7,6 +7,7 @@ package source
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -31,14 +32,42 @@ type RouteFile struct {
 	Shoots []RouteEntry `json:"shoots"`
 }
 
-// RouteEntry is one shoot in the route file. Addresses may name hosts; they are resolved when the
-// file is loaded.
+// RouteEntry is one shoot in the route file. Upstream addresses may name hosts; they are
+// resolved when the file is loaded.
 type RouteEntry struct {
-	Name              string   `json:"name"`
-	Hosts             []string `json:"hosts"`
-	APIServer         string   `json:"apiserver"`
-	AdvertisedAddress string   `json:"advertisedAddress,omitempty"`
-	VPNServer         string   `json:"vpnServer,omitempty"`
+	Name              string    `json:"name"`
+	Hosts             []string  `json:"hosts"`
+	APIServer         Addresses `json:"apiserver"`
+	AdvertisedAddress string    `json:"advertisedAddress,omitempty"`
+	VPNServer         Addresses `json:"vpnServer,omitempty"`
+}
+
+// Addresses are an upstream's "host:port" endpoints. In the file they are one string (the
+// original format, still accepted) or a list of strings.
+type Addresses []string
+
+// UnmarshalJSON accepts a string or a list of strings.
+func (a *Addresses) UnmarshalJSON(b []byte) error {
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*a = Addresses{one}
+		return nil
+	}
+	var list []string
+	if err := json.Unmarshal(b, &list); err != nil {
+		return errors.New("want \"host:port\" or a list of them")
+	}
+	*a = list
+	return nil
+}
+
+// MarshalJSON writes a single address as a string, so a file written by tendril stays readable
+// by older versions.
+func (a Addresses) MarshalJSON() ([]byte, error) {
+	if len(a) == 1 {
+		return json.Marshal(a[0])
+	}
+	return json.Marshal([]string(a))
 }
 
 // Resolver looks up the addresses of a host; *net.Resolver is one.
@@ -83,16 +112,14 @@ func ParseRoutes(ctx context.Context, data []byte, r Resolver) ([]model.Shoot, e
 func (e RouteEntry) model(ctx context.Context, r Resolver) (model.Shoot, error) {
 	s := model.Shoot{Name: e.Name, Hosts: e.Hosts}
 	var err error
-	if e.APIServer == "" {
+	if len(e.APIServer) == 0 {
 		return s, errors.New("apiserver is required")
 	}
-	if s.APIServer, err = resolveHostPort(ctx, r, e.APIServer); err != nil {
+	if s.APIServers, err = resolveAll(ctx, r, e.APIServer); err != nil {
 		return s, fmt.Errorf("apiserver: %w", err)
 	}
-	if e.VPNServer != "" {
-		if s.VPNServer, err = resolveHostPort(ctx, r, e.VPNServer); err != nil {
-			return s, fmt.Errorf("vpnServer: %w", err)
-		}
+	if s.VPNServers, err = resolveAll(ctx, r, e.VPNServer); err != nil {
+		return s, fmt.Errorf("vpnServer: %w", err)
 	}
 	if e.AdvertisedAddress != "" {
 		// An advertised address is what clients dial, so it is an IP by definition.
@@ -103,31 +130,47 @@ func (e RouteEntry) model(ctx context.Context, r Resolver) (model.Shoot, error) 
 	return s, nil
 }
 
-// resolveHostPort turns "host:port" into an IP and port. Of several addresses the smallest is
-// taken, so that reloading an unchanged file never flips the endpoint.
-func resolveHostPort(ctx context.Context, r Resolver, hostport string) (netip.AddrPort, error) {
+// resolveAll resolves every "host:port" of an upstream into its endpoints, sorted and without
+// duplicates, so that reloading an unchanged file never reorders them.
+func resolveAll(ctx context.Context, r Resolver, addrs Addresses) ([]netip.AddrPort, error) {
+	var out []netip.AddrPort
+	for _, a := range addrs {
+		eps, err := resolveHostPort(ctx, r, a)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, eps...)
+	}
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out), nil
+}
+
+// resolveHostPort turns "host:port" into endpoints: the IP itself, or every address the host
+// resolves to (a headless Service names all of its replicas).
+func resolveHostPort(ctx context.Context, r Resolver, hostport string) ([]netip.AddrPort, error) {
 	host, portStr, err := net.SplitHostPort(hostport)
 	if err != nil {
-		return netip.AddrPort{}, err
+		return nil, err
 	}
 	port, err := strconv.ParseUint(portStr, 10, 16)
 	if err != nil || port == 0 {
-		return netip.AddrPort{}, fmt.Errorf("invalid port %q", portStr)
+		return nil, fmt.Errorf("invalid port %q", portStr)
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
-		return netip.AddrPortFrom(ip.Unmap(), uint16(port)), nil
+		return []netip.AddrPort{netip.AddrPortFrom(ip.Unmap(), uint16(port))}, nil
 	}
 	ips, err := r.LookupNetIP(ctx, "ip", host)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("resolve %s: %w", host, err)
+		return nil, fmt.Errorf("resolve %s: %w", host, err)
 	}
 	if len(ips) == 0 {
-		return netip.AddrPort{}, fmt.Errorf("resolve %s: no addresses", host)
+		return nil, fmt.Errorf("resolve %s: no addresses", host)
 	}
-	for i := range ips {
-		ips[i] = ips[i].Unmap()
+	out := make([]netip.AddrPort, len(ips))
+	for i, ip := range ips {
+		out[i] = netip.AddrPortFrom(ip.Unmap(), uint16(port))
 	}
-	return netip.AddrPortFrom(slices.MinFunc(ips, func(a, b netip.Addr) int { return a.Compare(b) }), uint16(port)), nil
+	return out, nil
 }
 
 // File watches a route file and publishes its route set: once at start and after every change.

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,19 +40,42 @@ shoots:
 	}
 	want := model.Shoot{
 		Name: "shoot--a--b", Hosts: []string{"api.b.a.example.com"},
-		// Of several addresses the smallest, so a reload never flips between them.
-		APIServer:         netip.MustParseAddrPort("10.0.0.3:443"),
+		// Every address of a name, sorted, so a reload never reorders them.
+		APIServers:        []netip.AddrPort{netip.MustParseAddrPort("10.0.0.3:443"), netip.MustParseAddrPort("10.0.0.9:443")},
 		AdvertisedAddress: netip.MustParseAddr("240.0.0.1"),
-		VPNServer:         netip.MustParseAddrPort("10.0.0.4:1194"),
+		VPNServers:        []netip.AddrPort{netip.MustParseAddrPort("10.0.0.4:1194")},
 	}
 	if len(shoots) != 1 || !equal(shoots[0], want) {
 		t.Fatalf("got %+v, want %+v", shoots, want)
+	}
+
+	// A list of upstream addresses (several replicas): names and IPs mixed, duplicates merged.
+	list := `
+shoots:
+- name: shoot--a--b
+  hosts: [api.b.a.example.com]
+  apiserver: [10.0.0.20:443, kube-apiserver.shoot--a--b:443, 10.0.0.3:443]
+  vpnServer: ["[fd00::1]:1194", 10.0.0.4:1194]
+`
+	if shoots, err = ParseRoutes(context.Background(), []byte(list), res); err != nil {
+		t.Fatal(err)
+	}
+	want = model.Shoot{
+		Name: "shoot--a--b", Hosts: []string{"api.b.a.example.com"},
+		APIServers: []netip.AddrPort{netip.MustParseAddrPort("10.0.0.3:443"), netip.MustParseAddrPort("10.0.0.9:443"), netip.MustParseAddrPort("10.0.0.20:443")},
+		VPNServers: []netip.AddrPort{netip.MustParseAddrPort("10.0.0.4:1194"), netip.MustParseAddrPort("[fd00::1]:1194")},
+	}
+	if len(shoots) != 1 || !equal(shoots[0], want) {
+		t.Fatalf("list: got %+v, want %+v", shoots, want)
 	}
 
 	for name, tc := range map[string]struct{ yaml, err string }{
 		"unknown field":    {"shoots:\n- name: shoot--a--b\n  hostz: [a.b]\n  apiserver: 10.0.0.1:443\n", "unknown field"},
 		"upper-case host":  {"shoots:\n- name: shoot--a--b\n  hosts: [API.b]\n  apiserver: 10.0.0.1:443\n", "lower-case"},
 		"no port":          {"shoots:\n- name: shoot--a--b\n  hosts: [a.b]\n  apiserver: 10.0.0.1\n", "apiserver"},
+		"empty list":       {"shoots:\n- name: shoot--a--b\n  hosts: [a.b]\n  apiserver: []\n", "apiserver is required"},
+		"bad list item":    {"shoots:\n- name: shoot--a--b\n  hosts: [a.b]\n  apiserver: [10.0.0.1:443, 10.0.0.2]\n", "apiserver"},
+		"not a list":       {"shoots:\n- name: shoot--a--b\n  hosts: [a.b]\n  apiserver: {a: 1}\n", "host:port"},
 		"port 0":           {"shoots:\n- name: shoot--a--b\n  hosts: [a.b]\n  apiserver: 10.0.0.1:0\n", "invalid port"},
 		"unresolvable":     {"shoots:\n- name: shoot--a--b\n  hosts: [a.b]\n  apiserver: nowhere:443\n", "resolve nowhere"},
 		"duplicate host":   {"shoots:\n- name: shoot--a--b\n  hosts: [a.b]\n  apiserver: 10.0.0.1:443\n- name: shoot--a--c\n  hosts: [a.b]\n  apiserver: 10.0.0.2:443\n", "claimed by both"},
@@ -72,8 +96,9 @@ shoots:
 }
 
 func equal(a, b model.Shoot) bool {
-	return a.Name == b.Name && strings.Join(a.Hosts, ",") == strings.Join(b.Hosts, ",") &&
-		a.APIServer == b.APIServer && a.AdvertisedAddress == b.AdvertisedAddress && a.VPNServer == b.VPNServer
+	return a.Name == b.Name && slices.Equal(a.Hosts, b.Hosts) &&
+		slices.Equal(a.APIServerEndpoints(), b.APIServerEndpoints()) && a.AdvertisedAddress == b.AdvertisedAddress &&
+		slices.Equal(a.VPNServerEndpoints(), b.VPNServerEndpoints())
 }
 
 func routeYAML(names ...string) string {

@@ -6,6 +6,7 @@
 package translate
 
 import (
+	"net/netip"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -119,8 +120,9 @@ func Constant(opts Options) Resources {
 
 // Shoot returns one shoot's resources: the clusters that reach its kube-apiserver (one per server
 // name, one for its advertised address, one for the CONNECT wire name), sharing one load
-// assignment, and when it has a vpn server, that server's cluster and assignment. Nothing else
-// depends on the shoot.
+// assignment with all of its endpoints (none while it has no ready endpoint), and when it has vpn
+// server endpoints, that server's cluster and assignment. Nothing else depends on the shoot, and
+// an endpoint change touches only the one assignment.
 func Shoot(s model.Shoot) Resources {
 	service := APIServerService(s.Name)
 	var r Resources
@@ -131,11 +133,11 @@ func Shoot(s model.Shoot) Resources {
 		r.Clusters = append(r.Clusters, edsCluster(ProxyCluster(s.AdvertisedAddress), service))
 	}
 	r.Clusters = append(r.Clusters, edsCluster(APIServerWireName(s.Name), service))
-	r.Endpoints = append(r.Endpoints, assignment(service, s.APIServer.Addr().String(), s.APIServer.Port()))
-	if s.VPNServer.IsValid() {
+	r.Endpoints = append(r.Endpoints, assignment(service, s.APIServerEndpoints()))
+	if vpnEndpoints := s.VPNServerEndpoints(); len(vpnEndpoints) > 0 {
 		vpn := VPNServerService(s.Name)
 		r.Clusters = append(r.Clusters, edsCluster(VPNServerWireName(s.Name), vpn))
-		r.Endpoints = append(r.Endpoints, assignment(vpn, s.VPNServer.Addr().String(), s.VPNServer.Port()))
+		r.Endpoints = append(r.Endpoints, assignment(vpn, vpnEndpoints))
 	}
 	return r
 }
@@ -222,17 +224,24 @@ func edsCluster(name, service string) *clusterv3.Cluster {
 	}
 }
 
-func assignment(service, ip string, port uint16) *endpointv3.ClusterLoadAssignment {
-	return &endpointv3.ClusterLoadAssignment{
-		ClusterName: service,
-		Endpoints: []*endpointv3.LocalityLbEndpoints{{
-			LbEndpoints: []*endpointv3.LbEndpoint{{
-				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-					Address: socketAddress(ip, uint32(port)),
-				}},
-			}},
-		}},
+// assignment is the load assignment of service: its endpoints, in the (sorted) order given, in
+// one locality. With no endpoints it has no locality either, which both data planes read as "no
+// upstream" and refuse connections.
+func assignment(service string, endpoints []netip.AddrPort) *endpointv3.ClusterLoadAssignment {
+	la := &endpointv3.ClusterLoadAssignment{ClusterName: service}
+	if len(endpoints) == 0 {
+		return la
 	}
+	lle := &endpointv3.LocalityLbEndpoints{LbEndpoints: make([]*endpointv3.LbEndpoint, 0, len(endpoints))}
+	for _, e := range endpoints {
+		lle.LbEndpoints = append(lle.LbEndpoints, &endpointv3.LbEndpoint{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: socketAddress(e.Addr().String(), uint32(e.Port())),
+			}},
+		})
+	}
+	la.Endpoints = []*endpointv3.LocalityLbEndpoints{lle}
+	return la
 }
 
 func socketAddress(ip string, port uint32) *corev3.Address {

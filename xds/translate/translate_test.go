@@ -229,3 +229,20 @@ func TestDestinationRegexes(t *testing.T) {
 		}
 	}
 }
+
+// TestNoEndpoints: a shoot without a ready kube-apiserver keeps its clusters, with an empty
+// assignment that still validates, and has no tunnel cluster without tunnel endpoints.
+func TestNoEndpoints(t *testing.T) {
+	r := translate.Shoot(model.Shoot{Name: "shoot--a--b", Hosts: []string{"api.b.example.com"}})
+	if len(r.Clusters) != 2 || len(r.Endpoints) != 1 {
+		t.Fatalf("%d clusters, %d assignments; want the SNI and CONNECT clusters and one assignment", len(r.Clusters), len(r.Endpoints))
+	}
+	if la := r.Endpoints[0]; la.GetClusterName() != translate.APIServerService("shoot--a--b") || len(la.GetEndpoints()) != 0 {
+		t.Errorf("assignment %v, want %s without endpoints", la, translate.APIServerService("shoot--a--b"))
+	}
+	for _, m := range messages(r) {
+		if err := translate.Validate(m); err != nil {
+			t.Error(err)
+		}
+	}
+}
