@@ -16,6 +16,7 @@ type metrics struct {
 	responses     *prometheus.CounterVec
 	sent          *prometheus.CounterVec
 	acks          *prometheus.CounterVec
+	clients       prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -42,9 +43,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		acks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tendril_xds_acks_total", Help: "xDS responses answered by clients, by type and outcome (ack, nack).",
 		}, []string{"type", "outcome"}),
+		clients: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tendril_xds_synced_clients", Help: "Delta clients that answered their first response of every type; the clients a shoot's Programmed status counts.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.shoots, m.resources, m.changes, m.applyDuration, m.responses, m.sent, m.acks)
+		reg.MustRegister(m.shoots, m.resources, m.changes, m.applyDuration, m.responses, m.sent, m.acks, m.clients)
 	}
 	return m
 }

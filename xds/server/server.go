@@ -2,12 +2,14 @@
 // go-control-plane LinearCache per type behind a MuxCache and serves them over ADS, both
 // state-of-the-world and delta. It updates the caches per resource and only for resources whose
 // content changed, so a rebuild with no change pushes nothing and one shoot's change sends only
-// that shoot's resources. It does not watch sources (xds/source does) or translate (xds/translate).
+// that shoot's resources. It tracks which resource versions each delta client has ACKed or NACKed
+// and reports per shoot whether every connected client holds its current resources (ShootStatus,
+// StatusChanges), which is what a Route's Programmed condition reports. It does not watch sources
+// (xds/source and xds/kubesource do) or translate (xds/translate).
 package server
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -17,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -26,7 +29,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -67,9 +69,15 @@ type Server struct {
 	shoots map[string]model.Shoot
 	// owned lists the resource names of each shoot per type, to find removals.
 	owned map[string]map[string][]string
-	// hashes is the content hash of every resource in the caches, per type.
-	hashes      map[string]map[string][32]byte
+	// versions is the version of every resource in the caches, per type: the hash of its
+	// content, computed as go-control-plane computes the delta versions it sends, so that what a
+	// client ACKs compares with what is current.
+	versions    map[string]map[string]string
 	constantSet bool
+	// owner is the shoot owning each resource name, per type (constant resources have none).
+	owner map[string]map[string]string
+	// acks tracks what each delta client holds, for ShootStatus (ack.go).
+	acks acks
 }
 
 // New returns a Server holding no resources.
@@ -79,17 +87,20 @@ func New(cfg Config) *Server {
 		prefix = fmt.Sprintf("%x-", time.Now().UnixNano())
 	}
 	s := &Server{
-		log:     cfg.Log,
-		opts:    cfg.Options,
-		caches:  make(map[string]*cachev3.LinearCache, len(Types)),
-		shoots:  make(map[string]model.Shoot),
-		owned:   make(map[string]map[string][]string),
-		hashes:  make(map[string]map[string][32]byte, len(Types)),
-		metrics: newMetrics(cfg.Registry),
+		log:      cfg.Log,
+		opts:     cfg.Options,
+		caches:   make(map[string]*cachev3.LinearCache, len(Types)),
+		shoots:   make(map[string]model.Shoot),
+		owned:    make(map[string]map[string][]string),
+		versions: make(map[string]map[string]string, len(Types)),
+		owner:    make(map[string]map[string]string, len(Types)),
+		metrics:  newMetrics(cfg.Registry),
+		acks:     newAcks(),
 	}
 	for _, t := range Types {
 		s.caches[t] = cachev3.NewLinearCache(t, cachev3.WithVersionPrefix(prefix), cachev3.WithLogger(logAdapter(cfg.Log.WithName("cache"))))
-		s.hashes[t] = make(map[string][32]byte)
+		s.versions[t] = make(map[string]string)
+		s.owner[t] = make(map[string]string)
 	}
 	caches := make(map[string]cachev3.Cache, len(s.caches))
 	for t, c := range s.caches {
@@ -139,17 +150,20 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 	if !s.constantSet {
 		s.collect(translate.Constant(s.opts), desired)
 	}
+	var touched []string // shoots translated again or removed: their status is evaluated afresh
 	for _, sh := range shoots {
 		next[sh.Name] = sh
 		if old, ok := s.shoots[sh.Name]; ok && equalShoot(old, sh) {
 			continue
 		}
 		st.Translated++
+		touched = append(touched, sh.Name)
 		s.release(sh.Name, released)
 		s.owned[sh.Name] = s.collect(translate.Shoot(sh), desired)
 	}
 	for name := range s.shoots {
 		if _, ok := next[name]; !ok {
+			touched = append(touched, name)
 			s.release(name, released)
 			delete(s.owned, name)
 		}
@@ -158,18 +172,19 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 	for _, t := range Types {
 		update := make(map[string]types.Resource)
 		for name, r := range desired[t] {
-			h := hash(r)
-			if old, ok := s.hashes[t][name]; ok && old == h {
+			v := version(r)
+			if old, ok := s.versions[t][name]; ok && old == v {
 				continue
 			}
-			s.hashes[t][name] = h
+			s.versions[t][name] = v
 			update[name] = r
 		}
 		var remove []string
 		for name := range released[t] {
 			if _, ok := desired[t][name]; !ok {
 				remove = append(remove, name)
-				delete(s.hashes[t], name)
+				delete(s.versions[t], name)
+				delete(s.owner[t], name)
 			}
 		}
 		if len(update) == 0 && len(remove) == 0 {
@@ -183,10 +198,18 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 		}
 		st.Updated += len(update)
 		st.Removed += len(remove)
-		s.metrics.resources.WithLabelValues(t).Set(float64(len(s.hashes[t])))
+		s.metrics.resources.WithLabelValues(t).Set(float64(len(s.versions[t])))
 	}
 	s.constantSet = true
 	s.shoots = next
+	for _, name := range touched {
+		for t, names := range s.owned[name] {
+			for _, n := range names {
+				s.owner[t][n] = name
+			}
+		}
+	}
+	s.evaluate(touched, true)
 	s.metrics.shoots.Set(float64(len(next)))
 	s.metrics.applyDuration.Observe(time.Since(start).Seconds())
 	s.metrics.changes.Add(float64(st.Updated + st.Removed))
@@ -224,20 +247,22 @@ func (s *Server) release(shoot string, released map[string]map[string]bool) {
 func (s *Server) Resources(t string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Sorted(maps.Keys(s.hashes[t]))
+	return slices.Sorted(maps.Keys(s.versions[t]))
 }
 
 func equalShoot(a, b model.Shoot) bool { return reflect.DeepEqual(a, b) }
 
-// hash is the content hash of a resource: deterministic marshalling makes equal messages equal
-// bytes within one binary, which is all the comparison with the previous Apply needs.
-func hash(r types.Resource) [32]byte {
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+// version is the content hash of a resource, exactly as go-control-plane versions the resources
+// of delta responses: deterministic marshalling makes equal messages equal bytes within one
+// binary, which is all the comparison with the previous Apply needs, and a client's ACKed
+// versions compare with it directly.
+func version(r types.Resource) string {
+	b, err := cachev3.MarshalResource(r)
 	if err != nil {
 		// A generated resource always marshals; make a failure count as a change.
-		return [32]byte{}
+		return ""
 	}
-	return sha256.Sum256(b)
+	return cachev3.HashResource(b)
 }
 
 // Serve serves ADS on l until ctx ends, then stops the gRPC server (Stop, not GracefulStop:
@@ -273,12 +298,15 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 	return serverv3.CallbackFuncs{
 		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
 			s.observeRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode().GetId())
+			s.deltaRequest(id, req)
 			return nil
 		},
 		StreamDeltaResponseFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
 			s.metrics.responses.WithLabelValues("delta", resp.GetTypeUrl()).Inc()
 			s.metrics.sent.WithLabelValues("delta", resp.GetTypeUrl()).Add(float64(len(resp.GetResources())))
+			s.deltaResponse(id, resp)
 		},
+		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { s.deltaClosed(id) },
 		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
 			s.observeRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode().GetId())
 			return nil

@@ -1,0 +1,322 @@
+package server
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+
+	"github.com/tendril-net/tendril/xds/model"
+)
+
+// State is how far one shoot's current resources have got to the connected data planes.
+type State int
+
+const (
+	// StateUnknown: the shoot is not in the applied route set.
+	StateUnknown State = iota
+	// StatePending: a connected data plane has not yet acknowledged the shoot's current
+	// resources, or none is connected.
+	StatePending
+	// StateProgrammed: every connected data plane holds the shoot's current resources.
+	StateProgrammed
+	// StateRejected: a data plane refused (NACKed) a response carrying the shoot's current
+	// resources; it keeps serving what it had before.
+	StateRejected
+)
+
+func (st State) String() string {
+	switch st {
+	case StatePending:
+		return "Pending"
+	case StateProgrammed:
+		return "Programmed"
+	case StateRejected:
+		return "Rejected"
+	default:
+		return "Unknown"
+	}
+}
+
+// ShootStatus is the acknowledgement state of one shoot's current resources.
+//
+// Only delta clients count: both data planes (Envoy in tendril's chart and tendril-ingress) use
+// delta, and a state-of-the-world ACK names a cache version, not resources. A client counts once
+// it has answered its first response of every type (it is "synced"): a replica that connects
+// later does not turn programmed shoots back to pending while it loads the full set, which would
+// cost a status write per shoot and replica, but its refusal of a shoot's resources does count.
+type ShootStatus struct {
+	Name  string
+	State State
+	// Model is the applied model this status describes; a consumer compares it with the model it
+	// applied to know the status is about that route version.
+	Model model.Shoot
+	// Clients is the number of synced delta clients counted.
+	Clients int
+	// Detail says which client refused the resources and why (StateRejected only).
+	Detail string
+}
+
+// acks is what each delta stream holds, guarded by Server.mu.
+type acks struct {
+	streams map[int64]*streamAcks
+	// states is the last evaluated state per shoot; changed names the shoots whose state or
+	// model changed since TakeStatusChanges last ran, and notify is signalled when it grows.
+	states  map[string]State
+	changed map[string]bool
+	notify  chan struct{}
+}
+
+func newAcks() acks {
+	return acks{
+		streams: make(map[int64]*streamAcks),
+		states:  make(map[string]State),
+		changed: make(map[string]bool),
+		notify:  make(chan struct{}, 1),
+	}
+}
+
+type streamAcks struct {
+	node   string
+	synced bool
+	// subscribed are the types the client asked for.
+	subscribed map[string]bool
+	// sent holds the responses not yet answered, per type and nonce.
+	sent map[string]map[string]sentResponse
+	// held is what the client holds per type: resource name → version.
+	held map[string]map[string]string
+	// refused are the versions the client NACKed, per type and name, with its detail.
+	refused map[string]map[string]refusal
+}
+
+type sentResponse struct {
+	resources map[string]string // name → version
+	removed   []string
+}
+
+type refusal struct{ version, detail string }
+
+// StatusChanges is signalled (coalesced, capacity one) when at least one shoot's status may have
+// changed; TakeStatusChanges then says which. There is one consumer.
+func (s *Server) StatusChanges() <-chan struct{} { return s.acks.notify }
+
+// TakeStatusChanges returns the current status of every shoot whose state or model changed since
+// the last call, sorted by name, and forgets them. A removed shoot is reported once with
+// StateUnknown.
+func (s *Server) TakeStatusChanges() []ShootStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]ShootStatus, 0, len(s.acks.changed))
+	for _, name := range slices.Sorted(maps.Keys(s.acks.changed)) {
+		out = append(out, s.status(name))
+	}
+	clear(s.acks.changed)
+	return out
+}
+
+// ShootStatus returns the current status of one shoot.
+func (s *Server) ShootStatus(name string) ShootStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status(name)
+}
+
+// status evaluates one shoot against every synced delta client. Called with s.mu held.
+func (s *Server) status(name string) ShootStatus {
+	sh, ok := s.shoots[name]
+	if !ok {
+		return ShootStatus{Name: name, State: StateUnknown}
+	}
+	st := ShootStatus{Name: name, Model: sh}
+	pending := false
+	// Streams in a fixed order, so that the detail of a shoot two clients refused is stable.
+	for _, id := range slices.Sorted(maps.Keys(s.acks.streams)) {
+		c := s.acks.streams[id]
+		if !c.synced {
+			continue
+		}
+		st.Clients++
+		for t, names := range s.owned[name] {
+			for _, n := range names {
+				v := s.versions[t][n]
+				if c.held[t][n] == v {
+					continue
+				}
+				if r, ok := c.refused[t][n]; ok && r.version == v {
+					if st.Detail == "" {
+						st.Detail = fmt.Sprintf("%s refused %s: %s", cmp.Or(c.node, "a client"), n, r.detail)
+					}
+					continue
+				}
+				pending = true
+			}
+		}
+	}
+	switch {
+	case st.Detail != "":
+		st.State = StateRejected
+	case pending || st.Clients == 0:
+		st.State = StatePending
+	default:
+		st.State = StateProgrammed
+	}
+	return st
+}
+
+// evaluate re-evaluates the named shoots (all when names is nil) and records those whose state
+// changed, or all of them when force is set (their model changed). Called with s.mu held.
+func (s *Server) evaluate(names []string, force bool) {
+	if names == nil {
+		names = slices.Collect(maps.Keys(s.shoots))
+		for n := range s.acks.states {
+			if _, ok := s.shoots[n]; !ok {
+				names = append(names, n)
+			}
+		}
+	}
+	grew := false
+	for _, n := range names {
+		st := s.status(n).State
+		old, known := s.acks.states[n]
+		if st == StateUnknown {
+			delete(s.acks.states, n)
+		} else {
+			s.acks.states[n] = st
+		}
+		if force || old != st || !known && st != StateUnknown {
+			if !s.acks.changed[n] {
+				s.acks.changed[n] = true
+				grew = true
+			}
+		}
+	}
+	if grew {
+		select {
+		case s.acks.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// deltaRequest records a delta client's subscription and its answer to an earlier response.
+func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.acks.streams[id]
+	if c == nil {
+		c = &streamAcks{
+			subscribed: make(map[string]bool),
+			sent:       make(map[string]map[string]sentResponse),
+			held:       make(map[string]map[string]string),
+			refused:    make(map[string]map[string]refusal),
+		}
+		s.acks.streams[id] = c
+	}
+	if n := req.GetNode().GetId(); n != "" {
+		c.node = n
+	}
+	t := req.GetTypeUrl()
+	if !c.subscribed[t] {
+		// A reconnecting client names what it already holds; the server sends only the rest,
+		// so what it names counts as acknowledged.
+		c.subscribed[t] = true
+		c.held[t] = maps.Clone(req.GetInitialResourceVersions())
+		if c.held[t] == nil {
+			c.held[t] = make(map[string]string)
+		}
+		c.sent[t] = make(map[string]sentResponse)
+		c.refused[t] = make(map[string]refusal)
+	}
+	nonce := req.GetResponseNonce()
+	resp, ok := c.sent[t][nonce]
+	if nonce == "" || !ok {
+		return
+	}
+	// Clients answer responses in order; anything older than this nonce was answered or is
+	// lost, and must not pile up.
+	for n := range c.sent[t] {
+		if nonceBefore(n, nonce) {
+			delete(c.sent[t], n)
+		}
+	}
+	delete(c.sent[t], nonce)
+	if d := req.GetErrorDetail(); d != nil {
+		for n, v := range resp.resources {
+			c.refused[t][n] = refusal{version: v, detail: d.GetMessage()}
+		}
+	} else {
+		for n, v := range resp.resources {
+			c.held[t][n] = v
+			delete(c.refused[t], n)
+		}
+		for _, n := range resp.removed {
+			delete(c.held[t], n)
+			delete(c.refused[t], n)
+		}
+	}
+	if !c.synced {
+		if c.synced = s.syncedLocked(c); c.synced {
+			s.metrics.clients.Inc()
+			s.evaluate(nil, false)
+		}
+		return
+	}
+	owners := make(map[string]bool)
+	for n := range resp.resources {
+		if o, ok := s.owner[t][n]; ok {
+			owners[o] = true
+		}
+	}
+	s.evaluate(slices.Collect(maps.Keys(owners)), false)
+}
+
+// syncedLocked: the client subscribed every type and answered every response sent to it.
+func (s *Server) syncedLocked(c *streamAcks) bool {
+	for _, t := range Types {
+		if !c.subscribed[t] || len(c.sent[t]) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// deltaResponse records what a response carries, to credit it when the client answers.
+func (s *Server) deltaResponse(id int64, resp *discoveryv3.DeltaDiscoveryResponse) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.acks.streams[id]
+	t := resp.GetTypeUrl()
+	if c == nil || c.sent[t] == nil {
+		return
+	}
+	r := sentResponse{resources: make(map[string]string, len(resp.GetResources())), removed: resp.GetRemovedResources()}
+	for _, res := range resp.GetResources() {
+		r.resources[res.GetName()] = res.GetVersion()
+	}
+	c.sent[t][resp.GetNonce()] = r
+}
+
+// deltaClosed forgets a stream; shoots it held back may now be programmed.
+func (s *Server) deltaClosed(id int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.acks.streams[id]
+	if !ok {
+		return
+	}
+	delete(s.acks.streams, id)
+	if c.synced {
+		s.metrics.clients.Dec()
+		s.evaluate(nil, false)
+	}
+}
+
+// nonceBefore compares the go-control-plane's decimal stream nonces.
+func nonceBefore(a, b string) bool {
+	x, err1 := strconv.ParseUint(a, 10, 64)
+	y, err2 := strconv.ParseUint(b, 10, 64)
+	return err1 == nil && err2 == nil && x < y
+}

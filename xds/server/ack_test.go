@@ -1,0 +1,328 @@
+package server_test
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/go-logr/logr/testr"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/server"
+)
+
+// ackClient is a delta client that ACKs every response unless refuse returns an error for it,
+// and can hold its answers back to keep the server waiting.
+type ackClient struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu     sync.Mutex
+	refuse func(*discoveryv3.DeltaDiscoveryResponse) error
+	hold   bool
+	held   []*discoveryv3.DeltaDiscoveryRequest
+	stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
+}
+
+func newAckClient(t *testing.T, addr, id string) *ackClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &ackClient{cancel: cancel, done: make(chan struct{}), stream: st}
+	for _, typ := range server.Types {
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: id}, TypeUrl: typ}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go func() {
+		defer close(c.done)
+		defer conn.Close()
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return
+			}
+			ack := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}
+			c.mu.Lock()
+			if c.refuse != nil {
+				if err := c.refuse(r); err != nil {
+					ack.ErrorDetail = &status.Status{Code: 3, Message: err.Error()}
+				}
+			}
+			if c.hold {
+				c.held = append(c.held, ack)
+				c.mu.Unlock()
+				continue
+			}
+			c.mu.Unlock()
+			if err := st.Send(ack); err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(c.close)
+	return c
+}
+
+// release sends the held answers and stops holding.
+func (c *ackClient) release(t *testing.T) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hold = false
+	for _, a := range c.held {
+		if err := c.stream.Send(a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.held = nil
+}
+
+func (c *ackClient) close() {
+	c.cancel()
+	<-c.done
+}
+
+func startServer(t *testing.T, s *server.Server) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return l.Addr().String()
+}
+
+// waitState polls until shoot reaches want; the server's notifications are exercised separately.
+func waitState(t *testing.T, s *server.Server, shoot string, want server.State) server.ShootStatus {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st := s.ShootStatus(shoot)
+		if st.State == want {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: state %s (%+v), want %s", shoot, st.State, st, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestShootStatus follows one shoot through the states as two clients connect, ACK, hold back,
+// NACK and disconnect, and checks that notifications name only shoots whose state changed.
+func TestShootStatus(t *testing.T) {
+	s := server.New(server.Config{Log: testr.New(t)})
+	set := shoots(5)
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	a := set[2].Name
+	if st := s.ShootStatus(a); st.State != server.StatePending || st.Clients != 0 {
+		t.Fatalf("no client connected: %+v, want pending with 0 clients", st)
+	}
+	if st := s.ShootStatus("shoot--p--nope"); st.State != server.StateUnknown {
+		t.Fatalf("unknown shoot: %+v", st)
+	}
+	addr := startServer(t, s)
+	c1 := newAckClient(t, addr, "ingress-1")
+	st := waitState(t, s, a, server.StateProgrammed)
+	if st.Clients != 1 || st.Model.Name != a {
+		t.Fatalf("programmed: %+v", st)
+	}
+	s.TakeStatusChanges()
+
+	// A second replica that holds its answers back: it is not synced, so it does not hold the
+	// programmed shoots back either.
+	c2 := newAckClient(t, addr, "ingress-2")
+	c2.mu.Lock()
+	c2.hold = true
+	c2.mu.Unlock()
+	time.Sleep(50 * time.Millisecond) // time for its initial responses; nothing may change
+	if st := s.ShootStatus(a); st.State != server.StateProgrammed || st.Clients != 1 {
+		t.Fatalf("while a new replica loads: %+v, want programmed by 1 client", st)
+	}
+	c2.release(t)
+	waitFor(t, "second replica synced", func() bool { return s.ShootStatus(a).Clients == 2 })
+	if ch := s.TakeStatusChanges(); len(ch) != 0 {
+		t.Fatalf("a replica connecting changed %d statuses, want none: %+v", len(ch), ch)
+	}
+
+	// A change of shoot a, held back by c2: pending until c2 answers.
+	c2.mu.Lock()
+	c2.hold = true
+	c2.mu.Unlock()
+	set[2].APIServers = []netip.AddrPort{netip.MustParseAddrPort("10.99.0.1:443"), netip.MustParseAddrPort("10.99.0.2:443")}
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "change pending", func() bool {
+		st := s.ShootStatus(a)
+		return st.State == server.StatePending && len(st.Model.APIServers) == 2
+	})
+	select {
+	case <-s.StatusChanges():
+	default:
+		t.Fatal("no notification after a change")
+	}
+	if ch := s.TakeStatusChanges(); len(ch) != 1 || ch[0].Name != a {
+		t.Fatalf("changes %+v, want only %s", ch, a)
+	}
+	c2.release(t)
+	waitState(t, s, a, server.StateProgrammed)
+	if ch := s.TakeStatusChanges(); len(ch) != 1 || ch[0].Name != a || ch[0].State != server.StateProgrammed {
+		t.Fatalf("changes %+v, want %s programmed", ch, a)
+	}
+
+	// c2 refuses anything about shoot a: rejected with its detail; other shoots unaffected.
+	c2.mu.Lock()
+	c2.refuse = func(r *discoveryv3.DeltaDiscoveryResponse) error {
+		for _, res := range r.GetResources() {
+			if strings.Contains(res.GetName(), a) || strings.Contains(res.GetName(), "s2.") {
+				return errBad
+			}
+		}
+		return nil
+	}
+	c2.mu.Unlock()
+	set[2].Hosts = append(set[2].Hosts, "extra.s2.example.com")
+	set[3].APIServers = []netip.AddrPort{netip.MustParseAddrPort("10.99.0.3:443")}
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	st = waitState(t, s, a, server.StateRejected)
+	if !strings.Contains(st.Detail, "ingress-2") || !strings.Contains(st.Detail, errBad.Error()) {
+		t.Errorf("rejected detail %q, want the node and its message", st.Detail)
+	}
+	waitState(t, s, set[3].Name, server.StateProgrammed)
+
+	// The refusing replica goes away: every remaining client holds shoot a.
+	c2.close()
+	waitState(t, s, a, server.StateProgrammed)
+	if st := s.ShootStatus(a); st.Clients != 1 {
+		t.Errorf("after a replica left: %+v, want 1 client", st)
+	}
+
+	// Removal is reported once, as unknown.
+	s.TakeStatusChanges()
+	if _, err := s.Apply(append(append([]model.Shoot(nil), set[:2]...), set[3:]...)); err != nil {
+		t.Fatal(err)
+	}
+	if ch := s.TakeStatusChanges(); len(ch) != 1 || ch[0].Name != a || ch[0].State != server.StateUnknown {
+		t.Fatalf("changes after removal %+v, want %s unknown", ch, a)
+	}
+	c1.close()
+}
+
+var errBad = badError("cluster does not parse")
+
+type badError string
+
+func (e badError) Error() string { return string(e) }
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestReconnectWithKnownVersions: a client that reconnects naming the versions it holds gets
+// nothing resent and still counts as holding them.
+func TestReconnectWithKnownVersions(t *testing.T) {
+	s := server.New(server.Config{Log: testr.New(t)})
+	set := shoots(3)
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	addr := startServer(t, s)
+	c := newDeltaClientAt(t, addr)
+	got := c.recvTypes(t, 3)
+	known := map[string]map[string]string{}
+	for typ, r := range got {
+		known[typ] = map[string]string{}
+		for _, res := range r.GetResources() {
+			known[typ][res.GetName()] = res.GetVersion()
+		}
+	}
+	waitState(t, s, set[1].Name, server.StateProgrammed)
+	c.cancel()
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range server.Types {
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: typ, InitialResourceVersions: known[typ]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range server.Types {
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.GetResources()) != 0 {
+			t.Fatalf("%s: %d resources resent to a client that holds them", r.GetTypeUrl(), len(r.GetResources()))
+		}
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "reconnected client synced", func() bool { return s.ShootStatus(set[1].Name).Clients == 1 })
+	if st := s.ShootStatus(set[1].Name); st.State != server.StateProgrammed {
+		t.Fatalf("after reconnect: %+v", st)
+	}
+}
+
+type cancelDeltaClient struct {
+	*deltaClient
+	cancel context.CancelFunc
+}
+
+func newDeltaClientAt(t *testing.T, addr string) cancelDeltaClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return cancelDeltaClient{newDeltaClient(ctx, t, discoveryv3.NewAggregatedDiscoveryServiceClient(conn)), cancel}
+}
