@@ -1,0 +1,315 @@
+// Package extension is tendril's Gardener extension controller for Extension resources of
+// type "tendril": per shoot it generates the CA, certificates and WireGuard keys (secrets
+// manager, persisted), deploys tendril-server in the shoot namespace, delivers the shoot-side
+// agents in a ManagedResource, and writes the Route the xDS control plane programs the
+// ingress from. It implements Gardener's generic Extension actuator; the generic reconciler
+// owns finalizers, operation annotations and lastOperation. It does not program the ingress
+// itself (xds/kubesource does, from the Route) and touches no object of Gardener's own.
+package extension
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	extensionscontroller "github.com/gardener/gardener/extensions/pkg/controller"
+	genericextension "github.com/gardener/gardener/extensions/pkg/controller/extension"
+	extensionssecretsmanager "github.com/gardener/gardener/extensions/pkg/util/secret/manager"
+	v1beta1helper "github.com/gardener/gardener/pkg/api/core/v1beta1/helper"
+	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
+	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
+	"github.com/gardener/gardener/pkg/utils/managedresources"
+	secretsmanager "github.com/gardener/gardener/pkg/utils/secrets/manager"
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	jsonserializer "k8s.io/apimachinery/pkg/runtime/serializer/json"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
+	"github.com/tendril-net/tendril/extension/manifest"
+)
+
+// Type is the Extension type this controller serves.
+const Type = "tendril"
+
+// managedResourceOrigin marks tendril's ManagedResources; never "gardener" (that label value
+// belongs to gardenlet's own).
+const managedResourceOrigin = "tendril"
+
+// Default inner tunnel addresses: Gardener's VPN range fd8f:6d53:b97a:1::/96 for IPv6 and
+// RFC 2544's benchmarking range 198.18.0.0/15 (unlikely in a shoot) as the IPv4 source.
+var (
+	defaultServerAddresses = []netip.Addr{netip.MustParseAddr("fd8f:6d53:b97a:1::1"), netip.MustParseAddr("198.18.0.1")}
+	defaultAgentAddress    = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
+)
+
+// Config is the actuator's configuration; a zero value needs only Image and Ingress.
+type Config struct {
+	// Image is the tendril image with every binary.
+	Image string
+	// Ingress is the seed ingress's address (host name or IP) the shoot agents dial.
+	Ingress string
+	// IngressNamespace and IngressPodLabels select the seed ingress pods for the NetworkPolicy.
+	IngressNamespace string
+	IngressPodLabels map[string]string
+	// Clock is used by the secrets manager; nil means the real clock.
+	Clock clock.Clock
+}
+
+// State is the non-secret state kept in the Extension's status.state, which gardenlet
+// persists in the ShootState and hands back on restore. Keys stay in persisted Secrets.
+type State struct {
+	ServerAddresses []netip.Addr `json:"serverAddresses"`
+	AgentAddress    netip.Addr   `json:"agentAddress"`
+}
+
+type actuator struct {
+	client client.Client
+	reader client.Reader
+	scheme *runtime.Scheme
+	cfg    Config
+}
+
+// NewActuator returns the Extension actuator. reader should be an uncached reader (the API
+// reader) for objects the manager's cache does not watch.
+func NewActuator(c client.Client, reader client.Reader, scheme *runtime.Scheme, cfg Config) genericextension.Actuator {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	return &actuator{client: c, reader: reader, scheme: scheme, cfg: cfg}
+}
+
+// configurationProblem marks err so the generic reconciler reports ERR_CONFIGURATION_PROBLEM.
+func configurationProblem(err error) error {
+	return v1beta1helper.NewErrorWithCodes(err, gardencorev1beta1.ErrorConfigurationProblem)
+}
+
+func (a *actuator) Reconcile(ctx context.Context, log logr.Logger, ext *extensionsv1alpha1.Extension) error {
+	var raw []byte
+	if ext.Spec.ProviderConfig != nil {
+		raw = ext.Spec.ProviderConfig.Raw
+	}
+	pc, errs := tendrilv1alpha1.DecodeProviderConfig(raw)
+	if len(errs) > 0 {
+		return configurationProblem(errs.ToAggregate())
+	}
+	cluster, err := extensionscontroller.GetCluster(ctx, a.client, ext.Namespace)
+	if err != nil {
+		return fmt.Errorf("read cluster: %w", err)
+	}
+	v, sm, err := a.values(ctx, log, ext, cluster, pc)
+	if err != nil {
+		return err
+	}
+	if err := v.Validate(); err != nil {
+		return configurationProblem(fmt.Errorf("shoot %s: %w", ext.Namespace, err))
+	}
+	for _, obj := range manifest.SeedObjects(v) {
+		if err := a.apply(ctx, obj); err != nil {
+			return err
+		}
+	}
+	if err := a.deployShoot(ctx, v); err != nil {
+		return err
+	}
+	if v.Hibernated {
+		// Hibernated: no kube-apiserver to route to; the route comes back on wake-up.
+		if err := client.IgnoreNotFound(a.client.Delete(ctx, manifest.Route(v))); err != nil {
+			return fmt.Errorf("withdraw route: %w", err)
+		}
+	} else if err := a.apply(ctx, manifest.Route(v)); err != nil {
+		return err
+	}
+	if err := sm.Cleanup(ctx); err != nil {
+		return fmt.Errorf("clean up old secrets: %w", err)
+	}
+	return a.saveState(ctx, ext, State{ServerAddresses: v.Tunnel.ServerAddresses, AgentAddress: v.Tunnel.AgentAddress})
+}
+
+// values gathers everything the builders need, generating secrets on the way.
+func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv1alpha1.Extension, cluster *extensionscontroller.Cluster, pc *tendrilv1alpha1.ProviderConfig) (manifest.Values, secretsmanager.Interface, error) {
+	cidrs, err := shootCIDRs(cluster)
+	if err != nil {
+		return manifest.Values{}, nil, configurationProblem(err)
+	}
+	st, err := loadState(ext)
+	if err != nil {
+		return manifest.Values{}, nil, err
+	}
+	adv, err := advertisedAddress(ctx, a.reader, ext.Namespace)
+	if err != nil {
+		return manifest.Values{}, nil, err
+	}
+	sm, err := extensionssecretsmanager.SecretsManagerForCluster(ctx, log.WithName("secretsmanager"), a.cfg.Clock, a.client, cluster, SecretsManagerIdentity, caConfigs())
+	if err != nil {
+		return manifest.Values{}, nil, fmt.Errorf("secrets manager: %w", err)
+	}
+	secrets := map[string]map[string][]byte{}
+	names := map[string]string{}
+	for _, sc := range append(caConfigs(), leafConfigs(ext.Namespace)...) {
+		s, err := sm.Generate(ctx, sc.Config, sc.Options...)
+		if err != nil {
+			return manifest.Values{}, nil, fmt.Errorf("generate secret %s: %w", sc.Config.GetName(), err)
+		}
+		secrets[sc.Config.GetName()], names[sc.Config.GetName()] = s.Data, s.Name
+	}
+	caBundle, ok := sm.Get(SecretNameCA + "-bundle")
+	if !ok {
+		caBundle, ok = sm.Get(SecretNameCA, secretsmanager.Bundle)
+	}
+	if !ok {
+		return manifest.Values{}, nil, errors.New("CA bundle secret not found in the secrets manager")
+	}
+	server, agent := secrets[SecretNameServerWireGuard], secrets[SecretNameAgentWireGuard]
+	v := manifest.Values{
+		Namespace:         ext.Namespace,
+		Image:             a.cfg.Image,
+		Hibernated:        extensionscontroller.IsHibernated(cluster),
+		ShootCIDRs:        cidrs,
+		Hostnames:         hostnames(cluster),
+		AdvertisedAddress: adv,
+		Ingress:           a.cfg.Ingress,
+		APIServerProxy:    pc.APIServerProxyEnabled(),
+		Egress:            pc.EgressOrDefault(),
+		Tunnel: manifest.Tunnel{
+			ServerAddresses: st.ServerAddresses,
+			AgentAddress:    st.AgentAddress,
+			ServerPublicKey: string(server[DataKeyPublicKey]),
+			AgentPublicKey:  string(agent[DataKeyPublicKey]),
+			AgentPrivateKey: string(agent[DataKeyPrivateKey]),
+		},
+		Secrets: manifest.SecretNames{
+			ServerTLS:       names[SecretNameServerTLS],
+			ClientCA:        caBundle.Name,
+			ServerWireGuard: names[SecretNameServerWireGuard],
+		},
+		IngressNamespace: a.cfg.IngressNamespace,
+		IngressPodLabels: a.cfg.IngressPodLabels,
+	}
+	return v, sm, nil
+}
+
+func (a *actuator) deployShoot(ctx context.Context, v manifest.Values) error {
+	codec := serializer.NewCodecFactory(a.scheme)
+	ser := jsonserializer.NewSerializerWithOptions(jsonserializer.DefaultMetaFactory, a.scheme, a.scheme, jsonserializer.SerializerOptions{Yaml: true})
+	data, err := managedresources.NewRegistry(a.scheme, codec, ser).AddAllAndSerialize(manifest.ShootObjects(v)...)
+	if err != nil {
+		return fmt.Errorf("serialize shoot objects: %w", err)
+	}
+	if err := managedresources.CreateForShoot(ctx, a.client, v.Namespace, manifest.ManagedResourceName, managedResourceOrigin, false, data); err != nil {
+		return fmt.Errorf("managed resource: %w", err)
+	}
+	return nil
+}
+
+func loadState(ext *extensionsv1alpha1.Extension) (State, error) {
+	st := State{ServerAddresses: defaultServerAddresses, AgentAddress: defaultAgentAddress}
+	if ext.Status.State == nil || len(ext.Status.State.Raw) == 0 {
+		return st, nil
+	}
+	var saved State
+	if err := json.Unmarshal(ext.Status.State.Raw, &saved); err != nil {
+		return State{}, fmt.Errorf("decode status.state: %w", err)
+	}
+	if len(saved.ServerAddresses) > 0 {
+		st.ServerAddresses = saved.ServerAddresses
+	}
+	if saved.AgentAddress.IsValid() {
+		st.AgentAddress = saved.AgentAddress
+	}
+	return st, nil
+}
+
+// saveState writes status.state only when it changed.
+func (a *actuator) saveState(ctx context.Context, ext *extensionsv1alpha1.Extension, st State) error {
+	raw, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	if ext.Status.State != nil && string(ext.Status.State.Raw) == string(raw) {
+		return nil
+	}
+	patch := client.MergeFrom(ext.DeepCopy())
+	ext.Status.State = &runtime.RawExtension{Raw: raw}
+	if err := a.client.Status().Patch(ctx, ext, patch); err != nil {
+		return fmt.Errorf("save status.state: %w", err)
+	}
+	return nil
+}
+
+func (a *actuator) Delete(ctx context.Context, log logr.Logger, ext *extensionsv1alpha1.Extension) error {
+	return a.delete(ctx, log, ext, true)
+}
+
+// ForceDelete does what Delete does without waiting for the shoot-side objects: the shoot's
+// API server may be gone, and gardenlet force-deletes ManagedResources itself.
+func (a *actuator) ForceDelete(ctx context.Context, log logr.Logger, ext *extensionsv1alpha1.Extension) error {
+	return a.delete(ctx, log, ext, false)
+}
+
+func (a *actuator) delete(ctx context.Context, log logr.Logger, ext *extensionsv1alpha1.Extension, wait bool) error {
+	ns := ext.Namespace
+	// The route first: the ingress stops sending new connections before the server goes.
+	if err := a.deleteSeedObjects(ctx, ns, true); err != nil {
+		return err
+	}
+	if err := managedresources.DeleteForShoot(ctx, a.client, ns, manifest.ManagedResourceName); err != nil {
+		return fmt.Errorf("delete managed resource: %w", err)
+	}
+	if wait {
+		if err := managedresources.WaitUntilDeleted(ctx, a.client, ns, manifest.ManagedResourceName); err != nil {
+			return fmt.Errorf("wait for managed resource deletion: %w", err)
+		}
+	}
+	cluster, err := extensionscontroller.GetCluster(ctx, a.client, ns)
+	if err != nil {
+		return fmt.Errorf("read cluster: %w", err)
+	}
+	// A secrets manager that generated nothing removes every secret of its identity.
+	sm, err := extensionssecretsmanager.SecretsManagerForCluster(ctx, log.WithName("secretsmanager"), a.cfg.Clock, a.client, cluster, SecretsManagerIdentity, nil)
+	if err != nil {
+		return fmt.Errorf("secrets manager: %w", err)
+	}
+	return sm.Cleanup(ctx)
+}
+
+func (a *actuator) deleteSeedObjects(ctx context.Context, ns string, withRoute bool) error {
+	v := manifest.Values{Namespace: ns}
+	objs := manifest.SeedObjects(v)
+	if withRoute {
+		objs = append([]client.Object{manifest.Route(v)}, objs...)
+	}
+	for _, obj := range objs {
+		if err := a.client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete %T %s: %w", obj, client.ObjectKeyFromObject(obj), err)
+		}
+	}
+	return nil
+}
+
+// Migrate leaves the shoot's objects in place (keepObjects) and removes everything tendril
+// runs in this seed. The persisted secrets stay for gardenlet to carry to the new seed.
+func (a *actuator) Migrate(ctx context.Context, _ logr.Logger, ext *extensionsv1alpha1.Extension) error {
+	ns := ext.Namespace
+	if err := managedresources.SetKeepObjects(ctx, a.client, ns, manifest.ManagedResourceName, true); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("keep shoot objects: %w", err)
+	}
+	if err := managedresources.DeleteForShoot(ctx, a.client, ns, manifest.ManagedResourceName); err != nil {
+		return fmt.Errorf("delete managed resource: %w", err)
+	}
+	if err := managedresources.WaitUntilDeleted(ctx, a.client, ns, manifest.ManagedResourceName); err != nil {
+		return fmt.Errorf("wait for managed resource deletion: %w", err)
+	}
+	return a.deleteSeedObjects(ctx, ns, true)
+}
+
+// Restore reconciles from the restored state: status.state carries the tunnel addresses and
+// the persisted secrets carry the keys, so the shoot's agent reconnects unchanged.
+func (a *actuator) Restore(ctx context.Context, log logr.Logger, ext *extensionsv1alpha1.Extension) error {
+	return a.Reconcile(ctx, log, ext)
+}

@@ -1,0 +1,451 @@
+package extension_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
+	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
+	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
+	resourcesv1alpha1 "github.com/gardener/gardener/pkg/apis/resources/v1alpha1"
+	"github.com/gardener/gardener/pkg/utils/managedresources"
+	secretsmanager "github.com/gardener/gardener/pkg/utils/secrets/manager"
+	"github.com/go-logr/logr/testr"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/yaml"
+
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
+	"github.com/tendril-net/tendril/extension"
+	"github.com/tendril-net/tendril/extension/manifest"
+	"github.com/tendril-net/tendril/internal/kubetest"
+)
+
+// startController runs the Extension controller against a real API server until the test ends.
+func startController(t *testing.T, env *kubetest.Env) {
+	t.Helper()
+	log.SetLogger(testr.New(t))
+	mgr, err := manager.New(env.Config, manager.Options{
+		Scheme:  env.Scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := extension.Add(ctx, mgr, extension.AddOptions{Config: extension.Config{
+		Image: "example.org/tendril:test", Ingress: "ingress.seed.example.org",
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+}
+
+// shoot creates what gardenlet would have in a shoot namespace before the Extension:
+// the namespace, the Cluster, and kube-apiserver's Deployment and Service.
+func shoot(t *testing.T, c client.Client, ns string, hibernated bool) {
+	t.Helper()
+	ctx := context.Background()
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	name := strings.TrimPrefix(ns, "shoot--local--")
+	sh := &gardencorev1beta1.Shoot{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "core.gardener.cloud/v1beta1", Kind: "Shoot"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "garden-local"},
+		Spec: gardencorev1beta1.ShootSpec{
+			DNS: &gardencorev1beta1.DNS{Domain: ptr.To(name + ".local.example.org")},
+			Networking: &gardencorev1beta1.Networking{
+				Nodes: ptr.To("10.250.0.0/16"), Pods: ptr.To("100.64.0.0/12"), Services: ptr.To("100.104.0.0/13"),
+			},
+			Hibernation: &gardencorev1beta1.Hibernation{Enabled: ptr.To(hibernated)},
+		},
+		Status: gardencorev1beta1.ShootStatus{
+			IsHibernated: hibernated,
+			AdvertisedAddresses: []gardencorev1beta1.ShootAdvertisedAddress{
+				{Name: "external", URL: "https://api." + name + ".local.example.org"},
+				{Name: "internal", URL: "https://api." + name + ".local.internal.example.org"},
+				{Name: "service-account-issuer", URL: "https://issuer.example.org/" + name},
+			},
+		},
+	}
+	raw, err := json.Marshal(sh)
+	must(t, err)
+	must(t, c.Create(ctx, &extensionsv1alpha1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Name: ns},
+		Spec: extensionsv1alpha1.ClusterSpec{
+			CloudProfile: runtime.RawExtension{Raw: []byte(`{"apiVersion":"core.gardener.cloud/v1beta1","kind":"CloudProfile"}`)},
+			Seed:         &runtime.RawExtension{Raw: []byte(`{"apiVersion":"core.gardener.cloud/v1beta1","kind":"Seed"}`)},
+			Shoot:        runtime.RawExtension{Raw: raw},
+		},
+	}))
+	labels := map[string]string{"app": "kubernetes", "role": "apiserver"}
+	must(t, c.Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver", Namespace: ns, Labels: labels},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name: "kube-apiserver", Image: "registry.k8s.io/kube-apiserver:v1.37.1",
+					Args: []string{"--advertise-address=240.0.0.10", "--secure-port=443"},
+				}}},
+			},
+		},
+	}))
+	must(t, c.Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver", Namespace: ns},
+		Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "kube-apiserver", Port: 443}}},
+	}))
+}
+
+func newExtension(ns, providerConfig string) *extensionsv1alpha1.Extension {
+	e := &extensionsv1alpha1.Extension{
+		ObjectMeta: metav1.ObjectMeta{Name: "tendril", Namespace: ns},
+		Spec:       extensionsv1alpha1.ExtensionSpec{DefaultSpec: extensionsv1alpha1.DefaultSpec{Type: extension.Type}},
+	}
+	if providerConfig != "" {
+		e.Spec.ProviderConfig = &runtime.RawExtension{Raw: []byte(providerConfig)}
+	}
+	return e
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// eventually polls f until it returns nil, failing with its last error after a generous deadline.
+func eventually(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func lastOp(c client.Client, key client.ObjectKey) (*gardencorev1beta1.LastOperation, *extensionsv1alpha1.Extension, error) {
+	e := &extensionsv1alpha1.Extension{}
+	if err := c.Get(context.Background(), key, e); err != nil {
+		return nil, nil, err
+	}
+	if e.Status.LastOperation == nil {
+		return nil, e, fmt.Errorf("no lastOperation yet")
+	}
+	return e.Status.LastOperation, e, nil
+}
+
+func waitSucceeded(t *testing.T, c client.Client, key client.ObjectKey, after time.Time) *extensionsv1alpha1.Extension {
+	t.Helper()
+	var ext *extensionsv1alpha1.Extension
+	eventually(t, "extension "+key.String()+" succeeded", func() error {
+		op, e, err := lastOp(c, key)
+		if err != nil {
+			return err
+		}
+		if op.State != gardencorev1beta1.LastOperationStateSucceeded || op.LastUpdateTime.Time.Before(after) || e.Status.ObservedGeneration != e.Generation {
+			return fmt.Errorf("lastOperation %s %s at %s: %s", op.Type, op.State, op.LastUpdateTime, op.Description)
+		}
+		ext = e
+		return nil
+	})
+	return ext
+}
+
+// testReconcile provisions two shoots through the generic Extension reconciler with a real
+// API server and checks every object, then that a second reconcile changes nothing, that a
+// hibernated shoot has no route and no server replica, and that delete removes everything.
+func TestExtension(t *testing.T) {
+	env := kubetest.Start(t)
+	startController(t, env)
+	t.Run("reconcile", func(t *testing.T) { testReconcile(t, env.Client) })
+	t.Run("invalid provider config", func(t *testing.T) { testInvalidProviderConfig(t, env.Client) })
+}
+
+func testReconcile(t *testing.T, c client.Client) {
+	ctx := context.Background()
+
+	alpha, beta := "shoot--local--alpha", "shoot--local--beta"
+	shoot(t, c, alpha, false)
+	shoot(t, c, beta, true)
+	start := time.Now().Add(-time.Second)
+	must(t, c.Create(ctx, newExtension(alpha, `{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true}}`)))
+	must(t, c.Create(ctx, newExtension(beta, "")))
+	extAlpha := waitSucceeded(t, c, client.ObjectKey{Namespace: alpha, Name: "tendril"}, start)
+	waitSucceeded(t, c, client.ObjectKey{Namespace: beta, Name: "tendril"}, start)
+
+	// Secrets: WireGuard keys and the CA persisted; private keys never in status.
+	secrets := &corev1.SecretList{}
+	must(t, c.List(ctx, secrets, client.InNamespace(alpha), client.MatchingLabels{secretsmanager.LabelKeyManagerIdentity: extension.SecretsManagerIdentity}))
+	byName := map[string]corev1.Secret{}
+	for _, s := range secrets.Items {
+		byName[s.Labels[secretsmanager.LabelKeyName]] = s
+	}
+	for _, n := range []string{extension.SecretNameCA, extension.SecretNameServerTLS, extension.SecretNameAPIServerClient, extension.SecretNameServerWireGuard, extension.SecretNameAgentWireGuard} {
+		if _, ok := byName[n]; !ok {
+			t.Errorf("secret %s missing (have %v)", n, keys(byName))
+		}
+	}
+	for _, n := range []string{extension.SecretNameCA, extension.SecretNameServerWireGuard, extension.SecretNameAgentWireGuard} {
+		if byName[n].Labels[secretsmanager.LabelKeyPersist] != "true" {
+			t.Errorf("secret %s not persisted: labels %v", n, byName[n].Labels)
+		}
+	}
+	serverKey, agentKey := byName[extension.SecretNameServerWireGuard], byName[extension.SecretNameAgentWireGuard]
+	if len(serverKey.Data[extension.DataKeyPrivateKey]) != 44 || len(agentKey.Data[extension.DataKeyPublicKey]) != 44 {
+		t.Errorf("WireGuard keys are not 32-byte base64: %q %q", serverKey.Data[extension.DataKeyPrivateKey], agentKey.Data[extension.DataKeyPublicKey])
+	}
+	if extAlpha.Status.State == nil || strings.Contains(string(extAlpha.Status.State.Raw), string(agentKey.Data[extension.DataKeyPrivateKey])) {
+		t.Errorf("status.state %v: want tunnel addresses and no private key", extAlpha.Status.State)
+	}
+
+	// Seed side.
+	dep := &appsv1.Deployment{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: manifest.ServerName}, dep))
+	args := strings.Join(dep.Spec.Template.Spec.Containers[0].Args, " ")
+	for _, want := range []string{
+		"--agent-public-key=" + string(agentKey.Data[extension.DataKeyPublicKey]),
+		"--shoot-cidrs=10.250.0.0/16,100.64.0.0/12,100.104.0.0/13",
+		"--tunnel-address=:1194", "--connect-address=:9443", "--grpc-address=:8090", "--metrics-address=:9090",
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("tendril-server args %q lack %q", args, want)
+		}
+	}
+	if *dep.Spec.Replicas != 1 || dep.Spec.Template.Spec.PriorityClassName != v1beta1constants.PriorityClassNameShootControlPlane500 {
+		t.Errorf("tendril-server replicas %d priority %q", *dep.Spec.Replicas, dep.Spec.Template.Spec.PriorityClassName)
+	}
+	vols := map[string]string{}
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		vols[v.Name] = v.Secret.SecretName
+	}
+	if vols["wireguard"] != serverKey.Name || vols["tls"] != byName[extension.SecretNameServerTLS].Name {
+		t.Errorf("tendril-server volumes %v do not mount the generated secrets", vols)
+	}
+	svc := &corev1.Service{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: manifest.ServerName}, svc))
+	var ports []int32
+	for _, p := range svc.Spec.Ports {
+		ports = append(ports, p.Port)
+	}
+	if !slices.Equal(ports, []int32{1194, 9443, 8090, 9090}) {
+		t.Errorf("tendril-server service ports %v", ports)
+	}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: manifest.ServerName}, &networkingv1.NetworkPolicy{}))
+
+	// Route.
+	route := &tendrilv1alpha1.Route{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: manifest.RouteName}, route))
+	if want := []string{"api.alpha.local.example.org", "api.alpha.local.internal.example.org"}; !slices.Equal(route.Spec.Hostnames, want) {
+		t.Errorf("route hostnames %v, want %v", route.Spec.Hostnames, want)
+	}
+	if route.Spec.AdvertisedAddress != "240.0.0.10" || route.Spec.TunnelServer == nil || route.Spec.TunnelServer.Name != manifest.ServerName {
+		t.Errorf("route spec %+v", route.Spec)
+	}
+
+	// Shoot side: the ManagedResource's objects.
+	mr := &resourcesv1alpha1.ManagedResource{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: manifest.ManagedResourceName}, mr))
+	if mr.Spec.Class != nil || mr.Labels["origin"] == "gardener" || ptr.Deref(mr.Spec.KeepObjects, false) {
+		t.Errorf("managed resource class %v labels %v keepObjects %v", mr.Spec.Class, mr.Labels, mr.Spec.KeepObjects)
+	}
+	shootYAML := managedResourceData(t, c, mr)
+	for _, want := range []string{
+		"kind: Deployment", "name: tendril-agent", "kind: DaemonSet", "name: tendril-apiserver-proxy",
+		"--advertised-address=240.0.0.10", "--seed=ingress.seed.example.org:8132",
+		"--destination=outbound|1194||vpn-seed-server." + alpha + ".svc.cluster.local",
+		"--server-public-key=" + string(serverKey.Data[extension.DataKeyPublicKey]),
+	} {
+		if !strings.Contains(shootYAML, want) {
+			t.Errorf("shoot objects lack %q", want)
+		}
+	}
+	mrBeta := &resourcesv1alpha1.ManagedResource{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: beta, Name: manifest.ManagedResourceName}, mrBeta))
+	if y := managedResourceData(t, c, mrBeta); strings.Contains(y, "DaemonSet") {
+		t.Error("apiserver-proxy deployed although not enabled for beta")
+	}
+
+	// Hibernated beta: no route, no server replica.
+	if err := c.Get(ctx, client.ObjectKey{Namespace: beta, Name: manifest.RouteName}, &tendrilv1alpha1.Route{}); !apierrors.IsNotFound(err) {
+		t.Errorf("hibernated shoot has a route: %v", err)
+	}
+	depBeta := &appsv1.Deployment{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: beta, Name: manifest.ServerName}, depBeta))
+	if *depBeta.Spec.Replicas != 0 {
+		t.Errorf("hibernated shoot's tendril-server has %d replicas", *depBeta.Spec.Replicas)
+	}
+
+	// A second reconcile (gardenlet's operation annotation) changes no object.
+	before := versions(t, c, alpha)
+	// lastUpdateTime has one-second resolution: step past the first reconcile's second.
+	time.Sleep(1100 * time.Millisecond)
+	again := time.Now().Truncate(time.Second)
+	patch := client.MergeFrom(extAlpha.DeepCopy())
+	metav1.SetMetaDataAnnotation(&extAlpha.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationReconcile)
+	must(t, c.Patch(ctx, extAlpha, patch))
+	waitSucceeded(t, c, client.ObjectKeyFromObject(extAlpha), again)
+	if after := versions(t, c, alpha); !mapsEqual(before, after) {
+		t.Errorf("second reconcile changed objects:\nbefore %v\nafter  %v", before, after)
+	}
+
+	// Delete removes everything tendril made.
+	must(t, c.Delete(ctx, extAlpha))
+	eventually(t, "extension deleted", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(extAlpha), &extensionsv1alpha1.Extension{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	if left := versions(t, c, alpha); len(left) != 0 {
+		t.Errorf("left after delete: %v", left)
+	}
+}
+
+// testInvalidProviderConfig: a bad providerConfig ends in Error with ERR_CONFIGURATION_PROBLEM
+// and creates nothing.
+func testInvalidProviderConfig(t *testing.T, c client.Client) {
+	ns := "shoot--local--gamma"
+	shoot(t, c, ns, false)
+	must(t, c.Create(context.Background(), newExtension(ns, `{"egress":"socks5"}`)))
+	eventually(t, "extension error", func() error {
+		op, e, err := lastOp(c, client.ObjectKey{Namespace: ns, Name: "tendril"})
+		if err != nil {
+			return err
+		}
+		if op.State != gardencorev1beta1.LastOperationStateError || e.Status.LastError == nil ||
+			!slices.Contains(e.Status.LastError.Codes, gardencorev1beta1.ErrorConfigurationProblem) {
+			return fmt.Errorf("lastOperation %s %s, lastError %+v", op.Type, op.State, e.Status.LastError)
+		}
+		if !strings.Contains(e.Status.LastError.Description, "egress") {
+			return fmt.Errorf("lastError does not name the field: %s", e.Status.LastError.Description)
+		}
+		return nil
+	})
+	if left := versions(t, c, ns); len(left) != 0 {
+		t.Errorf("objects created despite invalid config: %v", left)
+	}
+}
+
+func managedResourceData(t *testing.T, c client.Client, mr *resourcesv1alpha1.ManagedResource) string {
+	t.Helper()
+	objs, err := managedresources.GetObjects(context.Background(), c, mr.Namespace, mr.Name)
+	must(t, err)
+	var b strings.Builder
+	for _, o := range objs {
+		y, err := yaml.Marshal(o)
+		must(t, err)
+		b.Write(y)
+		b.WriteString("---\n")
+	}
+	return b.String()
+}
+
+// versions maps every tendril object in ns to its resourceVersion.
+func versions(t *testing.T, c client.Client, ns string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]string{}
+	add := func(kind string, l client.ObjectList, opts ...client.ListOption) {
+		must(t, c.List(ctx, l, append(opts, client.InNamespace(ns))...))
+		items, err := metaItems(l)
+		must(t, err)
+		for _, o := range items {
+			out[kind+"/"+o.GetName()] = o.GetResourceVersion()
+		}
+	}
+	byApp := client.MatchingLabels{"app": manifest.ServerName}
+	add("Deployment", &appsv1.DeploymentList{}, byApp)
+	add("Service", &corev1.ServiceList{}, byApp)
+	add("NetworkPolicy", &networkingv1.NetworkPolicyList{}, byApp)
+	add("Route", &tendrilv1alpha1.RouteList{})
+	add("ManagedResource", &resourcesv1alpha1.ManagedResourceList{})
+	add("Secret", &corev1.SecretList{}, client.MatchingLabels{secretsmanager.LabelKeyManagerIdentity: extension.SecretsManagerIdentity})
+	add("Secret", &corev1.SecretList{}, client.MatchingLabels{"resources.gardener.cloud/garbage-collectable-reference": "true"})
+	return out
+}
+
+func metaItems(l client.ObjectList) ([]metav1.Object, error) {
+	var out []metav1.Object
+	switch l := l.(type) {
+	case *appsv1.DeploymentList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *corev1.ServiceList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *networkingv1.NetworkPolicyList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *tendrilv1alpha1.RouteList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *resourcesv1alpha1.ManagedResourceList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *corev1.SecretList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	default:
+		return nil, fmt.Errorf("unsupported list %T", l)
+	}
+	return out, nil
+}
+
+func keys[V any](m map[string]V) []string { return slices.Sorted(mapKeys(m)) }
+
+func mapKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}

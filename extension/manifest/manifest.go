@@ -1,0 +1,356 @@
+// Package manifest builds the Kubernetes objects tendril deploys for one shoot: the seed-side
+// tendril-server Deployment, Service and NetworkPolicy, the shoot-side agents (delivered in a
+// ManagedResource), and the Route the xDS control plane reads. The builders are pure functions
+// of Values — the extension's actuator and the charts' tests use the same ones, so there is one
+// source of truth for what a shoot gets. It reads no cluster and writes nothing.
+package manifest
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
+)
+
+// Names of the objects, fixed so that operators and the other controllers find them; never
+// Gardener's own names (vpn-seed-server, vpn-shoot, apiserver-proxy), so that two controllers
+// never fight over one object.
+const (
+	ServerName         = "tendril-server"
+	AgentName          = "tendril-agent"
+	APIServerProxyName = "tendril-apiserver-proxy"
+	RouteName          = "tendril"
+	// ManagedResourceName is the ManagedResource carrying the shoot-side objects.
+	ManagedResourceName = "extension-tendril-shoot"
+	// KubeAPIServerName is Gardener's kube-apiserver Deployment and Service in the shoot namespace.
+	KubeAPIServerName = "kube-apiserver"
+	// ShootNamespace is where the shoot-side agents run.
+	ShootNamespace = metav1.NamespaceSystem
+)
+
+// tendril-server ports (design.md, "tendril-server ports").
+const (
+	PortTunnel  = 1194 // the agent's framed WireGuard stream, forwarded by the ingress
+	PortConnect = 9443 // egress HTTP CONNECT over mutual TLS
+	PortGRPC    = 8090 // egress konnectivity gRPC over mutual TLS
+	PortMetrics = 9090 // metrics, /healthz, /readyz
+	// Ingress listener ports the agents dial.
+	PortIngressProxy  = 8443
+	PortIngressTunnel = 8132
+	// PortKubeAPIServer is the kube-apiserver Service port.
+	PortKubeAPIServer = 443
+)
+
+// Mount paths inside tendril-server and the agents.
+const (
+	pathWireGuard = "/etc/tendril/wireguard"
+	pathTLS       = "/etc/tendril/tls"
+	pathCA        = "/etc/tendril/ca"
+)
+
+// Values is everything the builders need to know about one shoot.
+type Values struct {
+	// Namespace is the shoot's namespace in the seed (its technical ID).
+	Namespace string
+	// Image is the tendril image holding every binary.
+	Image string
+	// Hibernated scales the seed side to zero and withdraws the route.
+	Hibernated bool
+	// ShootCIDRs are the shoot's node, pod and service networks: the only egress targets.
+	ShootCIDRs []netip.Prefix
+	// Hostnames are the TLS server names of the shoot's kube-apiserver.
+	Hostnames []string
+	// AdvertisedAddress is kube-apiserver's advertised address (the apiserver-proxy binds it).
+	AdvertisedAddress netip.Addr
+	// Ingress is the seed ingress's host name or address the agents dial.
+	Ingress string
+	// APIServerProxy deploys the apiserver-proxy DaemonSet.
+	APIServerProxy bool
+	// Egress is kube-apiserver's egress front-end (used by the webhook; recorded here so the
+	// NetworkPolicy opens only that port).
+	Egress tendrilv1alpha1.EgressMode
+	// Tunnel holds the WireGuard identities and inner addresses.
+	Tunnel Tunnel
+	// Secrets names the secrets-manager Secrets in the shoot namespace.
+	Secrets SecretNames
+	// IngressNamespace is where the seed ingress runs; its pods may reach the tunnel port.
+	IngressNamespace string
+	// IngressPodLabels select the seed ingress pods.
+	IngressPodLabels map[string]string
+}
+
+// Tunnel is the non-secret tunnel state (kept in the Extension's status.state) plus the keys.
+type Tunnel struct {
+	ServerAddresses []netip.Addr
+	AgentAddress    netip.Addr
+	// ServerPublicKey and AgentPublicKey are base64 WireGuard public keys.
+	ServerPublicKey string
+	AgentPublicKey  string
+	// AgentPrivateKey is the agent's private key, delivered to the shoot in a Secret.
+	AgentPrivateKey string
+}
+
+// SecretNames are the Secrets tendril-server mounts (names carry the secrets manager's hashes).
+type SecretNames struct {
+	// ServerTLS holds tls.crt/tls.key of the egress front-ends.
+	ServerTLS string
+	// ClientCA holds bundle.crt, the CA that signs kube-apiserver's client certificate.
+	ClientCA string
+	// ServerWireGuard holds the server's private-key.
+	ServerWireGuard string
+}
+
+// Validate reports the first missing input.
+func (v Values) Validate() error {
+	switch {
+	case v.Namespace == "":
+		return fmt.Errorf("namespace is empty")
+	case v.Image == "":
+		return fmt.Errorf("image is empty")
+	case len(v.ShootCIDRs) == 0:
+		return fmt.Errorf("no shoot CIDRs")
+	case len(v.Hostnames) == 0:
+		return fmt.Errorf("no hostnames")
+	case v.Ingress == "":
+		return fmt.Errorf("ingress address is empty")
+	case len(v.Tunnel.ServerAddresses) == 0 || !v.Tunnel.AgentAddress.IsValid():
+		return fmt.Errorf("tunnel addresses missing")
+	case v.Tunnel.ServerPublicKey == "" || v.Tunnel.AgentPublicKey == "" || v.Tunnel.AgentPrivateKey == "":
+		return fmt.Errorf("tunnel keys missing")
+	case v.Secrets.ServerTLS == "" || v.Secrets.ClientCA == "" || v.Secrets.ServerWireGuard == "":
+		return fmt.Errorf("secret names missing")
+	case v.APIServerProxy && !v.AdvertisedAddress.IsValid():
+		return fmt.Errorf("apiserver-proxy needs kube-apiserver's advertised address")
+	}
+	return nil
+}
+
+// TunnelDestination is the wire name of the shoot's tunnel cluster at the ingress; it keeps
+// Gardener's format so Gardener-style clients work too (design.md, "Relation to Gardener's
+// own components").
+func TunnelDestination(namespace string) string {
+	return "outbound|1194||vpn-seed-server." + namespace + ".svc.cluster.local"
+}
+
+func serverLabels() map[string]string {
+	return map[string]string{v1beta1constants.LabelApp: ServerName}
+}
+
+func joinAddrs(as []netip.Addr) string {
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// restricted is the container security context every tendril container gets unless it needs
+// more (the apiserver-proxy needs NET_ADMIN for its dummy link).
+func restricted() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		RunAsNonRoot:             ptr.To(true),
+		RunAsUser:                ptr.To[int64](65532),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+func secretVolume(name, secret string) corev1.Volume {
+	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+		SecretName: secret, DefaultMode: ptr.To[int32](0o400),
+	}}}
+}
+
+func probes(port int32) (live, ready *corev1.Probe) {
+	get := func(path string) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromInt32(port)}},
+			PeriodSeconds: 10, FailureThreshold: 3,
+		}
+	}
+	return get("/healthz"), get("/readyz")
+}
+
+// ServerDeployment is tendril-server in the shoot namespace.
+func ServerDeployment(v Values) *appsv1.Deployment {
+	replicas := int32(1)
+	if v.Hibernated {
+		replicas = 0
+	}
+	args := []string{
+		"--private-key-file=" + pathWireGuard + "/private-key",
+		"--agent-public-key=" + v.Tunnel.AgentPublicKey,
+		"--addresses=" + joinAddrs(v.Tunnel.ServerAddresses),
+		"--agent-address=" + v.Tunnel.AgentAddress.String(),
+		"--shoot-cidrs=" + joinPrefixes(v.ShootCIDRs),
+		"--tunnel-address=:" + strconv.Itoa(PortTunnel),
+		"--connect-address=:" + strconv.Itoa(PortConnect),
+		"--grpc-address=:" + strconv.Itoa(PortGRPC),
+		"--tls-cert-file=" + pathTLS + "/tls.crt",
+		"--tls-key-file=" + pathTLS + "/tls.key",
+		"--client-ca-file=" + pathCA + "/bundle.crt",
+		"--metrics-address=:" + strconv.Itoa(PortMetrics),
+	}
+	live, ready := probes(PortMetrics)
+	labels := serverLabels()
+	podLabels := map[string]string{
+		v1beta1constants.LabelApp:                   ServerName,
+		v1beta1constants.GardenRole:                 v1beta1constants.GardenRoleControlPlane,
+		v1beta1constants.LabelPodMaintenanceRestart: "true",
+	}
+	return &appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: metav1.ObjectMeta{Name: ServerName, Namespace: v.Namespace, Labels: labels},
+		Spec: appsv1.DeploymentSpec{
+			Replicas:             &replicas,
+			RevisionHistoryLimit: ptr.To[int32](2),
+			Selector:             &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{
+					Labels: podLabels,
+					Annotations: map[string]string{
+						"prometheus.io/scrape": "true",
+						"prometheus.io/port":   strconv.Itoa(PortMetrics),
+					},
+				},
+				Spec: corev1.PodSpec{
+					AutomountServiceAccountToken: ptr.To(false),
+					PriorityClassName:            v1beta1constants.PriorityClassNameShootControlPlane500,
+					Containers: []corev1.Container{{
+						Name:  ServerName,
+						Image: v.Image,
+						// The image holds every binary; the entry point is the binary's name.
+						Command: []string{"/tendril-server"},
+						Args:    args,
+						Ports: []corev1.ContainerPort{
+							{Name: "tunnel", ContainerPort: PortTunnel, Protocol: corev1.ProtocolTCP},
+							{Name: "connect", ContainerPort: PortConnect, Protocol: corev1.ProtocolTCP},
+							{Name: "grpc", ContainerPort: PortGRPC, Protocol: corev1.ProtocolTCP},
+							{Name: "metrics", ContainerPort: PortMetrics, Protocol: corev1.ProtocolTCP},
+						},
+						LivenessProbe:  live,
+						ReadinessProbe: ready,
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU:    resource.MustParse("20m"),
+							corev1.ResourceMemory: resource.MustParse("32Mi"),
+						}},
+						SecurityContext: restricted(),
+						VolumeMounts: []corev1.VolumeMount{
+							{Name: "wireguard", MountPath: pathWireGuard, ReadOnly: true},
+							{Name: "tls", MountPath: pathTLS, ReadOnly: true},
+							{Name: "ca", MountPath: pathCA, ReadOnly: true},
+						},
+					}},
+					Volumes: []corev1.Volume{
+						secretVolume("wireguard", v.Secrets.ServerWireGuard),
+						secretVolume("tls", v.Secrets.ServerTLS),
+						secretVolume("ca", v.Secrets.ClientCA),
+					},
+				},
+			},
+		},
+	}
+}
+
+// ServerService exposes tendril-server's ports inside the seed.
+func ServerService(v Values) *corev1.Service {
+	port := func(name string, p int32) corev1.ServicePort {
+		return corev1.ServicePort{Name: name, Port: p, TargetPort: intstr.FromString(name), Protocol: corev1.ProtocolTCP}
+	}
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{Name: ServerName, Namespace: v.Namespace, Labels: serverLabels()},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeClusterIP,
+			Selector: serverLabels(),
+			Ports: []corev1.ServicePort{
+				port("tunnel", PortTunnel), port("connect", PortConnect),
+				port("grpc", PortGRPC), port("metrics", PortMetrics),
+			},
+		},
+	}
+}
+
+// ServerNetworkPolicy lets only the seed ingress reach the tunnel port and only the shoot's
+// kube-apiserver reach the egress front-end it uses. The shoot namespace denies everything
+// else by default (Gardener's NetworkPolicies); metrics are scraped by Prometheus through
+// Gardener's own scrape policies.
+func ServerNetworkPolicy(v Values) *networkingv1.NetworkPolicy {
+	tcp := corev1.ProtocolTCP
+	egressPort := int32(PortConnect)
+	if v.Egress == tendrilv1alpha1.EgressGRPC {
+		egressPort = PortGRPC
+	}
+	ingressNS := v.IngressNamespace
+	if ingressNS == "" {
+		ingressNS = "garden"
+	}
+	ingressPods := v.IngressPodLabels
+	if len(ingressPods) == 0 {
+		ingressPods = map[string]string{v1beta1constants.LabelApp: "tendril-ingress"}
+	}
+	return &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: ServerName, Namespace: v.Namespace, Labels: serverLabels()},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: serverLabels()},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{
+					From: []networkingv1.NetworkPolicyPeer{{
+						NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: ingressNS}},
+						PodSelector:       &metav1.LabelSelector{MatchLabels: ingressPods},
+					}},
+					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: ptr.To(intstr.FromInt32(PortTunnel))}},
+				},
+				{
+					From: []networkingv1.NetworkPolicyPeer{{
+						PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
+							v1beta1constants.LabelApp:  v1beta1constants.LabelKubernetes,
+							v1beta1constants.LabelRole: v1beta1constants.LabelAPIServer,
+						}},
+					}},
+					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: ptr.To(intstr.FromInt32(egressPort))}},
+				},
+			},
+		},
+	}
+}
+
+// Route is the shoot's ingress route.
+func Route(v Values) *tendrilv1alpha1.Route {
+	r := &tendrilv1alpha1.Route{
+		TypeMeta:   metav1.TypeMeta{APIVersion: tendrilv1alpha1.SchemeGroupVersion.String(), Kind: "Route"},
+		ObjectMeta: metav1.ObjectMeta{Name: RouteName, Namespace: v.Namespace},
+		Spec: tendrilv1alpha1.RouteSpec{
+			Hostnames:    v.Hostnames,
+			APIServer:    tendrilv1alpha1.ServiceReference{Name: KubeAPIServerName, Port: PortKubeAPIServer},
+			TunnelServer: &tendrilv1alpha1.ServiceReference{Name: ServerName, Port: PortTunnel},
+		},
+	}
+	if v.AdvertisedAddress.IsValid() {
+		r.Spec.AdvertisedAddress = v.AdvertisedAddress.String()
+	}
+	return r
+}

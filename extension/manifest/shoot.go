@@ -1,0 +1,158 @@
+package manifest
+
+import (
+	"net/netip"
+	"strconv"
+
+	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Agent metrics ports on the shoot side; the apiserver-proxy uses the host network, so its
+// port must not collide with the kubelet's (10250…) or Gardener's node components.
+const (
+	portAgentMetrics = 16912
+	portProxyMetrics = 16911
+)
+
+// AgentSecret carries the agent's WireGuard private key into the shoot.
+func AgentSecret(v Values) *corev1.Secret {
+	return &corev1.Secret{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{Name: AgentName, Namespace: ShootNamespace, Labels: agentLabels()},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{"private-key": []byte(v.Tunnel.AgentPrivateKey)},
+	}
+}
+
+func agentLabels() map[string]string {
+	return map[string]string{v1beta1constants.LabelApp: AgentName}
+}
+
+// AgentDeployment is `tendril-agent vpn` in the shoot's kube-system. It needs no privileges
+// and no API credentials: WireGuard runs in user space and the agent only dials out.
+func AgentDeployment(v Values) *appsv1.Deployment {
+	labels := agentLabels()
+	args := []string{
+		"vpn",
+		"--private-key-file=" + pathWireGuard + "/private-key",
+		"--server-public-key=" + v.Tunnel.ServerPublicKey,
+		"--address=" + v.Tunnel.AgentAddress.String(),
+		"--server-addresses=" + joinAddrs(v.Tunnel.ServerAddresses),
+		"--shoot-cidrs=" + joinPrefixes(v.ShootCIDRs),
+		"--seed=" + hostPort(v.Ingress, PortIngressTunnel),
+		"--header=Reversed-VPN",
+		"--destination=" + TunnelDestination(v.Namespace),
+		"--metrics-address=:" + strconv.Itoa(portAgentMetrics),
+	}
+	live, ready := probes(portAgentMetrics)
+	return &appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: metav1.ObjectMeta{Name: AgentName, Namespace: ShootNamespace, Labels: labels},
+		Spec: appsv1.DeploymentSpec{
+			Replicas:             ptr.To[int32](1),
+			RevisionHistoryLimit: ptr.To[int32](2),
+			Selector:             &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					AutomountServiceAccountToken: ptr.To(false),
+					PriorityClassName:            v1beta1constants.PriorityClassNameShootSystem900,
+					Containers: []corev1.Container{{
+						Name:           AgentName,
+						Image:          v.Image,
+						Command:        []string{"/tendril-agent"},
+						Args:           args,
+						Ports:          []corev1.ContainerPort{{Name: "metrics", ContainerPort: portAgentMetrics, Protocol: corev1.ProtocolTCP}},
+						LivenessProbe:  live,
+						ReadinessProbe: ready,
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU:    resource.MustParse("20m"),
+							corev1.ResourceMemory: resource.MustParse("32Mi"),
+						}},
+						SecurityContext: restricted(),
+						VolumeMounts:    []corev1.VolumeMount{{Name: "wireguard", MountPath: pathWireGuard, ReadOnly: true}},
+					}},
+					Volumes: []corev1.Volume{secretVolume("wireguard", AgentName)},
+				},
+			},
+		},
+	}
+}
+
+// APIServerProxyDaemonSet is `tendril-agent apiserver-proxy` on every node: it holds
+// kube-apiserver's advertised address on a dummy link and forwards to the ingress's PROXY
+// listener, so it needs the host network and NET_ADMIN.
+func APIServerProxyDaemonSet(v Values) *appsv1.DaemonSet {
+	labels := map[string]string{v1beta1constants.LabelApp: APIServerProxyName}
+	sc := restricted()
+	sc.RunAsNonRoot, sc.RunAsUser = ptr.To(false), ptr.To[int64](0)
+	sc.Capabilities = &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_ADMIN", "NET_BIND_SERVICE"}}
+	live, ready := probes(portProxyMetrics)
+	return &appsv1.DaemonSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
+		ObjectMeta: metav1.ObjectMeta{Name: APIServerProxyName, Namespace: ShootNamespace, Labels: labels},
+		Spec: appsv1.DaemonSetSpec{
+			Selector:       &metav1.LabelSelector{MatchLabels: labels},
+			UpdateStrategy: appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					AutomountServiceAccountToken: ptr.To(false),
+					HostNetwork:                  true,
+					PriorityClassName:            "system-node-critical",
+					// Every node, whatever its taints: in-cluster API traffic starts everywhere.
+					Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+					Containers: []corev1.Container{{
+						Name:    APIServerProxyName,
+						Image:   v.Image,
+						Command: []string{"/tendril-agent"},
+						Args: []string{
+							"apiserver-proxy",
+							"--advertised-address=" + v.AdvertisedAddress.String(),
+							"--port=" + strconv.Itoa(PortKubeAPIServer),
+							"--ingress=" + hostPort(v.Ingress, PortIngressProxy),
+							"--namespace=" + v.Namespace,
+							"--interface=tendril-api",
+							"--metrics-address=127.0.0.1:" + strconv.Itoa(portProxyMetrics),
+						},
+						LivenessProbe:  live,
+						ReadinessProbe: ready,
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU:    resource.MustParse("20m"),
+							corev1.ResourceMemory: resource.MustParse("20Mi"),
+						}},
+						SecurityContext: sc,
+					}},
+				},
+			},
+		},
+	}
+}
+
+// ShootObjects are the objects of the shoot's ManagedResource.
+func ShootObjects(v Values) []client.Object {
+	objs := []client.Object{AgentSecret(v), AgentDeployment(v)}
+	if v.APIServerProxy {
+		objs = append(objs, APIServerProxyDaemonSet(v))
+	}
+	return objs
+}
+
+// SeedObjects are the objects in the shoot namespace of the seed (without the Route, which
+// is withdrawn while hibernated).
+func SeedObjects(v Values) []client.Object {
+	return []client.Object{ServerDeployment(v), ServerService(v), ServerNetworkPolicy(v)}
+}
+
+func hostPort(host string, port int) string {
+	if a, err := netip.ParseAddr(host); err == nil && a.Is6() {
+		return "[" + host + "]:" + strconv.Itoa(port)
+	}
+	return host + ":" + strconv.Itoa(port)
+}

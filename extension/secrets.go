@@ -1,0 +1,115 @@
+package extension
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+
+	extensionssecretsmanager "github.com/gardener/gardener/extensions/pkg/util/secret/manager"
+	secretsutils "github.com/gardener/gardener/pkg/utils/secrets"
+	secretsmanager "github.com/gardener/gardener/pkg/utils/secrets/manager"
+	"golang.org/x/crypto/curve25519"
+)
+
+// Names of the secrets-manager configs. The manager adds a hash of each config to the Secret's
+// name, so the names in the shoot namespace differ; the manager finds them by these names.
+const (
+	// SecretsManagerIdentity is tendril's identity in the secrets manager; one identity for
+	// the whole extension, as everything it generates serves the one tendril-server.
+	SecretsManagerIdentity = "extension-tendril"
+
+	SecretNameCA              = "ca-tendril"
+	SecretNameServerTLS       = "tendril-server-tls"
+	SecretNameAPIServerClient = "tendril-kube-apiserver-client"
+	SecretNameServerWireGuard = "tendril-server-wireguard"
+	SecretNameAgentWireGuard  = "tendril-agent-wireguard"
+)
+
+// Data keys of a WireGuard key Secret.
+const (
+	DataKeyPrivateKey = "private-key"
+	DataKeyPublicKey  = "public-key"
+)
+
+// wireGuardKeyConfig makes the secrets manager generate a Curve25519 key pair. Its only field
+// is the name, so the config hash never changes and the key never rotates by accident: a
+// new key would cut every agent off until the shoot's objects are updated.
+type wireGuardKeyConfig struct {
+	Name string
+}
+
+func (c *wireGuardKeyConfig) GetName() string { return c.Name }
+
+func (c *wireGuardKeyConfig) Generate() (secretsutils.DataInterface, error) {
+	var priv [32]byte
+	if _, err := rand.Read(priv[:]); err != nil {
+		return nil, fmt.Errorf("wireguard key: %w", err)
+	}
+	// Clamp as WireGuard does (RFC 7748 §5), so the stored key is the canonical form `wg genkey` writes.
+	priv[0] &= 248
+	priv[31] = (priv[31] & 127) | 64
+	pub, err := curve25519.X25519(priv[:], curve25519.Basepoint)
+	if err != nil {
+		return nil, fmt.Errorf("wireguard public key: %w", err)
+	}
+	return wireGuardKey{
+		private: base64.StdEncoding.EncodeToString(priv[:]),
+		public:  base64.StdEncoding.EncodeToString(pub),
+	}, nil
+}
+
+type wireGuardKey struct{ private, public string }
+
+func (k wireGuardKey) SecretData() map[string][]byte {
+	return map[string][]byte{DataKeyPrivateKey: []byte(k.private), DataKeyPublicKey: []byte(k.public)}
+}
+
+// caConfigs are the CAs, rotated with the shoot's CAs by SecretsManagerForCluster.
+func caConfigs() []extensionssecretsmanager.SecretConfigWithOptions {
+	return []extensionssecretsmanager.SecretConfigWithOptions{{
+		Config: &secretsutils.CertificateSecretConfig{
+			Name:       SecretNameCA,
+			CommonName: SecretNameCA,
+			CertType:   secretsutils.CACert,
+		},
+		Options: []secretsmanager.GenerateOption{secretsmanager.Persist()},
+	}}
+}
+
+// leafConfigs are everything signed by the CA plus the WireGuard keys.
+func leafConfigs(namespace string) []extensionssecretsmanager.SecretConfigWithOptions {
+	svc := "tendril-server"
+	return []extensionssecretsmanager.SecretConfigWithOptions{
+		{
+			Config: &secretsutils.CertificateSecretConfig{
+				Name:       SecretNameServerTLS,
+				CommonName: svc,
+				DNSNames: []string{
+					svc, svc + "." + namespace, svc + "." + namespace + ".svc",
+					svc + "." + namespace + ".svc.cluster.local",
+				},
+				CertType:                    secretsutils.ServerCert,
+				SkipPublishingCACertificate: true,
+			},
+			Options: []secretsmanager.GenerateOption{secretsmanager.SignedByCA(SecretNameCA, secretsmanager.UseCurrentCA)},
+		},
+		{
+			// kube-apiserver presents this to tendril-server's egress front-ends.
+			Config: &secretsutils.CertificateSecretConfig{
+				Name:                        SecretNameAPIServerClient,
+				CommonName:                  "kube-apiserver",
+				CertType:                    secretsutils.ClientCert,
+				SkipPublishingCACertificate: true,
+			},
+			Options: []secretsmanager.GenerateOption{secretsmanager.SignedByCA(SecretNameCA, secretsmanager.UseCurrentCA)},
+		},
+		{
+			Config:  &wireGuardKeyConfig{Name: SecretNameServerWireGuard},
+			Options: []secretsmanager.GenerateOption{secretsmanager.Persist()},
+		},
+		{
+			Config:  &wireGuardKeyConfig{Name: SecretNameAgentWireGuard},
+			Options: []secretsmanager.GenerateOption{secretsmanager.Persist()},
+		},
+	}
+}
