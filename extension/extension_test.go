@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
+	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
 	resourcesv1alpha1 "github.com/gardener/gardener/pkg/apis/resources/v1alpha1"
 	"github.com/gardener/gardener/pkg/utils/managedresources"
@@ -114,7 +114,7 @@ func shoot(t *testing.T, c client.Client, ns string, hibernated bool) {
 	}))
 	must(t, c.Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver", Namespace: ns},
-		Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "kube-apiserver", Port: 443}}},
+		Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "kube-apiserver", Port: 443}}},
 	}))
 }
 
