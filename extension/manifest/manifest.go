@@ -182,14 +182,19 @@ func secretVolume(name, secret string) corev1.Volume {
 	}}}
 }
 
-func probes(port int32) (live, ready *corev1.Probe) {
+// probes are the liveness and readiness probes of a tendril process serving /healthz and
+// /readyz on port (host "" is the pod IP). tendril-server's /readyz means "an agent's tunnel
+// is up": as a readiness probe it would take the server out of its Service, so the agent
+// could never reach it to bring the tunnel up. Its readiness is therefore /healthz, and the
+// tunnel is judged by the extension's health check instead (readyz says so for the agent).
+func probes(host string, port int32, readyPath string) (live, ready *corev1.Probe) {
 	get := func(path string) *corev1.Probe {
 		return &corev1.Probe{
-			ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromInt32(port)}},
+			ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Host: host, Path: path, Port: intstr.FromInt32(port)}},
 			PeriodSeconds: 10, FailureThreshold: 3,
 		}
 	}
-	return get("/healthz"), get("/readyz")
+	return get("/healthz"), get(readyPath)
 }
 
 // ServerDeployment is tendril-server in the shoot namespace.
@@ -212,7 +217,7 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 		"--client-ca-file=" + pathCA + "/bundle.crt",
 		"--metrics-address=:" + strconv.Itoa(PortMetrics),
 	}
-	live, ready := probes(PortMetrics)
+	live, ready := probes("", PortMetrics, "/healthz")
 	labels := serverLabels()
 	podLabels := map[string]string{
 		v1beta1constants.LabelApp:                   ServerName,

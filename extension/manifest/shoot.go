@@ -50,7 +50,7 @@ func AgentDeployment(v Values) *appsv1.Deployment {
 		"--destination=" + TunnelDestination(v.Namespace),
 		"--metrics-address=:" + strconv.Itoa(portAgentMetrics),
 	}
-	live, ready := probes(portAgentMetrics)
+	live, ready := probes("", portAgentMetrics, "/readyz")
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: metav1.ObjectMeta{Name: AgentName, Namespace: ShootNamespace, Labels: labels},
@@ -93,7 +93,8 @@ func APIServerProxyDaemonSet(v Values) *appsv1.DaemonSet {
 	sc := restricted()
 	sc.RunAsNonRoot, sc.RunAsUser = ptr.To(false), ptr.To[int64](0)
 	sc.Capabilities = &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_ADMIN", "NET_BIND_SERVICE"}}
-	live, ready := probes(portProxyMetrics)
+	// Host network, metrics on loopback: the kubelet probes from the node's own namespace.
+	live, ready := probes("127.0.0.1", portProxyMetrics, "/readyz")
 	return &appsv1.DaemonSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
 		ObjectMeta: metav1.ObjectMeta{Name: APIServerProxyName, Namespace: ShootNamespace, Labels: labels},
