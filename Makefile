@@ -40,6 +40,7 @@ bench: build ## Run the benchmarks against their peers; fresh reports go to docs
 	bin/tendril-bench sni --rounds 3 --markdown docs/bench/sni.md $(BENCH_ARGS)
 	bin/tendril-bench proxy --rounds 3 --markdown docs/bench/proxy.md $(BENCH_ARGS)
 	bin/tendril-bench connect --rounds 3 --markdown docs/bench/connect.md $(BENCH_ARGS)
+	bin/tendril-bench tunnel --markdown docs/bench/tunnel.md
 
 run: build ## Start a local seed (tendril-seed, tendril-ingress, two example shoots) until interrupted.
 	bin/tendril-local

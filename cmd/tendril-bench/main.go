@@ -5,6 +5,7 @@
 //	tendril-bench sni [flags]       SNI passthrough: new TLS connections/s, TTFB, bulk MB/s
 //	tendril-bench proxy [flags]     PROXY v2 header routed by destination, then TLS: the same figures
 //	tendril-bench connect [flags]   CONNECT with X-Gardener-Destination, then TLS: the same figures
+//	tendril-bench tunnel [flags]    reversed VPN: throughput, dials, head-of-line, up time, memory
 //
 // This file only turns flags into a configuration and prints results; the
 // benchmarks live in package bench/….
@@ -39,10 +40,15 @@ modes:
   connect  CONNECT with X-Gardener-Destination, then TLS through the tunnel:
            direct vs squid (cache_peer per shoot) vs tendril-ingress; HAProxy
            is tried and cannot do it (it forwards the CONNECT instead)
+  tunnel   reversed VPN, seed to a pod in the shoot: direct vs tendril
+           (HTTP CONNECT and konnectivity gRPC front-ends) vs OpenVPN 2.6 TCP
+           vs konnectivity v0.36 (gRPC and HTTP CONNECT); needs root
 
-Each measures new TLS connections per second with time to first byte, and
-bulk throughput. Run "tendril-bench <mode> -h" for the flags of a mode; all
-modes take the same flags. --markdown-append adds a mode's section to an
+sni, proxy and connect measure new TLS connections per second with time to
+first byte, and bulk throughput, and take the same flags. tunnel measures
+bulk throughput both ways, dial latency and rate, head-of-line blocking,
+tunnel up time and memory, with flags of its own. Run "tendril-bench <mode>
+-h" for the flags of a mode. --markdown-append adds a mode's section to an
 existing report, so that several runs make one document:
 
   tendril-bench sni --markdown docs/bench/all.md
@@ -96,6 +102,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return c.Run(ctx, stdout)
 	}
 	switch args[1] {
+	case "tunnel":
+		c, err := parseTunnel(args[2:], stderr)
+		if err != nil {
+			return err
+		}
+		c.Config.CommandLine = commandLine(args)
+		return c.Run(ctx, stdout)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -48,8 +48,8 @@ func TestCommandLine(t *testing.T) {
 }
 
 func TestUnknownMode(t *testing.T) {
-	if err := run(t.Context(), []string{"tendril-bench", "tunnel"}, io.Discard, io.Discard); !errors.Is(err, errUsage) {
-		t.Errorf("run(tunnel) = %v, want a usage error", err)
+	if err := run(t.Context(), []string{"tendril-bench", "bogus"}, io.Discard, io.Discard); !errors.Is(err, errUsage) {
+		t.Errorf("run(bogus) = %v, want a usage error", err)
 	}
 }
 

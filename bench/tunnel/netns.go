@@ -1,0 +1,234 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// topology is the benchmark's network: the seed is this process's own
+// namespace; the shoot and the pod get namespaces of their own, as in the
+// reversed-VPN e2e test.
+//
+//	seed (host)  veth 10.231.N.1/30 ⇄ 10.231.N.2/30  shoot  (agents, OpenVPN client)
+//	shoot        veth 10.232.N.1/24 ⇄ 10.232.N.2/24  pod    (the shoot's "pod network")
+//	seed (host)  veth 10.233.N.1/30 ⇄ 10.233.N.2/30  pod    (direct: the physical limit)
+//
+// The pod's shoot address, podAddr, has no route from the seed: only a
+// tunnel reaches it (an unreachable route in the seed keeps its packets from
+// the seed's default route). The direct link gives the pod a second address that the
+// seed reaches over one veth, for the direct target. The shoot forwards IPv4
+// (OpenVPN's tun to the pod network); the pod's default route points back
+// into the shoot. N is derived from the process ID, so that two runs on one
+// machine do not collide; names carry the PID, so that namespaces a killed
+// run left behind are recognised and removed by the next.
+type topology struct {
+	n                    int
+	shootNS, podNS       string
+	seedAddr, shootAddr  netip.Addr   // the seed ⇄ shoot link
+	podGW, podAddr       netip.Addr   // the shoot ⇄ pod link
+	podNet               netip.Prefix // the shoot's pod network (the tunnels' only target)
+	directSeed, directIP netip.Addr   // the seed ⇄ pod link
+	vpnNet               netip.Prefix // OpenVPN's own tunnel network
+	hostLinks            []string
+}
+
+const nsPrefix = "tbench-"
+
+var nsRE = regexp.MustCompile(`^` + nsPrefix + `(\d+)-(shoot|pod)$`)
+
+// runIP runs ip with args.
+func runIP(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// checkNetns reports why network namespaces cannot be made here.
+func checkNetns() error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root: creates network namespaces and veth pairs")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return fmt.Errorf("ip (iproute2) not found: %w", err)
+	}
+	return nil
+}
+
+// removeStale deletes namespaces of earlier runs whose process is gone.
+func removeStale(ctx context.Context) {
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		m := nsRE.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		pid, _ := strconv.Atoi(m[1])
+		if pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+			continue
+		}
+		_ = runIP(ctx, "netns", "del", e.Name())
+	}
+}
+
+func newTopology(ctx context.Context) (*topology, error) {
+	if err := checkNetns(); err != nil {
+		return nil, err
+	}
+	removeStale(ctx)
+	pid := os.Getpid()
+	n := pid%250 + 1
+	a := func(b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{10, b, c, d}) }
+	t := &topology{
+		n:       n,
+		shootNS: fmt.Sprintf("%s%d-shoot", nsPrefix, pid), podNS: fmt.Sprintf("%s%d-pod", nsPrefix, pid),
+		seedAddr: a(231, byte(n), 1), shootAddr: a(231, byte(n), 2),
+		podGW: a(232, byte(n), 1), podAddr: a(232, byte(n), 2), podNet: netip.PrefixFrom(a(232, byte(n), 0), 24),
+		directSeed: a(233, byte(n), 1), directIP: a(233, byte(n), 2),
+		vpnNet: netip.PrefixFrom(a(234, byte(n), 0), 24),
+	}
+	if err := t.setup(ctx); err != nil {
+		return nil, errors.Join(err, t.close())
+	}
+	return t, nil
+}
+
+func (t *topology) setup(ctx context.Context) error {
+	id := strconv.Itoa(os.Getpid())
+	// veth names: at most 15 bytes.
+	seedShoot, shootSeed := "tbs"+id, "tbsn"+id
+	shootPod, podShoot := "tbp"+id, "tbpn"+id
+	seedPod, podSeed := "tbd"+id, "tbdn"+id
+	t.hostLinks = []string{seedShoot, seedPod}
+	s, p := t.shootNS, t.podNS
+	cidr := func(a netip.Addr, bits int) string { return netip.PrefixFrom(a, bits).String() }
+	steps := [][]string{
+		{"netns", "add", s},
+		{"netns", "add", p},
+		{"link", "add", seedShoot, "type", "veth", "peer", "name", shootSeed},
+		{"link", "set", shootSeed, "netns", s},
+		{"addr", "add", cidr(t.seedAddr, 30), "dev", seedShoot},
+		{"link", "set", seedShoot, "up"},
+		{"-n", s, "addr", "add", cidr(t.shootAddr, 30), "dev", shootSeed},
+		{"-n", s, "link", "set", shootSeed, "up"},
+		{"-n", s, "link", "set", "lo", "up"},
+		{"-n", s, "link", "add", shootPod, "type", "veth", "peer", "name", podShoot},
+		{"-n", s, "link", "set", podShoot, "netns", p},
+		{"-n", s, "addr", "add", cidr(t.podGW, 24), "dev", shootPod},
+		{"-n", s, "link", "set", shootPod, "up"},
+		{"-n", p, "addr", "add", cidr(t.podAddr, 24), "dev", podShoot},
+		{"-n", p, "link", "set", podShoot, "up"},
+		{"-n", p, "link", "set", "lo", "up"},
+		{"-n", p, "route", "add", "default", "via", t.podGW.String()},
+		{"link", "add", seedPod, "type", "veth", "peer", "name", podSeed},
+		{"link", "set", podSeed, "netns", p},
+		{"addr", "add", cidr(t.directSeed, 30), "dev", seedPod},
+		{"link", "set", seedPod, "up"},
+		{"-n", p, "addr", "add", cidr(t.directIP, 30), "dev", podSeed},
+		{"-n", p, "link", "set", podSeed, "up"},
+		// Without a tunnel the seed must not send the pod network's
+		// packets anywhere (its default route leads off this machine):
+		// a low-priority unreachable route, below OpenVPN's own.
+		{"route", "add", "unreachable", t.podNet.String(), "metric", "4000"},
+		{"route", "add", "unreachable", t.vpnNet.String(), "metric", "4000"},
+	}
+	for _, st := range steps {
+		if err := runIP(ctx, st...); err != nil {
+			return err
+		}
+	}
+	// The shoot routes OpenVPN's tun into the pod network.
+	return t.inNS(s, func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644) })
+}
+
+// close deletes the namespaces (and with them the veth pairs) and any link
+// left in the seed.
+func (t *topology) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var errs []error
+	for _, ns := range []string{t.shootNS, t.podNS} {
+		if _, err := os.Stat(filepath.Join("/run/netns", ns)); err == nil {
+			errs = append(errs, runIP(ctx, "netns", "del", ns))
+		}
+	}
+	for _, p := range []netip.Prefix{t.podNet, t.vpnNet} {
+		_ = runIP(ctx, "route", "del", "unreachable", p.String(), "metric", "4000")
+	}
+	// Deleting a namespace deletes its veth ends and so their peers here,
+	// asynchronously: a link is only an error if it outlives its own delete.
+	for _, l := range t.hostLinks {
+		if _, err := net.InterfaceByName(l); err == nil {
+			if err := runIP(ctx, "link", "del", l); err != nil {
+				if _, still := net.InterfaceByName(l); still == nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// netnsExec is the command prefix that runs a program in namespace ns.
+func netnsExec(ns string) []string { return []string{"ip", "netns", "exec", ns} }
+
+// inNS runs f on an OS thread that has joined namespace ns: sockets f
+// creates belong to ns for good, whichever thread later uses them. The
+// thread returns to this process's namespace afterwards, or is discarded if
+// it cannot.
+func (t *topology) inNS(ns string, f func() error) error {
+	target, err := os.Open(filepath.Join("/run/netns", ns))
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", ns, err)
+	}
+	defer target.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// Left locked (and so discarded when this goroutine ends) unless
+		// the thread is back in the original namespace.
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			errc <- fmt.Errorf("own netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns %s: %w", ns, err)
+			return
+		}
+		ferr := f()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("setns back: %w", err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// listenIn opens a TCP listener in namespace ns.
+func (t *topology) listenIn(ns, addr string) (net.Listener, error) {
+	var l net.Listener
+	err := t.inNS(ns, func() (err error) {
+		l, err = net.Listen("tcp", addr)
+		return err
+	})
+	return l, err
+}

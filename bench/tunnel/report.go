@@ -1,0 +1,714 @@
+package tunnel
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tendril-net/tendril/bench/machine"
+)
+
+// Report is the result of Run.
+type Report struct {
+	CommandLine    string              `json:"command_line,omitempty"`
+	Machine        machine.Description `json:"machine"`
+	Settings       Settings            `json:"settings"`
+	Started        time.Time           `json:"started"`
+	ElapsedSeconds float64             `json:"elapsed_seconds"`
+	LoadBefore     string              `json:"load_before"`
+	LoadAfter      string              `json:"load_after"`
+	Partial        bool                `json:"partial"`
+	Note           string              `json:"note,omitempty"`
+	Stacks         []*StackResult      `json:"stacks"`
+	Targets        []*TargetResult     `json:"targets"`
+	// Goals compares tendril with the others against the project's
+	// targets (evaluate fills it).
+	Goals []Goal `json:"goals"`
+}
+
+// Settings are the run's parameters.
+type Settings struct {
+	Targets         []string `json:"targets"`
+	DurationSeconds float64  `json:"duration_seconds"`
+	WarmupSeconds   float64  `json:"warmup_seconds"`
+	Conns           []int    `json:"bulk_conns"`
+	DialWorkers     []int    `json:"dial_workers"`
+	UpRuns          int      `json:"up_runs"`
+}
+
+func settingsOf(c Config) Settings {
+	return Settings{Targets: c.Targets, DurationSeconds: c.Duration.Seconds(), WarmupSeconds: c.Warmup.Seconds(),
+		Conns: c.Conns, DialWorkers: c.DialWorkers, UpRuns: c.UpRuns}
+}
+
+// StackResult is one data path's processes: what ran, how fast its tunnel
+// came up, and its memory.
+type StackResult struct {
+	Name     string   `json:"name"`
+	Targets  []string `json:"targets"`
+	Path     string   `json:"path"`
+	Version  string   `json:"version,omitempty"`
+	Skipped  string   `json:"skipped,omitempty"`
+	ProbeVia string   `json:"probe_via,omitempty"`
+	// UpMS are the up times of each agent start: process start to the
+	// first dial through the tunnel that reached the pod.
+	UpMS   []float64  `json:"up_ms,omitempty"`
+	Server ProcMemory `json:"server"`
+	Agent  ProcMemory `json:"agent"`
+	Config string     `json:"config,omitempty"`
+}
+
+// ProcMemory is one process's resident memory: with the tunnel up and idle
+// before any measurement (after the up-time runs), and its peak (VmHWM)
+// after all of them.
+type ProcMemory struct {
+	Process string `json:"process,omitempty"`
+	// NoAgentRSS is the seed side's before any agent connected.
+	NoAgentRSS int64 `json:"no_agent_rss_bytes,omitempty"`
+	IdleRSS    int64 `json:"idle_rss_bytes,omitempty"`
+	Peak       int64 `json:"peak_rss_bytes,omitempty"`
+}
+
+// UpMedian is the median up time, 0 if none was measured.
+func (s *StackResult) UpMedian() float64 { return median(s.UpMS) }
+
+// TargetResult is one target's measurements.
+type TargetResult struct {
+	Name    string       `json:"name"`
+	Stack   string       `json:"stack"`
+	Skipped string       `json:"skipped,omitempty"`
+	Bulk    []BulkResult `json:"bulk,omitempty"`
+	Dial    []DialResult `json:"dial,omitempty"`
+	HOL     []HOLResult  `json:"head_of_line,omitempty"`
+	Notes   []string     `json:"notes,omitempty"`
+}
+
+// BulkResult is one throughput measurement.
+type BulkResult struct {
+	Direction  string  `json:"direction"`
+	Conns      int     `json:"conns"`
+	Seconds    float64 `json:"seconds"`
+	Bytes      int64   `json:"bytes"`
+	MBps       float64 `json:"mb_per_sec"`
+	Errors     int64   `json:"errors,omitempty"`
+	FirstError string  `json:"first_error,omitempty"`
+}
+
+// DialResult is one dial measurement: dial through the path plus one round
+// trip to the pod, then close.
+type DialResult struct {
+	Workers    int     `json:"workers"`
+	Seconds    float64 `json:"seconds"`
+	Dials      int64   `json:"dials"`
+	PerSec     float64 `json:"dials_per_sec"`
+	P50        float64 `json:"p50_ms"`
+	P90        float64 `json:"p90_ms"`
+	P99        float64 `json:"p99_ms"`
+	Errors     int64   `json:"errors,omitempty"`
+	FirstError string  `json:"first_error,omitempty"`
+}
+
+// HOLResult is one head-of-line measurement: the throughput of a
+// connection while another one of the same path is stalled.
+type HOLResult struct {
+	Direction string  `json:"direction"`
+	MBps      float64 `json:"mb_per_sec"`
+	// Alone is the same path's throughput with one connection and no
+	// stalled one (from the bulk test).
+	Alone        float64 `json:"alone_mb_per_sec"`
+	StalledBytes int64   `json:"stalled_bytes"` // what the stalled connection moved before it stood still
+	StallNote    string  `json:"stall_note,omitempty"`
+	Errors       int64   `json:"errors,omitempty"`
+	FirstError   string  `json:"first_error,omitempty"`
+}
+
+func (t *TargetResult) bulkMBps(dir string, conns int) float64 {
+	for _, b := range t.Bulk {
+		if b.Direction == dir && b.Conns == conns {
+			return b.MBps
+		}
+	}
+	return math.NaN()
+}
+
+func (t *TargetResult) dialRate(workers int) float64 {
+	for _, d := range t.Dial {
+		if d.Workers == workers {
+			return d.PerSec
+		}
+	}
+	return math.NaN()
+}
+
+func (t *TargetResult) holMBps(dir string) float64 {
+	for _, h := range t.HOL {
+		if h.Direction == dir {
+			return h.MBps
+		}
+	}
+	return math.NaN()
+}
+
+func (rep *Report) target(name string) *TargetResult {
+	for _, t := range rep.Targets {
+		if t.Name == name && t.Skipped == "" {
+			return t
+		}
+	}
+	return nil
+}
+
+func (rep *Report) stack(name string) *StackResult {
+	for _, s := range rep.Stacks {
+		if s.Name == name && s.Skipped == "" {
+			return s
+		}
+	}
+	return nil
+}
+
+// Goal is one comparison of a tendril figure with a target.
+type Goal struct {
+	Metric  string  `json:"metric"`
+	Tendril string  `json:"tendril"` // the tendril target, or the stack
+	Versus  string  `json:"versus"`  // the target compared with, "" for an absolute goal
+	Value   float64 `json:"value"`
+	Other   float64 `json:"other,omitempty"`
+	Ratio   float64 `json:"ratio,omitempty"`
+	// Infinite is set instead of Ratio when the other figure is 0.
+	Infinite bool `json:"infinite,omitempty"`
+	// Want is the goal: a minimum ratio, or for absolute goals a maximum
+	// value (Unit says which); 0 means no goal, shown for information.
+	Want float64 `json:"want,omitempty"`
+	Unit string  `json:"unit"`
+	Met  bool    `json:"met"`
+}
+
+// The project's goals for the reversed tunnel.
+const (
+	goalVsDirect  = 0.4
+	goalVsOpenVPN = 3
+	goalVsKonn    = 2
+	goalUpMS      = 100
+	goalIdleMiB   = 15
+)
+
+// evaluate fills Goals from the measurements.
+func (rep *Report) evaluate() {
+	rep.Goals = nil
+	pairs := [][2]string{{TargetTendrilConnect, TargetKonnectivityConnect}, {TargetTendrilGRPC, TargetKonnectivityGRPC}}
+	add := func(metric, tendril, versus string, v, o, want float64, unit string) {
+		if math.IsNaN(v) || math.IsNaN(o) || o == 0 && v == 0 {
+			return
+		}
+		g := Goal{Metric: metric, Tendril: tendril, Versus: versus, Value: v, Other: o, Want: want, Unit: unit}
+		if o > 0 {
+			g.Ratio = v / o
+		} else {
+			g.Infinite = true // the other moved nothing (JSON has no +Inf)
+		}
+		g.Met = want == 0 || g.Infinite || g.Ratio >= want
+		rep.Goals = append(rep.Goals, g)
+	}
+	for _, p := range pairs {
+		t := rep.target(p[0])
+		if t == nil {
+			continue
+		}
+		for _, cmp := range []struct {
+			name string
+			want float64
+		}{{TargetDirect, goalVsDirect}, {TargetOpenVPN, goalVsOpenVPN}, {p[1], goalVsKonn}} {
+			o := rep.target(cmp.name)
+			if o == nil {
+				continue
+			}
+			for _, dir := range []string{ToShoot, FromShoot} {
+				for _, b := range t.Bulk {
+					if b.Direction == dir {
+						add(fmt.Sprintf("bulk %s ×%d", dir, b.Conns), t.Name, o.Name, b.MBps, o.bulkMBps(dir, b.Conns), cmp.want, "MB/s")
+					}
+				}
+			}
+			for _, d := range t.Dial {
+				want := 0.0
+				if cmp.name == p[1] {
+					want = cmp.want // dials: only konnectivity makes a TLS connection per dial too
+				}
+				add(fmt.Sprintf("dials/s ×%d", d.Workers), t.Name, o.Name, d.PerSec, o.dialRate(d.Workers), want, "dials/s")
+			}
+			if cmp.name == p[1] {
+				for _, h := range t.HOL {
+					add("head-of-line "+h.Direction, t.Name, o.Name, h.MBps, o.holMBps(h.Direction), 0, "MB/s")
+				}
+			}
+		}
+	}
+	if s := rep.stack("tendril"); s != nil {
+		if len(s.UpMS) > 0 {
+			v := s.UpMedian()
+			rep.Goals = append(rep.Goals, Goal{Metric: "tunnel up time (median)", Tendril: "tendril", Value: v, Want: goalUpMS, Unit: "ms", Met: v <= goalUpMS})
+		}
+		if s.Server.IdleRSS > 0 {
+			v := float64(s.Server.IdleRSS) / (1 << 20)
+			rep.Goals = append(rep.Goals, Goal{Metric: "idle tendril-server RSS, tunnel up", Tendril: "tendril", Value: v, Want: goalIdleMiB, Unit: "MiB", Met: v <= goalIdleMiB})
+		}
+		if s.Server.NoAgentRSS > 0 {
+			v := float64(s.Server.NoAgentRSS) / (1 << 20)
+			rep.Goals = append(rep.Goals, Goal{Metric: "idle tendril-server RSS, no agent", Tendril: "tendril", Value: v, Want: goalIdleMiB, Unit: "MiB", Met: v <= goalIdleMiB})
+		}
+	}
+}
+
+// Missed returns the goals with a target that were missed.
+func (rep *Report) Missed() []Goal {
+	var out []Goal
+	for _, g := range rep.Goals {
+		if g.Want != 0 && !g.Met {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// WriteJSON writes the report as indented JSON.
+func (rep *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+func fmtMiB(b int64) string {
+	if b <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
+
+func fmtBytes(b int64) string {
+	switch {
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.0f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+func fmtMB(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "-"
+	case v < 10:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func fmtMS(v float64) string {
+	switch {
+	case v == 0 || math.IsNaN(v):
+		return "-"
+	case v < 10:
+		return fmt.Sprintf("%.2f", v)
+	case v < 100:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func fmtRatio(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "-"
+	case math.IsInf(v, 1):
+		return "∞"
+	case v >= 10:
+		return fmt.Sprintf("%.0f×", v)
+	}
+	return fmt.Sprintf("%.2f×", v)
+}
+
+// cell formats a figure with its ratio to direct.
+func cellWithRatio(v, direct float64) string {
+	if math.IsNaN(v) {
+		return "-"
+	}
+	if math.IsNaN(direct) || direct == 0 {
+		return fmtMB(v)
+	}
+	return fmtMB(v) + " (" + fmtRatio(v/direct) + ")"
+}
+
+// tables builds the report's tables, shared by the text and Markdown
+// output: each has a title, a header, alignment and rows.
+type table struct {
+	title  string
+	header []string
+	left   []bool
+	rows   [][]string
+	notes  []string
+}
+
+func (rep *Report) tables() []table {
+	var out []table
+	direct := rep.target(TargetDirect)
+	ref := func(dir string, n int) float64 {
+		if direct == nil {
+			return math.NaN()
+		}
+		return direct.bulkMBps(dir, n)
+	}
+	measured := func() []*TargetResult {
+		var ts []*TargetResult
+		for _, t := range rep.Targets {
+			if t.Skipped == "" {
+				ts = append(ts, t)
+			}
+		}
+		return ts
+	}()
+
+	// Throughput.
+	conns := rep.Settings.Conns
+	tp := table{title: "Bulk throughput, MB/s (10^6 bytes/s, all connections together; in parentheses: × direct). " +
+		"to-shoot: the client writes, the pod reads (counted by the pod); from-shoot: the pod writes, the client reads."}
+	tp.header, tp.left = []string{"target"}, []bool{true}
+	for _, dir := range []string{ToShoot, FromShoot} {
+		for _, n := range conns {
+			tp.header = append(tp.header, fmt.Sprintf("%s ×%d", dir, n))
+			tp.left = append(tp.left, false)
+		}
+	}
+	tp.header, tp.left = append(tp.header, "errors"), append(tp.left, false)
+	for _, t := range measured {
+		row := []string{t.Name}
+		var nerr int64
+		for _, dir := range []string{ToShoot, FromShoot} {
+			for _, n := range conns {
+				row = append(row, cellWithRatio(t.bulkMBps(dir, n), ref(dir, n)))
+			}
+		}
+		for _, b := range t.Bulk {
+			nerr += b.Errors
+		}
+		tp.rows = append(tp.rows, append(row, strconv.FormatInt(nerr, 10)))
+	}
+	out = append(out, tp)
+
+	// Dials.
+	dt := table{title: "Dials: a new connection through the path (kube-apiserver's way: a new mutual-TLS connection to the " +
+		"front-end per dial for tendril and konnectivity; a kernel TCP connect for direct and OpenVPN), one round trip " +
+		"to the pod, close. Latency in ms."}
+	dt.header, dt.left = []string{"target"}, []bool{true}
+	for _, n := range rep.Settings.DialWorkers {
+		dt.header = append(dt.header, fmt.Sprintf("×%d dials/s", n), "p50", "p99")
+		dt.left = append(dt.left, false, false, false)
+	}
+	dt.header, dt.left = append(dt.header, "errors"), append(dt.left, false)
+	for _, t := range measured {
+		row := []string{t.Name}
+		var nerr int64
+		for _, n := range rep.Settings.DialWorkers {
+			found := false
+			for _, d := range t.Dial {
+				if d.Workers == n {
+					row = append(row, fmt.Sprintf("%.0f", d.PerSec), fmtMS(d.P50), fmtMS(d.P99))
+					nerr += d.Errors
+					found = true
+				}
+			}
+			if !found {
+				row = append(row, "-", "-", "-")
+			}
+		}
+		dt.rows = append(dt.rows, append(row, strconv.FormatInt(nerr, 10)))
+	}
+	out = append(out, dt)
+
+	// Head-of-line.
+	ht := table{title: "Head-of-line blocking: one connection's receiver stops reading (to-shoot: the pod; from-shoot: the " +
+		"client, as a kube-apiserver client that stops reading a log stream); once its sender is blocked, another connection " +
+		"of the same path transfers. MB/s of that other connection, and its share of the same path's 1-connection figure."}
+	ht.header = []string{"target", "to-shoot MB/s", "× alone", "stalled after", "from-shoot MB/s", "× alone", "stalled after", "errors"}
+	ht.left = []bool{true, false, false, false, false, false, false, false}
+	for _, t := range measured {
+		row := []string{t.Name}
+		var nerr int64
+		for _, dir := range []string{ToShoot, FromShoot} {
+			found := false
+			for _, h := range t.HOL {
+				if h.Direction != dir {
+					continue
+				}
+				found = true
+				ratio := math.NaN()
+				if h.Alone > 0 {
+					ratio = h.MBps / h.Alone
+				}
+				stalled := fmtBytes(h.StalledBytes)
+				if h.StallNote != "" {
+					stalled = h.StallNote
+				}
+				row = append(row, fmtMB(h.MBps), fmtRatio(ratio), stalled)
+				nerr += h.Errors
+			}
+			if !found {
+				row = append(row, "-", "-", "-")
+			}
+		}
+		ht.rows = append(ht.rows, append(row, strconv.FormatInt(nerr, 10)))
+	}
+	out = append(out, ht)
+
+	// Up time and memory.
+	ut := table{title: "Tunnel up time (agent process start → first dial through the tunnel that reached the pod; median, " +
+		"min–max) and resident memory (no agent: the seed side 1 s after it serves; idle: tunnel up, after the up-time runs " +
+		"and before any measurement; peak: VmHWM after all measurements)."}
+	ut.header = []string{"stack", "up ms", "min–max", "seed side", "no agent", "idle", "peak", "shoot side", "idle", "peak"}
+	ut.left = []bool{true, false, false, true, false, false, false, true, false, false}
+	for _, s := range rep.Stacks {
+		if s.Skipped != "" || len(s.UpMS) == 0 {
+			continue
+		}
+		lo, hi := slices.Min(s.UpMS), slices.Max(s.UpMS)
+		ut.rows = append(ut.rows, []string{s.Name, fmtMS(s.UpMedian()), fmtMS(lo) + "–" + fmtMS(hi),
+			s.Server.Process, fmtMiB(s.Server.NoAgentRSS), fmtMiB(s.Server.IdleRSS), fmtMiB(s.Server.Peak),
+			s.Agent.Process, fmtMiB(s.Agent.IdleRSS), fmtMiB(s.Agent.Peak)})
+	}
+	for _, s := range rep.Stacks {
+		if s.ProbeVia != "" && s.Skipped == "" {
+			ut.notes = append(ut.notes, s.Name+" probe: "+s.ProbeVia)
+		}
+	}
+	out = append(out, ut)
+
+	// Goals.
+	gt := table{title: "tendril against the goals (≥ 0.4× direct, ≥ 3× OpenVPN-TCP, ≥ 2× konnectivity with the same " +
+		"front-end protocol; tunnel up ≤ 100 ms; idle tendril-server ≤ 15 MiB). Dial rates have a goal only against " +
+		"konnectivity (direct and OpenVPN make no TLS connection per dial); head-of-line figures are for information."}
+	gt.header = []string{"metric", "tendril", "value", "versus", "other", "ratio", "goal", "met"}
+	gt.left = []bool{true, true, false, true, false, false, false, true}
+	for _, g := range rep.Goals {
+		val, other, ratio, goal := fmtMB(g.Value)+" "+g.Unit, "", "", ""
+		if g.Versus != "" {
+			other, ratio = fmtMB(g.Other)+" "+g.Unit, fmtRatio(g.Ratio)
+			if g.Infinite {
+				ratio = "∞"
+			}
+			if g.Want != 0 {
+				goal = "≥ " + strings.TrimSuffix(fmtRatio(g.Want), ".00×") + "×"
+				goal = strings.Replace(goal, "××", "×", 1)
+			}
+		} else if g.Want != 0 {
+			goal = fmt.Sprintf("≤ %g %s", g.Want, g.Unit)
+		}
+		met := ""
+		switch {
+		case g.Want == 0:
+		case g.Met:
+			met = "yes"
+		case g.Versus != "":
+			met = fmt.Sprintf("no (%.0f%% of the goal)", 100*g.Ratio/g.Want)
+		default:
+			met = fmt.Sprintf("no (%s over)", fmtMB(g.Value-g.Want)+" "+g.Unit)
+		}
+		gt.rows = append(gt.rows, []string{g.Metric, g.Tendril, val, g.Versus, other, ratio, goal, met})
+	}
+	out = append(out, gt)
+	return out
+}
+
+func (t *table) writeText(b *strings.Builder) {
+	width := make([]int, len(t.header))
+	for _, r := range append([][]string{t.header}, t.rows...) {
+		for i, c := range r {
+			width[i] = max(width[i], utf8.RuneCountInString(c))
+		}
+	}
+	line := func(r []string) {
+		var l strings.Builder
+		for i, c := range r {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(c))
+			if i > 0 {
+				l.WriteString("  ")
+			}
+			if t.left[i] {
+				l.WriteString(c + pad)
+			} else {
+				l.WriteString(pad + c)
+			}
+		}
+		b.WriteString(strings.TrimRight(l.String(), " ") + "\n")
+	}
+	fmt.Fprintf(b, "\n%s\n", t.title)
+	line(t.header)
+	for _, r := range t.rows {
+		line(r)
+	}
+	for _, n := range t.notes {
+		fmt.Fprintf(b, "  %s\n", n)
+	}
+}
+
+func (t *table) writeMarkdown(b *strings.Builder) {
+	fmt.Fprintf(b, "\n%s\n\n", t.title)
+	b.WriteString("| " + strings.Join(t.header, " | ") + " |\n|")
+	for _, l := range t.left {
+		if l {
+			b.WriteString("---|")
+		} else {
+			b.WriteString("---:|")
+		}
+	}
+	b.WriteString("\n")
+	for _, r := range t.rows {
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = mdEscape(c)
+		}
+		b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
+	}
+	if len(t.notes) > 0 {
+		b.WriteString("\n")
+		for _, n := range t.notes {
+			fmt.Fprintf(b, "- %s\n", mdEscape(n))
+		}
+	}
+}
+
+func mdEscape(s string) string { return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s) }
+
+func (s Settings) summary() string {
+	return fmt.Sprintf("%s per measurement after %s warm-up; bulk with %v connections; dials with %v workers; %d agent start(s) per stack",
+		time.Duration(s.DurationSeconds*float64(time.Second)), time.Duration(s.WarmupSeconds*float64(time.Second)),
+		s.Conns, s.DialWorkers, s.UpRuns)
+}
+
+const sharedNote = "The client, the pod and every process of the data path share this machine's CPUs: absolute figures " +
+	"are bounded by that, compare the ratios. Stacks run one after another, never at the same time."
+
+// WriteTable writes the report as plain-text tables.
+func (rep *Report) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "tendril-bench tunnel: %s\n", rep.Settings.summary())
+	fmt.Fprintf(&b, "machine: %s, %d cores, %s, %s\n", rep.Machine.CPUModel, rep.Machine.Cores, rep.Machine.Kernel, rep.Machine.GoVersion)
+	fmt.Fprintf(&b, "load average before/after: %s / %s; elapsed %.0fs\n", rep.LoadBefore, rep.LoadAfter, rep.ElapsedSeconds)
+	fmt.Fprintf(&b, "note: %s\n", sharedNote)
+	if rep.Partial {
+		fmt.Fprintf(&b, "PARTIAL: %s\n", rep.Note)
+	}
+	b.WriteString("targets:\n")
+	for _, t := range rep.Targets {
+		s := rep.stackOf(t)
+		switch {
+		case t.Skipped != "":
+			fmt.Fprintf(&b, "  %-21s skipped: %s\n", t.Name, t.Skipped)
+		case s != nil:
+			fmt.Fprintf(&b, "  %-21s %s\n", t.Name, s.Version)
+		}
+		for _, n := range t.Notes {
+			fmt.Fprintf(&b, "  %-21s note: %s\n", "", n)
+		}
+	}
+	for _, t := range rep.tables() {
+		if len(t.rows) > 0 {
+			t.writeText(&b)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func (rep *Report) stackOf(t *TargetResult) *StackResult {
+	for _, s := range rep.Stacks {
+		if s.Name == t.Stack {
+			return s
+		}
+	}
+	return nil
+}
+
+// WriteMarkdown writes the report as a Markdown document.
+func (rep *Report) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	m := rep.Machine
+	fmt.Fprintf(&b, "# tendril-bench tunnel — %s\n\n", rep.Started.Format("2006-01-02 15:04 MST"))
+	if rep.Partial {
+		fmt.Fprintf(&b, "> **Partial results:** %s.\n\n", rep.Note)
+	}
+	fmt.Fprintf(&b, "- Machine: %s, %d cores (GOMAXPROCS %d), %s, %s\n", m.CPUModel, m.Cores, m.GOMAXPROCS, m.Kernel, m.GOOSARCH)
+	fmt.Fprintf(&b, "- Go: %s (client and pod)\n", m.GoVersion)
+	if rep.CommandLine != "" {
+		fmt.Fprintf(&b, "- Command: `%s`\n", rep.CommandLine)
+	}
+	fmt.Fprintf(&b, "- Settings: %s; elapsed %.0fs\n", rep.Settings.summary(), rep.ElapsedSeconds)
+	fmt.Fprintf(&b, "- Load average (1/5/15 min) before / after the run: %s / %s\n", rep.LoadBefore, rep.LoadAfter)
+	fmt.Fprintf(&b, "\n%s The pod is a TCP server in its own network namespace, reachable from the seed only through "+
+		"a tunnel (direct uses a separate veth into the pod's namespace).\n", sharedNote)
+	b.WriteString("\n## Targets\n\n| target | data path | version | status |\n|---|---|---|---|\n")
+	for _, t := range rep.Targets {
+		s := rep.stackOf(t)
+		path, version := "", ""
+		if s != nil {
+			path, version = s.Path, s.Version
+		}
+		status := "measured"
+		if t.Skipped != "" {
+			status = "skipped: " + t.Skipped
+		}
+		for _, n := range t.Notes {
+			status += "; " + n
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.Name, mdEscape(path), mdEscape(version), mdEscape(status))
+	}
+	b.WriteString("\n## Results\n")
+	for _, t := range rep.tables() {
+		if len(t.rows) > 0 {
+			t.writeMarkdown(&b)
+		}
+	}
+	if missed := rep.Missed(); len(missed) > 0 {
+		b.WriteString("\n## Goals missed\n\n")
+		for _, g := range missed {
+			if g.Versus != "" {
+				fmt.Fprintf(&b, "- %s, %s: %s× %s, goal %s× (%s %s vs %s %s; %.0f%% of the goal)\n", g.Metric, g.Tendril,
+					strings.TrimSuffix(fmtRatio(g.Ratio), "×"), g.Versus, strings.TrimSuffix(fmtRatio(g.Want), "×"),
+					fmtMB(g.Value), g.Unit, fmtMB(g.Other), g.Unit, 100*g.Ratio/g.Want)
+			} else {
+				fmt.Fprintf(&b, "- %s: %s %s, goal ≤ %g %s\n", g.Metric, fmtMB(g.Value), g.Unit, g.Want, g.Unit)
+			}
+		}
+	}
+	var cfgs []*StackResult
+	for _, s := range rep.Stacks {
+		if s.Config != "" {
+			cfgs = append(cfgs, s)
+		}
+	}
+	if len(cfgs) > 0 {
+		b.WriteString("\n## Configurations\n")
+		for _, s := range cfgs {
+			fmt.Fprintf(&b, "\n<details><summary>%s</summary>\n\n```\n%s\n```\n\n</details>\n", s.Name, strings.TrimRight(s.Config, "\n"))
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,505 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/tunnel/wg"
+	"github.com/tendril-net/tendril/xds/translate"
+)
+
+// stack is one data path: its seed-side processes, its shoot-side agent,
+// and how the client dials the pod through it.
+type stack struct {
+	name    string
+	targets []string // the run's targets this stack serves
+	path    string   // for the report
+	// check says why the stack cannot run here.
+	check func(ctx context.Context) error
+	// version describes what runs.
+	version func(ctx context.Context) string
+	// startServer starts the seed side and returns once it serves; it
+	// sets dial (and probe) for the targets.
+	startServer func(ctx context.Context, dir string) error
+	// startAgent starts the shoot side.
+	startAgent func(dir string) (*proc, error)
+	// probe is a cheap dial through the tunnel, for the up time, tried
+	// every probeEvery; nil when there is no tunnel (direct).
+	probe        dialFunc
+	probeEvery   time.Duration
+	probeTimeout time.Duration
+	probeVia     string // what the probe dials, for the report
+	dial         map[string]dialFunc
+	servers      []*proc // the seed side; servers[0] is the one whose memory is reported
+	agent        *proc
+	config       string
+}
+
+func (s *stack) stop() {
+	if s.agent != nil {
+		_ = s.agent.stop()
+		s.agent = nil
+	}
+	for _, p := range slices.Backward(s.servers) {
+		_ = p.stop()
+	}
+	s.servers = nil
+}
+
+// ports are allocated before the ingress starts: its route file names the
+// tunnel servers' ports.
+type ports struct {
+	tendrilTunnel, openvpn int
+}
+
+// Shoot names in the ingress's routes (namespaces in a seed).
+const (
+	nsTendril = "shoot--bench--tendril"
+	nsOpenVPN = "shoot--bench--openvpn"
+)
+
+// stacks returns the stacks of the run's targets, in report order.
+func (r *runner) stacks() []*stack {
+	want := func(names ...string) []string {
+		var ts []string
+		for _, n := range names {
+			if slices.Contains(r.cfg.Targets, n) {
+				ts = append(ts, n)
+			}
+		}
+		return ts
+	}
+	var out []*stack
+	add := func(s *stack, names ...string) {
+		if s.targets = want(names...); len(s.targets) > 0 {
+			out = append(out, s)
+		}
+	}
+	add(r.directStack(), TargetDirect)
+	add(r.tendrilStack(), TargetTendrilConnect, TargetTendrilGRPC)
+	add(r.openvpnStack(), TargetOpenVPN)
+	add(r.konnectivityStack("grpc", TargetKonnectivityGRPC), TargetKonnectivityGRPC)
+	add(r.konnectivityStack("http-connect", TargetKonnectivityConnect), TargetKonnectivityConnect)
+	return out
+}
+
+func (r *runner) podTarget() string {
+	return netip.AddrPortFrom(r.topo.podAddr, uint16(r.pod.port())).String()
+}
+
+func (r *runner) directStack() *stack {
+	s := &stack{name: TargetDirect, path: "client → pod over its own veth, no tunnel"}
+	s.check = func(context.Context) error { return nil }
+	s.version = func(context.Context) string { return "kernel TCP over one veth" }
+	s.startServer = func(context.Context, string) error {
+		s.dial = map[string]dialFunc{TargetDirect: tcpDialer(netip.AddrPortFrom(r.topo.directIP, uint16(r.pod.port())).String())}
+		return nil
+	}
+	return s
+}
+
+func (r *runner) bin(name string) string {
+	p, _ := filepath.Abs(filepath.Join(r.cfg.BinDir, name))
+	return p
+}
+
+func freePorts(n int) ([]int, error) { return peers.FreePorts(n) }
+
+func addr(a netip.Addr, port int) string { return netip.AddrPortFrom(a, uint16(port)).String() }
+
+// ingress is the seed ingress: tendril-seed serving a route file with the
+// tunnel servers of tendril and OpenVPN, tendril-ingress's Reversed-VPN
+// CONNECT listener on the seed's side of the shoot link.
+type ingress struct {
+	procs  []*proc
+	listen string // seed address:port, where the shoot's agents dial
+	ports  ports
+}
+
+func (in *ingress) stop() {
+	for _, p := range slices.Backward(in.procs) {
+		_ = p.stop()
+	}
+}
+
+// ensureIngress starts the seed ingress if it is not running, and returns
+// once it routes both tunnel destinations.
+func (r *runner) ensureIngress(ctx context.Context) (*ingress, error) {
+	if r.ingress != nil {
+		return r.ingress, nil
+	}
+	for _, b := range []string{"tendril-seed", "tendril-ingress"} {
+		if _, err := os.Stat(r.bin(b)); err != nil {
+			return nil, fmt.Errorf("%s not found (make build)", r.bin(b))
+		}
+	}
+	dir := filepath.Join(r.tmp, "ingress")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	p, err := freePorts(5)
+	if err != nil {
+		return nil, err
+	}
+	in := &ingress{listen: addr(r.topo.seedAddr, p[0]), ports: ports{tendrilTunnel: p[1], openvpn: p[2]}}
+	xds, metrics := "127.0.0.1:"+strconv.Itoa(p[3]), "127.0.0.1:"+strconv.Itoa(p[4])
+	routes := fmt.Sprintf("shoots:\n"+
+		"- name: %s\n  hosts: [api.tendril.tunnel.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: \"127.0.0.1:%d\"\n"+
+		"- name: %s\n  hosts: [api.openvpn.tunnel.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: \"127.0.0.1:%d\"\n",
+		nsTendril, in.ports.tendrilTunnel, nsOpenVPN, in.ports.openvpn)
+	routeFile := filepath.Join(dir, "routes.yaml")
+	if err := os.WriteFile(routeFile, []byte(routes), 0o644); err != nil {
+		return nil, err
+	}
+	seed, err := startProc("tendril-seed", filepath.Join(dir, "tendril-seed.log"),
+		[]string{r.bin("tendril-seed"), "--routes", routeFile, "--xds-address", xds, "--metrics-address", ""})
+	if err != nil {
+		return nil, err
+	}
+	in.procs = append(in.procs, seed)
+	ing, err := startProc("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"),
+		[]string{r.bin("tendril-ingress"), "--xds", xds, "--node-id", "bench", "--tunnel-address", in.listen, "--metrics-address", metrics})
+	if err != nil {
+		in.stop()
+		return nil, err
+	}
+	in.procs = append(in.procs, ing)
+	// The routes are there once a CONNECT for the tendril shoot gets past
+	// "no such cluster" (503) to the dial of its server, not yet running (502).
+	probe := func() error {
+		c, err := net.DialTimeout("tcp", in.listen, time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: x\r\nReversed-VPN: %s\r\n\r\n", "127.0.0.1:1194", translate.VPNServerWireName(nsTendril))
+		buf := make([]byte, 12)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return err
+		}
+		if st := string(buf[9:12]); st != "502" && st != "504" && st != "200" {
+			return fmt.Errorf("ingress answered %s", st)
+		}
+		return nil
+	}
+	if err := waitFor(ctx, 20*time.Second, probe, in.procs...); err != nil {
+		in.stop()
+		return nil, fmt.Errorf("seed ingress does not route the tunnels: %w", err)
+	}
+	r.ingress = in
+	return in, nil
+}
+
+// waitFor calls f every 20 ms until it succeeds, one of procs exits,
+// timeout passes or ctx ends.
+func waitFor(ctx context.Context, timeout time.Duration, f func() error, procs ...*proc) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		for _, p := range procs {
+			if err := p.exited(); err != nil {
+				return err
+			}
+		}
+		err := f()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func acceptsTCP(a string) func() error {
+	return func() error {
+		c, err := net.DialTimeout("tcp", a, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+}
+
+func httpOK(url string) func() error {
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	return func() error {
+		resp, err := client.Get(url)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		return nil
+	}
+}
+
+func writeFiles(files map[string]string) error {
+	for path, content := range files {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *runner) tendrilStack() *stack {
+	s := &stack{name: "tendril", probeEvery: 5 * time.Millisecond, probeTimeout: time.Second,
+		path: "tendril-server (seed) ⇄ tendril-ingress (Reversed-VPN CONNECT) ⇄ tendril-agent vpn (shoot): WireGuard over one framed TCP stream, gVisor netstack at both ends"}
+	s.check = func(context.Context) error {
+		for _, b := range []string{"tendril-seed", "tendril-ingress", "tendril-server", "tendril-agent"} {
+			if _, err := os.Stat(r.bin(b)); err != nil {
+				return fmt.Errorf("%s not found (make build)", r.bin(b))
+			}
+		}
+		return nil
+	}
+	s.version = func(context.Context) string {
+		return strings.Replace(peers.Tendril{BinDir: r.cfg.BinDir}.Version(), "tendril-ingress", "tendril", 1)
+	}
+	var agentArgs []string
+	s.startServer = func(ctx context.Context, dir string) error {
+		in, err := r.ensureIngress(ctx)
+		if err != nil {
+			return err
+		}
+		serverKey, err1 := wg.GenerateKey()
+		agentKey, err2 := wg.GenerateKey()
+		if err := errors.Join(err1, err2); err != nil {
+			return err
+		}
+		f := func(n string) string { return filepath.Join(dir, n) }
+		if err := writeFiles(map[string]string{f("server.key"): serverKey.String(), f("agent.key"): agentKey.String(),
+			f("server.pub"): serverKey.PublicKey().String(), f("agent.pub"): agentKey.PublicKey().String()}); err != nil {
+			return err
+		}
+		cert, key, err := r.pki.pair(dir, "front-end", certTendrilServer, "127.0.0.1")
+		if err != nil {
+			return err
+		}
+		p, err := freePorts(3)
+		if err != nil {
+			return err
+		}
+		connectAddr, grpcAddr, metrics := "127.0.0.1:"+strconv.Itoa(p[0]), "127.0.0.1:"+strconv.Itoa(p[1]), "127.0.0.1:"+strconv.Itoa(p[2])
+		sock := f("connect.sock")
+		argv := []string{r.bin("tendril-server"), "--private-key-file", f("server.key"), "--agent-public-key", "@" + f("agent.pub"),
+			"--shoot-cidrs", r.topo.podNet.String(), "--tunnel-address", "127.0.0.1:" + strconv.Itoa(in.ports.tendrilTunnel),
+			"--connect-address", connectAddr, "--grpc-address", grpcAddr, "--connect-socket", sock,
+			"--tls-cert-file", cert, "--tls-key-file", key, "--client-ca-file", r.pki.caFile, "--metrics-address", metrics}
+		srv, err := startProc("tendril-server", f("tendril-server.log"), argv)
+		if err != nil {
+			return err
+		}
+		s.servers = append(s.servers, srv)
+		s.config = strings.Join(argv, " ")
+		if err := waitFor(ctx, 10*time.Second, func() error {
+			return errors.Join(acceptsTCP(connectAddr)(), acceptsTCP(grpcAddr)(), httpOK("http://"+metrics+"/healthz")())
+		}, srv); err != nil {
+			return fmt.Errorf("tendril-server: %w", err)
+		}
+		agentArgs = append(netnsExec(r.topo.shootNS), r.bin("tendril-agent"), "vpn",
+			"--private-key-file", f("agent.key"), "--server-public-key", "@"+f("server.pub"),
+			"--shoot-cidrs", r.topo.podNet.String(), "--seed", in.listen,
+			"--destination", translate.VPNServerWireName(nsTendril), "--metrics-address", "")
+		s.config += "\n" + strings.Join(agentArgs, " ")
+		pod := r.podTarget()
+		s.probe = connectDialer("unix", sock, nil, pod)
+		s.probeVia = "tendril-server's CONNECT Unix socket (no TLS), a new attempt every 5 ms"
+		s.dial = map[string]dialFunc{
+			TargetTendrilConnect: connectDialer("tcp", connectAddr, r.pki.clientTLS(certTendrilServer), pod),
+		}
+		if r.cfg.Konnectivity != nil {
+			s.dial[TargetTendrilGRPC] = grpcDialer(r.cfg.Konnectivity, grpcAddr, r.pki.clientTLS(certTendrilServer), pod)
+		}
+		return nil
+	}
+	s.startAgent = func(dir string) (*proc, error) {
+		return startProc("tendril-agent", filepath.Join(dir, "tendril-agent.log"), agentArgs)
+	}
+	return s
+}
+
+func (r *runner) openvpnStack() *stack {
+	o := peers.OpenVPN{}
+	s := &stack{name: TargetOpenVPN, probeEvery: 5 * time.Millisecond, probeTimeout: 3 * time.Second,
+		path: "OpenVPN server (seed, tun) ⇄ tendril-ingress (Reversed-VPN CONNECT, OpenVPN's http-proxy) ⇄ OpenVPN client (shoot, tun, kernel forwarding to the pod network)"}
+	s.check = func(ctx context.Context) error {
+		if err := o.Check(ctx); err != nil {
+			return err
+		}
+		for _, b := range []string{"tendril-seed", "tendril-ingress"} {
+			if _, err := os.Stat(r.bin(b)); err != nil {
+				return fmt.Errorf("%s not found (make build): the OpenVPN client dials through the seed ingress", r.bin(b))
+			}
+		}
+		return nil
+	}
+	s.version = o.Version
+	var clientArgs []string
+	s.startServer = func(ctx context.Context, dir string) error {
+		in, err := r.ensureIngress(ctx)
+		if err != nil {
+			return err
+		}
+		if _, _, err := r.pki.pair(dir, "server", certOpenVPNServer); err != nil {
+			return err
+		}
+		if _, _, err := r.pki.pair(dir, "client", certOpenVPNClient); err != nil {
+			return err
+		}
+		if err := r.pki.ca.WriteCA(filepath.Join(dir, "ca.pem")); err != nil {
+			return err
+		}
+		id := strconv.Itoa(os.Getpid())
+		listen := "127.0.0.1:" + strconv.Itoa(in.ports.openvpn)
+		cfg := peers.OpenVPNConfig{Dir: dir, Listen: listen, Remote: listen, HTTPProxy: in.listen,
+			ProxyHeader: "Reversed-VPN", ProxyHeaderValue: translate.VPNServerWireName(nsOpenVPN),
+			Network: r.topo.vpnNet, ShootCIDRs: []netip.Prefix{r.topo.podNet},
+			ServerDev: "tbvs" + id, ClientDev: "tbvc" + id, ClientName: certOpenVPNClient}
+		srvArgs, cliArgs, err := o.WriteOpenVPN(cfg)
+		if err != nil {
+			return err
+		}
+		srvCfg, _ := peers.RenderOpenVPNServer(cfg)
+		cliCfg, _ := peers.RenderOpenVPNClient(cfg)
+		s.config = "# server\n" + srvCfg + "\n# client\n" + cliCfg
+		logPath := filepath.Join(dir, "openvpn-server.log")
+		srv, err := startProc("openvpn server", logPath, srvArgs)
+		if err != nil {
+			return err
+		}
+		s.servers = append(s.servers, srv)
+		if err := waitFor(ctx, 20*time.Second, logContains(logPath, "Initialization Sequence Completed"), srv); err != nil {
+			return fmt.Errorf("openvpn server: %w", err)
+		}
+		clientArgs = append(netnsExec(r.topo.shootNS), cliArgs...)
+		pod := r.podTarget()
+		s.probe = tcpDialer(pod)
+		s.probeVia = "a TCP dial to the pod through the seed's tun, a new attempt every 5 ms"
+		s.dial = map[string]dialFunc{TargetOpenVPN: tcpDialer(pod)}
+		return nil
+	}
+	s.startAgent = func(dir string) (*proc, error) {
+		return startProc("openvpn client", filepath.Join(dir, "openvpn-client.log"), clientArgs)
+	}
+	return s
+}
+
+func logContains(path, text string) func() error {
+	return func() error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(b), text) {
+			return fmt.Errorf("no %q in %s yet", text, path)
+		}
+		return nil
+	}
+}
+
+func (r *runner) konnectivityStack(mode, target string) *stack {
+	k := peers.Konnectivity{CacheDir: r.cfg.CacheDir}
+	s := &stack{name: target, probeEvery: 20 * time.Millisecond, probeTimeout: 2 * time.Second,
+		path: "konnectivity proxy-server --mode " + mode + " (seed) ⇄ proxy-agent (shoot) dialing the server's agent port directly: one gRPC stream carries every connection"}
+	s.check = func(ctx context.Context) error {
+		if mode == "grpc" && r.cfg.Konnectivity == nil {
+			return errors.New("no konnectivity client linked (tendril-bench supplies konnectivity-client)")
+		}
+		if r.cfg.NoBuild && !k.Built() {
+			dir, _ := k.Dir()
+			return fmt.Errorf("not built in %s (run without --no-build once to build it)", dir)
+		}
+		return k.Check(ctx)
+	}
+	s.version = func(context.Context) string { return k.Version() }
+	var agentArgs []string
+	s.startServer = func(ctx context.Context, dir string) error {
+		if !k.Built() {
+			d, _ := k.Dir()
+			r.logf("%s: building proxy-server and proxy-agent %s into %s (once; a few minutes)", target, peers.KonnectivityVersion, d)
+			logf, err := os.Create(filepath.Join(dir, "build.log"))
+			if err != nil {
+				return err
+			}
+			err = k.Build(ctx, logf)
+			logf.Close()
+			if err != nil {
+				return err
+			}
+		}
+		p, err := freePorts(4)
+		if err != nil {
+			return err
+		}
+		front, agentPort := "127.0.0.1:"+strconv.Itoa(p[0]), addr(r.topo.seedAddr, p[1])
+		health := "127.0.0.1:" + strconv.Itoa(p[3])
+		fc, fk, err1 := r.pki.pair(dir, "front-end", certKonnServer, "127.0.0.1")
+		cc, ck, err2 := r.pki.pair(dir, "cluster", certKonnServer, r.topo.seedAddr.String())
+		ac, ak, err3 := r.pki.pair(dir, "agent", certKonnAgent)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return err
+		}
+		argv, err := k.ServerArgs(peers.KonnectivityServerConfig{Mode: mode, Frontend: front,
+			ServerCert: fc, ServerKey: fk, ServerCA: r.pki.caFile, AgentListen: agentPort, ClusterCert: cc, ClusterKey: ck,
+			Admin: "127.0.0.1:" + strconv.Itoa(p[2]), Health: health})
+		if err != nil {
+			return err
+		}
+		srv, err := startProc("proxy-server", filepath.Join(dir, "proxy-server.log"), argv)
+		if err != nil {
+			return err
+		}
+		s.servers = append(s.servers, srv)
+		s.config = strings.Join(argv, " ")
+		if err := waitFor(ctx, 20*time.Second, func() error {
+			return errors.Join(acceptsTCP(front)(), httpOK("http://"+health+"/healthz")())
+		}, srv); err != nil {
+			return fmt.Errorf("proxy-server: %w", err)
+		}
+		aargs, err := k.AgentArgs(peers.KonnectivityAgentConfig{Server: agentPort, CA: r.pki.caFile, Cert: ac, Key: ak,
+			AgentID: "bench-agent", Admin: "127.0.0.1:8094", Health: "127.0.0.1:8093"})
+		if err != nil {
+			return err
+		}
+		agentArgs = append(netnsExec(r.topo.shootNS), aargs...)
+		s.config += "\n" + strings.Join(agentArgs, " ")
+		pod := r.podTarget()
+		tlsCfg := r.pki.clientTLS(certKonnServer)
+		var d dialFunc
+		if mode == "grpc" {
+			d = grpcDialer(r.cfg.Konnectivity, front, tlsCfg, pod)
+		} else {
+			d = connectDialer("tcp", front, tlsCfg, pod)
+		}
+		s.probe, s.dial = d, map[string]dialFunc{target: d}
+		s.probeVia = "the " + mode + " front-end over mutual TLS (a dial fails at once while no agent is connected), every 20 ms"
+		return nil
+	}
+	s.startAgent = func(dir string) (*proc, error) {
+		p, err := startProc("proxy-agent", filepath.Join(dir, "proxy-agent.log"), agentArgs)
+		if p != nil {
+			p.killed = true // proxy-agent ignores SIGTERM
+		}
+		return p, err
+	}
+	return s
+}

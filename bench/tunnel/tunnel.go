@@ -1,0 +1,243 @@
+// Package tunnel is the "tunnel" mode of tendril-bench: the reversed VPN, the
+// path by which the seed (kube-apiserver) reaches pods in a shoot that has no
+// load balancer, measured side by side with the systems it replaces.
+//
+// Run builds a three-namespace network (see topology): the seed is this
+// process's namespace, the shoot runs the agents, and the pod, a TCP server
+// this process runs inside the pod namespace, is reachable from the seed
+// only through a tunnel (plus a separate veth for the direct target). Each
+// data path ("stack") is started in turn, measured and stopped:
+//
+//   - direct: the client dials the pod over its own veth (the physical limit);
+//   - tendril: tendril-seed and tendril-ingress (the seed ingress, tunnel
+//     listener), tendril-server on the seed, tendril-agent vpn in the shoot
+//     dialing out through the ingress with the Reversed-VPN CONNECT;
+//     measured through tendril-server's HTTP CONNECT front-end over mutual TLS
+//     (tendril-connect) and its konnectivity gRPC front-end (tendril-grpc);
+//   - openvpn: OpenVPN 2.6 in TCP mode as Gardener's vpn2 runs it, the
+//     client dialing out through the same ingress (http-proxy with the
+//     Reversed-VPN header); the client dials the pod through the seed's tun;
+//   - konnectivity-grpc and konnectivity-connect: konnectivity's own
+//     proxy-server (one per mode) and proxy-agent v0.36.0, built from the Go
+//     module proxy into a cache; the agent dials the server directly.
+//
+// For each target it measures bulk throughput toward the pod and back (1 and
+// 4 connections), dial latency and rate (a dial is a new connection through
+// the path plus one round trip to the pod; 1 and 32 workers), and head-of-line
+// blocking: one connection stalls (its reader never reads) while another
+// transfers; the other's throughput is reported. Per stack it measures the
+// tunnel's up time (agent process start → first successful dial through the
+// tunnel) and the resident memory of both ends idle and at peak.
+//
+// It needs root (namespaces, veth, /dev/net/tun); peers that are not
+// installed are skipped with the reason. Everything it starts or creates is
+// gone when Run returns, also when ctx is cancelled (Ctrl-C): the report
+// then holds what was measured so far, marked partial.
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/tendril-net/tendril/bench/machine"
+)
+
+// Target names, in report order.
+const (
+	TargetDirect              = "direct"
+	TargetTendrilConnect      = "tendril-connect"
+	TargetTendrilGRPC         = "tendril-grpc"
+	TargetOpenVPN             = "openvpn"
+	TargetKonnectivityGRPC    = "konnectivity-grpc"
+	TargetKonnectivityConnect = "konnectivity-connect"
+)
+
+// Targets are all targets in report order.
+var Targets = []string{TargetDirect, TargetTendrilConnect, TargetTendrilGRPC, TargetOpenVPN,
+	TargetKonnectivityGRPC, TargetKonnectivityConnect}
+
+// Directions of a transfer.
+const (
+	ToShoot   = "to-shoot"   // seed → pod (kubectl cp into a pod, port-forward uploads, webhook requests)
+	FromShoot = "from-shoot" // pod → seed (logs, exec output, port-forward downloads)
+)
+
+// Config configures Run. The zero value runs everything with the defaults
+// given per field.
+type Config struct {
+	// Targets to measure; nil means all (Targets).
+	Targets []string
+	// Duration of each measurement window; 0 means 2 s.
+	Duration time.Duration
+	// Warmup before each window, not counted; 0 means 500 ms.
+	Warmup time.Duration
+	// Conns are the connection counts of the bulk test; nil means 1, 4.
+	Conns []int
+	// DialWorkers are the concurrency levels of the dial test; nil means
+	// 1 (latency) and 32 (rate).
+	DialWorkers []int
+	// UpRuns is how often each stack's agent is started for the up-time
+	// figure; 0 means 3.
+	UpRuns int
+	// BinDir holds the tendril binaries; "" means "bin".
+	BinDir string
+	// CacheDir receives the konnectivity build; "" means the user's cache
+	// directory + "/tendril-bench".
+	CacheDir string
+	// NoBuild skips the konnectivity targets when they are not built yet,
+	// instead of building them (a few minutes the first time).
+	NoBuild bool
+	// Konnectivity opens connections through a konnectivity ProxyService;
+	// nil skips the gRPC targets (see KonnectivityDialer).
+	Konnectivity KonnectivityDialer
+	// Progress receives progress lines; nil means silent.
+	Progress io.Writer
+	// CommandLine is recorded in the report as is.
+	CommandLine string
+}
+
+func (c *Config) setDefaults() {
+	if c.Targets == nil {
+		c.Targets = Targets
+	}
+	if c.Duration == 0 {
+		c.Duration = 2 * time.Second
+	}
+	if c.Warmup == 0 {
+		c.Warmup = 500 * time.Millisecond
+	}
+	if c.Conns == nil {
+		c.Conns = []int{1, 4}
+	}
+	if c.DialWorkers == nil {
+		c.DialWorkers = []int{1, 32}
+	}
+	if c.UpRuns == 0 {
+		c.UpRuns = 3
+	}
+	if c.BinDir == "" {
+		c.BinDir = "bin"
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.Duration > 0, "duration %v: want > 0", c.Duration)
+	check(c.Warmup >= 0, "warm-up %v: want ≥ 0", c.Warmup)
+	check(c.UpRuns >= 1 && c.UpRuns <= 100, "up runs %d: want 1..100", c.UpRuns)
+	check(len(c.Targets) > 0, "no targets")
+	for i, t := range c.Targets {
+		check(slices.Contains(Targets, t), "unknown target %q (want some of %v)", t, Targets)
+		check(!slices.Contains(c.Targets[:i], t), "target %q twice", t)
+	}
+	check(len(c.Conns) > 0, "no bulk connection counts")
+	for _, n := range c.Conns {
+		check(n >= 1 && n <= 256, "bulk connections %d: want 1..256", n)
+	}
+	check(len(c.DialWorkers) > 0, "no dial worker counts")
+	for _, n := range c.DialWorkers {
+		check(n >= 1 && n <= 1024, "dial workers %d: want 1..1024", n)
+	}
+	return errors.Join(errs...)
+}
+
+// Run runs the benchmark and returns its report. When ctx ends it stops
+// early and returns the report of what was measured so far, marked
+// partial, with ctx's error. Namespaces, processes and temporary files are
+// gone when it returns.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("tunnel config: %w", err)
+	}
+	rep := &Report{CommandLine: cfg.CommandLine, Machine: machine.Describe(), Settings: settingsOf(cfg),
+		Started: time.Now(), LoadBefore: machine.LoadAverage()}
+	defer func() {
+		rep.ElapsedSeconds = time.Since(rep.Started).Seconds()
+		rep.LoadAfter = machine.LoadAverage()
+		rep.evaluate()
+	}()
+	r := &runner{cfg: cfg, rep: rep}
+	if err := checkNetns(); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "tendril-bench-tunnel-")
+	if err != nil {
+		return nil, fmt.Errorf("temporary directory: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	r.tmp = tmp
+
+	r.logf("network: seed, shoot and pod namespaces")
+	topo, err := newTopology(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	defer func() {
+		if err := topo.close(); err != nil {
+			r.logf("network cleanup: %v", err)
+		}
+	}()
+	r.topo = topo
+	l, err := topo.listenIn(topo.podNS, ":0")
+	if err != nil {
+		return nil, fmt.Errorf("pod: %w", err)
+	}
+	r.pod = newPod(l)
+	defer r.pod.close()
+	if r.pki, err = newPKI(tmp); err != nil {
+		return nil, fmt.Errorf("certificates: %w", err)
+	}
+	defer r.stopAll()
+
+	for _, st := range r.stacks() {
+		if ctx.Err() != nil {
+			break
+		}
+		r.runStack(ctx, st)
+	}
+	if ctx.Err() != nil {
+		rep.Partial = true
+		if rep.Note == "" {
+			rep.Note = "interrupted; only completed measurements are shown"
+		}
+		return rep, ctx.Err()
+	}
+	return rep, nil
+}
+
+// runner is one Run's state.
+type runner struct {
+	cfg  Config
+	rep  *Report
+	tmp  string
+	topo *topology
+	pod  *pod
+	pki  *pki
+	// ingress is the seed ingress (tendril-seed + tendril-ingress), started
+	// for the first stack that dials through it and stopped at the end.
+	ingress *ingress
+}
+
+func (r *runner) logf(format string, args ...any) {
+	if r.cfg.Progress != nil {
+		fmt.Fprintf(r.cfg.Progress, "tunnel: "+format+"\n", args...)
+	}
+}
+
+func (r *runner) stopAll() {
+	if r.ingress != nil {
+		r.ingress.stop()
+		r.ingress = nil
+	}
+}

@@ -1,0 +1,215 @@
+package tunnel
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"k8s.io/klog/v2"
+	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
+
+	"github.com/tendril-net/tendril/bench/internal/benchtest"
+	"github.com/tendril-net/tendril/bench/peers"
+)
+
+// TestRunMini runs the tunnel mode in miniature through the same code as a
+// full run: direct and tendril (both front-ends) always, OpenVPN when it is
+// installed, konnectivity when its build is cached (the test never builds
+// it). It checks that every measurement of direct and tendril moved data
+// without an error, that the tunnel came up and memory was read, that the
+// outputs name every target, and that no namespace is left behind. It makes
+// no timing assertions.
+func TestRunMini(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and veth pairs (run make test as root, as CI does)")
+	}
+	benchtest.LeakCheck(t)
+	binDir := benchtest.BinDir(t, 2)
+	for _, b := range []string{"tendril-seed", "tendril-ingress", "tendril-server", "tendril-agent"} {
+		if _, err := os.Stat(binDir + "/" + b); err != nil {
+			t.Fatalf("%s/%s missing: run make build first", binDir, b)
+		}
+	}
+	targets := []string{TargetDirect, TargetTendrilConnect, TargetTendrilGRPC}
+	if (peers.OpenVPN{}).Check(context.Background()) == nil {
+		targets = append(targets, TargetOpenVPN)
+	} else {
+		t.Log("openvpn not installed: not measured")
+	}
+	if (peers.Konnectivity{}).Built() {
+		targets = append(targets, TargetKonnectivityGRPC, TargetKonnectivityConnect)
+	} else {
+		t.Log("konnectivity not built in the cache: not measured (tendril-bench tunnel builds it once)")
+	}
+	cfg := Config{Targets: targets, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond,
+		Conns: []int{1, 2}, DialWorkers: []int{1, 4}, UpRuns: 1, BinDir: binDir, NoBuild: true,
+		Konnectivity: testKonnectivityDial, Progress: benchtest.Log{T: t}}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range rep.Targets {
+		strict := tr.Name == TargetDirect || tr.Name == TargetTendrilConnect || tr.Name == TargetTendrilGRPC
+		if tr.Skipped != "" {
+			if strict {
+				t.Errorf("%s skipped: %s", tr.Name, tr.Skipped)
+			} else {
+				t.Logf("%s skipped: %s", tr.Name, tr.Skipped)
+			}
+			continue
+		}
+		if len(tr.Bulk) != 4 || len(tr.Dial) != 2 || len(tr.HOL) != 2 {
+			t.Errorf("%s: %d bulk, %d dial, %d head-of-line results; want 4, 2, 2", tr.Name, len(tr.Bulk), len(tr.Dial), len(tr.HOL))
+		}
+		for _, b := range tr.Bulk {
+			if b.Bytes <= 0 || strict && b.Errors > 0 {
+				t.Errorf("%s bulk %s ×%d: %d bytes, %d errors (%s)", tr.Name, b.Direction, b.Conns, b.Bytes, b.Errors, b.FirstError)
+			}
+		}
+		for _, d := range tr.Dial {
+			if d.Dials <= 0 || strict && d.Errors > 0 || d.P50 > d.P99 {
+				t.Errorf("%s dials ×%d: %d dials, %d errors (%s), p50 %v p99 %v", tr.Name, d.Workers, d.Dials, d.Errors, d.FirstError, d.P50, d.P99)
+			}
+		}
+		for _, h := range tr.HOL {
+			if strict && (h.StalledBytes <= 0 || h.MBps <= 0 || h.Errors > 0) {
+				t.Errorf("%s head-of-line %s: %+v", tr.Name, h.Direction, h)
+			}
+		}
+	}
+	for _, s := range rep.Stacks {
+		if s.Name != "tendril" {
+			continue
+		}
+		if len(s.UpMS) != 1 || s.UpMS[0] <= 0 || s.Server.IdleRSS <= 0 || s.Agent.IdleRSS <= 0 || s.Server.Peak < s.Server.IdleRSS {
+			t.Errorf("tendril stack: up %v, server %+v, agent %+v", s.UpMS, s.Server, s.Agent)
+		}
+	}
+	if len(rep.Goals) == 0 {
+		t.Error("no goals evaluated")
+	}
+
+	var tab, md, js bytes.Buffer
+	if err := errors.Join(rep.WriteTable(&tab), rep.WriteMarkdown(&md), rep.WriteJSON(&js)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", tab.String())
+	for _, tr := range rep.Targets {
+		for what, out := range map[string]string{"table": tab.String(), "markdown": md.String(), "json": js.String()} {
+			if !strings.Contains(out, tr.Name) {
+				t.Errorf("%s lacks target %s", what, tr.Name)
+			}
+		}
+	}
+	if !strings.Contains(md.String(), "# tendril-bench tunnel — ") || !strings.Contains(md.String(), "| target |") {
+		t.Errorf("markdown lacks the title or the tables:\n%s", md.String())
+	}
+	// Everything is cleaned up.
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), nsPrefix+strconv.Itoa(os.Getpid())+"-") {
+			t.Errorf("namespace %s left behind", e.Name())
+		}
+	}
+}
+
+// testKonnectivityDial is cmd/tendril-bench's konnectivity dialer, for the
+// test (bench/tunnel itself may not import konnectivity-client).
+func testKonnectivityDial(ctx context.Context, server string, tlsConfig *tls.Config, target string) (net.Conn, error) {
+	quietKlog.Do(func() {
+		fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+		klog.InitFlags(fs)
+		_ = fs.Set("logtostderr", "false")
+		_ = fs.Set("stderrthreshold", "FATAL")
+		klog.SetOutput(io.Discard)
+	})
+	tunnelCtx, cancel := context.WithCancel(context.Background())
+	tun, err := konnectivity.CreateSingleUseGrpcTunnelWithContext(ctx, tunnelCtx, server,
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	c, err := tun.DialContext(ctx, "tcp", target)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &cancelConn{Conn: c, cancel: cancel}, nil
+}
+
+var quietKlog sync.Once
+
+type cancelConn struct {
+	net.Conn
+	cancel context.CancelFunc
+	once   sync.Once
+}
+
+func (c *cancelConn) Close() error {
+	c.once.Do(func() {
+		done := make(chan struct{})
+		go func() { _ = c.Conn.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(time.Second):
+		}
+		c.cancel()
+	})
+	return nil
+}
+
+func TestTopologyAddresses(t *testing.T) {
+	// The addresses of a topology are four disjoint networks.
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and veth pairs")
+	}
+	topo, err := newTopology(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := topo.close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if topo.podNet.Contains(topo.directIP) || topo.podNet.Contains(topo.seedAddr) || !topo.podNet.Contains(topo.podAddr) {
+		t.Errorf("topology %+v", topo)
+	}
+	// The pod's tunnel address has no route from the seed.
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(topo.podAddr.String(), "9"), 300*time.Millisecond)
+	if err == nil {
+		c.Close()
+		t.Errorf("the pod's shoot address %s is reachable without a tunnel", topo.podAddr)
+	}
+	// A socket made in the pod's namespace is reachable over the direct link.
+	l, err := topo.listenIn(topo.podNS, ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	c, err = net.DialTimeout("tcp", net.JoinHostPort(topo.directIP.String(), strconv.Itoa(l.Addr().(*net.TCPAddr).Port)), 2*time.Second)
+	if err != nil {
+		t.Fatalf("direct link: %v", err)
+	}
+	c.Close()
+}
