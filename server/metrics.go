@@ -9,6 +9,9 @@ type metrics struct {
 	dialSeconds prometheus.Histogram
 	bytes       *prometheus.CounterVec
 	active      prometheus.Gauge
+	agentActive *prometheus.GaugeVec
+	agentLive   *prometheus.GaugeVec
+	failovers   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -26,11 +29,20 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tendril_server_active_connections", Help: "Egress connections open through the tunnel.",
 		}),
+		agentActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tendril_server_agent_active", Help: "1 for the agent (by WireGuard public key) the shoot's networks are routed to, 0 for the others.",
+		}, []string{"agent"}),
+		agentLive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tendril_server_agent_live", Help: "1 while an agent's stream is attached, its handshake fresh and its heartbeats arriving.",
+		}, []string{"agent"}),
+		failovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tendril_server_agent_failovers_total", Help: "Times the shoot's networks moved from a dead agent to a live one.",
+		}),
 	}
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.dials, m.dialSeconds, m.bytes, m.active,
+	reg.MustRegister(m.dials, m.dialSeconds, m.bytes, m.active, m.agentActive, m.agentLive, m.failovers,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tendril_server_tunnel_handshake_age_seconds",
 			Help: "Seconds since the last WireGuard handshake with an agent (-1: none yet).",

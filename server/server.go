@@ -3,7 +3,11 @@
 // WireGuard over them, and serves kube-apiserver's egress: an HTTP CONNECT (over mutual TLS or a
 // Unix socket) to a pod, service or node address becomes its own TCP connection through the
 // tunnel, so one slow reader never blocks another. Targets outside the shoot's CIDRs are
-// refused. It does not know Kubernetes objects; keys and CIDRs come from its configuration.
+// refused. Several agents (HA replicas) may connect; the shoot's CIDRs route to one live agent at
+// a time and move to another when it dies (agents.go says why they move rather than being chosen
+// per dial). The agents' heartbeats are echoed on the tunnel's inner addresses
+// (wg.HeartbeatPort). It does not know Kubernetes objects; keys and CIDRs come from its
+// configuration.
 package server
 
 import (
@@ -21,6 +25,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/internal/relay"
 	"github.com/tendril-net/tendril/tunnel/wg"
@@ -28,8 +33,9 @@ import (
 
 // Config configures a Server. Tunnel and ShootCIDRs are required.
 type Config struct {
-	// Tunnel is the WireGuard end: the server's key and inner address, and the agent as its
-	// peer with the shoot's CIDRs among its AllowedIPs (so that those destinations route to it).
+	// Tunnel is the WireGuard end: the server's key and inner addresses, and one peer per agent
+	// whose AllowedIPs are the agent's own inner addresses. The server routes the shoot's CIDRs
+	// to one agent at a time itself (a single agent's peer may list them too, as before HA).
 	Tunnel wg.Config
 	// ShootCIDRs are the shoot's node, pod and service networks: the only egress targets.
 	ShootCIDRs []netip.Prefix
@@ -44,6 +50,10 @@ type Config struct {
 	IdleTimeout time.Duration
 	// RequestTimeout bounds the CONNECT request's arrival. If zero, 10 s.
 	RequestTimeout time.Duration
+	// AgentTimeout is how long an agent's stream may deliver nothing before the agent counts as
+	// dead and another live agent takes the shoot's CIDRs over. If zero, 5 s: agents send a
+	// heartbeat every second, so five missed ones.
+	AgentTimeout time.Duration
 	// Log receives the server's logs. The zero value discards them.
 	Log logr.Logger
 	// Registry receives the metrics. If nil, they are not registered.
@@ -57,6 +67,7 @@ type Server struct {
 	tun     *wg.Tunnel
 	dials   chan struct{} // a slot per dial in flight
 	metrics *metrics
+	agents  agents
 }
 
 // New starts the tunnel device; Close stops it.
@@ -76,6 +87,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = 10 * time.Second
 	}
+	if cfg.AgentTimeout == 0 {
+		cfg.AgentTimeout = 5 * time.Second
+	}
+	if err := checkAgentPrefixes(&cfg); err != nil {
+		return nil, err
+	}
 	if cfg.Tunnel.Logger.GetSink() == nil {
 		cfg.Tunnel.Logger = cfg.Log.WithName("tunnel")
 	}
@@ -85,6 +102,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, tun: t, dials: make(chan struct{}, cfg.MaxConcurrentDials)}
 	s.metrics = newMetrics(cfg.Registry, s)
+	if err := s.initAgents(); err != nil {
+		t.Close()
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -130,9 +151,18 @@ func (s *Server) handshakeAge() (time.Duration, bool) {
 }
 
 // ServeTunnel accepts agents' streams on l (the port the ingress forwards to, 1194) until ctx
-// ends. Who may use a stream is WireGuard's decision: a stream whose packets do not come from a
-// configured peer key never carries anything.
+// ends, echoes the agents' heartbeats and watches the agents (failover, silent streams). Who may
+// use a stream is WireGuard's decision: a stream whose packets do not come from a configured
+// peer key never carries anything. It returns once everything it started has stopped.
 func (s *Server) ServeTunnel(ctx context.Context, l net.Listener) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.tun.ServeHeartbeat(ctx) })
+	g.Go(func() error { return s.routineWatchAgents(ctx) })
+	g.Go(func() error { return s.acceptTunnel(ctx, l) })
+	return g.Wait()
+}
+
+func (s *Server) acceptTunnel(ctx context.Context, l net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	for {

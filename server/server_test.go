@@ -64,7 +64,10 @@ func newRig(t *testing.T, agentKey wg.Key, dialTimeout time.Duration) *rig {
 		},
 		ShootCIDRs:  []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
 		DialTimeout: dialTimeout,
-		Log:         testr.New(t),
+		// The request deadline covers the TLS handshake too: as generous as the dial's, so that
+		// a burst of handshakes on a loaded machine (under -race) does not time out.
+		RequestTimeout: max(dialTimeout, 10*time.Second),
+		Log:            testr.New(t),
 	})
 	if err != nil {
 		t.Fatal(err)

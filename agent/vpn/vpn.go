@@ -7,6 +7,7 @@ package vpn
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
@@ -48,6 +50,19 @@ type Config struct {
 	MinBackoff, MaxBackoff time.Duration
 	// Keepalive is WireGuard's persistent keepalive from the agent. If zero, 10 s.
 	Keepalive time.Duration
+	// HeartbeatInterval is how often the agent sends a heartbeat through the tunnel to the
+	// server, which echoes it (wg.HeartbeatPort). If zero, 1 s.
+	HeartbeatInterval time.Duration
+	// PathTimeout ends a stream whose heartbeats have gone unanswered this long, and the agent
+	// dials again: a path that stopped forwarding without closing (a proxy or NAT that lost the
+	// connection) is replaced within seconds, where TCP would notice only after minutes, if at
+	// all. If zero, 5 s. The timeout is armed once the server has answered a heartbeat (a
+	// server without echo never ends a stream this way), or while no handshake has completed on
+	// the stream.
+	PathTimeout time.Duration
+	// Dial dials the real destination of a connection the seed opened into the shoot. If nil,
+	// a net.Dialer's DialContext.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Log receives the agent's logs. The zero value discards them.
 	Log logr.Logger
 	// Registry receives the metrics. If nil, they are not registered.
@@ -56,12 +71,14 @@ type Config struct {
 
 // Agent keeps one tunnel to the seed.
 type Agent struct {
-	cfg        Config
-	tun        *wg.Tunnel
-	connected  atomic.Bool
-	reconnects prometheus.Counter
-	dialErrors *prometheus.CounterVec
-	forwards   *prometheus.CounterVec
+	cfg          Config
+	tun          *wg.Tunnel
+	connected    atomic.Bool
+	echoSeen     atomic.Bool // the server has answered a heartbeat: it serves them
+	reconnects   prometheus.Counter
+	dialErrors   *prometheus.CounterVec
+	forwards     *prometheus.CounterVec
+	pathTimeouts prometheus.Counter
 }
 
 // New starts the WireGuard end; Run connects it.
@@ -90,6 +107,15 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Keepalive == 0 {
 		cfg.Keepalive = 10 * time.Second
 	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = time.Second
+	}
+	if cfg.PathTimeout == 0 {
+		cfg.PathTimeout = 5 * time.Second
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = (&net.Dialer{}).DialContext
+	}
 	wcfg := wg.Config{
 		PrivateKey:     cfg.PrivateKey,
 		LocalAddresses: []netip.Addr{cfg.Address},
@@ -107,6 +133,9 @@ func New(cfg Config) (*Agent, error) {
 	a.reconnects = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tendril_agent_vpn_streams_total", Help: "Tunnel streams established to the seed (more than one: reconnects).",
 	})
+	a.pathTimeouts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tendril_agent_vpn_path_timeouts_total", Help: "Streams ended because the server's heartbeat echoes stopped (a dead path).",
+	})
 	a.dialErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tendril_agent_vpn_dial_errors_total", Help: "Failed attempts to reach the seed, by stage (dial, connect).",
 	}, []string{"stage"})
@@ -121,7 +150,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.tun = t
 	if cfg.Registry != nil {
-		cfg.Registry.MustRegister(a.reconnects, a.dialErrors, a.forwards, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		cfg.Registry.MustRegister(a.reconnects, a.dialErrors, a.forwards, a.pathTimeouts, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tendril_agent_vpn_handshake_age_seconds", Help: "Seconds since the last handshake with the server (-1: none).",
 		}, func() float64 {
 			if last := a.lastHandshake(); !last.IsZero() {
@@ -176,16 +205,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		start := time.Now()
 		c, err := a.dial(ctx)
 		if err == nil {
-			var ep interface{ Done() <-chan struct{} }
+			var ep *bind.Endpoint
 			ep, err = a.tun.AttachPeer(c, a.cfg.ServerPublicKey)
 			if err == nil {
 				a.connected.Store(true)
 				a.reconnects.Inc()
 				a.cfg.Log.Info("Tunnel stream up", "seed", a.cfg.Seed)
-				select {
-				case <-ep.Done():
+				a.watchPath(ctx, ep, start)
+				if ctx.Err() == nil {
 					a.cfg.Log.Info("Tunnel stream ended", "seed", a.cfg.Seed, "after", time.Since(start).Round(time.Millisecond).String())
-				case <-ctx.Done():
 				}
 				a.connected.Store(false)
 				c.Close()
@@ -210,6 +238,84 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
+// watchPath sends heartbeats through the tunnel until the stream ends or ctx does, and ends the
+// stream when the echoes stop for PathTimeout (see Config.PathTimeout).
+func (a *Agent) watchPath(ctx context.Context, ep *bind.Endpoint, attached time.Time) {
+	var hb net.Conn
+	err := errors.New("the server has no inner address")
+	if len(a.cfg.ServerAddresses) > 0 {
+		dst := netip.AddrPortFrom(a.heartbeatAddr(), wg.HeartbeatPort)
+		hb, err = a.tun.DialContext(ctx, "udp", dst.String())
+	}
+	if err != nil {
+		// Without heartbeats the stream lives until it fails by itself, as before them.
+		a.cfg.Log.Error(err, "Heartbeats off for this stream")
+		select {
+		case <-ep.Done():
+		case <-ctx.Done():
+		}
+		return
+	}
+	var lastEcho atomic.Int64 // Unix nanoseconds of the last echo on this stream
+	readerDone := make(chan struct{})
+	go func() { // routineReadEchoes
+		defer close(readerDone)
+		buf := make([]byte, wg.MaxHeartbeatSize)
+		for {
+			if _, err := hb.Read(buf); err != nil {
+				return
+			}
+			lastEcho.Store(time.Now().UnixNano())
+			a.echoSeen.Store(true)
+		}
+	}()
+	defer func() { hb.Close(); <-readerDone }()
+	tick := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	var seq uint64
+	for {
+		seq++
+		// The first goes out at once: WireGuard sends it right after the handshake, and its
+		// echo arms the timeout. A failed send is a missed heartbeat, counted below.
+		_, _ = hb.Write(binary.BigEndian.AppendUint64(nil, seq))
+		select {
+		case <-ep.Done():
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		last := attached
+		if e := lastEcho.Load(); e != 0 {
+			last = time.Unix(0, e)
+		}
+		silent := time.Since(last)
+		if silent <= a.cfg.PathTimeout || !a.pathTimeoutArmed(attached) {
+			continue
+		}
+		a.pathTimeouts.Inc()
+		a.cfg.Log.Info("No heartbeat echo from the server: ending the stream", "seed", a.cfg.Seed, "silentFor", silent.Round(time.Millisecond).String())
+		_ = ep.Close()
+		return
+	}
+}
+
+// pathTimeoutArmed: the server is known to echo heartbeats, or the stream has not completed a
+// handshake (it carries nothing at all).
+func (a *Agent) pathTimeoutArmed(attached time.Time) bool {
+	return a.echoSeen.Load() || a.lastHandshake().Before(attached)
+}
+
+// heartbeatAddr is the server's inner address of the agent's family (the first one else).
+func (a *Agent) heartbeatAddr() netip.Addr {
+	for _, s := range a.cfg.ServerAddresses {
+		if s.Is4() == a.cfg.Address.Is4() {
+			return s
+		}
+	}
+	return a.cfg.ServerAddresses[0]
+}
+
 // forwardDialTimeout bounds the real dial of a forwarded connection; the seed's own dial through
 // the tunnel waits for it (tendril-server's default dial timeout is 10 s).
 const forwardDialTimeout = 8 * time.Second
@@ -218,7 +324,7 @@ const forwardDialTimeout = 8 * time.Second
 // so that a refused destination is refused through the tunnel too, then relay.
 func (a *Agent) forward(ctx context.Context, r *netstack.Request) {
 	dctx, cancel := context.WithTimeout(ctx, forwardDialTimeout)
-	up, err := (&net.Dialer{}).DialContext(dctx, "tcp", r.Dst().String())
+	up, err := a.cfg.Dial(dctx, "tcp", r.Dst().String())
 	cancel()
 	if err != nil {
 		a.forwards.WithLabelValues("dial_failed").Inc()

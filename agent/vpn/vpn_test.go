@@ -172,9 +172,11 @@ func TestThroughIngress(t *testing.T) {
 	t.Logf("tunnel back %v after the server", time.Since(back))
 }
 
+// eventually polls f for up to 20 s: room for a failover or a dead path (5 s of silence) under
+// -race on a loaded machine; no test asserts how fast.
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		err := f()
 		if err == nil {

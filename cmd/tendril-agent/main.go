@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -101,6 +102,8 @@ func parseVPN(args []string) (VPNConfig, error) {
 	fs.BoolVar(&cfg.VPN.Direct, "direct", false, "dial the server directly, without CONNECT")
 	fs.StringVar(&cfg.VPN.Header, "header", "Reversed-VPN", "CONNECT header naming the destination (Reversed-VPN on 8132, X-Gardener-Destination on 8443)")
 	fs.StringVar(&cfg.VPN.Destination, "destination", "", "CONNECT destination: outbound|1194||vpn-seed-server.<namespace>.svc.cluster.local")
+	fs.DurationVar(&cfg.VPN.HeartbeatInterval, "heartbeat-interval", time.Second, "how often to send a heartbeat through the tunnel (the server echoes it)")
+	fs.DurationVar(&cfg.VPN.PathTimeout, "path-timeout", 5*time.Second, "end the stream and dial again when heartbeats go unanswered this long")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:16912", "address for /metrics, /healthz and /readyz (empty: off)")
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")
 	if err := fs.Parse(args); err != nil {

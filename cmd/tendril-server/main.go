@@ -15,7 +15,9 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,10 +34,13 @@ import (
 
 // Config is tendril-server's configuration.
 type Config struct {
-	PrivateKeyFile     string
-	AgentPublicKey     string
+	PrivateKeyFile string
+	// AgentPublicKeys are the agents' keys (base64 or @FILE), one per replica; AgentAddresses
+	// their inner addresses in the same order (if empty: fd8f:6d53:b97a:1::2, ::3, …).
+	AgentPublicKeys    []string
+	AgentAddresses     []netip.Addr
+	AgentTimeout       time.Duration
 	Addresses          []netip.Addr
-	AgentAddress       netip.Addr
 	ShootCIDRs         []netip.Prefix
 	TunnelAddress      string
 	ConnectAddress     string
@@ -53,15 +58,26 @@ type Config struct {
 func main() {
 	var cfg Config
 	cfg.Addresses = mustAddrs("fd8f:6d53:b97a:1::1,198.18.0.1")
-	cfg.AgentAddress = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
 	var verbosity int
 	flag.StringVar(&cfg.PrivateKeyFile, "private-key-file", "", "the server's WireGuard private key (base64, as wg genkey writes it)")
-	flag.StringVar(&cfg.AgentPublicKey, "agent-public-key", "", "the shoot agent's WireGuard public key (base64), or @FILE to read it from a file")
-	flag.Var((*netflag.Addrs)(&cfg.Addresses), "addresses", "the server's inner tunnel addresses, comma-separated: an IPv6 one from Gardener's VPN range, and an IPv4 one (RFC 2544's 198.18/15, unlikely in a shoot) as the source toward IPv4 shoot networks")
-	flag.Func("agent-address", "the agent's inner tunnel address (default fd8f:6d53:b97a:1::2)", func(v string) (err error) {
-		cfg.AgentAddress, err = netip.ParseAddr(v)
-		return err
+	flag.Func("agent-public-key", "a shoot agent's WireGuard public key (base64), or @FILE to read it from a file; repeat the flag or separate with commas for several agents (HA replicas)", func(v string) error {
+		for _, k := range strings.Split(v, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				cfg.AgentPublicKeys = append(cfg.AgentPublicKeys, k)
+			}
+		}
+		return nil
 	})
+	flag.Var((*netflag.Addrs)(&cfg.Addresses), "addresses", "the server's inner tunnel addresses, comma-separated: an IPv6 one from Gardener's VPN range, and an IPv4 one (RFC 2544's 198.18/15, unlikely in a shoot) as the source toward IPv4 shoot networks")
+	flag.Func("agent-address", "an agent's inner tunnel address, in the order of --agent-public-key; repeat the flag or separate with commas (default fd8f:6d53:b97a:1::2 for the first agent, ::3 for the second, …)", func(v string) error {
+		var as netflag.Addrs
+		if err := as.Set(v); err != nil {
+			return err
+		}
+		cfg.AgentAddresses = append(cfg.AgentAddresses, as...)
+		return nil
+	})
+	flag.DurationVar(&cfg.AgentTimeout, "agent-timeout", 5*time.Second, "an agent whose stream delivers nothing this long counts as dead; the shoot's networks then route to another live agent (agents heartbeat every second)")
 	flag.Var((*netflag.Prefixes)(&cfg.ShootCIDRs), "shoot-cidrs", "the shoot's node, pod and service networks, comma-separated: the only egress targets")
 	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", ":1194", "where agents' tunnel streams arrive (forwarded by the ingress)")
 	flag.StringVar(&cfg.ConnectAddress, "connect-address", ":9443", "egress HTTP CONNECT over mutual TLS (empty: off)")
@@ -101,21 +117,20 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	agentKey, err := wg.ParsePublicKeyArg(cfg.AgentPublicKey)
+	peers, err := agentPeers(cfg.AgentPublicKeys, cfg.AgentAddresses)
 	if err != nil {
-		return fmt.Errorf("--agent-public-key: %w", err)
+		return err
 	}
-	// The agent is reached at its own address and routes the shoot's networks.
-	allowed := append([]netip.Prefix{netip.PrefixFrom(cfg.AgentAddress, cfg.AgentAddress.BitLen())}, cfg.ShootCIDRs...)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := server.New(server.Config{
 		Tunnel: wg.Config{
 			PrivateKey:     priv,
 			LocalAddresses: cfg.Addresses,
-			Peers:          []wg.Peer{{PublicKey: agentKey, AllowedIPs: allowed}},
+			Peers:          peers,
 		},
 		ShootCIDRs:         cfg.ShootCIDRs,
+		AgentTimeout:       cfg.AgentTimeout,
 		MaxConcurrentDials: cfg.MaxConcurrentDials,
 		Log:                cfg.Log,
 		Registry:           reg,
@@ -179,6 +194,36 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	cfg.Log.Info("Serving", "tunnel", tl.Addr().String(), "connect", cfg.ConnectAddress, "grpc", cfg.GRPCAddress, "shootCIDRs", fmt.Sprint(cfg.ShootCIDRs))
 	return g.Wait()
+}
+
+// firstAgentAddress is the first agent's default inner address; the next agents count up.
+var firstAgentAddress = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
+
+// agentPeers pairs the agents' keys with their inner addresses. Each agent is reached at its own
+// address; the server routes the shoot's networks to one agent at a time itself.
+func agentPeers(keys []string, addrs []netip.Addr) ([]wg.Peer, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("--agent-public-key is required")
+	}
+	if len(addrs) == 0 {
+		a := firstAgentAddress
+		for range keys {
+			addrs = append(addrs, a)
+			a = a.Next()
+		}
+	}
+	if len(addrs) != len(keys) {
+		return nil, fmt.Errorf("%d agent keys but %d --agent-address values: give one address per agent", len(keys), len(addrs))
+	}
+	peers := make([]wg.Peer, len(keys))
+	for i, k := range keys {
+		key, err := wg.ParsePublicKeyArg(k)
+		if err != nil {
+			return nil, fmt.Errorf("--agent-public-key %d: %w", i+1, err)
+		}
+		peers[i] = wg.Peer{PublicKey: key, AllowedIPs: []netip.Prefix{netip.PrefixFrom(addrs[i], addrs[i].BitLen())}}
+	}
+	return peers, nil
 }
 
 // mutualTLS is the front-end's TLS: its own certificate, and kube-apiserver's client

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -76,4 +77,97 @@ func RoundTrip(c net.Conn, payload []byte) error {
 		return fmt.Errorf("echo differs: got %d bytes, want %d identical bytes", len(got), len(payload))
 	}
 	return nil
+}
+
+// Proxy forwards TCP connections from a loopback listener to a target until the test ends.
+// Blackhole makes the connections it carries so far stop forwarding without closing: what
+// arrives on either side is read and discarded, as on a path that died silently (a proxy or NAT
+// that lost its state). Connections accepted afterwards forward normally.
+type Proxy struct {
+	// Addr is the listener's address.
+	Addr string
+
+	mu     sync.Mutex
+	holes  []*atomic.Bool
+	closed bool
+	conns  []net.Conn
+}
+
+// NewProxy starts a Proxy to target.
+func NewProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Proxy{Addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			hole := &atomic.Bool{}
+			p.mu.Lock()
+			if p.closed {
+				p.mu.Unlock()
+				c.Close()
+				up.Close()
+				return
+			}
+			p.holes = append(p.holes, hole)
+			p.conns = append(p.conns, c, up)
+			p.mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); copyUnlessHoled(up, c, hole) }()
+			go func() { defer wg.Done(); copyUnlessHoled(c, up, hole) }()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		p.closed = true
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		wg.Wait()
+	})
+	return p
+}
+
+// Blackhole stops forwarding on every connection accepted so far, without closing any.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, h := range p.holes {
+		h.Store(true)
+	}
+}
+
+// copyUnlessHoled copies src to dst until either ends, discarding what it reads once hole is
+// set; at the end it closes both.
+func copyUnlessHoled(dst, src net.Conn, hole *atomic.Bool) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !hole.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }

@@ -23,12 +23,14 @@
 package bind
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -341,6 +343,7 @@ func (b *Bind) Attach(c net.Conn) (*Endpoint, error) {
 	for range b.cfg.StreamBuffers {
 		s.free <- &packet{home: s}
 	}
+	s.lastRecv.Store(time.Now().UnixNano())
 	b.streams[s.ep.id] = s
 	b.routines.Add(2)
 	b.mu.Unlock()
@@ -350,6 +353,18 @@ func (b *Bind) Attach(c net.Conn) (*Endpoint, error) {
 	go s.routineRead()
 	go s.routineWrite()
 	return s.ep, nil
+}
+
+// Endpoints returns the endpoints of the streams attached now, in attach order.
+func (b *Bind) Endpoints() []*Endpoint {
+	b.mu.Lock()
+	eps := make([]*Endpoint, 0, len(b.streams))
+	for _, s := range b.streams {
+		eps = append(eps, s.ep)
+	}
+	b.mu.Unlock()
+	slices.SortFunc(eps, func(x, y *Endpoint) int { return cmp.Compare(x.id, y.id) })
+	return eps
 }
 
 // Stats returns a snapshot of the counters.
@@ -447,6 +462,10 @@ type stream struct {
 	pendingN int           // packets in pending
 	kick     chan struct{} // capacity 1: wakes routineWrite
 
+	// lastRecv is when the last frame arrived (Unix nanoseconds; the attach time before the
+	// first), so that the owner can tell a silent stream from a live one (Endpoint.LastReceive).
+	lastRecv atomic.Int64
+
 	detachOnce sync.Once
 	done       chan struct{} // closed on detach
 	reason     DetachReason  // set before done is closed
@@ -481,6 +500,8 @@ func (s *stream) routineRead() {
 			s.readFailed(err)
 			return
 		}
+		// One clock read per frame (tens of nanoseconds against a frame of up to 64 KiB).
+		s.lastRecv.Store(time.Now().UnixNano())
 		select {
 		case s.queue <- p:
 		case <-s.done:
@@ -643,6 +664,9 @@ func (e *Endpoint) Err() (DetachReason, error) {
 		return 0, nil
 	}
 }
+
+// LastReceive is when the stream's last frame arrived, or when it was attached if none has.
+func (e *Endpoint) LastReceive() time.Time { return time.Unix(0, e.s.lastRecv.Load()) }
 
 // Close detaches the stream and closes its connection.
 func (e *Endpoint) Close() error {

@@ -155,6 +155,10 @@ func (w *wireguardStack) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
 	return w.net.ListenTCPAddrPort(addr)
 }
 
+func (w *wireguardStack) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
+	return w.net.ListenUDPAddrPort(addr)
+}
+
 func (w *wireguardStack) StopForwarding() {}
 
 func (w *wireguardStack) Stats() netstack.Stats { return netstack.Stats{} }

@@ -121,6 +121,7 @@ type innerStack interface {
 	tun.Device
 	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
 	ListenTCP(addr netip.AddrPort) (net.Listener, error)
+	ListenUDP(addr netip.AddrPort) (net.PacketConn, error)
 	StopForwarding()
 	Stats() netstack.Stats
 }
@@ -364,6 +365,88 @@ func (t *Tunnel) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
 	return ln, nil
 }
 
+// ListenUDP opens a UDP socket on addr inside the tunnel; the unspecified address receives on
+// every local address.
+func (t *Tunnel) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
+	c, err := t.stack.ListenUDP(addr)
+	if err != nil {
+		return nil, fmt.Errorf("wg: %w", err)
+	}
+	return c, nil
+}
+
+// Route makes peer the one the prefixes are routed to, taking them from whichever peer had
+// them: WireGuard keeps each prefix with exactly one peer, both to pick where a packet goes and
+// to check where a received packet may come from. Packets of connections that went through the
+// previous peer now go to peer, which does not know them (its stack answers with a reset), and
+// the previous peer's packets from those prefixes are dropped: those connections end. It is for
+// the accepting side, whose peers AttachPeer never resets (a reset re-adds the peer's
+// configured AllowedIPs, taking them back from whoever has them).
+func (t *Tunnel) Route(peer Key, prefixes []netip.Prefix) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "public_key=%s\nupdate_only=true\n", peer.hex())
+	for _, pfx := range prefixes {
+		if !pfx.IsValid() {
+			return fmt.Errorf("wg: route to peer %s: invalid prefix", peer)
+		}
+		fmt.Fprintf(&b, "allowed_ip=%s\n", pfx.Masked())
+	}
+	if t.dev.LookupPeer(device.NoisePublicKey(peer)) == nil {
+		return fmt.Errorf("wg: route to peer %s: %w", peer, ErrUnknownPeer)
+	}
+	if err := t.dev.IpcSet(b.String()); err != nil {
+		return fmt.Errorf("wg: route to peer %s: %w", peer, err)
+	}
+	return nil
+}
+
+// DetachPeer closes the stream that is peer's endpoint now, if it is still attached, and
+// reports whether it closed one. Whatever WireGuard still sends to the peer fails at once
+// instead of waiting for the stream's write timeout; the side that dialed the stream dials
+// again.
+func (t *Tunnel) DetachPeer(peer Key) (bool, error) {
+	ps, err := t.Peers()
+	if err != nil {
+		return false, err
+	}
+	for _, p := range ps {
+		if p.PublicKey != peer || p.Endpoint == "" {
+			continue
+		}
+		ep, err := t.bind.ParseEndpoint(p.Endpoint)
+		if err != nil {
+			return false, nil // detached already
+		}
+		_ = ep.(*bind.Endpoint).Close()
+		return true, nil
+	}
+	return false, nil
+}
+
+// PruneStreams closes attached streams that are no peer's endpoint and have received nothing for
+// idle: streams a peer left for a newer one (an agent that reconnected while the old path
+// hung without closing) and streams that never carried a handshake for a configured key. Without
+// it such a stream would hold its place among Bind.MaxStreams until its TCP connection ends.
+// It returns how many it closed.
+func (t *Tunnel) PruneStreams(idle time.Duration) (int, error) {
+	ps, err := t.Peers()
+	if err != nil {
+		return 0, err
+	}
+	used := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		used[p.Endpoint] = true
+	}
+	n := 0
+	for _, ep := range t.bind.Endpoints() {
+		if !used[ep.DstToString()] && time.Since(ep.LastReceive()) > idle {
+			_ = ep.Close()
+			n++
+		}
+	}
+	return n, nil
+}
+
 // BindStats returns the stream counters.
 func (t *Tunnel) BindStats() bind.Stats { return t.bind.Stats() }
 
@@ -376,8 +459,13 @@ type PeerStatus struct {
 	PublicKey Key
 	// Endpoint is the stream the peer is reached over ("stream/7"), or "" before the first
 	// authenticated packet (accepting side) or AttachPeer (dialing side). It may name a stream
-	// that has ended since.
+	// that has ended since: Attached says whether it is still attached.
 	Endpoint string
+	Attached bool
+	// LastReceive is when the peer's stream last delivered a frame (the zero Time unless
+	// Attached). Every authenticated packet of the peer arrives on it: keepalives, heartbeats,
+	// data.
+	LastReceive time.Time
 	// LastHandshake is when the last handshake completed; the zero Time if none has. A
 	// session lives at most 180 s after it (RejectAfterTime), and a healthy peer handshakes
 	// again every 120 s while traffic flows (RekeyAfterTime).
@@ -399,6 +487,11 @@ func (t *Tunnel) Peers() ([]PeerStatus, error) {
 	st := make([]PeerStatus, 0, len(t.peers))
 	for _, k := range t.peers {
 		if p, ok := byKey[k]; ok {
+			if p.Endpoint != "" {
+				if ep, err := t.bind.ParseEndpoint(p.Endpoint); err == nil {
+					p.Attached, p.LastReceive = true, ep.(*bind.Endpoint).LastReceive()
+				}
+			}
 			st = append(st, p)
 		}
 	}

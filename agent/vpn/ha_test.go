@@ -1,0 +1,244 @@
+package vpn
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/tunnel/wg"
+)
+
+var serverAddr4 = netip.MustParseAddr("198.18.0.1")
+
+// haWorld is one server and n agents, each reaching the server's tunnel port through its own
+// proxy (which the test can blackhole), all forwarding into "the shoot's network": loopback,
+// where an echo server runs.
+type haWorld struct {
+	srv     *server.Server
+	agents  []*Agent
+	keys    []wg.Key
+	proxies []*testnet.Proxy
+	stops   []func() // stop agent i
+	echo    netip.AddrPort
+}
+
+func newHAWorld(t *testing.T, n int) *haWorld {
+	t.Helper()
+	// The shoot's network is 10.99.0.0/24 in the tunnel; the agents' dialer maps it to the echo
+	// on loopback (gVisor drops packets to loopback addresses arriving on its NIC).
+	realEcho := testnet.EchoServer(t)
+	echo := netip.MustParseAddrPort("10.99.0.1:7")
+	shoot := []netip.Prefix{netip.MustParsePrefix("10.99.0.0/24")}
+	dialShoot := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if addr != echo.String() {
+			return nil, fmt.Errorf("nothing at %s", addr)
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, realEcho)
+	}
+	serverKey, _ := wg.GenerateKey()
+	w := &haWorld{echo: echo}
+	var peers []wg.Peer
+	for i := range n {
+		k, _ := wg.GenerateKey()
+		w.keys = append(w.keys, k)
+		peers = append(peers, wg.Peer{PublicKey: k.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(haAgentAddr(i), 128)}})
+	}
+	srv, err := server.New(server.Config{
+		Tunnel:     wg.Config{PrivateKey: serverKey, LocalAddresses: []netip.Addr{serverAddr, serverAddr4}, Peers: peers},
+		ShootCIDRs: shoot,
+		Log:        testr.New(t).WithName("server"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.srv = srv
+	tl := listen(t, "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	var wgr sync.WaitGroup
+	wgr.Add(1)
+	go func() { defer wgr.Done(); _ = srv.ServeTunnel(ctx, tl) }()
+	t.Cleanup(func() { cancel(); wgr.Wait(); srv.Close() })
+	for i := range n {
+		p := testnet.NewProxy(t, tl.Addr().String())
+		w.proxies = append(w.proxies, p)
+		a, err := New(Config{PrivateKey: w.keys[i], ServerPublicKey: serverKey.PublicKey(), Address: haAgentAddr(i),
+			ServerAddresses: []netip.Addr{serverAddr, serverAddr4}, ShootCIDRs: shoot, Seed: p.Addr, Direct: true, Dial: dialShoot,
+			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Log: testr.New(t).WithName("agent")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.agents = append(w.agents, a)
+		actx, acancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = a.Run(actx) }()
+		var once sync.Once
+		stop := func() { once.Do(func() { acancel(); <-done; a.Close() }) }
+		w.stops = append(w.stops, stop)
+		t.Cleanup(stop)
+	}
+	return w
+}
+
+func haAgentAddr(i int) netip.Addr {
+	b := agentAddr.As16()
+	b[15] += byte(i)
+	return netip.AddrFrom16(b)
+}
+
+// roundTrip dials the echo in the shoot's network through the tunnel, as an egress front-end
+// does, and checks one echo.
+func (w *haWorld) roundTrip(ctx context.Context) error {
+	c, err := w.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return testnet.RoundTrip(c, []byte("ping"))
+}
+
+func (w *haWorld) dial(ctx context.Context) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c, err := w.srv.Tunnel().DialContext(dctx, "tcp", w.echo.String())
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c, nil
+}
+
+// active returns the index of the active agent once every agent is live.
+func (w *haWorld) activeWhenAllLive() (int, error) {
+	st, err := w.srv.Agents()
+	if err != nil {
+		return -1, err
+	}
+	active := -1
+	for i, a := range st {
+		if !a.Live {
+			return -1, errNotYet("agent %d not live", i)
+		}
+		if a.Active {
+			active = i
+		}
+	}
+	if active < 0 {
+		return -1, errNotYet("no active agent")
+	}
+	return active, nil
+}
+
+// TestHAFailover runs two agents; the active one dies (stops, or its path silently stops
+// forwarding); a connection through it fails, new dials go through the other agent.
+func TestHAFailover(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kill func(w *haWorld, i int)
+	}{
+		{"agent stops", func(w *haWorld, i int) { w.stops[i]() }},
+		{"path blackholed", func(w *haWorld, i int) { w.proxies[i].Blackhole() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newHAWorld(t, 2)
+			ctx := t.Context()
+			var active int
+			eventually(t, "both agents live", func() error {
+				var err error
+				active, err = w.activeWhenAllLive()
+				return err
+			})
+			eventually(t, "a round trip through the active agent", func() error { return w.roundTrip(ctx) })
+			old, err := w.dial(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Close()
+			if _, err := old.Write([]byte("hello")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(old, make([]byte, 5)); err != nil {
+				t.Fatal(err)
+			}
+
+			tc.kill(w, active)
+			other := 1 - active
+			eventually(t, "the other agent takes over", func() error {
+				st, err := w.srv.Agents()
+				if err != nil {
+					return err
+				}
+				if !st[other].Active {
+					return errNotYet("agent %d not active yet", other)
+				}
+				return nil
+			})
+			eventually(t, "a round trip after the failover", func() error { return w.roundTrip(ctx) })
+			if n := w.srv.Failovers(); n != 1 {
+				t.Errorf("failovers = %d, want 1", n)
+			}
+			// The connection through the dead agent does not carry on through the other one.
+			_ = old.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := old.Write([]byte("still there?")); err == nil {
+				buf := make([]byte, 16)
+				if n, err := old.Read(buf); err == nil {
+					t.Errorf("a connection through the dead agent still echoes %q", buf[:n])
+				}
+			}
+		})
+	}
+}
+
+// TestDeadPath: the agent's only path stops forwarding without closing; the agent's heartbeats
+// go unanswered, it ends the stream and dials again, and the tunnel works again.
+func TestDeadPath(t *testing.T) {
+	w := newHAWorld(t, 1)
+	ctx := t.Context()
+	eventually(t, "the first round trip", func() error { return w.roundTrip(ctx) })
+	eventually(t, "the server echoes a heartbeat", func() error {
+		if !w.agents[0].echoSeen.Load() {
+			return errNotYet("no echo yet")
+		}
+		return nil
+	})
+	attached := w.srv.Tunnel().BindStats().StreamsAttached
+	w.proxies[0].Blackhole()
+	eventually(t, "the agent gives up on the silent path", func() error {
+		if n := counterValue(t, w.agents[0].pathTimeouts); n < 1 {
+			return errNotYet("path timeouts %v", n)
+		}
+		return nil
+	})
+	eventually(t, "a round trip over the new stream", func() error { return w.roundTrip(ctx) })
+	if n := w.srv.Tunnel().BindStats().StreamsAttached; n <= attached {
+		t.Errorf("the server saw %d streams, want more than %d after the reconnect", n, attached)
+	}
+	// The server closes the silent stream the agent left (it is no agent's endpoint any more).
+	eventually(t, "the server closes the abandoned stream", func() error {
+		if n := w.srv.Tunnel().BindStats().StreamsActive; n != 1 {
+			return errNotYet("%d streams attached", n)
+		}
+		return nil
+	})
+}
+
+func errNotYet(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}

@@ -1,0 +1,221 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tendril-net/tendril/tunnel/wg"
+)
+
+// High availability: several agents (replicas of the shoot's vpn Deployment, each with its own
+// key and inner address) may keep a tunnel to one server. The shoot's CIDRs are routed to one
+// of them at a time, the active agent, by moving the CIDRs between the agents' WireGuard peers
+// (wg.Tunnel.Route).
+//
+// Why move the CIDRs rather than pick an agent per dial: WireGuard routes by destination
+// address alone and keeps each prefix with exactly one peer, in both directions (it also drops
+// a packet whose source address is not inside its sender's prefixes). Choosing an agent per dial
+// would need one WireGuard device and netstack per agent (and the server cannot tell which
+// agent a new stream belongs to before WireGuard authenticated it), or address translation
+// between per-agent aliases of the shoot's networks; both cost memory per agent and code, for a
+// gain (spreading load over replicas) that the reversed VPN does not need: one agent carries
+// every connection, the others stand by with a live tunnel, and a failover is a single
+// configuration change of the running device.
+//
+// The active agent stays active while it is live, even when another has a fresher handshake:
+// moving the CIDRs ends every connection through the previous agent (their packets now reach an
+// agent that does not know them and answers with a reset). When the active agent is no longer
+// live, the live agent with the freshest handshake takes over and the dead agent's stream is
+// closed, so that what WireGuard still queued for it fails at once (and an agent that was merely
+// slow reconnects). A new dial then goes to the new agent; a connection through the dead one
+// fails.
+//
+// An agent is live while its stream is attached, its last handshake is younger than
+// HandshakeFresh, and its stream delivered something within Config.AgentTimeout. The agent
+// sends a heartbeat every second (and WireGuard keepalives), so silence for a few seconds means
+// the path is gone even when no TCP connection noticed (a proxy that stopped forwarding).
+
+// watchEvery is how often the server checks its agents: a failover happens within
+// AgentTimeout + watchEvery of the last packet from the active agent. Each check reads the
+// device's state once (a few hundred bytes per agent).
+const watchEvery = 250 * time.Millisecond
+
+// agents tracks which agent the shoot's CIDRs are routed to.
+type agents struct {
+	mu        sync.Mutex
+	keys      []wg.Key // in configuration order
+	active    wg.Key
+	live      map[wg.Key]bool
+	failovers uint64
+}
+
+// AgentStatus is one agent as the server sees it.
+type AgentStatus struct {
+	wg.PeerStatus
+	// Live: the agent's stream is attached, its handshake fresh and its stream not silent for
+	// longer than AgentTimeout.
+	Live bool
+	// Active: the shoot's CIDRs are routed to this agent.
+	Active bool
+}
+
+// Agents returns every configured agent's status, in configuration order.
+func (s *Server) Agents() ([]AgentStatus, error) {
+	peers, err := s.tun.Peers()
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	s.agents.mu.Lock()
+	active := s.agents.active
+	s.agents.mu.Unlock()
+	now := time.Now()
+	out := make([]AgentStatus, 0, len(peers))
+	for _, p := range peers {
+		out = append(out, AgentStatus{PeerStatus: p, Live: s.live(p, now), Active: p.PublicKey == active})
+	}
+	return out, nil
+}
+
+// Failovers is how often the shoot's CIDRs moved from a dead agent to a live one.
+func (s *Server) Failovers() uint64 {
+	s.agents.mu.Lock()
+	defer s.agents.mu.Unlock()
+	return s.agents.failovers
+}
+
+func (s *Server) live(p wg.PeerStatus, now time.Time) bool {
+	return p.Attached && !p.LastHandshake.IsZero() && now.Sub(p.LastHandshake) < HandshakeFresh &&
+		now.Sub(p.LastReceive) < s.cfg.AgentTimeout
+}
+
+// routineWatchAgents checks the agents every watchEvery until ctx ends: it moves the shoot's
+// CIDRs away from a dead active agent and closes streams no agent uses any more.
+func (s *Server) routineWatchAgents(ctx context.Context) error {
+	tick := time.NewTicker(watchEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		s.checkAgents()
+		// A stream that is no agent's endpoint and silent for twice the agent timeout: a path
+		// its agent gave up on without the TCP connection ending, or a stream whose key never
+		// completed a handshake.
+		if n, err := s.tun.PruneStreams(2 * s.cfg.AgentTimeout); err != nil {
+			s.log.Error(err, "Pruning tunnel streams failed")
+		} else if n > 0 {
+			s.log.Info("Closed silent tunnel streams no agent uses", "streams", n)
+		}
+	}
+}
+
+// checkAgents updates liveness and fails over if the active agent is dead and another is live.
+func (s *Server) checkAgents() {
+	peers, err := s.tun.Peers()
+	if err != nil {
+		s.log.Error(err, "Reading the agents' state failed")
+		return
+	}
+	now := time.Now()
+	a := &s.agents
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var next *wg.PeerStatus
+	activeLive := false
+	for i, p := range peers {
+		live := s.live(p, now)
+		if live != a.live[p.PublicKey] {
+			s.log.Info("Agent liveness changed", "agent", p.PublicKey.String(), "live", live, "endpoint", p.Endpoint)
+		}
+		a.live[p.PublicKey] = live
+		s.metrics.agentLive.WithLabelValues(p.PublicKey.String()).Set(boolGauge(live))
+		if p.PublicKey == a.active {
+			activeLive = live
+		} else if live && (next == nil || p.LastHandshake.After(next.LastHandshake)) {
+			next = &peers[i]
+		}
+	}
+	if activeLive || next == nil {
+		return
+	}
+	old := a.active
+	if err := s.tun.Route(next.PublicKey, s.cfg.ShootCIDRs); err != nil {
+		s.log.Error(err, "Failover failed", "from", old.String(), "to", next.PublicKey.String())
+		return
+	}
+	a.active = next.PublicKey
+	a.failovers++
+	s.metrics.failovers.Inc()
+	for _, k := range a.keys {
+		s.metrics.agentActive.WithLabelValues(k.String()).Set(boolGauge(k == a.active))
+	}
+	closed, err := s.tun.DetachPeer(old)
+	if err != nil {
+		s.log.Error(err, "Closing the dead agent's stream failed", "agent", old.String())
+	}
+	s.log.Info("Failover: the shoot's networks now route to another agent", "from", old.String(), "to", next.PublicKey.String(),
+		"endpoint", next.Endpoint, "closedOldStream", closed)
+}
+
+// initAgents routes the shoot's CIDRs to the first configured agent, until a live one shows up.
+func (s *Server) initAgents() error {
+	a := &s.agents
+	a.live = make(map[wg.Key]bool)
+	for _, p := range s.cfg.Tunnel.Peers {
+		a.keys = append(a.keys, p.PublicKey)
+	}
+	if len(a.keys) == 0 {
+		return nil
+	}
+	a.active = a.keys[0]
+	if err := s.tun.Route(a.active, s.cfg.ShootCIDRs); err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	for _, k := range a.keys {
+		s.metrics.agentActive.WithLabelValues(k.String()).Set(boolGauge(k == a.active))
+		s.metrics.agentLive.WithLabelValues(k.String()).Set(0)
+	}
+	return nil
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// checkAgentPrefixes refuses an agent whose own AllowedIPs overlap the shoot's CIDRs when
+// there are several agents: the CIDRs move between agents, and a moved prefix that was also an
+// agent's own address would cut that agent off. A prefix equal to one of the CIDRs (a
+// single-agent configuration that lists them as the peer's AllowedIPs) is dropped from the peer
+// instead: the server routes the CIDRs itself.
+func checkAgentPrefixes(cfg *Config) error {
+	if len(cfg.Tunnel.Peers) < 2 {
+		return nil
+	}
+	peers := slices.Clone(cfg.Tunnel.Peers)
+	for i := range peers {
+		var own []netip.Prefix
+		for _, p := range peers[i].AllowedIPs {
+			if slices.Contains(cfg.ShootCIDRs, p) {
+				continue
+			}
+			for _, c := range cfg.ShootCIDRs {
+				if c.Overlaps(p) {
+					return fmt.Errorf("server: agent %s: its address %s overlaps the shoot's network %s", peers[i].PublicKey, p, c)
+				}
+			}
+			own = append(own, p)
+		}
+		peers[i].AllowedIPs = own
+	}
+	cfg.Tunnel.Peers = peers
+	return nil
+}
