@@ -1,22 +1,26 @@
 // Command tendril-seed is tendril's seed-side control plane: it serves the shoots' routes to the
-// shared ingress over xDS. Without Kubernetes it reads them from a route file (--routes).
+// shared ingress over xDS. On Kubernetes (the default) it also runs the Extension controller
+// that provisions each shoot; without Kubernetes it reads routes from a route file (--routes).
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
+	ctrl "sigs.k8s.io/controller-runtime"
+	crconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
 	"github.com/tendril-net/tendril/xds/model"
@@ -38,23 +42,58 @@ type Config struct {
 	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
 	LBProxyProtocol bool
 	Log             logr.Logger
+	// Kubernetes configures the control plane on Kubernetes, used when Routes is empty.
+	Kubernetes controlplane.Config
 }
 
 func main() {
 	var cfg Config
+	// Our own flag set: Gardener's dependencies register dozens of unrelated flags on the global one.
+	fs := flag.NewFlagSet("tendril-seed", flag.ExitOnError)
+	crconfig.RegisterFlags(fs) // --kubeconfig, read by ctrl.GetConfig
 	var verbosity int
-	flag.StringVar(&cfg.Routes, "routes", "", "route file (YAML: shoots: [{name, hosts, apiserver, advertisedAddress, vpnServer}]); re-read when it changes")
-	flag.StringVar(&cfg.XDSAddress, "xds-address", "127.0.0.1:18000", "address the xDS (ADS) gRPC server listens on")
-	flag.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:18080", "address for /metrics, /healthz and /readyz (empty: off)")
-	flag.BoolVar(&cfg.LBProxyProtocol, "lb-proxy-protocol", false, "the seed's load balancer prepends its own PROXY header to every connection: every listener reads it first (tendril-ingress needs --trusted-proxy-cidr)")
-	flag.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
-	flag.IntVar(&verbosity, "v", 0, "log verbosity")
-	flag.Parse()
-	if flag.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "tendril-seed: unexpected arguments %q\n", flag.Args())
+	fs.StringVar(&cfg.Routes, "routes", "", "route file (YAML: shoots: [{name, hosts, apiserver, advertisedAddress, vpnServer}]); re-read when it changes")
+	fs.StringVar(&cfg.XDSAddress, "xds-address", "127.0.0.1:18000", "address the xDS (ADS) gRPC server listens on")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:18080", "address for /metrics, /healthz and /readyz (empty: off)")
+	fs.BoolVar(&cfg.LBProxyProtocol, "lb-proxy-protocol", false, "the seed's load balancer prepends its own PROXY header to every connection: every listener reads it first (tendril-ingress needs --trusted-proxy-cidr)")
+	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
+	k := &cfg.Kubernetes
+	// Kubernetes mode; flag names follow Gardener's extensions (--kubeconfig is registered by
+	// controller-runtime and read through ctrl.GetConfig).
+	fs.StringVar(&k.HealthAddress, "health-bind-address", ":8081", "Kubernetes mode: address for /healthz and /readyz (0: off)")
+	fs.BoolVar(&k.LeaderElection, "leader-election", true, "Kubernetes mode: run the controllers on one replica only (every replica serves xDS)")
+	fs.StringVar(&k.LeaderElectionID, "leader-election-id", "tendril-seed-leader-election", "Kubernetes mode: name of the leader election Lease")
+	fs.StringVar(&k.LeaderElectionNamespace, "leader-election-namespace", "", "Kubernetes mode: namespace of the leader election Lease (default: the pod's)")
+	fs.StringVar(&k.HeartbeatNamespace, "heartbeat-namespace", "", "Kubernetes mode: namespace of the gardener-extension-heartbeat Lease, the extension's own (empty: no heartbeat)")
+	fs.Func("heartbeat-renew-interval-seconds", "Kubernetes mode: heartbeat renewal period (default 30)", func(v string) error {
+		n, err := strconv.ParseInt(v, 10, 32)
+		k.HeartbeatInterval = int32(n)
+		return err
+	})
+	fs.BoolVar(&k.Extension.IgnoreOperationAnnotation, "ignore-operation-annotation", false, "Kubernetes mode: reconcile on every change, not only when gardenlet asks (development)")
+	fs.IntVar(&k.Extension.MaxConcurrentReconciles, "max-concurrent-reconciles", 5, "Kubernetes mode: shoots reconciled at once")
+	fs.StringVar(&k.Extension.Image, "image", "", "Kubernetes mode: the tendril image the shoots' tendril-server and agents run")
+	fs.StringVar(&k.Extension.Ingress, "ingress-address", "", "Kubernetes mode: the seed ingress's host name or IP the shoot agents dial")
+	fs.StringVar(&k.Extension.IngressNamespace, "ingress-namespace", "garden", "Kubernetes mode: namespace of the seed ingress pods (NetworkPolicy peer)")
+	fs.IntVar(&verbosity, "v", 0, "log verbosity")
+	_ = fs.Parse(os.Args[1:]) // ExitOnError
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "tendril-seed: unexpected arguments %q\n", fs.Args())
 		os.Exit(2)
 	}
 	cfg.Log = logging.New(os.Stderr, verbosity).WithName("tendril-seed")
+	if cfg.Routes == "" {
+		rc, err := ctrl.GetConfig()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "tendril-seed: no route file (--routes) and no Kubernetes configuration: %v\n", err)
+			os.Exit(2)
+		}
+		k.REST, k.XDSAddress, k.LBProxyProtocol, k.Log = rc, cfg.XDSAddress, cfg.LBProxyProtocol, cfg.Log
+		k.MetricsAddress = cfg.MetricsAddress // /metrics only: health is on --health-bind-address
+		if k.MetricsAddress == "" {
+			k.MetricsAddress = "0"
+		}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -67,7 +106,7 @@ func main() {
 // Run serves the routes until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.Routes == "" {
-		return errors.New("--routes is required (the Kubernetes route source comes with the extension)")
+		return controlplane.Run(ctx, cfg.Kubernetes)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

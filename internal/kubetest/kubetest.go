@@ -19,19 +19,15 @@ import (
 	"testing"
 	"time"
 
-	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
-	resourcesv1alpha1 "github.com/gardener/gardener/pkg/apis/resources/v1alpha1"
 	"github.com/gardener/gardener/pkg/component/crddeployer"
 	extensionscrds "github.com/gardener/gardener/pkg/component/extensions/crds"
 	"github.com/gardener/gardener/pkg/component/gardener/resourcemanager"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
+	"github.com/tendril-net/tendril/internal/kubescheme"
 )
 
 // Env is one running API server.
@@ -41,22 +37,8 @@ type Env struct {
 	Scheme *kruntime.Scheme
 }
 
-// NewScheme is a scheme with every type the tests and controllers use.
-func NewScheme() *kruntime.Scheme {
-	s := kruntime.NewScheme()
-	for _, add := range []func(*kruntime.Scheme) error{
-		clientgoscheme.AddToScheme,
-		apiextensionsv1.AddToScheme,
-		extensionsv1alpha1.AddToScheme,
-		resourcesv1alpha1.AddToScheme,
-		tendrilv1alpha1.AddToScheme,
-	} {
-		if err := add(s); err != nil {
-			panic(err)
-		}
-	}
-	return s
-}
+// NewScheme is kubescheme.New, for tests that build their own clients.
+func NewScheme() *kruntime.Scheme { return kubescheme.New() }
 
 // RepoRoot is the repository's top directory, found from this file's location.
 func RepoRoot() string {

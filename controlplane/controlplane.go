@@ -1,0 +1,144 @@
+// Package controlplane runs tendril's seed control plane on Kubernetes in one
+// controller-runtime manager: the Extension controller (provisioning per shoot), the
+// heartbeat Gardener expects of every extension, and the xDS server the shared ingress
+// connects to. It wires components together and holds no logic of its own; cmd/tendril-seed
+// fills its Config from flags. The route-file mode without Kubernetes is not here.
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/gardener/gardener/extensions/pkg/controller/heartbeat"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/tendril-net/tendril/extension"
+	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/xds/server"
+	"github.com/tendril-net/tendril/xds/translate"
+)
+
+// Config configures the control plane. Zero values are the defaults noted per field.
+type Config struct {
+	// REST is the seed's API server.
+	REST *rest.Config
+	// XDSAddress is where the ADS server listens (":18000" when empty).
+	XDSAddress string
+	// MetricsAddress serves /metrics ("0" disables; ":8080" when empty).
+	MetricsAddress string
+	// HealthAddress serves /healthz and /readyz ("0" disables; ":8081" when empty).
+	HealthAddress string
+	// LeaderElection makes only one replica run the controllers; every replica serves xDS.
+	LeaderElection bool
+	// LeaderElectionID and LeaderElectionNamespace name the election's Lease.
+	LeaderElectionID        string
+	LeaderElectionNamespace string
+	// HeartbeatNamespace is where the gardener-extension-heartbeat Lease is renewed (the
+	// extension's own namespace); empty disables the heartbeat.
+	HeartbeatNamespace string
+	// HeartbeatInterval is the renewal period in seconds (30 when 0).
+	HeartbeatInterval int32
+	// Extension configures the Extension controller.
+	Extension extension.AddOptions
+	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
+	LBProxyProtocol bool
+	// Log is the logger; the zero value discards.
+	Log logr.Logger
+	// Clock is for the heartbeat; nil means the real clock.
+	Clock clock.Clock
+}
+
+// Run runs the control plane until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.REST == nil {
+		return errors.New("no Kubernetes configuration")
+	}
+	if cfg.XDSAddress == "" {
+		cfg.XDSAddress = ":18000"
+	}
+	if cfg.MetricsAddress == "" {
+		cfg.MetricsAddress = ":8080"
+	}
+	if cfg.HealthAddress == "" {
+		cfg.HealthAddress = ":8081"
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = 30
+	}
+	if cfg.LeaderElectionID == "" {
+		cfg.LeaderElectionID = "tendril-seed-leader-election"
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	ctrl.SetLogger(cfg.Log)
+	mgr, err := manager.New(cfg.REST, manager.Options{
+		Scheme:                  kubescheme.New(),
+		Logger:                  cfg.Log,
+		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddress},
+		HealthProbeBindAddress:  cfg.HealthAddress,
+		LeaderElection:          cfg.LeaderElection,
+		LeaderElectionID:        cfg.LeaderElectionID,
+		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
+		// Release the lease on shutdown so a rolling update hands over without waiting
+		// for the lease to expire.
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	xs := server.New(server.Config{
+		Log:      cfg.Log.WithName("xds"),
+		Registry: crmetrics.Registry.(prometheus.Registerer),
+		Options:  translate.Options{LBProxyProtocol: cfg.LBProxyProtocol},
+	})
+	if err := mgr.Add(xdsRunnable{xs: xs, address: cfg.XDSAddress, log: cfg.Log}); err != nil {
+		return err
+	}
+	if err := extension.Add(ctx, mgr, cfg.Extension); err != nil {
+		return fmt.Errorf("extension controller: %w", err)
+	}
+	if cfg.HeartbeatNamespace != "" {
+		if err := heartbeat.Add(mgr, heartbeat.AddArgs{
+			ExtensionName:        extension.Type,
+			Namespace:            cfg.HeartbeatNamespace,
+			RenewIntervalSeconds: cfg.HeartbeatInterval,
+			Clock:                cfg.Clock,
+		}); err != nil {
+			return fmt.Errorf("heartbeat controller: %w", err)
+		}
+	}
+	return mgr.Start(ctx)
+}
+
+// xdsRunnable serves xDS on every replica, leader or not: each ingress replica may connect
+// to any control-plane replica.
+type xdsRunnable struct {
+	xs      *server.Server
+	address string
+	log     logr.Logger
+}
+
+func (r xdsRunnable) NeedLeaderElection() bool { return false }
+
+func (r xdsRunnable) Start(ctx context.Context) error {
+	l, err := net.Listen("tcp", r.address)
+	if err != nil {
+		return fmt.Errorf("xDS listener: %w", err)
+	}
+	r.log.Info("Serving xDS", "address", l.Addr().String())
+	return r.xs.Serve(ctx, l)
+}
