@@ -1,6 +1,6 @@
 // Package controlplane runs tendril's seed control plane on Kubernetes in one
-// controller-runtime manager: the Extension controller (provisioning per shoot), the
-// heartbeat Gardener expects of every extension, and the xDS server the shared ingress
+// controller-runtime manager: the Extension controller (provisioning per shoot), the health
+// checks and heartbeat Gardener expects of every extension, and the xDS server the shared ingress
 // connects to. It wires components together and holds no logic of its own; cmd/tendril-seed
 // fills its Config from flags. The route-file mode without Kubernetes is not here.
 package controlplane
@@ -50,6 +50,8 @@ type Config struct {
 	HeartbeatInterval int32
 	// Extension configures the Extension controller.
 	Extension extension.AddOptions
+	// Health configures the health checks (Gardener's defaults when zero).
+	Health extension.HealthOptions
 	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
 	LBProxyProtocol bool
 	// Log is the logger; the zero value discards.
@@ -110,6 +112,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if err := extension.Add(ctx, mgr, cfg.Extension); err != nil {
 		return fmt.Errorf("extension controller: %w", err)
+	}
+	if err := extension.AddHealthCheck(mgr, cfg.Health); err != nil {
+		return fmt.Errorf("health check controller: %w", err)
 	}
 	if cfg.HeartbeatNamespace != "" {
 		if err := heartbeat.Add(mgr, heartbeat.AddArgs{

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,6 +36,16 @@ import (
 	"github.com/tendril-net/tendril/internal/kubetest"
 )
 
+// tunnelState stands in for tendril-server's /readyz, which the production probe reads
+// through the API server's pod proxy: envtest runs no kubelet, so there are no pods to ask.
+type tunnelState struct{ up atomic.Bool }
+
+func (s *tunnelState) TunnelUp(context.Context, string) (bool, string, error) {
+	return s.up.Load(), "readyz: no handshake", nil
+}
+
+var tunnel tunnelState
+
 // startController runs the Extension controller against a real API server until the test ends.
 func startController(t *testing.T, env *kubetest.Env) {
 	t.Helper()
@@ -50,6 +61,9 @@ func startController(t *testing.T, env *kubetest.Env) {
 	if err := extension.Add(ctx, mgr, extension.AddOptions{Config: extension.Config{
 		Image: "example.org/tendril:test", Ingress: "ingress.seed.example.org",
 	}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := extension.AddHealthCheck(mgr, extension.HealthOptions{SyncPeriod: time.Second, TunnelProbe: &tunnel}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -188,6 +202,7 @@ func TestExtension(t *testing.T) {
 	startController(t, env)
 	t.Run("reconcile", func(t *testing.T) { testReconcile(t, env.Client) })
 	t.Run("invalid provider config", func(t *testing.T) { testInvalidProviderConfig(t, env.Client) })
+	t.Run("health", func(t *testing.T) { testHealth(t, env.Client) })
 }
 
 func testReconcile(t *testing.T, c client.Client) {
@@ -448,4 +463,85 @@ func mapsEqual(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// testHealth: ControlPlaneHealthy follows the tendril-server Deployment and the tunnel, and
+// SystemComponentsHealthy the shoot ManagedResource; deleting the Deployment flips the
+// condition to False and a reconcile brings it back. The Deployment's and ManagedResource's
+// status are written here as kube-controller-manager and the resource manager would.
+func testHealth(t *testing.T, c client.Client) {
+	ctx := context.Background()
+	ns := "shoot--local--delta"
+	shoot(t, c, ns, false)
+	start := time.Now().Add(-time.Second)
+	ext := newExtension(ns, "")
+	must(t, c.Create(ctx, ext))
+	ext = waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
+	tunnel.up.Store(true)
+	markDeploymentAvailable(t, c, ns)
+	markManagedResourceHealthy(t, c, ns)
+	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionTrue)
+	waitCondition(t, c, ext, gardencorev1beta1.ShootSystemComponentsHealthy, gardencorev1beta1.ConditionTrue)
+
+	tunnel.up.Store(false)
+	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionProgressing)
+	tunnel.up.Store(true)
+	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionTrue)
+
+	must(t, c.Delete(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: manifest.ServerName}}))
+	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionFalse)
+
+	time.Sleep(1100 * time.Millisecond) // lastUpdateTime has one-second resolution
+	again := time.Now().Truncate(time.Second)
+	must(t, c.Get(ctx, client.ObjectKeyFromObject(ext), ext))
+	patch := client.MergeFrom(ext.DeepCopy())
+	metav1.SetMetaDataAnnotation(&ext.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationReconcile)
+	must(t, c.Patch(ctx, ext, patch))
+	waitSucceeded(t, c, client.ObjectKeyFromObject(ext), again)
+	markDeploymentAvailable(t, c, ns)
+	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionTrue)
+}
+
+func markDeploymentAvailable(t *testing.T, c client.Client, ns string) {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	must(t, c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, d))
+	d.Status = appsv1.DeploymentStatus{
+		ObservedGeneration: d.Generation, Replicas: 1, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1,
+		Conditions: []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"}},
+	}
+	must(t, c.Status().Update(context.Background(), d))
+}
+
+func markManagedResourceHealthy(t *testing.T, c client.Client, ns string) {
+	t.Helper()
+	mr := &resourcesv1alpha1.ManagedResource{}
+	must(t, c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: manifest.ManagedResourceName}, mr))
+	now := metav1.Now()
+	mr.Status.ObservedGeneration = mr.Generation
+	mr.Status.Conditions = []gardencorev1beta1.Condition{
+		{Type: resourcesv1alpha1.ResourcesApplied, Status: gardencorev1beta1.ConditionTrue, LastTransitionTime: now, LastUpdateTime: now, Reason: "ApplySucceeded"},
+		{Type: resourcesv1alpha1.ResourcesHealthy, Status: gardencorev1beta1.ConditionTrue, LastTransitionTime: now, LastUpdateTime: now, Reason: "ResourcesHealthy"},
+		{Type: resourcesv1alpha1.ResourcesProgressing, Status: gardencorev1beta1.ConditionFalse, LastTransitionTime: now, LastUpdateTime: now, Reason: "ResourcesRolledOut"},
+	}
+	must(t, c.Status().Update(context.Background(), mr))
+}
+
+func waitCondition(t *testing.T, c client.Client, ext *extensionsv1alpha1.Extension, typ gardencorev1beta1.ConditionType, want gardencorev1beta1.ConditionStatus) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%s=%s", typ, want), func() error {
+		e := &extensionsv1alpha1.Extension{}
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(ext), e); err != nil {
+			return err
+		}
+		for _, cond := range e.Status.Conditions {
+			if cond.Type == typ {
+				if cond.Status != want {
+					return fmt.Errorf("%s is %s: %s", typ, cond.Status, cond.Message)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("no %s condition in %v", typ, e.Status.Conditions)
+	})
 }
