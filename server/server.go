@@ -8,6 +8,11 @@
 // per dial). The agents' heartbeats are echoed on the tunnel's inner addresses
 // (wg.HeartbeatPort). It does not know Kubernetes objects; keys and CIDRs come from its
 // configuration.
+//
+// UDP: the agent forwards UDP flows (DNS to the shoot's resolvers) as it forwards TCP, but the
+// server has no UDP front-end: HTTP CONNECT is TCP, and kube-apiserver's konnectivity client
+// dials "tcp" only (konnectivity's own server has no UDP either). UDP through the tunnel is for
+// in-tunnel use: Tunnel().DialContext(ctx, "udp", "<shoot DNS IP>:53").
 package server
 
 import (

@@ -19,7 +19,34 @@ import (
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
-var serverAddr4 = netip.MustParseAddr("198.18.0.1")
+var (
+	serverAddr4 = netip.MustParseAddr("198.18.0.1")
+	// haDNS is a "DNS server" in the shoot's network of newHAWorld: a UDP echo on loopback.
+	haDNS = netip.MustParseAddrPort("10.99.0.53:53")
+)
+
+// udpEchoServer answers each datagram with "answer: <datagram>" until the test ends.
+func udpEchoServer(t *testing.T) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(append([]byte("answer: "), buf[:n]...), from)
+		}
+	}()
+	t.Cleanup(func() { pc.Close(); <-done })
+	return pc.LocalAddr().String()
+}
 
 // haWorld is one server and n agents, each reaching the server's tunnel port through its own
 // proxy (which the test can blackhole), all forwarding into "the shoot's network": loopback,
@@ -38,13 +65,17 @@ func newHAWorld(t *testing.T, n int) *haWorld {
 	// The shoot's network is 10.99.0.0/24 in the tunnel; the agents' dialer maps it to the echo
 	// on loopback (gVisor drops packets to loopback addresses arriving on its NIC).
 	realEcho := testnet.EchoServer(t)
+	realDNS := udpEchoServer(t)
 	echo := netip.MustParseAddrPort("10.99.0.1:7")
 	shoot := []netip.Prefix{netip.MustParsePrefix("10.99.0.0/24")}
 	dialShoot := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if addr != echo.String() {
-			return nil, fmt.Errorf("nothing at %s", addr)
+		switch {
+		case network == "tcp" && addr == echo.String():
+			return (&net.Dialer{}).DialContext(ctx, network, realEcho)
+		case network == "udp" && addr == haDNS.String():
+			return (&net.Dialer{}).DialContext(ctx, network, realDNS)
 		}
-		return (&net.Dialer{}).DialContext(ctx, network, realEcho)
+		return nil, fmt.Errorf("nothing at %s %s", network, addr)
 	}
 	serverKey, _ := wg.GenerateKey()
 	w := &haWorld{echo: echo}
@@ -241,4 +272,35 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestForwardDNS: a UDP query from the seed through the tunnel reaches the shoot's "DNS server"
+// and the answer comes back; each query is its own flow, which ends with its answer.
+func TestForwardDNS(t *testing.T) {
+	w := newHAWorld(t, 1)
+	ctx := t.Context()
+	eventually(t, "the first round trip", func() error { return w.roundTrip(ctx) })
+	for i := range 3 {
+		c, err := w.srv.Tunnel().DialContext(ctx, "udp", haDNS.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := fmt.Sprintf("query %d", i)
+		if _, err := c.Write([]byte(q)); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 128)
+		n, err := c.Read(buf)
+		c.Close()
+		if err != nil || string(buf[:n]) != "answer: "+q {
+			t.Fatalf("%s: %q, %v", q, buf[:n], err)
+		}
+	}
+	eventually(t, "the answered flows end", func() error {
+		if st := w.agents[0].Tunnel().StackStats(); st.UDPFlows != 3 || st.UDPFlowsActive != 0 {
+			return errNotYet("stack stats %+v", st)
+		}
+		return nil
+	})
 }

@@ -128,7 +128,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg}
 	a.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tendril_agent_vpn_forwarded_total", Help: "Connections from the seed into the shoot, by outcome (ok, dial_failed, accept_failed).",
+		Name: "tendril_agent_vpn_forwarded_total", Help: "Connections (TCP) and flows (UDP) from the seed into the shoot, by outcome (ok, dial_failed, accept_failed, udp_ok, udp_dial_failed).",
 	}, []string{"outcome"})
 	a.reconnects = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tendril_agent_vpn_streams_total", Help: "Tunnel streams established to the seed (more than one: reconnects).",
@@ -142,7 +142,7 @@ func New(cfg Config) (*Agent, error) {
 	if len(cfg.ShootCIDRs) > 0 {
 		// Connections the seed opens to the shoot's networks end in the netstack; each is
 		// dialled for real here. Anything else is reset by the netstack.
-		wcfg.Forward = netstack.Forward{Prefixes: cfg.ShootCIDRs, Handler: a.forward}
+		wcfg.Forward = netstack.Forward{Prefixes: cfg.ShootCIDRs, Handler: a.forward, UDP: a.forwardUDP}
 	}
 	t, err := wg.New(wcfg)
 	if err != nil {
@@ -340,6 +340,76 @@ func (a *Agent) forward(ctx context.Context, r *netstack.Request) {
 	}
 	a.forwards.WithLabelValues("ok").Inc()
 	relay.Pipe(c, up, time.Hour)
+}
+
+// UDP flow timeouts. A DNS flow (destination port 53) ends with its first answer (resolvers
+// use a fresh source port per query, so a flow is one query; a retry opens a new flow) or after
+// dnsIdleTimeout, glibc's and Go's resolver timeout: nobody waits longer for the answer. Any
+// other flow ends after udpIdleTimeout without a datagram either way.
+const (
+	dnsIdleTimeout = 5 * time.Second
+	udpIdleTimeout = 30 * time.Second
+	// udpBufferSize holds any datagram (the 16-bit UDP length).
+	udpBufferSize = 64 << 10
+)
+
+// forwardUDP serves one UDP flow from the seed into the shoot (DNS to the shoot's resolvers,
+// above all): a socket to the real destination, datagrams relayed both ways until the flow
+// ends (see dnsIdleTimeout).
+func (a *Agent) forwardUDP(ctx context.Context, src, dst netip.AddrPort, c net.Conn) {
+	dctx, cancel := context.WithTimeout(ctx, forwardDialTimeout)
+	up, err := a.cfg.Dial(dctx, "udp", dst.String())
+	cancel()
+	if err != nil {
+		a.forwards.WithLabelValues("udp_dial_failed").Inc()
+		a.cfg.Log.V(1).Info("Forwarded UDP dial failed", "destination", dst.String(), "error", err.Error())
+		return
+	}
+	a.forwards.WithLabelValues("udp_ok").Inc()
+	dns := dst.Port() == 53
+	idle := udpIdleTimeout
+	if dns {
+		idle = dnsIdleTimeout
+	}
+	var last atomic.Int64 // Unix nanoseconds of the flow's last datagram, either way
+	last.Store(time.Now().UnixNano())
+	// Either direction ending ends the flow: closing both wakes the other.
+	end := func() { _ = up.Close(); _ = c.Close() }
+	stop := context.AfterFunc(ctx, end)
+	defer stop()
+	done := make(chan struct{})
+	go func() { // routineUDPFromShoot
+		defer close(done)
+		defer end()
+		relayDatagrams(c, up, idle, &last, dns)
+	}()
+	relayDatagrams(up, c, idle, &last, false)
+	end()
+	<-done
+}
+
+// relayDatagrams copies datagrams from src to dst until a read or write fails or the flow has
+// been idle (no datagram either way, per last) for idle; with once, after the first datagram.
+func relayDatagrams(dst, src net.Conn, idle time.Duration, last *atomic.Int64, once bool) {
+	buf := make([]byte, udpBufferSize)
+	for {
+		_ = src.SetReadDeadline(time.Unix(0, last.Load()).Add(idle))
+		n, err := src.Read(buf)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && time.Since(time.Unix(0, last.Load())) < idle {
+				continue // the other direction carried a datagram meanwhile
+			}
+			return
+		}
+		last.Store(time.Now().UnixNano())
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+		if once {
+			return
+		}
+	}
 }
 
 // dial opens the stream: TCP to the seed, then (unless Direct) CONNECT with the destination

@@ -32,6 +32,14 @@ type Forward struct {
 	// retransmits it after its retransmission timeout (1 s, then 2 s, …). 0 means
 	// DefaultMaxInFlight.
 	MaxInFlight int
+	// UDP, if set (with Handler), serves UDP datagrams to destinations inside Prefixes, one
+	// call per flow (the agent: DNS queries to the shoot's resolvers). Without it such
+	// datagrams are dropped (DropNotTCP).
+	UDP UDPHandler
+	// MaxUDPFlows bounds the UDP flows served at once; a datagram that would open one more is
+	// dropped (counted as RefusedUDPFlows), and the client retries as after a loss. 0 means
+	// DefaultMaxUDPFlows.
+	MaxUDPFlows int
 }
 
 // Handler serves one forwarded connection attempt in its own goroutine. It should dial the
@@ -48,6 +56,9 @@ func (f *Forward) validate() error {
 	if f.Handler == nil {
 		if len(f.Prefixes) > 0 {
 			return errors.New("netstack: config: Forward.Prefixes without a Handler")
+		}
+		if f.UDP != nil {
+			return errors.New("netstack: config: Forward.UDP without a (TCP) Handler")
 		}
 		return nil
 	}
@@ -88,6 +99,8 @@ const (
 	RefusedHandshake
 	// RefusedClosed: the Stack was closing (at the SYN or at Accept). The peer gets a reset.
 	RefusedClosed
+	// RefusedUDPFlows: Forward.MaxUDPFlows UDP flows were open; the datagram is dropped.
+	RefusedUDPFlows
 
 	numRefuseReasons
 )
@@ -106,6 +119,8 @@ func (r RefuseReason) String() string {
 		return "handshake"
 	case RefusedClosed:
 		return "closed"
+	case RefusedUDPFlows:
+		return "udp-flow-limit"
 	}
 	return "unknown"
 }
@@ -127,6 +142,7 @@ type forwarder struct {
 	handler  Handler
 	max      int
 	gvisor   *tcp.Forwarder
+	udp      *udpForwarder // nil without Forward.UDP
 
 	mu       sync.Mutex
 	closed   bool
@@ -259,6 +275,9 @@ func (f *forwarder) stop() {
 		f.mu.Unlock()
 		close(f.done)
 	})
+	if f.udp != nil {
+		f.udp.closeAll()
+	}
 	done := make(chan struct{})
 	go func() {
 		f.handlers.Wait()
@@ -302,6 +321,9 @@ func (f *forwarder) stats(st *Stats) {
 	f.mu.Unlock()
 	st.Forwarded = f.forwarded.Load()
 	st.ForwardActive = int(f.active.Load())
+	if f.udp != nil {
+		f.udp.stats(st)
+	}
 	for i := range st.Refused {
 		st.Refused[i] = f.refused[i].Load()
 	}

@@ -12,9 +12,10 @@
 // packets (so their buffers go to the garbage collector instead of back to gVisor's pools).
 // Its TCP is tuned for a lossless stream transport with a large MTU (see setup).
 //
-// It does not resolve names (addresses are IP literals), answer pings, or forward UDP or ICMP to
-// other addresses: with forwarding on, packets for other addresses that are not TCP are dropped
-// and counted.
+// With Forward.UDP it also forwards UDP flows (DNS, above all) to addresses inside the prefixes,
+// bounded in number. It does not resolve names (addresses are IP literals), answer pings, or
+// forward ICMP: with forwarding on, packets for other addresses that are neither TCP nor
+// forwarded UDP are dropped and counted.
 package netstack
 
 import (
@@ -253,6 +254,10 @@ func (s *Stack) setup() error {
 	}
 	s.fwd = newForwarder(s, s.cfg.Forward)
 	s.stack.SetTransportProtocolHandler(tcp.ProtocolNumber, s.fwd.handlePacket)
+	if s.cfg.Forward.UDP != nil {
+		s.fwd.udp = newUDPForwarder(s.fwd, s.cfg.Forward)
+		s.stack.SetTransportProtocolHandler(udp.ProtocolNumber, s.fwd.udp.handlePacket)
+	}
 	return nil
 }
 
@@ -481,8 +486,8 @@ const (
 	// its header.
 	DropNotIP
 	// DropNotTCP: with forwarding on, a packet to an address that is not the stack's own was
-	// not TCP (UDP, ICMP, or IPv6 with an extension header), so nothing could take it. Without
-	// forwarding the stack drops such packets itself, uncounted here.
+	// not TCP, nor UDP with Forward.UDP set (ICMP, or IPv6 with an extension header), so nothing
+	// could take it. Without forwarding the stack drops such packets itself, uncounted here.
 	DropNotTCP
 
 	numDropReasons
@@ -515,6 +520,9 @@ type Stats struct {
 	// Dropped counts packets dropped between WireGuard and the stack, by reason (index:
 	// DropReason).
 	Dropped [numDropReasons]uint64
+	// UDPFlows counts forwarded UDP flows opened; UDPFlowsActive is how many are open.
+	UDPFlows       uint64
+	UDPFlowsActive int
 }
 
 // Stats returns a snapshot of the counters.
@@ -639,8 +647,9 @@ func (s *Stack) Write(bufs [][]byte, offset int) (int, error) {
 }
 
 // admit checks an inbound packet's IP version and, with forwarding on, lets a packet for
-// another address in only if it is TCP: promiscuous mode would otherwise have the stack answer
-// pings and UDP for every address in the world. A TCP packet for another address goes in
+// another address in only if it is TCP, or UDP with Forward.UDP: promiscuous mode would
+// otherwise have the stack answer pings and UDP for every address in the world. The forwarders
+// drop or reset what is outside the prefixes. A TCP packet for another address goes in
 // whether or not its destination is inside the prefixes; the forwarder resets those outside.
 func (s *Stack) admit(pkt []byte) (tcpip.NetworkProtocolNumber, bool) {
 	var pn tcpip.NetworkProtocolNumber
@@ -665,7 +674,8 @@ func (s *Stack) admit(pkt []byte) (tcpip.NetworkProtocolNumber, bool) {
 		s.dropped[DropNotIP].Add(1)
 		return 0, false
 	}
-	if s.fwd == nil || proto == uint8(tcp.ProtocolNumber) || s.isOwn(dst) {
+	if s.fwd == nil || proto == uint8(tcp.ProtocolNumber) || s.isOwn(dst) ||
+		(proto == uint8(udp.ProtocolNumber) && s.fwd.udp != nil) {
 		return pn, true
 	}
 	s.dropped[DropNotTCP].Add(1)

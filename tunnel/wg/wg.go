@@ -69,7 +69,8 @@ type Config struct {
 	Bind bind.Config
 	// Forward, if its Handler is set, terminates TCP connections to destinations inside its
 	// Prefixes (the agent: the shoot's node, pod and service networks) and hands each to the
-	// Handler; connection attempts to other addresses are reset. The zero value forwards
+	// Handler, and with its UDP handler UDP flows too; connection attempts to other addresses
+	// are reset. The zero value forwards
 	// nothing. The server must route those prefixes here (its Peer for the agent lists them in
 	// AllowedIPs) and needs an inner address of each family it dials: an IPv4 one, which the
 	// agent's Peer for the server allows, to reach IPv4 networks.
