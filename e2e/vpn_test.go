@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,7 +28,8 @@ import (
 )
 
 // podServeEnv makes the test binary an HTTP "pod" instead of running tests: run inside a network
-// namespace with ip netns exec, it answers every request with its address.
+// namespace with ip netns exec, it answers every request with its address, and /bytes/N with N
+// zero bytes.
 const podServeEnv = "TENDRIL_E2E_POD_ADDRESS"
 
 func init() {
@@ -32,7 +37,19 @@ func init() {
 	if addr == "" {
 		return
 	}
-	err := http.ListenAndServe(addr, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	zeros := make([]byte, 256<<10)
+	err := http.ListenAndServe(addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n, err := strconv.ParseInt(strings.TrimPrefix(r.URL.Path, "/bytes/"), 10, 64); err == nil {
+			w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+			for n > 0 {
+				k, err := w.Write(zeros[:min(n, int64(len(zeros)))])
+				if err != nil {
+					return
+				}
+				n -= int64(k)
+			}
+			return
+		}
 		fmt.Fprintf(w, "pod %s", addr)
 	}))
 	fmt.Fprintln(os.Stderr, err)
@@ -92,6 +109,7 @@ func TestReversedVPN(t *testing.T) {
 	// Keys and certificates, as the extension would put them into Secrets.
 	serverKey, _ := wg.GenerateKey()
 	agentKey, _ := wg.GenerateKey()
+	agentKey2, _ := wg.GenerateKey() // a second replica (HA)
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
@@ -103,6 +121,8 @@ func TestReversedVPN(t *testing.T) {
 	agentKeyFile := write("agent.key", agentKey.String())
 	serverPub := write("server.pub", serverKey.PublicKey().String())
 	agentPub := write("agent.pub", agentKey.PublicKey().String())
+	agentKeyFile2 := write("agent2.key", agentKey2.String())
+	agentPub2 := write("agent2.pub", agentKey2.PublicKey().String())
 	ca, err := testpki.NewCA("shoot CA")
 	if err != nil {
 		t.Fatal(err)
@@ -127,14 +147,22 @@ func TestReversedVPN(t *testing.T) {
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
 	start(t, "tendril-seed", "--routes", routes, "--xds-address", xdsAddr, "--metrics-address", "")
 	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", "10.215.0.1:"+port, "--metrics-address", ingressMetrics)
-	start(t, "tendril-server", "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub,
+	start(t, "tendril-server", "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub, "--agent-public-key", "@"+agentPub2,
 		"--shoot-cidrs", "10.216.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", grpcAddr,
 		"--tls-cert-file", filepath.Join(dir, "srv.pem"), "--tls-key-file", filepath.Join(dir, "srv-key.pem"), "--client-ca-file", caFile,
 		"--metrics-address", serverMetrics)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
-	startBinary(t, "tendril-agent", "ip", "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
-		"--private-key-file", agentKeyFile, "--server-public-key", "@"+serverPub, "--shoot-cidrs", "10.216.0.0/24",
-		"--seed", "10.215.0.1:"+port, "--destination", translate.VPNServerWireName(ns), "--metrics-address", "")
+	// Two replicas of the agent, each with its own key and inner address (the server's defaults:
+	// ::2 for the first key, ::3 for the second).
+	agents := map[string]*exec.Cmd{}
+	for i, a := range []struct{ key, pub, address string }{
+		{agentKeyFile, agentKey.PublicKey().String(), "fd8f:6d53:b97a:1::2"},
+		{agentKeyFile2, agentKey2.PublicKey().String(), "fd8f:6d53:b97a:1::3"},
+	} {
+		agents[a.pub] = startKillable(t, fmt.Sprintf("tendril-agent-%d", i+1), "ip", "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
+			"--private-key-file", a.key, "--address", a.address, "--server-public-key", "@"+serverPub, "--shoot-cidrs", "10.216.0.0/24",
+			"--seed", "10.215.0.1:"+port, "--destination", translate.VPNServerWireName(ns), "--metrics-address", "")
+	}
 	eventually(t, "server ready (tunnel up)", func() error { _, err := get("http://" + serverMetrics + "/readyz"); return err })
 
 	curl := func(target string) (string, error) {
@@ -185,4 +213,149 @@ func TestReversedVPN(t *testing.T) {
 	if string(body) != "pod 10.216.0.2:8080" {
 		t.Errorf("the pod through konnectivity answered %q", body)
 	}
+
+	// Head-of-line through the whole path (CONNECT over mutual TLS → server → tunnel → ingress →
+	// agent → pod): one connection's reader stalls with the pod's answer piling up behind it,
+	// and a second connection moves 100 MiB beside it. How fast is logged, not asserted.
+	egress := func(path string) (net.Conn, *bufio.Reader) {
+		t.Helper()
+		c, err := tls.Dial("tcp", connectAddr, &tls.Config{Certificates: []tls.Certificate{clientCert}, RootCAs: ca.Pool, ServerName: "tendril-server"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+		fmt.Fprintf(c, "CONNECT 10.216.0.2:8080 HTTP/1.1\r\nHost: 10.216.0.2:8080\r\n\r\n")
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("CONNECT to the pod: %v %v", resp, err)
+		}
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: pod\r\n\r\n", path)
+		return c, br
+	}
+	egress("/bytes/1073741824") // never read
+	const bulk = 100 << 20
+	c, br := egress(fmt.Sprintf("/bytes/%d", bulk))
+	begin := time.Now()
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != bulk {
+		t.Fatalf("beside a stalled connection, the second moved %d of %d bytes (%v)", n, bulk, err)
+	}
+	t.Logf("100 MiB beside a stalled connection in %v", time.Since(begin))
+	c.Close()
+
+	// HA: both agents are live; the active one dies (SIGKILL); the shoot's networks move to the
+	// other, and the pod answers again through it.
+	var active string
+	eventually(t, "both agents live", func() error {
+		m, err := get("http://" + serverMetrics + "/metrics")
+		if err != nil {
+			return err
+		}
+		live, act := agentGauge(m, "tendril_server_agent_live"), agentGauge(m, "tendril_server_agent_active")
+		for key := range agents {
+			if live[key] != 1 {
+				return fmt.Errorf("agent %s not live", key)
+			}
+			if act[key] == 1 {
+				active = key
+			}
+		}
+		if active == "" {
+			return fmt.Errorf("no active agent")
+		}
+		return nil
+	})
+	_ = agents[active].Process.Kill()
+	eventually(t, "the pod through the other agent", func() error {
+		got, err := curl("10.216.0.2:8080")
+		if err != nil || got != "pod 10.216.0.2:8080" {
+			return fmt.Errorf("%v: %s", err, got)
+		}
+		return nil
+	})
+	m, err := get("http://" + serverMetrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if act := agentGauge(m, "tendril_server_agent_active"); act[active] != 0 || !strings.Contains(m, "tendril_server_agent_failovers_total 1") {
+		t.Errorf("after killing the active agent: active %v, metrics:\n%s", act, grepLines(m, "tendril_server_agent"))
+	}
+}
+
+// agentGauge reads one per-agent gauge from Prometheus text: public key → value.
+func agentGauge(metrics, name string) map[string]float64 {
+	out := map[string]float64{}
+	for _, l := range strings.Split(metrics, "\n") {
+		rest, ok := strings.CutPrefix(l, name+`{agent="`)
+		if !ok {
+			continue
+		}
+		key, value, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		if v, err := strconv.ParseFloat(value, 64); err == nil {
+			out[key] = v
+		}
+	}
+	return out
+}
+
+func grepLines(text, substr string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// startKillable runs path like startBinary, but the test may kill it: at the end a process that
+// still runs gets SIGTERM and must exit cleanly; one the test killed is only reaped.
+func startKillable(t *testing.T, name, path string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(path, args...)
+	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-done:
+			if err != nil && !killed(err) {
+				t.Errorf("%s exited with %v after SIGTERM", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Errorf("%s did not exit within 10 s of SIGTERM", name)
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(log.Name())
+			t.Logf("%s log:\n%s", name, b)
+		}
+	})
+	return cmd
+}
+
+func killed(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
