@@ -1,0 +1,366 @@
+// Package egresswebhook is tendril's control-plane webhook: it mutates the kube-apiserver
+// Deployment of every shoot that uses tendril so that kube-apiserver's EgressSelector sends
+// `cluster` traffic (logs, exec, port-forward, webhooks, proxy) to tendril-server instead of
+// Gardener's VPN.
+//
+// # What it changes
+//
+// On CREATE and UPDATE of Deployment kube-apiserver in a shoot namespace labelled
+// extensions.gardener.cloud/tendril=true (gardenlet's label for shoots with the Extension
+// type; Gardener's BuildExtensionTypeNamespaceSelector), carrying gardenlet's object label
+// provider.extensions.gardener.cloud/mutated-by-controlplane-webhook=true, and only while the
+// namespace's Extension of type tendril exists and is not being deleted:
+//   - --egress-selector-config-file gets /etc/kubernetes/tendril/egress/… : Gardener's value
+//     (its VPN configuration) is replaced in place, a second occurrence removed, a missing
+//     flag added; kube-apiserver never sees two;
+//   - volumes tendril-egress-selector (ConfigMap tendril-egress-selector),
+//     tendril-egress-client (the secrets manager's tendril-kube-apiserver-client: tls.crt,
+//     tls.key) and tendril-egress-ca (ca-tendril-bundle: bundle.crt), mounted read-only;
+//   - a checksum annotation of the configuration and the pod label
+//     networking.resources.gardener.cloud/to-tendril-server-tcp-9443=allowed, so Gardener's
+//     NetworkPolicies let the pod reach tendril-server.
+//
+// Every other flag (--advertise-address, --endpoint-reconciler-type, …), volume and container
+// stays as Gardener set it, and applying the result again changes nothing. When the Extension
+// is being deleted the Deployment passes unchanged, so gardenlet's next apply restores its
+// own VPN configuration.
+//
+// The configuration (apiserver.k8s.io/v1beta1 EgressSelectorConfiguration: `cluster` →
+// HTTPConnect over TCP to https://tendril-server.<ns>.svc:9443 with client certificate and CA
+// bundle; `controlplane` and `etcd` Direct) depends only on the namespace; the webhook
+// creates or corrects the ConfigMap itself before it admits the Deployment (skipped for
+// dry-run requests), so it exists whenever a pod could mount it. [ConfigMap] builds the same
+// object for the actuator. Secret names carry the secrets manager's hashes; the webhook finds
+// the current ones by the manager's labels and refuses the Deployment while they do not exist
+// yet (gardenlet retries).
+//
+// egress: grpc is not applied: kube-apiserver's EgressSelector speaks gRPC only over a Unix
+// socket (k8s.io/apiserver egressselector: "UDS transport must be specified for GRPC"), which
+// cannot reach tendril-server's :8090 in another pod. Such shoots keep Gardener's egress.
+//
+// # Serving
+//
+// [AddToManager] registers the webhook with the manager's webhook server and uses Gardener's
+// extensions webhook library for the rest: the MutatingWebhookConfiguration
+// gardener-extension-tendril (failurePolicy Fail) and, with a namespace, a CA and server
+// certificate generated and rotated by the secrets manager in that namespace, injected into
+// the configuration and written to the server's CertDir on every replica.
+package egresswebhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	extensionswebhook "github.com/gardener/gardener/extensions/pkg/webhook"
+	"github.com/gardener/gardener/extensions/pkg/webhook/certificates"
+	extensionscontextwebhook "github.com/gardener/gardener/extensions/pkg/webhook/context"
+	"github.com/gardener/gardener/extensions/pkg/webhook/controlplane"
+	"github.com/gardener/gardener/extensions/pkg/webhook/controlplane/genericmutator"
+	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
+	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
+	secretsmanager "github.com/gardener/gardener/pkg/utils/secrets/manager"
+	"github.com/go-logr/logr"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
+)
+
+// These must match extension/secrets.go and extension.Type (this package cannot import
+// extension: the actuator may import it). The package's tests check that they do.
+const (
+	ExtensionType          = "tendril"
+	SecretsManagerIdentity = "extension-tendril"
+	SecretNameClient       = "tendril-kube-apiserver-client"
+	SecretNameCABundle     = "ca-tendril-bundle"
+)
+
+// Name is the webhook's name and the base of its MutatingWebhookConfiguration
+// (gardener-extension-tendril), its Service and its certificates.
+const Name = "tendril"
+
+// Path is where the webhook server serves the webhook.
+const Path = "/tendril-egress"
+
+// Defaults of the webhook server (Gardener's extensions use the same).
+const (
+	DefaultPort    = 10250
+	DefaultCertDir = "/tmp/tendril-webhook-certs"
+)
+
+// Webhook client-config modes (Gardener's extensions webhook library).
+const (
+	// ModeService: the API server calls Service gardener-extension-tendril in Namespace.
+	ModeService = extensionswebhook.ModeService
+	// ModeURL: the API server calls https://URL/… (tendril-seed outside the cluster, tests).
+	ModeURL = extensionswebhook.ModeURL
+)
+
+// ObjectSelector is gardenlet's label on objects a control-plane webhook may mutate.
+var ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{
+	v1beta1constants.LabelExtensionProviderMutatedByControlplaneWebhook: "true",
+}}
+
+// NamespaceSelector selects shoot namespaces with the tendril Extension.
+var NamespaceSelector = extensionswebhook.BuildExtensionTypeNamespaceSelector(ExtensionType, nil)
+
+// ServerOptions are the webhook server's options for manager.Options.WebhookServer:
+// webhook.NewServer(egresswebhook.ServerOptions(0, "")). Zero values are the defaults.
+func ServerOptions(port int, certDir string) webhook.Options {
+	if port == 0 {
+		port = DefaultPort
+	}
+	if certDir == "" {
+		certDir = DefaultCertDir
+	}
+	return webhook.Options{Port: port, CertDir: certDir}
+}
+
+// Options configure AddToManager.
+type Options struct {
+	// Namespace is tendril-seed's own namespace: the webhook CA and server certificate live
+	// there (secrets manager, rotated), the Service of ModeService too, and the
+	// MutatingWebhookConfiguration is owned by it. Empty: a one-off self-signed certificate
+	// (10 years, no rotation) written to the server's CertDir, for development only.
+	Namespace string
+	// Mode is ModeService (default) or ModeURL.
+	Mode string
+	// URL is host:port the API server dials in ModeURL (an IP gets an IP SAN).
+	URL string
+	// ServicePort is the Service's port in ModeService (0: the webhook server's port).
+	ServicePort int
+}
+
+// AddToManager registers the webhook with mgr's webhook server (which must be a
+// *webhook.DefaultServer, see ServerOptions) and sets up its registration and certificates,
+// as Gardener's extensions webhook library does for provider extensions (webhook/cmd's
+// AddToManager, which this follows without its flag plumbing): the MutatingWebhookConfiguration
+// is written once the replica leads; with a Namespace the certificates are reconciled by the
+// leader and reloaded into CertDir on every replica.
+func AddToManager(ctx context.Context, mgr manager.Manager, opts Options) error {
+	if opts.Mode == "" {
+		opts.Mode = ModeService
+	}
+	if opts.Mode != ModeService && opts.Mode != ModeURL {
+		return fmt.Errorf("egress webhook: mode %q: want %q or %q", opts.Mode, ModeService, ModeURL)
+	}
+	if opts.Mode == ModeURL && opts.URL == "" {
+		return errors.New("egress webhook: mode url needs a URL")
+	}
+	srv, ok := mgr.GetWebhookServer().(*webhook.DefaultServer)
+	if !ok {
+		return fmt.Errorf("egress webhook: want a *webhook.DefaultServer, got %T", mgr.GetWebhookServer())
+	}
+	wh, err := New(mgr)
+	if err != nil {
+		return fmt.Errorf("egress webhook: %w", err)
+	}
+	srv.Register(wh.Path, wh.Webhook)
+	port := srv.Options.Port
+	if opts.Mode == ModeService && opts.ServicePort > 0 {
+		port = opts.ServicePort
+	}
+	seed, _, err := extensionswebhook.BuildWebhookConfigs([]*extensionswebhook.Webhook{wh}, mgr.GetClient(),
+		opts.Namespace, Name, false, port, opts.Mode, opts.URL, nil, false)
+	if err != nil {
+		return fmt.Errorf("egress webhook configuration: %w", err)
+	}
+	if opts.Namespace == "" {
+		mgr.GetLogger().Info("Egress webhook with an unmanaged certificate (no rotation): development only; set a namespace in production")
+		ca, err := certificates.GenerateUnmanagedCertificates(Name, false, srv.Options.CertDir, opts.Mode, opts.URL)
+		if err != nil {
+			return fmt.Errorf("egress webhook certificate: %w", err)
+		}
+		return mgr.Add(registration{client: mgr.GetClient(), configs: seed, caBundle: ca})
+	}
+	// Without a CA bundle: the certificate reconciler injects it (and keeps it on rotation).
+	if err := mgr.Add(registration{client: mgr.GetClient(), configs: seed, owner: opts.Namespace}); err != nil {
+		return err
+	}
+	if err := certificates.AddCertificateManagementToManager(ctx, mgr, nil, clock.RealClock{}, seed, nil, nil, nil, "",
+		Name, false, opts.Namespace, opts.Mode, opts.URL); err != nil {
+		return fmt.Errorf("egress webhook certificates: %w", err)
+	}
+	return nil
+}
+
+// registration writes the webhook configuration once, when the replica leads.
+type registration struct {
+	client   client.Client
+	configs  extensionswebhook.Configs
+	owner    string // namespace owning the configuration; empty: none
+	caBundle []byte // nil: keep the one in the cluster
+}
+
+func (r registration) NeedLeaderElection() bool { return true }
+
+func (r registration) Start(ctx context.Context) error {
+	for _, cfg := range r.configs.GetWebhookConfigs() {
+		// The API server may still be settling (owner namespace, REST mapping): retry a while.
+		err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+			if err := extensionswebhook.ReconcileSeedWebhookConfig(ctx, r.client, cfg, r.owner, r.caBundle); err != nil {
+				log.FromContext(ctx).Info("Registering the egress webhook failed, retrying", "error", err.Error())
+				return false, nil
+			}
+			return true, nil
+		})
+		if err != nil {
+			return fmt.Errorf("register egress webhook %s: %w", cfg.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// New builds the webhook (Gardener's control-plane webhook with tendril's selectors).
+func New(mgr manager.Manager) (*extensionswebhook.Webhook, error) {
+	log := mgr.GetLogger().WithName("egress-webhook")
+	e := &ensurer{client: mgr.GetClient(), reader: mgr.GetAPIReader(), log: log}
+	wh, err := controlplane.New(mgr, controlplane.Args{
+		Kind:           controlplane.KindShoot,
+		Provider:       ExtensionType,
+		Types:          []extensionswebhook.Type{{Obj: &appsv1.Deployment{}}},
+		Mutator:        genericmutator.NewMutator(mgr, e, nil, nil, nil, log),
+		ObjectSelector: ObjectSelector,
+	})
+	if err != nil {
+		return nil, err
+	}
+	// controlplane.New selects on shoot.gardener.cloud/provider (the cloud provider); tendril
+	// is an Extension type, so select on gardenlet's extensions.gardener.cloud/tendril label.
+	wh.Name, wh.Path = Name+"-egress", Path
+	wh.NamespaceSelector = NamespaceSelector
+	wh.Webhook.Handler = withRequest{wh.Webhook.Handler}
+	return wh, nil
+}
+
+// withRequest puts the admission request into the context, so the ensurer can tell a dry run.
+type withRequest struct{ admission.Handler }
+
+func (h withRequest) Handle(ctx context.Context, req admission.Request) admission.Response {
+	return h.Handler.Handle(admission.NewContextWithRequest(ctx, req), req)
+}
+
+// ensurer implements the kube-apiserver part of Gardener's control-plane Ensurer.
+type ensurer struct {
+	genericmutator.NoopEnsurer
+	client client.Client
+	// reader reads uncached: an Extension or Secret created a moment ago must count.
+	reader client.Reader
+	log    logr.Logger
+}
+
+var _ genericmutator.Ensurer = (*ensurer)(nil)
+
+func (e *ensurer) EnsureKubeAPIServerDeployment(ctx context.Context, _ extensionscontextwebhook.GardenContext, dep, _ *appsv1.Deployment) error {
+	ns := dep.Namespace
+	ext, err := e.extension(ctx, ns)
+	if err != nil {
+		return err
+	}
+	if ext == nil || ext.DeletionTimestamp != nil {
+		return nil // not (or no longer) using tendril: Gardener's egress stays
+	}
+	var raw []byte
+	if ext.Spec.ProviderConfig != nil {
+		raw = ext.Spec.ProviderConfig.Raw
+	}
+	pc, errs := tendrilv1alpha1.DecodeProviderConfig(raw)
+	if len(errs) > 0 {
+		return fmt.Errorf("extension %s/%s: %w", ns, ext.Name, errs.ToAggregate())
+	}
+	if pc.EgressOrDefault() != tendrilv1alpha1.EgressHTTPConnect {
+		e.log.Info("Leaving kube-apiserver's egress to Gardener: kube-apiserver speaks gRPC egress only over a Unix socket", "namespace", ns, "egress", pc.EgressOrDefault())
+		return nil
+	}
+	var s Secrets
+	if s.Client, err = e.currentSecret(ctx, ns, SecretNameClient); err != nil {
+		return err
+	}
+	if s.CABundle, err = e.currentSecret(ctx, ns, SecretNameCABundle); err != nil {
+		return err
+	}
+	cm, err := ConfigMap(ns)
+	if err != nil {
+		return err
+	}
+	if err := e.ensureConfigMap(ctx, cm); err != nil {
+		return err
+	}
+	return MutateDeployment(dep, s, cm.Data[ConfigMapDataKey])
+}
+
+// extension returns the namespace's Extension of type tendril, or nil.
+func (e *ensurer) extension(ctx context.Context, ns string) (*extensionsv1alpha1.Extension, error) {
+	var list extensionsv1alpha1.ExtensionList
+	if err := e.reader.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return nil, fmt.Errorf("list extensions in %s: %w", ns, err)
+	}
+	for i := range list.Items {
+		if list.Items[i].Spec.Type == ExtensionType {
+			return &list.Items[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// currentSecret is the newest secrets-manager Secret with config name name (during a
+// rotation the old and the new one exist for a moment; the reconcile's cleanup drops the old).
+func (e *ensurer) currentSecret(ctx context.Context, ns, name string) (string, error) {
+	var list corev1.SecretList
+	if err := e.reader.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{
+		secretsmanager.LabelKeyName:            name,
+		secretsmanager.LabelKeyManagedBy:       secretsmanager.LabelValueSecretsManager,
+		secretsmanager.LabelKeyManagerIdentity: SecretsManagerIdentity,
+	}); err != nil {
+		return "", fmt.Errorf("list secrets %s in %s: %w", name, ns, err)
+	}
+	if len(list.Items) == 0 {
+		return "", fmt.Errorf("secret %s of %s not generated yet in %s (the tendril Extension has not been reconciled)", name, SecretsManagerIdentity, ns)
+	}
+	newest := slices.MaxFunc(list.Items, func(a, b corev1.Secret) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name) // same second: any stable choice
+	})
+	return newest.Name, nil
+}
+
+// ensureConfigMap creates cm or corrects its data; a dry-run request writes nothing.
+func (e *ensurer) ensureConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
+	if req, err := admission.RequestFromContext(ctx); err == nil && req.DryRun != nil && *req.DryRun {
+		return nil
+	}
+	var cur corev1.ConfigMap
+	err := e.reader.Get(ctx, client.ObjectKeyFromObject(cm), &cur)
+	switch {
+	case apierrors.IsNotFound(err):
+		if err := e.client.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create configmap %s/%s: %w", cm.Namespace, cm.Name, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("read configmap %s/%s: %w", cm.Namespace, cm.Name, err)
+	case cur.Data[ConfigMapDataKey] == cm.Data[ConfigMapDataKey]:
+		return nil
+	}
+	patch := client.MergeFrom(cur.DeepCopy())
+	cur.Data = cm.Data
+	if err := e.client.Patch(ctx, &cur, patch); err != nil {
+		return fmt.Errorf("update configmap %s/%s: %w", cm.Namespace, cm.Name, err)
+	}
+	return nil
+}
