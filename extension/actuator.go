@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	extensionscontroller "github.com/gardener/gardener/extensions/pkg/controller"
 	genericextension "github.com/gardener/gardener/extensions/pkg/controller/extension"
@@ -67,6 +68,9 @@ type State struct {
 	ServerAddresses []netip.Addr `json:"serverAddresses"`
 	AgentAddress    netip.Addr   `json:"agentAddress"`
 }
+
+// deleteWait bounds how long one Delete waits for the shoot's objects to go.
+const deleteWait = 20 * time.Second
 
 type actuator struct {
 	client client.Client
@@ -262,7 +266,11 @@ func (a *actuator) delete(ctx context.Context, log logr.Logger, ext *extensionsv
 		return fmt.Errorf("delete managed resource: %w", err)
 	}
 	if wait {
-		if err := managedresources.WaitUntilDeleted(ctx, a.client, ns, manifest.ManagedResourceName); err != nil {
+		// Bounded, so that a retry re-reads the Cluster: if the shoot meanwhile gets the
+		// force-deletion annotation, the retry takes ForceDelete instead of waiting forever.
+		wctx, cancel := context.WithTimeout(ctx, deleteWait)
+		defer cancel()
+		if err := managedresources.WaitUntilDeleted(wctx, a.client, ns, manifest.ManagedResourceName); err != nil {
 			return fmt.Errorf("wait for managed resource deletion: %w", err)
 		}
 	}

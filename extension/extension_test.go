@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -53,6 +54,8 @@ func startController(t *testing.T, env *kubetest.Env) {
 	mgr, err := manager.New(env.Config, manager.Options{
 		Scheme:  env.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
+		// Two "seeds" in one test process run the same controllers twice.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +84,8 @@ func startController(t *testing.T, env *kubetest.Env) {
 func shoot(t *testing.T, c client.Client, ns string, hibernated bool) {
 	t.Helper()
 	ctx := context.Background()
-	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	// gardener.cloud/role=shoot: the generic reconciler reads the Cluster only in shoot namespaces.
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{v1beta1constants.GardenRole: v1beta1constants.GardenRoleShoot}}}))
 	name := strings.TrimPrefix(ns, "shoot--local--")
 	sh := &gardencorev1beta1.Shoot{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "core.gardener.cloud/v1beta1", Kind: "Shoot"},
@@ -203,6 +207,7 @@ func TestExtension(t *testing.T) {
 	t.Run("reconcile", func(t *testing.T) { testReconcile(t, env.Client) })
 	t.Run("invalid provider config", func(t *testing.T) { testInvalidProviderConfig(t, env.Client) })
 	t.Run("health", func(t *testing.T) { testHealth(t, env.Client) })
+	t.Run("force delete", func(t *testing.T) { testForceDelete(t, env.Client) })
 }
 
 func testReconcile(t *testing.T, c client.Client) {
@@ -544,4 +549,173 @@ func waitCondition(t *testing.T, c client.Client, ext *extensionsv1alpha1.Extens
 		}
 		return fmt.Errorf("no %s condition in %v", typ, e.Status.Conditions)
 	})
+}
+
+// TestMigrateRestore moves a shoot between two seeds (two API servers) as gardenlet does:
+// migrate in the source (shoot objects kept, seed objects removed, persisted secrets and
+// status.state kept), copy the persisted secrets, Cluster and Extension (with its state) to the
+// destination, restore there. The WireGuard keys and CA come out byte-identical, so the
+// shoot's running agent reconnects without any change in the shoot.
+func TestMigrateRestore(t *testing.T) {
+	src, dst := kubetest.Start(t), kubetest.Start(t)
+	startController(t, src)
+	startController(t, dst)
+	ctx := context.Background()
+	ns := "shoot--local--epsilon"
+	shoot(t, src.Client, ns, false)
+	start := time.Now().Add(-time.Second)
+	ext := newExtension(ns, "")
+	must(t, src.Client.Create(ctx, ext))
+	ext = waitSucceeded(t, src.Client, client.ObjectKeyFromObject(ext), start)
+	srcArgs := serverArgs(t, src.Client, ns)
+	srcShoot := managedResourceData(t, src.Client, managedResource(t, src.Client, ns))
+
+	// Migrate.
+	patch := client.MergeFrom(ext.DeepCopy())
+	metav1.SetMetaDataAnnotation(&ext.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationMigrate)
+	must(t, src.Client.Patch(ctx, ext, patch))
+	eventually(t, "migrate succeeded", func() error {
+		op, e, err := lastOp(src.Client, client.ObjectKeyFromObject(ext))
+		if err != nil {
+			return err
+		}
+		if op.Type != gardencorev1beta1.LastOperationTypeMigrate || op.State != gardencorev1beta1.LastOperationStateSucceeded {
+			return fmt.Errorf("lastOperation %s %s: %s", op.Type, op.State, op.Description)
+		}
+		if e.Annotations[v1beta1constants.GardenerOperation] != "" {
+			return fmt.Errorf("operation annotation still set")
+		}
+		ext = e
+		return nil
+	})
+	left := versions(t, src.Client, ns)
+	for k := range left {
+		if !strings.HasPrefix(k, "Secret/") {
+			t.Errorf("after migrate, %s is still in the source seed", k)
+		}
+	}
+	persisted := &corev1.SecretList{}
+	must(t, src.Client.List(ctx, persisted, client.InNamespace(ns), client.MatchingLabels{secretsmanager.LabelKeyPersist: "true"}))
+	if len(persisted.Items) < 3 {
+		t.Fatalf("persisted secrets after migrate: %d, want the CA and both WireGuard keys", len(persisted.Items))
+	}
+	if ext.Status.State == nil {
+		t.Fatal("no status.state after migrate")
+	}
+
+	// Restore in the destination seed, from what gardenlet carries over.
+	shoot(t, dst.Client, ns, false)
+	for _, s := range persisted.Items {
+		cp := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: ns, Labels: s.Labels}, Type: s.Type, Data: s.Data}
+		must(t, dst.Client.Create(ctx, cp))
+	}
+	// gardenlet's order: create waiting for state, write the state, then ask for restore.
+	restored := newExtension(ns, "")
+	restored.Annotations = map[string]string{v1beta1constants.GardenerOperation: v1beta1constants.GardenerOperationWaitForState}
+	must(t, dst.Client.Create(ctx, restored))
+	restored.Status.State = ext.Status.State
+	must(t, dst.Client.Status().Update(ctx, restored))
+	rpatch := client.MergeFrom(restored.DeepCopy())
+	metav1.SetMetaDataAnnotation(&restored.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationRestore)
+	must(t, dst.Client.Patch(ctx, restored, rpatch))
+	eventually(t, "restore succeeded", func() error {
+		op, _, err := lastOp(dst.Client, client.ObjectKeyFromObject(restored))
+		if err != nil {
+			return err
+		}
+		if op.Type != gardencorev1beta1.LastOperationTypeRestore || op.State != gardencorev1beta1.LastOperationStateSucceeded {
+			return fmt.Errorf("lastOperation %s %s: %s", op.Type, op.State, op.Description)
+		}
+		return nil
+	})
+	if got := serverArgs(t, dst.Client, ns); got != srcArgs {
+		t.Errorf("tendril-server args changed across migration:\nsource %s\nrestored %s", srcArgs, got)
+	}
+	if got := managedResourceData(t, dst.Client, managedResource(t, dst.Client, ns)); got != srcShoot {
+		t.Errorf("shoot objects changed across migration:\nsource\n%s\nrestored\n%s", srcShoot, got)
+	}
+	for _, s := range persisted.Items {
+		got := &corev1.Secret{}
+		must(t, dst.Client.Get(ctx, client.ObjectKeyFromObject(&s), got))
+		if !mapsEqualBytes(got.Data, s.Data) {
+			t.Errorf("persisted secret %s changed after restore", s.Name)
+		}
+	}
+}
+
+// testForceDelete: with the Shoot marked for force deletion, deleting the Extension finishes
+// even though the ManagedResource can never go (its finalizer stands for a shoot API server
+// that is gone).
+func testForceDelete(t *testing.T, c client.Client) {
+	ctx := context.Background()
+	ns := "shoot--local--zeta"
+	shoot(t, c, ns, false)
+	start := time.Now().Add(-time.Second)
+	ext := newExtension(ns, "")
+	must(t, c.Create(ctx, ext))
+	waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
+	mr := managedResource(t, c, ns)
+	patch := client.MergeFrom(mr.DeepCopy())
+	mr.Finalizers = append(mr.Finalizers, "resources.gardener.cloud/gardener-resource-manager")
+	must(t, c.Patch(ctx, mr, patch))
+	t.Cleanup(func() { // release the stand-in finalizer so the namespace can go
+		mr := &resourcesv1alpha1.ManagedResource{}
+		if c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.ManagedResourceName}, mr) == nil {
+			p := client.MergeFrom(mr.DeepCopy())
+			mr.Finalizers = nil
+			_ = c.Patch(ctx, mr, p)
+		}
+	})
+
+	cluster := &extensionsv1alpha1.Cluster{}
+	must(t, c.Get(ctx, client.ObjectKey{Name: ns}, cluster))
+	var sh gardencorev1beta1.Shoot
+	must(t, json.Unmarshal(cluster.Spec.Shoot.Raw, &sh))
+	metav1.SetMetaDataAnnotation(&sh.ObjectMeta, "confirmation.gardener.cloud/force-deletion", "true")
+	now := metav1.Now()
+	sh.DeletionTimestamp = &now
+	raw, err := json.Marshal(&sh)
+	must(t, err)
+	cpatch := client.MergeFrom(cluster.DeepCopy())
+	cluster.Spec.Shoot.Raw = raw
+	must(t, c.Patch(ctx, cluster, cpatch))
+
+	must(t, c.Delete(ctx, ext))
+	eventually(t, "force-deleted extension gone", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(ext), &extensionsv1alpha1.Extension{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	for k := range versions(t, c, ns) {
+		if k != "ManagedResource/"+manifest.ManagedResourceName && !strings.HasPrefix(k, "Secret/managedresource-") {
+			t.Errorf("left after force delete: %s", k)
+		}
+	}
+}
+
+func serverArgs(t *testing.T, c client.Client, ns string) string {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	must(t, c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, d))
+	return strings.Join(d.Spec.Template.Spec.Containers[0].Args, " ") + fmt.Sprint(d.Spec.Template.Spec.Volumes)
+}
+
+func managedResource(t *testing.T, c client.Client, ns string) *resourcesv1alpha1.ManagedResource {
+	t.Helper()
+	mr := &resourcesv1alpha1.ManagedResource{}
+	must(t, c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: manifest.ManagedResourceName}, mr))
+	return mr
+}
+
+func mapsEqualBytes(a, b map[string][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if string(b[k]) != string(v) {
+			return false
+		}
+	}
+	return true
 }
