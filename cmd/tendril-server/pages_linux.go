@@ -1,0 +1,79 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// releaseStartupPages drops the executable's read-only pages (code and constant data) from the
+// process's resident set once startup is over, and marks them for random access.
+//
+// Measured on tendril-server (26 MB binary, idle, no agent): 19 MiB RSS, of which 3 MiB
+// anonymous memory and 14 MiB pages of the binary, 88 % of its code and 78 % of its read-only
+// data: package initialisation touches code and tables all over the binary, and the kernel maps
+// 16 pages around every fault of a file mapping (fault-around) and reads ahead. Most of it is
+// never used again by an idle server. MADV_DONTNEED on a private mapping that was never written
+// only unmaps the pages (they stay in the page cache, shared, and fault back in on use: nothing
+// is lost); MADV_RANDOM keeps those later faults to the one page that is used. Only mappings of
+// the executable that are read-only and hold no page of their own are touched: writable ones
+// (.data, .bss) and read-only ones the dynamic linker wrote to (relocations in a PIE build,
+// RELRO) would lose their contents.
+func releaseStartupPages() (int, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	f, err := os.Open("/proc/self/smaps")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	type mapping struct {
+		start, end uintptr
+		name       string
+	}
+	var candidates []mapping
+	var cur *mapping
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) == 0 {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(fs[0], "-"); ok && len(fs) >= 5 {
+			// A mapping's header: address perms offset dev inode [path].
+			cur = nil
+			if len(fs) < 6 || fs[5] != exe || strings.ContainsRune(fs[1], 'w') {
+				continue
+			}
+			start, err1 := strconv.ParseUint(lo, 16, 64)
+			end, err2 := strconv.ParseUint(hi, 16, 64)
+			if err1 != nil || err2 != nil || end <= start {
+				continue
+			}
+			candidates = append(candidates, mapping{uintptr(start), uintptr(end), fs[0]})
+			cur = &candidates[len(candidates)-1]
+			continue
+		}
+		// A field of the current mapping: "Anonymous: 4 kB" means copied-on-write pages.
+		if cur != nil && fs[0] == "Anonymous:" && len(fs) >= 2 && fs[1] != "0" {
+			candidates = candidates[:len(candidates)-1]
+			cur = nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	for i, m := range candidates {
+		for _, advice := range []uintptr{syscall.MADV_RANDOM, syscall.MADV_DONTNEED} {
+			if _, _, e := syscall.Syscall(syscall.SYS_MADVISE, m.start, m.end-m.start, advice); e != 0 {
+				return i, fmt.Errorf("madvise %s: %w", m.name, e)
+			}
+		}
+	}
+	return len(candidates), nil
+}
