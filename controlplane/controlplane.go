@@ -1,5 +1,6 @@
 // Package controlplane runs tendril's seed control plane on Kubernetes in one
-// controller-runtime manager: the Extension controller (provisioning per shoot), the health
+// controller-runtime manager: the Extension controller (provisioning per shoot), the
+// control-plane webhook pointing kube-apiserver's egress at tendril-server, the health
 // checks and heartbeat Gardener expects of every extension, and the xDS server the shared ingress
 // connects to. It wires components together and holds no logic of its own; cmd/tendril-seed
 // fills its Config from flags. The route-file mode without Kubernetes is not here.
@@ -21,8 +22,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/tendril-net/tendril/extension"
+	"github.com/tendril-net/tendril/extension/egresswebhook"
 	"github.com/tendril-net/tendril/internal/kubescheme"
 	"github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -52,6 +55,12 @@ type Config struct {
 	Extension extension.AddOptions
 	// Health configures the health checks (Gardener's defaults when zero).
 	Health extension.HealthOptions
+	// Webhook configures the control-plane webhook that points kube-apiserver's egress at
+	// tendril-server. WebhookPort 0 is 10250; a negative port disables the webhook.
+	Webhook     egresswebhook.Options
+	WebhookPort int
+	// WebhookCertDir is where the webhook server reads its certificate (a temp default).
+	WebhookCertDir string
 	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
 	LBProxyProtocol bool
 	// Log is the logger; the zero value discards.
@@ -92,6 +101,7 @@ func Run(ctx context.Context, cfg Config) error {
 		LeaderElection:          cfg.LeaderElection,
 		LeaderElectionID:        cfg.LeaderElectionID,
 		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
+		WebhookServer:           webhook.NewServer(egresswebhook.ServerOptions(max(cfg.WebhookPort, 0), cfg.WebhookCertDir)),
 		// Release the lease on shutdown so a rolling update hands over without waiting
 		// for the lease to expire.
 		LeaderElectionReleaseOnCancel: true,
@@ -112,6 +122,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if err := extension.Add(ctx, mgr, cfg.Extension); err != nil {
 		return fmt.Errorf("extension controller: %w", err)
+	}
+	if cfg.WebhookPort >= 0 {
+		if err := egresswebhook.AddToManager(ctx, mgr, cfg.Webhook); err != nil {
+			return fmt.Errorf("egress webhook: %w", err)
+		}
 	}
 	if err := extension.AddHealthCheck(mgr, cfg.Health); err != nil {
 		return fmt.Errorf("health check controller: %w", err)

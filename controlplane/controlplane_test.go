@@ -33,6 +33,7 @@ func TestHeartbeat(t *testing.T) {
 			HealthAddress:      "0",
 			HeartbeatNamespace: "extension-tendril",
 			HeartbeatInterval:  1,
+			WebhookPort:        -1, // the webhook has its own envtest in extension/egresswebhook
 			Extension:          extension.AddOptions{Config: extension.Config{Image: "example.org/tendril:test", Ingress: "ingress.example.org"}},
 			Log:                testr.New(t),
 		})

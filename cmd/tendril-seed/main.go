@@ -75,6 +75,9 @@ func main() {
 	fs.StringVar(&k.Extension.Image, "image", "", "Kubernetes mode: the tendril image the shoots' tendril-server and agents run")
 	fs.StringVar(&k.Extension.Ingress, "ingress-address", "", "Kubernetes mode: the seed ingress's host name or IP the shoot agents dial")
 	fs.StringVar(&k.Extension.IngressNamespace, "ingress-namespace", "garden", "Kubernetes mode: namespace of the seed ingress pods (NetworkPolicy peer)")
+	fs.StringVar(&k.Webhook.Namespace, "webhook-namespace", "", "Kubernetes mode: tendril-seed's namespace, where the webhook's CA and certificate live and its Service runs (empty: self-signed, development only)")
+	fs.IntVar(&k.WebhookPort, "webhook-port", 10250, "Kubernetes mode: port of the control-plane webhook server (-1: off)")
+	fs.StringVar(&k.WebhookCertDir, "webhook-cert-dir", "", "Kubernetes mode: directory for the webhook server's certificate (default: a temp dir)")
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")
 	_ = fs.Parse(os.Args[1:]) // ExitOnError
 	if fs.NArg() > 0 {

@@ -92,7 +92,11 @@ func ValidateProviderConfig(c *ProviderConfig, root *field.Path) field.ErrorList
 		errs = append(errs, field.NotSupported(root.Child("kind"), c.Kind, []string{ProviderConfigKind}))
 	}
 	switch c.Egress {
-	case "", EgressHTTPConnect, EgressGRPC:
+	case "", EgressHTTPConnect:
+	case EgressGRPC:
+		// kube-apiserver's EgressSelector dials gRPC (konnectivity) only over a Unix socket,
+		// so it would need a relay inside kube-apiserver's pod, which tendril does not deploy.
+		errs = append(errs, field.Forbidden(root.Child("egress"), "grpc needs a Unix-socket relay in kube-apiserver's pod (its gRPC egress dials only Unix sockets), which tendril does not deploy yet; use httpConnect"))
 	default:
 		errs = append(errs, field.NotSupported(root.Child("egress"), c.Egress, []EgressMode{EgressHTTPConnect, EgressGRPC}))
 	}
