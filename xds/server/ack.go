@@ -166,17 +166,20 @@ func (s *Server) status(name string) ShootStatus {
 	return st
 }
 
-// evaluate re-evaluates the named shoots (all when names is nil) and records those whose state
-// changed, or all of them when force is set (their model changed). Called with s.mu held.
-func (s *Server) evaluate(names []string, force bool) {
-	if names == nil {
-		names = slices.Collect(maps.Keys(s.shoots))
-		for n := range s.acks.states {
-			if _, ok := s.shoots[n]; !ok {
-				names = append(names, n)
-			}
+// evaluateAll re-evaluates every shoot, after a client came or went. Called with s.mu held.
+func (s *Server) evaluateAll() {
+	names := slices.Collect(maps.Keys(s.shoots))
+	for n := range s.acks.states {
+		if _, ok := s.shoots[n]; !ok {
+			names = append(names, n)
 		}
 	}
+	s.evaluate(names, false)
+}
+
+// evaluate re-evaluates the named shoots and records those whose state changed, or all of them
+// when force is set (their model changed). Called with s.mu held.
+func (s *Server) evaluate(names []string, force bool) {
 	grew := false
 	for _, n := range names {
 		st := s.status(n).State
@@ -260,10 +263,12 @@ func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) 
 	if !c.synced {
 		if c.synced = s.syncedLocked(c); c.synced {
 			s.metrics.clients.Inc()
-			s.evaluate(nil, false)
+			s.evaluateAll()
 		}
 		return
 	}
+	// Only the owners of what the response carried can have changed state (a removal's owner
+	// is gone and was reported by Apply).
 	owners := make(map[string]bool)
 	for n := range resp.resources {
 		if o, ok := s.owner[t][n]; ok {
@@ -310,7 +315,7 @@ func (s *Server) deltaClosed(id int64) {
 	delete(s.acks.streams, id)
 	if c.synced {
 		s.metrics.clients.Dec()
-		s.evaluate(nil, false)
+		s.evaluateAll()
 	}
 }
 
