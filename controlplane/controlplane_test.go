@@ -15,6 +15,7 @@ import (
 	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/testwait"
 )
 
 // TestHeartbeat runs the whole control plane against a real API server and watches the
@@ -45,7 +46,7 @@ func TestHeartbeat(t *testing.T) {
 		}
 	})
 	var first time.Time
-	eventually(t, "heartbeat renewed twice", func() error {
+	testwait.For(t, "heartbeat renewed twice", func() error {
 		l := &coordinationv1.Lease{}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: "extension-tendril", Name: "gardener-extension-heartbeat"}, l); err != nil {
 			return err
@@ -68,20 +69,5 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }

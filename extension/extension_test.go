@@ -35,6 +35,7 @@ import (
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/testwait"
 )
 
 // tunnelState stands in for tendril-server's /readyz, which the production probe reads
@@ -154,22 +155,6 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// eventually polls f until it returns nil, failing with its last error after a generous deadline.
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func lastOp(c client.Client, key client.ObjectKey) (*gardencorev1beta1.LastOperation, *extensionsv1alpha1.Extension, error) {
 	e := &extensionsv1alpha1.Extension{}
 	if err := c.Get(context.Background(), key, e); err != nil {
@@ -184,7 +169,7 @@ func lastOp(c client.Client, key client.ObjectKey) (*gardencorev1beta1.LastOpera
 func waitSucceeded(t *testing.T, c client.Client, key client.ObjectKey, after time.Time) *extensionsv1alpha1.Extension {
 	t.Helper()
 	var ext *extensionsv1alpha1.Extension
-	eventually(t, "extension "+key.String()+" succeeded", func() error {
+	testwait.For(t, "extension "+key.String()+" succeeded", func() error {
 		op, e, err := lastOp(c, key)
 		if err != nil {
 			return err
@@ -339,7 +324,7 @@ func testReconcile(t *testing.T, c client.Client) {
 
 	// Delete removes everything tendril made.
 	must(t, c.Delete(ctx, extAlpha))
-	eventually(t, "extension deleted", func() error {
+	testwait.For(t, "extension deleted", func() error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(extAlpha), &extensionsv1alpha1.Extension{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there: %v", err)
 		}
@@ -356,7 +341,7 @@ func testInvalidProviderConfig(t *testing.T, c client.Client) {
 	ns := "shoot--local--gamma"
 	shoot(t, c, ns, false)
 	must(t, c.Create(context.Background(), newExtension(ns, `{"egress":"socks5"}`)))
-	eventually(t, "extension error", func() error {
+	testwait.For(t, "extension error", func() error {
 		op, e, err := lastOp(c, client.ObjectKey{Namespace: ns, Name: "tendril"})
 		if err != nil {
 			return err
@@ -534,7 +519,7 @@ func markManagedResourceHealthy(t *testing.T, c client.Client, ns string) {
 
 func waitCondition(t *testing.T, c client.Client, ext *extensionsv1alpha1.Extension, typ gardencorev1beta1.ConditionType, want gardencorev1beta1.ConditionStatus) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%s=%s", typ, want), func() error {
+	testwait.For(t, fmt.Sprintf("%s=%s", typ, want), func() error {
 		e := &extensionsv1alpha1.Extension{}
 		if err := c.Get(context.Background(), client.ObjectKeyFromObject(ext), e); err != nil {
 			return err
@@ -574,7 +559,7 @@ func TestMigrateRestore(t *testing.T) {
 	patch := client.MergeFrom(ext.DeepCopy())
 	metav1.SetMetaDataAnnotation(&ext.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationMigrate)
 	must(t, src.Client.Patch(ctx, ext, patch))
-	eventually(t, "migrate succeeded", func() error {
+	testwait.For(t, "migrate succeeded", func() error {
 		op, e, err := lastOp(src.Client, client.ObjectKeyFromObject(ext))
 		if err != nil {
 			return err
@@ -618,7 +603,7 @@ func TestMigrateRestore(t *testing.T) {
 	rpatch := client.MergeFrom(restored.DeepCopy())
 	metav1.SetMetaDataAnnotation(&restored.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationRestore)
 	must(t, dst.Client.Patch(ctx, restored, rpatch))
-	eventually(t, "restore succeeded", func() error {
+	testwait.For(t, "restore succeeded", func() error {
 		op, _, err := lastOp(dst.Client, client.ObjectKeyFromObject(restored))
 		if err != nil {
 			return err
@@ -681,7 +666,7 @@ func testForceDelete(t *testing.T, c client.Client) {
 	must(t, c.Patch(ctx, cluster, cpatch))
 
 	must(t, c.Delete(ctx, ext))
-	eventually(t, "force-deleted extension gone", func() error {
+	testwait.For(t, "force-deleted extension gone", func() error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(ext), &extensionsv1alpha1.Extension{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there: %v", err)
 		}

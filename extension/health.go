@@ -123,4 +123,3 @@ func (p podProxyProbe) TunnelUp(ctx context.Context, namespace string) (bool, st
 	}
 	return false, strings.Join(details, "; "), nil
 }
-
