@@ -11,6 +11,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-logr/logr/testr"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -325,4 +326,24 @@ func newDeltaClientAt(t *testing.T, addr string) cancelDeltaClient {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	return cancelDeltaClient{newDeltaClient(ctx, t, discoveryv3.NewAggregatedDiscoveryServiceClient(conn)), cancel}
+}
+
+// TestStreamsWaitForFirstApply: a client connecting before the first route set gets nothing,
+// not an empty set that would withdraw what it holds, and then the set.
+func TestStreamsWaitForFirstApply(t *testing.T) {
+	s := server.New(server.Config{Log: testr.New(t)})
+	addr := startServer(t, s)
+	c := newDeltaClientAt(t, addr)
+	select {
+	case r := <-c.ch:
+		t.Fatalf("response before the first Apply: %s with %d resources", r.GetTypeUrl(), len(r.GetResources()))
+	case <-time.After(200 * time.Millisecond):
+	}
+	if _, err := s.Apply(shoots(2)); err != nil {
+		t.Fatal(err)
+	}
+	got := c.recvTypes(t, 3)
+	if n := len(got[resourcev3.ClusterType].GetResources()); n != 2*3+1 {
+		t.Fatalf("first clusters: %d", n)
+	}
 }

@@ -78,6 +78,8 @@ type Server struct {
 	owner map[string]map[string]string
 	// acks tracks what each delta client holds, for ShootStatus (ack.go).
 	acks acks
+	// applied is closed by the first Apply; streams wait for it.
+	applied chan struct{}
 }
 
 // New returns a Server holding no resources.
@@ -96,6 +98,7 @@ func New(cfg Config) *Server {
 		owner:    make(map[string]map[string]string, len(Types)),
 		metrics:  newMetrics(cfg.Registry),
 		acks:     newAcks(),
+		applied:  make(chan struct{}),
 	}
 	for _, t := range Types {
 		s.caches[t] = cachev3.NewLinearCache(t, cachev3.WithVersionPrefix(prefix), cachev3.WithLogger(logAdapter(cfg.Log.WithName("cache"))))
@@ -200,6 +203,9 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 		st.Removed += len(remove)
 		s.metrics.resources.WithLabelValues(t).Set(float64(len(s.versions[t])))
 	}
+	if !s.constantSet {
+		close(s.applied)
+	}
 	s.constantSet = true
 	s.shoots = next
 	for _, name := range touched {
@@ -266,7 +272,9 @@ func version(r types.Resource) string {
 }
 
 // Serve serves ADS on l until ctx ends, then stops the gRPC server (Stop, not GracefulStop:
-// xDS streams never end by themselves, and clients reconnect to a replica).
+// xDS streams never end by themselves, and clients reconnect to a replica). Streams opened before
+// the first Apply wait for it: a data plane reconnecting to a restarted control plane names what
+// it holds, and answering it from empty caches would withdraw every shoot.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	g := grpc.NewServer(
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
@@ -294,8 +302,20 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	return nil
 }
 
+// waitApplied holds a new stream until the first Apply.
+func (s *Server) waitApplied(ctx context.Context, _ int64, _ string) error {
+	select {
+	case <-s.applied:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (s *Server) callbacks() serverv3.CallbackFuncs {
 	return serverv3.CallbackFuncs{
+		StreamOpenFunc:      s.waitApplied,
+		DeltaStreamOpenFunc: s.waitApplied,
 		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
 			s.observeRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode().GetId())
 			s.deltaRequest(id, req)
