@@ -1,9 +1,10 @@
 // Package controlplane runs tendril's seed control plane on Kubernetes in one
 // controller-runtime manager: the Extension controller (provisioning per shoot), the
-// control-plane webhook pointing kube-apiserver's egress at tendril-server, the health
-// checks and heartbeat Gardener expects of every extension, and the xDS server the shared ingress
-// connects to. It wires components together and holds no logic of its own; cmd/tendril-seed
-// fills its Config from flags. The route-file mode without Kubernetes is not here.
+// control-plane webhook pointing kube-apiserver's egress at tendril-server, the health checks
+// and heartbeat Gardener expects of every extension, and the xDS server the shared ingress
+// connects to, fed by the Kubernetes route source (Routes and EndpointSlices). It wires
+// components together and holds no logic of its own; cmd/tendril-seed fills its Config from
+// flags. The route-file mode without Kubernetes is not here.
 package controlplane
 
 import (
@@ -27,6 +28,7 @@ import (
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/egresswebhook"
 	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/xds/kubesource"
 	"github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -119,6 +121,13 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	if err := mgr.Add(xdsRunnable{xs: xs, address: cfg.XDSAddress, log: cfg.Log}); err != nil {
 		return err
+	}
+	// The route source runs on every replica (each serves its own ingress connections);
+	// only the leader writes the Routes' status.
+	if err := kubesource.Add(mgr, kubesource.Config{
+		Server: xs, Log: cfg.Log.WithName("routes"), Registry: crmetrics.Registry.(prometheus.Registerer),
+	}); err != nil {
+		return fmt.Errorf("route source: %w", err)
 	}
 	if err := extension.Add(ctx, mgr, cfg.Extension); err != nil {
 		return fmt.Errorf("extension controller: %w", err)
