@@ -23,6 +23,8 @@ var (
 	serverAddr4 = netip.MustParseAddr("198.18.0.1")
 	// haDNS is a "DNS server" in the shoot's network of newHAWorld: a UDP echo on loopback.
 	haDNS = netip.MustParseAddrPort("10.99.0.53:53")
+	// haGreeter is a "pod" that says hi and hangs up (it closes first).
+	haGreeter = netip.MustParseAddrPort("10.99.0.2:7")
 )
 
 // udpEchoServer answers each datagram with "answer: <datagram>" until the test ends.
@@ -66,12 +68,19 @@ func newHAWorld(t *testing.T, n int) *haWorld {
 	// on loopback (gVisor drops packets to loopback addresses arriving on its NIC).
 	realEcho := testnet.EchoServer(t)
 	realDNS := udpEchoServer(t)
+	greeter, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.Serve(t, greeter, func(c net.Conn) { _, _ = io.WriteString(c, "hi") })
 	echo := netip.MustParseAddrPort("10.99.0.1:7")
 	shoot := []netip.Prefix{netip.MustParsePrefix("10.99.0.0/24")}
 	dialShoot := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		switch {
 		case network == "tcp" && addr == echo.String():
 			return (&net.Dialer{}).DialContext(ctx, network, realEcho)
+		case network == "tcp" && addr == haGreeter.String():
+			return (&net.Dialer{}).DialContext(ctx, network, greeter.Addr().String())
 		case network == "udp" && addr == haDNS.String():
 			return (&net.Dialer{}).DialContext(ctx, network, realDNS)
 		}
@@ -303,4 +312,28 @@ func TestForwardDNS(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestSequentialDialsPodClosesFirst: many short connections to a pod that closes first all
+// succeed. The agent's end of each is left in TIME-WAIT, and gVisor drops a SYN that reuses its
+// addresses and ports (the server's stack picks source ports at random) until TIME-WAIT ends:
+// with gVisor's 60 s about one dial in a few hundred hung (netstack.timeWait).
+func TestSequentialDialsPodClosesFirst(t *testing.T) {
+	w := newHAWorld(t, 1)
+	ctx := t.Context()
+	eventually(t, "the first round trip", func() error { return w.roundTrip(ctx) })
+	for i := range 1500 {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second) // one SYN retransmission is 1 s
+		c, err := w.srv.Tunnel().DialContext(dctx, "tcp", haGreeter.String())
+		cancel()
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		b, err := io.ReadAll(c)
+		c.Close()
+		if err != nil || string(b) != "hi" {
+			t.Fatalf("dial %d: read %q, %v", i, b, err)
+		}
+	}
 }
