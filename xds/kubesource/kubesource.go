@@ -343,7 +343,8 @@ func (s *Source) readNamespace(ctx context.Context, name string) error {
 	if len(live) == 0 {
 		return nil
 	}
-	// The oldest Route programs the namespace; the API type documents this.
+	// The oldest Route programs the namespace; the API type documents this. Creation times
+	// have a resolution of one second; within one, the first name wins.
 	slices.SortFunc(live, func(a, b *tendrilv1alpha1.Route) int {
 		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
 			return c

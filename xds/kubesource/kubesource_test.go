@@ -55,7 +55,9 @@ type seed struct {
 // ingressStatus is the xDS server's view of what the ingress acknowledged for shoot ns.
 func (s *seed) ingressStatus(ns string) xdsserver.State { return s.xds.ShootStatus(ns).State }
 
-func startSeed(t *testing.T) *seed {
+// startSeed starts a seed; without an ingress when pendingDelay is set (the test is then about
+// routes nothing acknowledges), otherwise with one and a long pending delay.
+func startSeed(t *testing.T, pendingDelay time.Duration) *seed {
 	t.Helper()
 	hostIP, hostIP6 := hostAddrs(t)
 	env := kubetest.Start(t)
@@ -79,9 +81,13 @@ func startSeed(t *testing.T) *seed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A long pending delay: a route acknowledged at all is written once, as Programmed, which
-	// the test counts.
-	if err := kubesource.Add(mgr, kubesource.Config{Server: xs, Log: testr.NewWithOptions(t, testr.Options{Verbosity: 1}).WithName("kubesource"), Registry: s.srcReg, PendingDelay: time.Minute}); err != nil {
+	withIngress := pendingDelay == 0
+	if withIngress {
+		// A long pending delay: a route acknowledged at all is written once, as Programmed,
+		// which the test counts.
+		pendingDelay = time.Minute
+	}
+	if err := kubesource.Add(mgr, kubesource.Config{Server: xs, Log: testr.NewWithOptions(t, testr.Options{Verbosity: 1}).WithName("kubesource"), Registry: s.srcReg, PendingDelay: pendingDelay}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -91,15 +97,20 @@ func startSeed(t *testing.T) *seed {
 	xl, sl := listen(t), listen(t)
 	s.sni = sl.Addr().String()
 	s.ingress = ingress.New(ingress.Config{Listeners: map[string]string{"sni": s.sni}, Log: log.WithName("ingress")})
-	for name, run := range map[string]func() error{
+	runs := map[string]func() error{
 		"xds":     func() error { return xs.Serve(ctx, xl) },
 		"manager": func() error { return mgr.Start(ctx) },
-		"ingress": func() error {
+	}
+	if withIngress {
+		runs["ingress"] = func() error {
 			return s.ingress.Serve(ctx, map[string]net.Listener{"sni": sl}, xdsclient.Config{
 				Address: xl.Addr().String(), NodeID: "ingress-0", MinBackoff: 10 * time.Millisecond,
 			})
-		},
-	} {
+		}
+	} else {
+		sl.Close()
+	}
+	for name, run := range runs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -357,7 +368,7 @@ func counter(t *testing.T, reg *prometheus.Registry, family string, match map[st
 // shoot's own TLS upstream; Programmed conditions; an EndpointSlice change that sends one
 // assignment; a Route without its Service; a deleted Route.
 func TestRoutesFromKubernetes(t *testing.T) {
-	s := startSeed(t)
+	s := startSeed(t, 0)
 	ctx := context.Background()
 	alpha, beta := "shoot--t--alpha", "shoot--t--beta"
 	s.shoot(alpha, "api.alpha.test", s.upstream("alpha-0", "api.alpha.test"))
@@ -465,9 +476,10 @@ func TestRoutesFromKubernetes(t *testing.T) {
 		t.Errorf("the spec change wrote %v statuses, want 1", written)
 	}
 
-	// A second Route in beta's namespace is Invalid; the first keeps routing it.
+	// A second Route in beta's namespace is Invalid; the first keeps routing it. (Creation
+	// times have a resolution of a second; within one, the name decides, hence "x-".)
 	must(t, s.env.Client.Create(ctx, &tendrilv1alpha1.Route{
-		ObjectMeta: metav1.ObjectMeta{Namespace: beta, Name: "second"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: beta, Name: "x-second"},
 		Spec: tendrilv1alpha1.RouteSpec{
 			Hostnames: []string{"api3.beta.test"},
 			APIServer: tendrilv1alpha1.ServiceReference{Name: "kube-apiserver", Port: 443},
@@ -475,7 +487,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	}))
 	poll(t, "second Route in a namespace invalid", func() error {
 		var r tendrilv1alpha1.Route
-		if err := s.env.Client.Get(ctx, client.ObjectKey{Namespace: beta, Name: "second"}, &r); err != nil {
+		if err := s.env.Client.Get(ctx, client.ObjectKey{Namespace: beta, Name: "x-second"}, &r); err != nil {
 			return err
 		}
 		if c := meta.FindStatusCondition(r.Status.Conditions, tendrilv1alpha1.ConditionProgrammed); c == nil || c.Reason != tendrilv1alpha1.ReasonInvalid || !strings.Contains(c.Message, "routed by Route shoot") {
@@ -553,4 +565,15 @@ func (s *seed) whoInsecure(host string) (string, error) {
 	fmt.Fprintln(tc, "who")
 	b, _ := io.ReadAll(tc)
 	return strings.TrimSpace(string(b)), nil
+}
+
+// TestPendingWithoutIngress: with no data plane connected a route is not programmed; after the
+// pending delay that is written as Pending.
+func TestPendingWithoutIngress(t *testing.T) {
+	s := startSeed(t, 100*time.Millisecond)
+	s.shoot("shoot--t--alpha", "api.alpha.test", s.upstream("alpha-0", "api.alpha.test"))
+	s.waitCondition("shoot--t--alpha", tendrilv1alpha1.ReasonPending)
+	if _, c, _ := s.condition("shoot--t--alpha"); c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "ingress replicas") {
+		t.Errorf("condition %+v, want False waiting for the ingress replicas", c)
+	}
 }
