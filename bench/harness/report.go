@@ -162,7 +162,8 @@ type BulkRow struct {
 	OtherCPU   float64          `json:"other_cpu_cores"` // the most of any round
 }
 
-func median(xs []float64) float64 {
+// Median is the median of xs, 0 for none.
+func Median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
@@ -232,7 +233,7 @@ func (rep *Report) aggregate() {
 			row.Errors = addErrors(row.Errors, r.Errors)
 			row.OtherCPU = max(row.OtherCPU, r.OtherCPU)
 		}
-		row.ConnsPerSec = median(rates)
+		row.ConnsPerSec = Median(rates)
 		row.TTFB = latencyOf(&h)
 		rep.Rate = append(rep.Rate, row)
 		if base[k.conc] == nil {
@@ -265,7 +266,7 @@ func (rep *Report) aggregate() {
 			row.Errors = addErrors(row.Errors, r.Errors)
 			row.OtherCPU = max(row.OtherCPU, r.OtherCPU)
 		}
-		row.MBps = median(xs)
+		row.MBps = Median(xs)
 		bbase[name] = row.MBps
 		rep.Bulk = append(rep.Bulk, row)
 	}
@@ -400,29 +401,29 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	if len(rep.Rate) > 0 {
 		fmt.Fprintf(&b, "\nNew TLS connections per second. %s\n", rep.rateTitle())
-		t := table{header: []string{"conc", "target", "conn/s", "×direct", "×" + rep.Baseline, "TTFB p50", "p90", "p99", "others", "errors"},
-			left: []bool{false, true, false, false, false, false, false, false, false, true}}
+		t := Table{Header: []string{"conc", "target", "conn/s", "×direct", "×" + rep.Baseline, "TTFB p50", "p90", "p99", "others", "errors"},
+			Left: []bool{false, true, false, false, false, false, false, false, false, true}}
 		last := 0
 		for _, r := range rep.Rate {
 			if last != 0 && r.Concurrency != last {
-				t.rows = append(t.rows, nil)
+				t.Rows = append(t.Rows, nil)
 			}
 			last = r.Concurrency
-			t.rows = append(t.rows, []string{strconv.Itoa(r.Concurrency), r.Target, fmt.Sprintf("%.0f", r.ConnsPerSec),
+			t.Rows = append(t.Rows, []string{strconv.Itoa(r.Concurrency), r.Target, fmt.Sprintf("%.0f", r.ConnsPerSec),
 				fmtRatio(r.VsDirect), fmtRatio(r.VsBaseline), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
 				fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
 		}
-		t.write(&b)
+		t.Write(&b)
 	}
 	if len(rep.Bulk) > 0 {
 		fmt.Fprintf(&b, "\nBulk throughput: %s\n", rep.Settings.bulkTitle())
-		t := table{header: []string{"target", "MB/s", "×direct", "×" + rep.Baseline, "transfers", "others", "errors"},
-			left: []bool{true, false, false, false, false, false, true}}
+		t := Table{Header: []string{"target", "MB/s", "×direct", "×" + rep.Baseline, "transfers", "others", "errors"},
+			Left: []bool{true, false, false, false, false, false, true}}
 		for _, r := range rep.Bulk {
-			t.rows = append(t.rows, []string{r.Target, fmt.Sprintf("%.0f", r.MBps), fmtRatio(r.VsDirect),
+			t.Rows = append(t.Rows, []string{r.Target, fmt.Sprintf("%.0f", r.MBps), fmtRatio(r.VsDirect),
 				fmtRatio(r.VsBaseline), strconv.FormatInt(r.Transfers, 10), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
 		}
-		t.write(&b)
+		t.Write(&b)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -456,9 +457,9 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 	for _, t := range rep.Targets {
 		status := "measured"
 		if t.Skipped != "" {
-			status = "skipped: " + mdEscape(t.Skipped)
+			status = "skipped: " + MDEscape(t.Skipped)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Name, mdEscape(t.Version), status)
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", t.Name, MDEscape(t.Version), status)
 	}
 	if len(rep.Rate) > 0 {
 		fmt.Fprintf(&b, "\n## New TLS connections per second\n\n%s\n\n", rep.rateTitle())
@@ -503,21 +504,28 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 	return err
 }
 
-func mdEscape(s string) string {
+// MDEscape makes s fit in a Markdown table cell: a "|" escaped, line breaks
+// as spaces.
+func MDEscape(s string) string {
 	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
 }
 
-// table is a plain-text table: columns padded to their widest cell, text
-// left-aligned and figures right-aligned; a nil row is an empty line.
-type table struct {
-	header []string
-	left   []bool
-	rows   [][]string
+// Table is a report table: a header, which columns are text (left-aligned)
+// rather than figures (right-aligned), and rows. Write renders it as plain
+// text, WriteMarkdown as a Markdown table; the tunnel mode's report uses it
+// too.
+type Table struct {
+	Header []string
+	Left   []bool
+	// Rows are the cells; a nil row is an empty line in plain text and
+	// left out in Markdown.
+	Rows [][]string
 }
 
-func (t *table) write(b *strings.Builder) {
-	width := make([]int, len(t.header))
-	for _, r := range append([][]string{t.header}, t.rows...) {
+// Write writes t as plain text: columns padded to their widest cell.
+func (t *Table) Write(b *strings.Builder) {
+	width := make([]int, len(t.Header))
+	for _, r := range append([][]string{t.Header}, t.Rows...) {
 		for i, c := range r {
 			width[i] = max(width[i], utf8.RuneCountInString(c))
 		}
@@ -529,7 +537,7 @@ func (t *table) write(b *strings.Builder) {
 			if i > 0 {
 				l.WriteString("  ")
 			}
-			if t.left[i] {
+			if t.Left[i] {
 				l.WriteString(c + pad)
 			} else {
 				l.WriteString(pad + c)
@@ -537,12 +545,35 @@ func (t *table) write(b *strings.Builder) {
 		}
 		b.WriteString(strings.TrimRight(l.String(), " ") + "\n")
 	}
-	line(t.header)
-	for _, r := range t.rows {
+	line(t.Header)
+	for _, r := range t.Rows {
 		if r == nil {
 			b.WriteString("\n")
 			continue
 		}
 		line(r)
+	}
+}
+
+// WriteMarkdown writes t as a Markdown table, its cells escaped (MDEscape).
+func (t *Table) WriteMarkdown(b *strings.Builder) {
+	b.WriteString("| " + strings.Join(t.Header, " | ") + " |\n|")
+	for _, l := range t.Left {
+		if l {
+			b.WriteString("---|")
+		} else {
+			b.WriteString("---:|")
+		}
+	}
+	b.WriteString("\n")
+	for _, r := range t.Rows {
+		if r == nil {
+			continue
+		}
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = MDEscape(c)
+		}
+		b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
 	}
 }

@@ -150,13 +150,13 @@ func (h HAProxy) Start(ctx context.Context, dir string, routes []Route) (*Instan
 		if err := writeFile(path, cfg); err != nil {
 			return nil, err
 		}
-		p, err := startProcess("haproxy", filepath.Join(dir, "haproxy.log"), bin, "-db", "-f", path)
+		p, err := StartProcess("haproxy", filepath.Join(dir, "haproxy.log"), bin, "-db", "-f", path)
 		if err != nil {
 			return nil, err
 		}
 		if err := waitAccept(ctx, addr, 10*time.Second, p); err != nil {
-			return nil, errors.Join(fmt.Errorf("haproxy: %w", err), p.stop())
+			return nil, errors.Join(fmt.Errorf("haproxy: %w", err), p.Stop())
 		}
-		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*process{p}}, nil
+		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
 	})
 }

@@ -217,13 +217,13 @@ func (n Nginx) Start(ctx context.Context, dir string, routes []Route) (*Instance
 			return nil, err
 		}
 		args := append(nginxArgs(dir, path), "-g", "daemon off;")
-		p, err := startProcess("nginx", filepath.Join(dir, "nginx.log"), bin, args...)
+		p, err := StartProcess("nginx", filepath.Join(dir, "nginx.log"), bin, args...)
 		if err != nil {
 			return nil, err
 		}
 		if err := waitAccept(ctx, addr, 10*time.Second, p); err != nil {
-			return nil, errors.Join(fmt.Errorf("nginx: %w", err), p.stop())
+			return nil, errors.Join(fmt.Errorf("nginx: %w", err), p.Stop())
 		}
-		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*process{p}}, nil
+		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
 	})
 }

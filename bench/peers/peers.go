@@ -167,7 +167,7 @@ type Instance struct {
 	// Config is the rendered configuration (for reports and debugging).
 	Config string
 
-	procs []*process // stopped in reverse order
+	procs []*Process // stopped in reverse order
 }
 
 // Groups returns the process group IDs of the peer's processes: each
@@ -185,7 +185,7 @@ func (in *Instance) Groups() []int {
 func (in *Instance) Stop() error {
 	var errs []error
 	for i := len(in.procs) - 1; i >= 0; i-- {
-		errs = append(errs, in.procs[i].stop())
+		errs = append(errs, in.procs[i].Stop())
 	}
 	return errors.Join(errs...)
 }
@@ -280,7 +280,7 @@ func render(t *template.Template, data any) (string, error) {
 
 // waitAccept waits until addr accepts a TCP connection, one of procs exits,
 // timeout passes or ctx ends.
-func waitAccept(ctx context.Context, addr string, timeout time.Duration, procs ...*process) error {
+func waitAccept(ctx context.Context, addr string, timeout time.Duration, procs ...*Process) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var d net.Dialer
@@ -288,7 +288,7 @@ func waitAccept(ctx context.Context, addr string, timeout time.Duration, procs .
 	defer tick.Stop()
 	for {
 		for _, p := range procs {
-			if err := p.exited(); err != nil {
+			if err := p.Exited(); err != nil {
 				return err
 			}
 		}

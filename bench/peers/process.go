@@ -15,22 +15,32 @@ import (
 // shuts its listeners and gRPC streams down in well under a second.
 const stopGrace = 5 * time.Second
 
-// process is one child process whose output goes to a log file.
-type process struct {
+// Process is one child process whose output goes to a log file. The peers
+// here and the tunnel mode's stacks run their programs as Processes. A
+// command that starts with "ip netns exec NS" runs in namespace NS: ip execs
+// the program in place, so the PID and the process group are the program's.
+type Process struct {
 	name    string
 	cmd     *exec.Cmd
 	logPath string
+	started time.Time // just before the fork
 
 	done    chan struct{} // closed by wait when the process has exited
 	waitErr error         // cmd.Wait's result, valid once done is closed
 
+	// KillAtOnce makes Stop kill the process group at once rather than
+	// send SIGTERM first (for programs that ignore it, such as
+	// konnectivity's proxy-agent). Set it before Stop.
+	KillAtOnce bool
+
 	stopOnce sync.Once
 }
 
-// startProcess starts bin with args, stdout and stderr appended to logPath.
+// StartProcess starts bin with args, stdout and stderr appended to logPath.
 // The child gets its own process group (see setProcAttr), so a Ctrl-C in the
-// terminal reaches only the benchmark, which then stops its peers in order.
-func startProcess(name, logPath, bin string, args ...string) (*process, error) {
+// terminal reaches only the benchmark, which then stops its children in
+// order.
+func StartProcess(name, logPath, bin string, args ...string) (*Process, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("%s: open log: %w", name, err)
@@ -42,44 +52,61 @@ func startProcess(name, logPath, bin string, args ...string) (*process, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	setProcAttr(cmd)
+	p := &Process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{}), started: time.Now()}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: start %s: %w", name, bin, err)
 	}
-	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	// Owned by p: stop waits for done.
+	// Owned by p: Stop waits for done.
 	go p.wait()
 	return p, nil
 }
 
-func (p *process) wait() {
+func (p *Process) wait() {
 	p.waitErr = p.cmd.Wait()
 	close(p.done)
 }
 
-// exited returns an error describing the exit if the process has exited,
+// Name is the name the process was started with, for messages.
+func (p *Process) Name() string { return p.name }
+
+// PID is the process's ID.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Started is the time just before the process was forked.
+func (p *Process) Started() time.Time { return p.started }
+
+// Exited returns an error describing the exit if the process has exited,
 // else nil.
-func (p *process) exited() error {
+func (p *Process) Exited() error {
 	select {
 	case <-p.done:
 		status := "with status 0"
 		if p.waitErr != nil {
 			status = p.waitErr.Error()
 		}
-		return fmt.Errorf("%s exited early (%s); log %s: %s", p.name, status, p.logPath, p.logTail())
+		return fmt.Errorf("%s exited early (%s); log %s: %s", p.name, status, p.logPath, p.LogTail())
 	default:
 		return nil
 	}
 }
 
-// stop terminates the process and waits for it. An exit caused by our signal
-// is not an error.
-func (p *process) stop() error {
+// Stop terminates the process (SIGTERM, and after stopGrace SIGKILL to its
+// process group; SIGKILL at once with KillAtOnce) and waits for it. An exit
+// caused by our signal is not an error.
+func (p *Process) Stop() error {
 	var err error
 	p.stopOnce.Do(func() {
 		select {
 		case <-p.done:
-			return // exited on its own; exited() reports that where it matters
+			return // exited on its own; Exited() reports that where it matters
 		default:
+		}
+		if p.KillAtOnce {
+			if e := kill(p.cmd); e != nil {
+				err = fmt.Errorf("%s: kill: %w", p.name, e)
+			}
+			<-p.done
+			return
 		}
 		if e := terminate(p.cmd); e != nil {
 			err = fmt.Errorf("%s: terminate: %w", p.name, e)
@@ -96,8 +123,8 @@ func (p *process) stop() error {
 	return err
 }
 
-// logTail returns the end of the log file on one line, for error messages.
-func (p *process) logTail() string {
+// LogTail returns the end of the log file on one line, for error messages.
+func (p *Process) LogTail() string {
 	const n = 1500
 	f, err := os.Open(p.logPath)
 	if err != nil {

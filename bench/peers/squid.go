@@ -176,13 +176,13 @@ func (s Squid) Start(ctx context.Context, dir string, routes []Route) (*Instance
 		if workers > 1 {
 			args = []string{"--foreground", "-n", fmt.Sprintf("tendrilbench%d", ports[0]), "-f", path}
 		}
-		p, err := startProcess("squid", filepath.Join(dir, "squid.log"), bin, args...)
+		p, err := StartProcess("squid", filepath.Join(dir, "squid.log"), bin, args...)
 		if err != nil {
 			return nil, err
 		}
 		if err := waitAccept(ctx, addr, 20*time.Second, p); err != nil {
-			return nil, errors.Join(fmt.Errorf("squid: %w", err), p.stop())
+			return nil, errors.Join(fmt.Errorf("squid: %w", err), p.Stop())
 		}
-		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*process{p}}, nil
+		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
 	})
 }

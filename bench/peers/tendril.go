@@ -143,20 +143,20 @@ func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instan
 			return nil, err
 		}
 		xds, seedMetrics, listen, ingressMetrics := loopback(ports[0]), loopback(ports[1]), loopback(ports[2]), loopback(ports[3])
-		seed, err := startProcess("tendril-seed", filepath.Join(dir, "tendril-seed.log"), seedBin,
+		seed, err := StartProcess("tendril-seed", filepath.Join(dir, "tendril-seed.log"), seedBin,
 			"--routes", path, "--xds-address", xds, "--metrics-address", seedMetrics)
 		if err != nil {
 			return nil, err
 		}
 		if err := waitAccept(ctx, xds, readyTimeout, seed); err != nil {
-			return nil, errors.Join(fmt.Errorf("tendril-seed: %w", err), seed.stop())
+			return nil, errors.Join(fmt.Errorf("tendril-seed: %w", err), seed.Stop())
 		}
-		ingress, err := startProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), ingressBin,
+		ingress, err := StartProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), ingressBin,
 			"--xds", xds, "--node-id", "bench", listenFlag, listen, "--metrics-address", ingressMetrics, "--profiling")
 		if err != nil {
-			return nil, errors.Join(err, seed.stop())
+			return nil, errors.Join(err, seed.Stop())
 		}
-		in := &Instance{Addr: listen, Version: version, Config: routeFile, procs: []*process{seed, ingress}}
+		in := &Instance{Addr: listen, Version: version, Config: routeFile, procs: []*Process{seed, ingress}}
 		if err := waitReady(ctx, "http://"+ingressMetrics+"/readyz", readyTimeout, seed, ingress); err != nil {
 			return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
 		}
@@ -169,7 +169,7 @@ func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instan
 
 // waitReady polls url until it answers 200, one of procs exits, timeout
 // passes or ctx ends.
-func waitReady(ctx context.Context, url string, timeout time.Duration, procs ...*process) error {
+func waitReady(ctx context.Context, url string, timeout time.Duration, procs ...*Process) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	// No keep-alive: a poller that stops must not leave an idle
@@ -180,7 +180,7 @@ func waitReady(ctx context.Context, url string, timeout time.Duration, procs ...
 	last := errors.New("not polled yet")
 	for {
 		for _, p := range procs {
-			if err := p.exited(); err != nil {
+			if err := p.Exited(); err != nil {
 				return err
 			}
 		}

@@ -27,7 +27,8 @@ type dialFunc func(ctx context.Context) (net.Conn, error)
 // It is the caller's: the reference client is konnectivity-client's
 // pkg/client, which logs with k8s.io/klog, and the bench packages may not
 // import k8s.io modules (internal/depcheck), so cmd/tendril-bench supplies
-// it. Without one the gRPC targets are skipped.
+// it (package cmd/tendril-bench/konnectivity). Without one the gRPC targets
+// are skipped.
 type KonnectivityDialer func(ctx context.Context, server string, tlsConfig *tls.Config, target string) (net.Conn, error)
 
 // tcpDialer dials addr directly (direct, OpenVPN through its tun).

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/hist"
+	"github.com/tendril-net/tendril/bench/peers"
 )
 
 // runStack starts one stack, measures its up time, memory and targets, and
@@ -58,12 +59,12 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 		if !sleepCtx(ctx, time.Second) {
 			return
 		}
-		if m, ok := readMemory(s.servers[0].pid()); ok {
+		if m, ok := readMemory(s.servers[0].PID()); ok {
 			res.Server.NoAgentRSS = m.RSS
 		}
 		for i := range r.cfg.UpRuns {
 			if s.agent != nil {
-				_ = s.agent.stop()
+				_ = s.agent.Stop()
 				s.agent = nil
 				// Let the seed side notice the old agent's stream end.
 				if !sleepCtx(ctx, 200*time.Millisecond) {
@@ -117,13 +118,13 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 	}
 }
 
-func memOf(p *proc) ProcMemory {
-	m, _ := readMemory(p.pid())
-	return ProcMemory{Process: p.name, IdleRSS: m.RSS}
+func memOf(p *peers.Process) ProcMemory {
+	m, _ := readMemory(p.PID())
+	return ProcMemory{Process: p.Name(), IdleRSS: m.RSS}
 }
 
-func peakOf(p *proc) int64 {
-	m, _ := readMemory(p.pid())
+func peakOf(p *peers.Process) int64 {
+	m, _ := readMemory(p.PID())
 	return m.Peak
 }
 
@@ -143,7 +144,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // upTime starts the stack's agent and tries the probe every probeEvery,
 // each attempt running up to probeTimeout, until one gets through; it returns
 // the time from the agent's start to that success.
-func (r *runner) upTime(ctx context.Context, s *stack, dir string) (*proc, time.Duration, error) {
+func (r *runner) upTime(ctx context.Context, s *stack, dir string) (*peers.Process, time.Duration, error) {
 	uctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	var wg sync.WaitGroup
 	defer func() {
@@ -171,12 +172,12 @@ func (r *runner) upTime(ctx context.Context, s *stack, dir string) (*proc, time.
 		})
 		select {
 		case t := <-won:
-			return p, t.Sub(p.started), nil
+			return p, t.Sub(p.Started()), nil
 		case <-uctx.Done():
 			last, _ := lastErr.Load().(string)
-			return p, 0, fmt.Errorf("no dial through the tunnel within 30 s (last error: %s); agent log: %s", last, p.logTail())
+			return p, 0, fmt.Errorf("no dial through the tunnel within 30 s (last error: %s); agent log: %s", last, p.LogTail())
 		case <-tick.C:
-			if err := p.exited(); err != nil {
+			if err := p.Exited(); err != nil {
 				return p, 0, err
 			}
 		}

@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
+	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/machine"
 )
 
@@ -76,7 +76,7 @@ type ProcMemory struct {
 }
 
 // UpMedian is the median up time, 0 if none was measured.
-func (s *StackResult) UpMedian() float64 { return median(s.UpMS) }
+func (s *StackResult) UpMedian() float64 { return harness.Median(s.UpMS) }
 
 // TargetResult is one target's measurements.
 type TargetResult struct {
@@ -277,17 +277,6 @@ func (rep *Report) Missed() []Goal {
 	return out
 }
 
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Sorted(slices.Values(xs))
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 // WriteJSON writes the report as indented JSON.
 func (rep *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
@@ -357,14 +346,12 @@ func cellWithRatio(v, direct float64) string {
 	return fmtMB(v) + " (" + fmtRatio(v/direct) + ")"
 }
 
-// tables builds the report's tables, shared by the text and Markdown
-// output: each has a title, a header, alignment and rows.
+// table is one of the report's tables, shared by the text and Markdown
+// output: a title, the table, and notes below it.
 type table struct {
-	title  string
-	header []string
-	left   []bool
-	rows   [][]string
-	notes  []string
+	title string
+	harness.Table
+	notes []string
 }
 
 func (rep *Report) tables() []table {
@@ -390,14 +377,14 @@ func (rep *Report) tables() []table {
 	conns := rep.Settings.Conns
 	tp := table{title: "Bulk throughput, MB/s (10^6 bytes/s, all connections together; in parentheses: × direct). " +
 		"to-shoot: the client writes, the pod reads (counted by the pod); from-shoot: the pod writes, the client reads."}
-	tp.header, tp.left = []string{"target"}, []bool{true}
+	tp.Header, tp.Left = []string{"target"}, []bool{true}
 	for _, dir := range []string{ToShoot, FromShoot} {
 		for _, n := range conns {
-			tp.header = append(tp.header, fmt.Sprintf("%s ×%d", dir, n))
-			tp.left = append(tp.left, false)
+			tp.Header = append(tp.Header, fmt.Sprintf("%s ×%d", dir, n))
+			tp.Left = append(tp.Left, false)
 		}
 	}
-	tp.header, tp.left = append(tp.header, "errors"), append(tp.left, false)
+	tp.Header, tp.Left = append(tp.Header, "errors"), append(tp.Left, false)
 	for _, t := range measured {
 		row := []string{t.Name}
 		var nerr int64
@@ -409,7 +396,7 @@ func (rep *Report) tables() []table {
 		for _, b := range t.Bulk {
 			nerr += b.Errors
 		}
-		tp.rows = append(tp.rows, append(row, strconv.FormatInt(nerr, 10)))
+		tp.Rows = append(tp.Rows, append(row, strconv.FormatInt(nerr, 10)))
 	}
 	out = append(out, tp)
 
@@ -417,12 +404,12 @@ func (rep *Report) tables() []table {
 	dt := table{title: "Dials: a new connection through the path (kube-apiserver's way: a new mutual-TLS connection to the " +
 		"front-end per dial for tendril and konnectivity; a kernel TCP connect for direct and OpenVPN), one round trip " +
 		"to the pod, close. Latency in ms."}
-	dt.header, dt.left = []string{"target"}, []bool{true}
+	dt.Header, dt.Left = []string{"target"}, []bool{true}
 	for _, n := range rep.Settings.DialWorkers {
-		dt.header = append(dt.header, fmt.Sprintf("×%d dials/s", n), "p50", "p99")
-		dt.left = append(dt.left, false, false, false)
+		dt.Header = append(dt.Header, fmt.Sprintf("×%d dials/s", n), "p50", "p99")
+		dt.Left = append(dt.Left, false, false, false)
 	}
-	dt.header, dt.left = append(dt.header, "errors"), append(dt.left, false)
+	dt.Header, dt.Left = append(dt.Header, "errors"), append(dt.Left, false)
 	for _, t := range measured {
 		row := []string{t.Name}
 		var nerr int64
@@ -439,7 +426,7 @@ func (rep *Report) tables() []table {
 				row = append(row, "-", "-", "-")
 			}
 		}
-		dt.rows = append(dt.rows, append(row, strconv.FormatInt(nerr, 10)))
+		dt.Rows = append(dt.Rows, append(row, strconv.FormatInt(nerr, 10)))
 	}
 	out = append(out, dt)
 
@@ -447,8 +434,8 @@ func (rep *Report) tables() []table {
 	ht := table{title: "Head-of-line blocking: one connection's receiver stops reading (to-shoot: the pod; from-shoot: the " +
 		"client, as a kube-apiserver client that stops reading a log stream); once its sender is blocked, another connection " +
 		"of the same path transfers. MB/s of that other connection, and its share of the same path's 1-connection figure."}
-	ht.header = []string{"target", "to-shoot MB/s", "× alone", "stalled after", "from-shoot MB/s", "× alone", "stalled after", "errors"}
-	ht.left = []bool{true, false, false, false, false, false, false, false}
+	ht.Header = []string{"target", "to-shoot MB/s", "× alone", "stalled after", "from-shoot MB/s", "× alone", "stalled after", "errors"}
+	ht.Left = []bool{true, false, false, false, false, false, false, false}
 	for _, t := range measured {
 		row := []string{t.Name}
 		var nerr int64
@@ -474,7 +461,7 @@ func (rep *Report) tables() []table {
 				row = append(row, "-", "-", "-")
 			}
 		}
-		ht.rows = append(ht.rows, append(row, strconv.FormatInt(nerr, 10)))
+		ht.Rows = append(ht.Rows, append(row, strconv.FormatInt(nerr, 10)))
 	}
 	out = append(out, ht)
 
@@ -482,14 +469,14 @@ func (rep *Report) tables() []table {
 	ut := table{title: "Tunnel up time (agent process start → first dial through the tunnel that reached the pod; median, " +
 		"min–max) and resident memory (no agent: the seed side 1 s after it serves; idle: tunnel up, after the up-time runs " +
 		"and before any measurement; peak: VmHWM after all measurements)."}
-	ut.header = []string{"stack", "up ms", "min–max", "seed side", "no agent", "idle", "peak", "shoot side", "idle", "peak"}
-	ut.left = []bool{true, false, false, true, false, false, false, true, false, false}
+	ut.Header = []string{"stack", "up ms", "min–max", "seed side", "no agent", "idle", "peak", "shoot side", "idle", "peak"}
+	ut.Left = []bool{true, false, false, true, false, false, false, true, false, false}
 	for _, s := range rep.Stacks {
 		if s.Skipped != "" || len(s.UpMS) == 0 {
 			continue
 		}
 		lo, hi := slices.Min(s.UpMS), slices.Max(s.UpMS)
-		ut.rows = append(ut.rows, []string{s.Name, fmtMS(s.UpMedian()), fmtMS(lo) + "–" + fmtMS(hi),
+		ut.Rows = append(ut.Rows, []string{s.Name, fmtMS(s.UpMedian()), fmtMS(lo) + "–" + fmtMS(hi),
 			s.Server.Process, fmtMiB(s.Server.NoAgentRSS), fmtMiB(s.Server.IdleRSS), fmtMiB(s.Server.Peak),
 			s.Agent.Process, fmtMiB(s.Agent.IdleRSS), fmtMiB(s.Agent.Peak)})
 	}
@@ -504,8 +491,8 @@ func (rep *Report) tables() []table {
 	gt := table{title: "tendril against the goals (≥ 0.4× direct, ≥ 3× OpenVPN-TCP, ≥ 2× konnectivity with the same " +
 		"front-end protocol; tunnel up ≤ 100 ms; idle tendril-server ≤ 15 MiB). Dial rates have a goal only against " +
 		"konnectivity (direct and OpenVPN make no TLS connection per dial); head-of-line figures are for information."}
-	gt.header = []string{"metric", "tendril", "value", "versus", "other", "ratio", "goal", "met"}
-	gt.left = []bool{true, true, false, true, false, false, false, true}
+	gt.Header = []string{"metric", "tendril", "value", "versus", "other", "ratio", "goal", "met"}
+	gt.Left = []bool{true, true, false, true, false, false, false, true}
 	for _, g := range rep.Goals {
 		val, other, ratio, goal := fmtMB(g.Value)+" "+g.Unit, "", "", ""
 		if g.Versus != "" {
@@ -530,39 +517,15 @@ func (rep *Report) tables() []table {
 		default:
 			met = fmt.Sprintf("no (%s over)", fmtMB(g.Value-g.Want)+" "+g.Unit)
 		}
-		gt.rows = append(gt.rows, []string{g.Metric, g.Tendril, val, g.Versus, other, ratio, goal, met})
+		gt.Rows = append(gt.Rows, []string{g.Metric, g.Tendril, val, g.Versus, other, ratio, goal, met})
 	}
 	out = append(out, gt)
 	return out
 }
 
 func (t *table) writeText(b *strings.Builder) {
-	width := make([]int, len(t.header))
-	for _, r := range append([][]string{t.header}, t.rows...) {
-		for i, c := range r {
-			width[i] = max(width[i], utf8.RuneCountInString(c))
-		}
-	}
-	line := func(r []string) {
-		var l strings.Builder
-		for i, c := range r {
-			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(c))
-			if i > 0 {
-				l.WriteString("  ")
-			}
-			if t.left[i] {
-				l.WriteString(c + pad)
-			} else {
-				l.WriteString(pad + c)
-			}
-		}
-		b.WriteString(strings.TrimRight(l.String(), " ") + "\n")
-	}
 	fmt.Fprintf(b, "\n%s\n", t.title)
-	line(t.header)
-	for _, r := range t.rows {
-		line(r)
-	}
+	t.Write(b)
 	for _, n := range t.notes {
 		fmt.Fprintf(b, "  %s\n", n)
 	}
@@ -570,31 +533,14 @@ func (t *table) writeText(b *strings.Builder) {
 
 func (t *table) writeMarkdown(b *strings.Builder) {
 	fmt.Fprintf(b, "\n%s\n\n", t.title)
-	b.WriteString("| " + strings.Join(t.header, " | ") + " |\n|")
-	for _, l := range t.left {
-		if l {
-			b.WriteString("---|")
-		} else {
-			b.WriteString("---:|")
-		}
-	}
-	b.WriteString("\n")
-	for _, r := range t.rows {
-		cells := make([]string, len(r))
-		for i, c := range r {
-			cells[i] = mdEscape(c)
-		}
-		b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
-	}
+	t.WriteMarkdown(b)
 	if len(t.notes) > 0 {
 		b.WriteString("\n")
 		for _, n := range t.notes {
-			fmt.Fprintf(b, "- %s\n", mdEscape(n))
+			fmt.Fprintf(b, "- %s\n", harness.MDEscape(n))
 		}
 	}
 }
-
-func mdEscape(s string) string { return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s) }
 
 func (s Settings) summary() string {
 	return fmt.Sprintf("%s per measurement after %s warm-up; bulk with %v connections; dials with %v workers; %d agent start(s) per stack",
@@ -629,7 +575,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		}
 	}
 	for _, t := range rep.tables() {
-		if len(t.rows) > 0 {
+		if len(t.Rows) > 0 {
 			t.writeText(&b)
 		}
 	}
@@ -677,11 +623,11 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 		for _, n := range t.Notes {
 			status += "; " + n
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.Name, mdEscape(path), mdEscape(version), mdEscape(status))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.Name, harness.MDEscape(path), harness.MDEscape(version), harness.MDEscape(status))
 	}
 	b.WriteString("\n## Results\n")
 	for _, t := range rep.tables() {
-		if len(t.rows) > 0 {
+		if len(t.Rows) > 0 {
 			t.writeMarkdown(&b)
 		}
 	}

@@ -34,7 +34,7 @@ type stack struct {
 	// sets dial (and probe) for the targets.
 	startServer func(ctx context.Context, dir string) error
 	// startAgent starts the shoot side.
-	startAgent func(dir string) (*proc, error)
+	startAgent func(dir string) (*peers.Process, error)
 	// probe is a cheap dial through the tunnel, for the up time, tried
 	// every probeEvery; nil when there is no tunnel (direct).
 	probe        dialFunc
@@ -42,18 +42,18 @@ type stack struct {
 	probeTimeout time.Duration
 	probeVia     string // what the probe dials, for the report
 	dial         map[string]dialFunc
-	servers      []*proc // the seed side; servers[0] is the one whose memory is reported
-	agent        *proc
+	servers      []*peers.Process // the seed side; servers[0] is the one whose memory is reported
+	agent        *peers.Process
 	config       string
 }
 
 func (s *stack) stop() {
 	if s.agent != nil {
-		_ = s.agent.stop()
+		_ = s.agent.Stop()
 		s.agent = nil
 	}
 	for _, p := range slices.Backward(s.servers) {
-		_ = p.stop()
+		_ = p.Stop()
 	}
 	s.servers = nil
 }
@@ -123,14 +123,14 @@ func addr(a netip.Addr, port int) string { return netip.AddrPortFrom(a, uint16(p
 // tunnel servers of tendril and OpenVPN, tendril-ingress's Reversed-VPN
 // CONNECT listener on the seed's side of the shoot link.
 type ingress struct {
-	procs  []*proc
+	procs  []*peers.Process
 	listen string // seed address:port, where the shoot's agents dial
 	ports  ports
 }
 
 func (in *ingress) stop() {
 	for _, p := range slices.Backward(in.procs) {
-		_ = p.stop()
+		_ = p.Stop()
 	}
 }
 
@@ -163,14 +163,14 @@ func (r *runner) ensureIngress(ctx context.Context) (*ingress, error) {
 	if err := os.WriteFile(routeFile, []byte(routes), 0o644); err != nil {
 		return nil, err
 	}
-	seed, err := startProc("tendril-seed", filepath.Join(dir, "tendril-seed.log"),
-		[]string{r.bin("tendril-seed"), "--routes", routeFile, "--xds-address", xds, "--metrics-address", ""})
+	seed, err := peers.StartProcess("tendril-seed", filepath.Join(dir, "tendril-seed.log"),
+		r.bin("tendril-seed"), "--routes", routeFile, "--xds-address", xds, "--metrics-address", "")
 	if err != nil {
 		return nil, err
 	}
 	in.procs = append(in.procs, seed)
-	ing, err := startProc("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"),
-		[]string{r.bin("tendril-ingress"), "--xds", xds, "--node-id", "bench", "--tunnel-address", in.listen, "--metrics-address", metrics})
+	ing, err := peers.StartProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"),
+		r.bin("tendril-ingress"), "--xds", xds, "--node-id", "bench", "--tunnel-address", in.listen, "--metrics-address", metrics)
 	if err != nil {
 		in.stop()
 		return nil, err
@@ -205,12 +205,12 @@ func (r *runner) ensureIngress(ctx context.Context) (*ingress, error) {
 
 // waitFor calls f every 20 ms until it succeeds, one of procs exits,
 // timeout passes or ctx ends.
-func waitFor(ctx context.Context, timeout time.Duration, f func() error, procs ...*proc) error {
+func waitFor(ctx context.Context, timeout time.Duration, f func() error, procs ...*peers.Process) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
 		for _, p := range procs {
-			if err := p.exited(); err != nil {
+			if err := p.Exited(); err != nil {
 				return err
 			}
 		}
@@ -304,7 +304,7 @@ func (r *runner) tendrilStack() *stack {
 			"--shoot-cidrs", r.topo.podNet.String(), "--tunnel-address", "127.0.0.1:" + strconv.Itoa(in.ports.tendrilTunnel),
 			"--connect-address", connectAddr, "--grpc-address", grpcAddr, "--connect-socket", sock,
 			"--tls-cert-file", cert, "--tls-key-file", key, "--client-ca-file", r.pki.caFile, "--metrics-address", metrics}
-		srv, err := startProc("tendril-server", f("tendril-server.log"), argv)
+		srv, err := peers.StartProcess("tendril-server", f("tendril-server.log"), argv[0], argv[1:]...)
 		if err != nil {
 			return err
 		}
@@ -331,8 +331,8 @@ func (r *runner) tendrilStack() *stack {
 		}
 		return nil
 	}
-	s.startAgent = func(dir string) (*proc, error) {
-		return startProc("tendril-agent", filepath.Join(dir, "tendril-agent.log"), agentArgs)
+	s.startAgent = func(dir string) (*peers.Process, error) {
+		return peers.StartProcess("tendril-agent", filepath.Join(dir, "tendril-agent.log"), agentArgs[0], agentArgs[1:]...)
 	}
 	return s
 }
@@ -382,7 +382,7 @@ func (r *runner) openvpnStack() *stack {
 		cliCfg, _ := peers.RenderOpenVPNClient(cfg)
 		s.config = "# server\n" + srvCfg + "\n# client\n" + cliCfg
 		logPath := filepath.Join(dir, "openvpn-server.log")
-		srv, err := startProc("openvpn server", logPath, srvArgs)
+		srv, err := peers.StartProcess("openvpn server", logPath, srvArgs[0], srvArgs[1:]...)
 		if err != nil {
 			return err
 		}
@@ -397,8 +397,8 @@ func (r *runner) openvpnStack() *stack {
 		s.dial = map[string]dialFunc{TargetOpenVPN: tcpDialer(pod)}
 		return nil
 	}
-	s.startAgent = func(dir string) (*proc, error) {
-		return startProc("openvpn client", filepath.Join(dir, "openvpn-client.log"), clientArgs)
+	s.startAgent = func(dir string) (*peers.Process, error) {
+		return peers.StartProcess("openvpn client", filepath.Join(dir, "openvpn-client.log"), clientArgs[0], clientArgs[1:]...)
 	}
 	return s
 }
@@ -464,7 +464,7 @@ func (r *runner) konnectivityStack(mode, target string) *stack {
 		if err != nil {
 			return err
 		}
-		srv, err := startProc("proxy-server", filepath.Join(dir, "proxy-server.log"), argv)
+		srv, err := peers.StartProcess("proxy-server", filepath.Join(dir, "proxy-server.log"), argv[0], argv[1:]...)
 		if err != nil {
 			return err
 		}
@@ -494,10 +494,10 @@ func (r *runner) konnectivityStack(mode, target string) *stack {
 		s.probeVia = "the " + mode + " front-end over mutual TLS (a dial fails at once while no agent is connected), every 20 ms"
 		return nil
 	}
-	s.startAgent = func(dir string) (*proc, error) {
-		p, err := startProc("proxy-agent", filepath.Join(dir, "proxy-agent.log"), agentArgs)
+	s.startAgent = func(dir string) (*peers.Process, error) {
+		p, err := peers.StartProcess("proxy-agent", filepath.Join(dir, "proxy-agent.log"), agentArgs[0], agentArgs[1:]...)
 		if p != nil {
-			p.killed = true // proxy-agent ignores SIGTERM
+			p.KillAtOnce = true // proxy-agent ignores SIGTERM
 		}
 		return p, err
 	}

@@ -3,25 +3,17 @@ package tunnel
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
-	"flag"
-	"io"
 	"net"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"k8s.io/klog/v2"
-	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
-
 	"github.com/tendril-net/tendril/bench/internal/benchtest"
 	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/cmd/tendril-bench/konnectivity"
 )
 
 // TestRunMini runs the tunnel mode in miniature through the same code as a
@@ -55,7 +47,7 @@ func TestRunMini(t *testing.T) {
 	}
 	cfg := Config{Targets: targets, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond,
 		Conns: []int{1, 2}, DialWorkers: []int{1, 4}, UpRuns: 1, BinDir: binDir, NoBuild: true,
-		Konnectivity: testKonnectivityDial, Progress: benchtest.Log{T: t}}
+		Konnectivity: konnectivity.Dial, Progress: benchtest.Log{T: t}}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rep, err := Run(ctx, cfg)
@@ -125,52 +117,6 @@ func TestRunMini(t *testing.T) {
 			t.Errorf("namespace %s left behind", e.Name())
 		}
 	}
-}
-
-// testKonnectivityDial is cmd/tendril-bench's konnectivity dialer, for the
-// test (bench/tunnel itself may not import konnectivity-client).
-func testKonnectivityDial(ctx context.Context, server string, tlsConfig *tls.Config, target string) (net.Conn, error) {
-	quietKlog.Do(func() {
-		fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-		klog.InitFlags(fs)
-		_ = fs.Set("logtostderr", "false")
-		_ = fs.Set("stderrthreshold", "FATAL")
-		klog.SetOutput(io.Discard)
-	})
-	tunnelCtx, cancel := context.WithCancel(context.Background())
-	tun, err := konnectivity.CreateSingleUseGrpcTunnelWithContext(ctx, tunnelCtx, server,
-		grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig)))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	c, err := tun.DialContext(ctx, "tcp", target)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return &cancelConn{Conn: c, cancel: cancel}, nil
-}
-
-var quietKlog sync.Once
-
-type cancelConn struct {
-	net.Conn
-	cancel context.CancelFunc
-	once   sync.Once
-}
-
-func (c *cancelConn) Close() error {
-	c.once.Do(func() {
-		done := make(chan struct{})
-		go func() { _ = c.Conn.Close(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(time.Second):
-		}
-		c.cancel()
-	})
-	return nil
 }
 
 func TestTopologyAddresses(t *testing.T) {

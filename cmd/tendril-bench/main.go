@@ -117,15 +117,72 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return fmt.Errorf("%w: unknown mode %q", errUsage, args[1])
 }
 
-// command is the configuration of "tendril-bench <mode>".
-type command struct {
-	Mode     harness.Mode
-	Config   harness.Config
+// output is where a mode's report goes, the same for every mode.
+type output struct {
 	JSON     bool   // print the report as JSON instead of tables
 	Markdown string // also write a Markdown report to this file
 	// MarkdownAppend, if set, receives the Markdown report at its end
 	// (the file is created if missing).
 	MarkdownAppend string
+}
+
+// addFlags defines the output flags in fs.
+func (o *output) addFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&o.JSON, "json", false, "print machine-readable JSON instead of tables")
+	fs.StringVar(&o.Markdown, "markdown", "", "also write a Markdown report to `file`, replacing it")
+	fs.StringVar(&o.MarkdownAppend, "markdown-append", "", "also append the Markdown report as a section to `file` (created if missing)")
+}
+
+// parseFlags parses a mode's args with fs, which has the output flags
+// (addFlags): a bad flag, an argument or the same file for --markdown and
+// --markdown-append is a usage error; -h returns flag.ErrHelp.
+func (o *output) parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if o.Markdown != "" && o.Markdown == o.MarkdownAppend {
+		return fmt.Errorf("%w: --markdown and --markdown-append name the same file", errUsage)
+	}
+	return nil
+}
+
+// report is a mode's result in its three formats.
+type report interface {
+	WriteJSON(io.Writer) error
+	WriteTable(io.Writer) error
+	WriteMarkdown(io.Writer) error
+}
+
+// write prints rep to stdout, as JSON or tables, and writes the Markdown
+// files asked for.
+func (o *output) write(stdout io.Writer, rep report) error {
+	var err error
+	if o.JSON {
+		err = rep.WriteJSON(stdout)
+	} else {
+		fmt.Fprintln(stdout)
+		err = rep.WriteTable(stdout)
+	}
+	if o.Markdown != "" {
+		err = errors.Join(err, writeFile(o.Markdown, false, rep.WriteMarkdown))
+	}
+	if o.MarkdownAppend != "" {
+		err = errors.Join(err, writeFile(o.MarkdownAppend, true, rep.WriteMarkdown))
+	}
+	return err
+}
+
+// command is the configuration of "tendril-bench <mode>".
+type command struct {
+	Mode   harness.Mode
+	Config harness.Config
+	output
 	// CPUProfile, if set, receives a CPU profile of the whole run (client
 	// and upstreams; the peers are other processes).
 	CPUProfile string
@@ -150,21 +207,10 @@ func parseCommand(mode harness.Mode, args []string, stderr io.Writer) (*command,
 	fs.IntVar(&c.Config.BulkConns, "bulk-conns", 4, "concurrent connections in the bulk test")
 	fs.IntVar(&c.Config.Rounds, "rounds", 1, "repeat all measurements this often and report medians")
 	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with tendril-seed and tendril-ingress")
-	fs.BoolVar(&c.JSON, "json", false, "print machine-readable JSON instead of tables")
-	fs.StringVar(&c.Markdown, "markdown", "", "also write a Markdown report to `file`, replacing it")
-	fs.StringVar(&c.MarkdownAppend, "markdown-append", "", "also append the Markdown report as a section to `file` (created if missing)")
+	c.addFlags(fs)
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the benchmark process (client and upstreams) to `file`")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	if c.Markdown != "" && c.Markdown == c.MarkdownAppend {
-		return nil, fmt.Errorf("%w: --markdown and --markdown-append name the same file", errUsage)
+	if err := c.parseFlags(fs, args); err != nil {
+		return nil, err
 	}
 	c.Config.Targets, c.Config.Modes, c.Config.Concurrency = targets, modes, conc
 	c.Config.BulkBytes = int64(bulkBytes)
@@ -190,20 +236,7 @@ func (c *command) Run(ctx context.Context, stdout io.Writer) error {
 	if rep == nil {
 		return err
 	}
-	var werr error
-	if c.JSON {
-		werr = rep.WriteJSON(stdout)
-	} else {
-		fmt.Fprintln(stdout)
-		werr = rep.WriteTable(stdout)
-	}
-	if c.Markdown != "" {
-		werr = errors.Join(werr, writeFile(c.Markdown, false, rep.WriteMarkdown))
-	}
-	if c.MarkdownAppend != "" {
-		werr = errors.Join(werr, writeFile(c.MarkdownAppend, true, rep.WriteMarkdown))
-	}
-	return errors.Join(err, werr)
+	return errors.Join(err, c.write(stdout, rep))
 }
 
 // writeFile writes a report to path: replacing it, or at its end, after an

@@ -9,14 +9,13 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/tunnel"
+	"github.com/tendril-net/tendril/cmd/tendril-bench/konnectivity"
 )
 
 // tunnelCommand is the configuration of "tendril-bench tunnel".
 type tunnelCommand struct {
-	Config         tunnel.Config
-	JSON           bool
-	Markdown       string
-	MarkdownAppend string
+	Config tunnel.Config
+	output
 }
 
 func parseTunnel(args []string, stderr io.Writer) (*tunnelCommand, error) {
@@ -35,26 +34,15 @@ func parseTunnel(args []string, stderr io.Writer) (*tunnelCommand, error) {
 	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with the tendril binaries (make build)")
 	fs.StringVar(&c.Config.CacheDir, "cache-dir", "", "where konnectivity's proxy-server and proxy-agent are built once (default: the user cache directory/tendril-bench)")
 	fs.BoolVar(&c.Config.NoBuild, "no-build", false, "skip konnectivity if it is not built yet instead of building it")
-	fs.BoolVar(&c.JSON, "json", false, "print machine-readable JSON instead of tables")
-	fs.StringVar(&c.Markdown, "markdown", "", "also write a Markdown report to `file`, replacing it")
-	fs.StringVar(&c.MarkdownAppend, "markdown-append", "", "also append the Markdown report as a section to `file` (created if missing)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	if c.Markdown != "" && c.Markdown == c.MarkdownAppend {
-		return nil, fmt.Errorf("%w: --markdown and --markdown-append name the same file", errUsage)
+	c.addFlags(fs)
+	if err := c.parseFlags(fs, args); err != nil {
+		return nil, err
 	}
 	if c.Config.Duration <= 0 || c.Config.Warmup < 0 || c.Config.UpRuns < 1 {
 		return nil, fmt.Errorf("%w: --duration must be > 0, --warmup ≥ 0, --up-runs ≥ 1", errUsage)
 	}
 	c.Config.Targets, c.Config.Conns, c.Config.DialWorkers = targets, conns, workers
-	c.Config.Konnectivity = konnectivityDial
+	c.Config.Konnectivity = konnectivity.Dial
 	c.Config.Progress = stderr
 	return c, nil
 }
@@ -66,18 +54,5 @@ func (c *tunnelCommand) Run(ctx context.Context, stdout io.Writer) error {
 	if rep == nil {
 		return err
 	}
-	var werr error
-	if c.JSON {
-		werr = rep.WriteJSON(stdout)
-	} else {
-		fmt.Fprintln(stdout)
-		werr = rep.WriteTable(stdout)
-	}
-	if c.Markdown != "" {
-		werr = errors.Join(werr, writeFile(c.Markdown, false, rep.WriteMarkdown))
-	}
-	if c.MarkdownAppend != "" {
-		werr = errors.Join(werr, writeFile(c.MarkdownAppend, true, rep.WriteMarkdown))
-	}
-	return errors.Join(err, werr)
+	return errors.Join(err, c.write(stdout, rep))
 }

@@ -1,4 +1,10 @@
-package main
+// Package konnectivity is the tunnel mode's konnectivity client: it dials
+// through a konnectivity ProxyService with konnectivity-client, the library
+// kube-apiserver's EgressSelector uses. It lives here rather than in
+// bench/tunnel, which may not import k8s.io modules (konnectivity-client
+// logs with klog; see internal/depcheck): tendril-bench passes Dial to the
+// tunnel mode, and bench/tunnel's tests import it.
+package konnectivity
 
 import (
 	"context"
@@ -14,20 +20,18 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2"
-	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
+	konnclient "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 )
-
-// The tunnel mode's gRPC targets use konnectivity-client, the library
-// kube-apiserver's EgressSelector uses, linked here rather than in
-// bench/tunnel (which may not import k8s.io modules; konnectivity-client
-// logs with klog).
 
 var quietKlog sync.Once
 
-// konnectivityDial opens one connection to target through the ProxyService
+// Dial opens one connection to target through the ProxyService
 // at server as kube-apiserver does: a single-use gRPC tunnel (its own gRPC
 // connection, here over mutual TLS) per connection.
-func konnectivityDial(ctx context.Context, server string, tlsConfig *tls.Config, target string) (net.Conn, error) {
+//
+// It is a tunnel.KonnectivityDialer: server is "host:port", or "unix://PATH"
+// for a Unix socket (then tlsConfig is nil and the connection is plain).
+func Dial(ctx context.Context, server string, tlsConfig *tls.Config, target string) (net.Conn, error) {
 	quietKlog.Do(func() {
 		// konnectivity-client logs every stream it sees end as an error
 		// ("stream read failure") on stderr; the benchmark ends thousands.
@@ -53,7 +57,7 @@ func konnectivityDial(ctx context.Context, server string, tlsConfig *tls.Config,
 	}
 	// The tunnel lives until the connection is closed.
 	tunnelCtx, cancel := context.WithCancel(context.Background())
-	tun, err := konnectivity.CreateSingleUseGrpcTunnelWithContext(ctx, tunnelCtx, server, opts...)
+	tun, err := konnclient.CreateSingleUseGrpcTunnelWithContext(ctx, tunnelCtx, server, opts...)
 	if err != nil {
 		cancel()
 		return nil, err
