@@ -15,10 +15,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -58,8 +60,9 @@ type Config struct {
 }
 
 // Add adds the source to mgr. It runs on every replica (each serves xDS) and writes Route
-// status only once mgr has been elected leader. mgr's scheme must know core/v1,
-// discovery/v1 and tendril's v1alpha1.
+// status only once mgr has been elected leader. It also adds the readiness check "routes", which
+// passes once the first route set was published. mgr's scheme must know core/v1, discovery/v1
+// and tendril's v1alpha1.
 func Add(mgr manager.Manager, cfg Config) error {
 	s, err := New(cfg, mgr.GetCache(), mgr.GetClient(), mgr.Elected())
 	if err != nil {
@@ -70,7 +73,18 @@ func Add(mgr manager.Manager, cfg Config) error {
 			return fmt.Errorf("kubesource: the manager's scheme: %w", err)
 		}
 	}
+	if err := mgr.AddReadyzCheck("routes", s.Ready); err != nil {
+		return fmt.Errorf("kubesource: readiness check: %w", err)
+	}
 	return mgr.Add(s)
+}
+
+// Ready is a healthz.Checker: it fails until the first route set has been published.
+func (s *Source) Ready(*http.Request) error {
+	if !s.published.Load() {
+		return errors.New("routes not published yet (waiting for the caches to sync)")
+	}
+	return nil
 }
 
 // Source is the running source; it is a manager.Runnable.
@@ -92,6 +106,8 @@ type Source struct {
 	reasons map[types.NamespacedName]string // the condition reason of every route, for metrics
 	writer  *statusWriter
 	leading bool
+
+	published atomic.Bool // the first route set was applied
 }
 
 // pendingSince is when a route was first found Pending for its generation and model; Pending is
@@ -320,6 +336,7 @@ func (s *Source) rebuild(ctx context.Context, dirty map[string]bool) error {
 		return nil
 	}
 	s.metrics.publishes.WithLabelValues("applied").Inc()
+	s.published.Store(true)
 	s.metrics.buildDuration.Observe(time.Since(start).Seconds())
 	s.log.V(1).Info("Routes published", "namespaces", len(dirty), "shoots", len(set))
 	return nil

@@ -338,7 +338,7 @@ func (s *seed) waitCondition(ns, reason string) *tendrilv1alpha1.Route {
 	return route
 }
 
-// counter sums the samples of a counter family whose labels include match.
+// counter sums the samples of a counter or gauge family whose labels include match.
 func counter(t *testing.T, reg *prometheus.Registry, family string, match map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -357,7 +357,7 @@ func counter(t *testing.T, reg *prometheus.Registry, family string, match map[st
 					continue metric
 				}
 			}
-			sum += m.GetCounter().GetValue()
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return sum
@@ -396,6 +396,9 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	}
 	s.waitCondition(alpha, tendrilv1alpha1.ReasonProgrammed)
 	s.waitCondition(beta, tendrilv1alpha1.ReasonProgrammed)
+	if got := counter(t, s.srcReg, "tendril_kubesource_routes", map[string]string{"state": tendrilv1alpha1.ReasonProgrammed}); got != 2 {
+		t.Errorf("routes gauge: %v programmed, want 2", got)
+	}
 
 	// Both replicas of beta are used (round robin across the assignment's endpoints).
 	seen := map[string]bool{}
@@ -575,5 +578,19 @@ func TestPendingWithoutIngress(t *testing.T) {
 	s.waitCondition("shoot--t--alpha", tendrilv1alpha1.ReasonPending)
 	if _, c, _ := s.condition("shoot--t--alpha"); c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "ingress replicas") {
 		t.Errorf("condition %+v, want False waiting for the ingress replicas", c)
+	}
+}
+
+// TestConfig: a Server is required, and a source is not ready before it published.
+func TestConfig(t *testing.T) {
+	if _, err := kubesource.New(kubesource.Config{}, nil, nil, nil); err == nil {
+		t.Error("a source without a Server was created")
+	}
+	s, err := kubesource.New(kubesource.Config{Server: xdsserver.New(xdsserver.Config{})}, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ready(nil); err == nil {
+		t.Error("ready before the first publish")
 	}
 }
