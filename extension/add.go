@@ -2,10 +2,25 @@ package extension
 
 import (
 	"context"
+	"fmt"
 
+	extensionscontroller "github.com/gardener/gardener/extensions/pkg/controller"
 	genericextension "github.com/gardener/gardener/extensions/pkg/controller/extension"
+	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
+	"github.com/tendril-net/tendril/extension/manifest"
 )
 
 // AddOptions configure the controller.
@@ -30,5 +45,42 @@ func Add(ctx context.Context, mgr manager.Manager, opts AddOptions) error {
 		Type:              Type,
 		ControllerOptions: controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles},
 		Predicates:        genericextension.DefaultPredicates(ctx, mgr, opts.IgnoreOperationAnnotation),
+		WatchBuilder:      extensionscontroller.NewWatchBuilder(func(c controller.Controller) error { return watchDrift(mgr, c) }),
 	})
+}
+
+// watchDrift reconciles a shoot when one of tendril's own seed objects is changed or deleted
+// by someone else — the one exception to reconciling only when gardenlet asks. Only spec
+// changes (generation) and deletions count: status updates and creations (including the
+// cache's initial list at start-up) do not, so a restart does not reconcile every shoot, and
+// tendril's own no-op apply writes nothing that would trigger another round.
+func watchDrift(mgr manager.Manager, c controller.Controller) error {
+	ours := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetName() == manifest.ServerName || o.GetName() == manifest.RouteName
+	})
+	drift := predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return e.ObjectNew.GetGeneration() != e.ObjectOld.GetGeneration() },
+		DeleteFunc:  func(event.DeleteEvent) bool { return true },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+	toExtension := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		list := &extensionsv1alpha1.ExtensionList{}
+		if err := mgr.GetClient().List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
+			return nil
+		}
+		var reqs []reconcile.Request
+		for _, e := range list.Items {
+			if e.Spec.Type == Type && e.DeletionTimestamp == nil {
+				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&e)})
+			}
+		}
+		return reqs
+	})
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &networkingv1.NetworkPolicy{}, &tendrilv1alpha1.Route{}} {
+		if err := c.Watch(source.Kind[client.Object](mgr.GetCache(), obj, toExtension, ours, drift)); err != nil {
+			return fmt.Errorf("watch %T: %w", obj, err)
+		}
+	}
+	return nil
 }

@@ -322,6 +322,23 @@ func testReconcile(t *testing.T, c client.Client) {
 		t.Errorf("second reconcile changed objects:\nbefore %v\nafter  %v", before, after)
 	}
 
+	// Drift: someone scales tendril-server; the extension puts it back without being asked.
+	drifted := &appsv1.Deployment{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: manifest.ServerName}, drifted))
+	dpatch := client.MergeFrom(drifted.DeepCopy())
+	drifted.Spec.Replicas = ptr.To[int32](3)
+	must(t, c.Patch(ctx, drifted, dpatch))
+	testwait.For(t, "drift reverted", func() error {
+		d := &appsv1.Deployment{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(drifted), d); err != nil {
+			return err
+		}
+		if *d.Spec.Replicas != 1 {
+			return fmt.Errorf("replicas %d", *d.Spec.Replicas)
+		}
+		return nil
+	})
+
 	// Delete removes everything tendril made.
 	must(t, c.Delete(ctx, extAlpha))
 	testwait.For(t, "extension deleted", func() error {
@@ -603,12 +620,14 @@ func TestMigrateRestore(t *testing.T) {
 	rpatch := client.MergeFrom(restored.DeepCopy())
 	metav1.SetMetaDataAnnotation(&restored.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationRestore)
 	must(t, dst.Client.Patch(ctx, restored, rpatch))
+	// Restore ends Succeeded; a later drift or health round may already have turned the type
+	// into Reconcile, so the state and the objects are what the test holds on to.
 	testwait.For(t, "restore succeeded", func() error {
-		op, _, err := lastOp(dst.Client, client.ObjectKeyFromObject(restored))
+		op, e, err := lastOp(dst.Client, client.ObjectKeyFromObject(restored))
 		if err != nil {
 			return err
 		}
-		if op.Type != gardencorev1beta1.LastOperationTypeRestore || op.State != gardencorev1beta1.LastOperationStateSucceeded {
+		if op.State != gardencorev1beta1.LastOperationStateSucceeded || e.Annotations[v1beta1constants.GardenerOperation] != "" {
 			return fmt.Errorf("lastOperation %s %s: %s", op.Type, op.State, op.Description)
 		}
 		return nil

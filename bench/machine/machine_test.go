@@ -33,15 +33,21 @@ func TestSampleCPU(t *testing.T) {
 	if !a.OK {
 		t.Skip("no /proc/stat")
 	}
-	// Burn some CPU in this process: it must count as our own.
-	deadline := time.Now().Add(200 * time.Millisecond)
+	// Burn CPU in this process until it counts as our own. Spin by CPU, not wall time: on a
+	// loaded machine 200 ms of wall time may hold far less of our CPU. The bound only keeps a
+	// broken SampleCPU from spinning forever.
+	var b CPUSample
 	x := 0
-	for time.Now().Before(deadline) {
-		x++
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		for range 1_000_000 {
+			x++
+		}
+		if b = SampleCPU(nil); b.Own-a.Own >= 100*time.Millisecond {
+			break
+		}
 	}
-	b := SampleCPU(nil)
 	if b.Own-a.Own < 100*time.Millisecond || b.Busy < a.Busy {
-		t.Errorf("own CPU grew by %v, busy by %v after 200ms of spinning (%d)", b.Own-a.Own, b.Busy-a.Busy, x)
+		t.Errorf("own CPU grew by %v, busy by %v after spinning for a minute (%d)", b.Own-a.Own, b.Busy-a.Busy, x)
 	}
 	if o := a.Other(b); o < 0 {
 		t.Errorf("Other = %v", o)

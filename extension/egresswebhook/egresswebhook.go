@@ -208,7 +208,10 @@ type registration struct {
 func (r registration) NeedLeaderElection() bool { return true }
 
 func (r registration) Start(ctx context.Context) error {
-	for _, cfg := range r.configs.GetWebhookConfigs() {
+	for _, shared := range r.configs.GetWebhookConfigs() {
+		// A copy: the certificate reconciler reads (and logs) the same object concurrently,
+		// while the Get below overwrites it in place.
+		cfg := shared.DeepCopyObject().(client.Object)
 		// The API server may still be settling (owner namespace, REST mapping): retry a while.
 		err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 			if err := extensionswebhook.ReconcileSeedWebhookConfig(ctx, r.client, cfg, r.owner, r.caBundle); err != nil {
