@@ -28,16 +28,23 @@ import (
 //
 // The active agent stays active while it is live, even when another has a fresher handshake:
 // moving the CIDRs ends every connection through the previous agent (their packets now reach an
-// agent that does not know them and answers with a reset). When the active agent is no longer
-// live, the live agent with the freshest handshake takes over and the dead agent's stream is
-// closed, so that what WireGuard still queued for it fails at once (and an agent that was merely
-// slow reconnects). A new dial then goes to the new agent; a connection through the dead one
-// fails.
+// agent that does not know them and answers with a reset). When the active agent has been dead
+// for failoverGrace, the live agent with the freshest handshake takes over and the dead agent's
+// stream is closed, so that what WireGuard still queued for it fails at once (and an agent that
+// was merely slow reconnects). A new dial then goes to the new agent; a connection through the
+// dead one fails.
 //
 // An agent is live while its stream is attached, its last handshake is younger than
 // HandshakeFresh, and its stream delivered something within Config.AgentTimeout. The agent
 // sends a heartbeat every second (and WireGuard keepalives), so silence for a few seconds means
 // the path is gone even when no TCP connection noticed (a proxy that stopped forwarding).
+
+// failoverGrace is how long the active agent may be dead before the CIDRs move. A stream that
+// broke (the ingress restarted) is usually back within a second, the agent's first backoff
+// (0.2 s) plus a dial and a handshake, and the connections through the agent survive that:
+// WireGuard carries on over the new stream. Moving the CIDRs would end them. A silent path has
+// been dead for AgentTimeout already when it counts as dead.
+const failoverGrace = time.Second
 
 // watchEvery is how often the server checks its agents: a failover happens within
 // AgentTimeout + watchEvery of the last packet from the active agent. Each check reads the
@@ -51,6 +58,8 @@ type agents struct {
 	active    wg.Key
 	live      map[wg.Key]bool
 	failovers uint64
+	// deadSince is when the active agent was first seen dead; zero while it is live.
+	deadSince time.Time
 }
 
 // AgentStatus is one agent as the server sees it.
@@ -141,7 +150,14 @@ func (s *Server) checkAgents() {
 			next = &peers[i]
 		}
 	}
-	if activeLive || next == nil {
+	switch {
+	case activeLive:
+		a.deadSince = time.Time{}
+		return
+	case a.deadSince.IsZero():
+		a.deadSince = now
+	}
+	if next == nil || now.Sub(a.deadSince) < failoverGrace {
 		return
 	}
 	old := a.active
@@ -150,6 +166,7 @@ func (s *Server) checkAgents() {
 		return
 	}
 	a.active = next.PublicKey
+	a.deadSince = time.Time{}
 	a.failovers++
 	s.metrics.failovers.Inc()
 	for _, k := range a.keys {

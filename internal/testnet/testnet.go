@@ -89,6 +89,7 @@ type Proxy struct {
 
 	mu     sync.Mutex
 	holes  []*atomic.Bool
+	cut    bool // Cut: new connections are blackholed too
 	closed bool
 	conns  []net.Conn
 }
@@ -117,6 +118,7 @@ func NewProxy(t testing.TB, target string) *Proxy {
 			}
 			hole := &atomic.Bool{}
 			p.mu.Lock()
+			hole.Store(p.cut)
 			if p.closed {
 				p.mu.Unlock()
 				c.Close()
@@ -151,6 +153,15 @@ func (p *Proxy) Blackhole() {
 	for _, h := range p.holes {
 		h.Store(true)
 	}
+}
+
+// Cut blackholes every connection, those accepted so far and those to come: a path that is gone
+// for good (the connections are accepted, nothing passes).
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	p.cut = true
+	p.mu.Unlock()
+	p.Blackhole()
 }
 
 // copyUnlessHoled copies src to dst until either ends, discarding what it reads once hole is
