@@ -233,6 +233,19 @@ func checkAgentPrefixes(cfg *Config) error {
 		}
 		peers[i].AllowedIPs = own
 	}
+	// Two agents sharing an address would take it from each other: WireGuard keeps a prefix
+	// with one peer.
+	for i := range peers {
+		for j := range i {
+			for _, p := range peers[i].AllowedIPs {
+				for _, q := range peers[j].AllowedIPs {
+					if p.Overlaps(q) {
+						return fmt.Errorf("server: agents %s and %s: addresses %s and %s overlap", peers[j].PublicKey, peers[i].PublicKey, q, p)
+					}
+				}
+			}
+		}
+	}
 	cfg.Tunnel.Peers = peers
 	return nil
 }
