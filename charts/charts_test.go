@@ -1,0 +1,533 @@
+package charts
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
+	"github.com/gardener/gardener/pkg/chartrenderer"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/version"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/pod-security-admission/api"
+	"k8s.io/pod-security-admission/policy"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tendril-net/tendril/xds/translate"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/ and controller-registration.yaml")
+
+const namespace = "extension-tendril-abcde"
+
+// gardenerValues are what gardenlet mixes into the values of every extension chart (seed 001 §5).
+var gardenerValues = map[string]any{
+	"version": "v1.150.0",
+	"garden":  map[string]any{"clusterIdentity": "garden-identity", "genericKubeconfigSecretName": "generic-garden-kubeconfig-1a2b3c4d"},
+	"seed": map[string]any{
+		"name":            "aws-eu1",
+		"clusterIdentity": "seed-aws-eu1",
+		"provider":        "aws",
+		"region":          "eu-west-1",
+		"ingressDomain":   "ingress.aws-eu1.example.com",
+		"labels":          map[string]any{},
+		"annotations":     map[string]any{},
+		"protected":       false,
+		"visible":         true,
+	},
+	"gardenlet": map[string]any{"featureGates": map[string]any{}},
+}
+
+// renderCase is one way of installing the chart; each has a golden file testdata/<name>.yaml.
+type renderCase struct {
+	name   string
+	values map[string]any // on top of the chart's values.yaml, without gardener
+}
+
+func cases(t *testing.T) []renderCase {
+	ha := map[string]any{}
+	b, err := os.ReadFile("examples/values-ha.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &ha); err != nil {
+		t.Fatalf("examples/values-ha.yaml: %v", err)
+	}
+	return []renderCase{
+		{name: "default", values: map[string]any{}},
+		{name: "ha", values: ha},
+		{name: "envoy", values: map[string]any{"ingress": map[string]any{"engine": "envoy"}}},
+	}
+}
+
+func renderer() chartrenderer.Interface {
+	return chartrenderer.NewWithServerVersion(&version.Info{GitVersion: "v1.33.0", Major: "1", Minor: "33"})
+}
+
+func withGardener(values map[string]any) map[string]any {
+	v := map[string]any{"gardener": gardenerValues}
+	for k, x := range values {
+		v[k] = x
+	}
+	return v
+}
+
+func render(t *testing.T, values map[string]any) *chartrenderer.RenderedChart {
+	t.Helper()
+	rc, err := renderer().RenderEmbeddedFS(FS, SeedChart, "tendril", namespace, withGardener(values))
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	return rc
+}
+
+var codecs = func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := apiextensionsv1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return serializer.NewCodecFactory(s, serializer.EnableStrict)
+}()
+
+// decode parses every rendered manifest strictly (unknown or duplicate fields fail) into its
+// typed object.
+func decode(t *testing.T, rc *chartrenderer.RenderedChart) []client.Object {
+	t.Helper()
+	var objs []client.Object
+	for _, m := range rc.Manifests {
+		for doc := range strings.SplitSeq(m.Content, "\n---\n") {
+			if strings.TrimSpace(doc) == "" {
+				continue
+			}
+			obj, _, err := codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", m.Name, err, doc)
+			}
+			objs = append(objs, obj.(client.Object))
+		}
+	}
+	return objs
+}
+
+func find[T client.Object](t *testing.T, objs []client.Object, name string) T {
+	t.Helper()
+	for _, o := range objs {
+		if x, ok := o.(T); ok && o.GetName() == name {
+			return x
+		}
+	}
+	var zero T
+	t.Fatalf("no %T %s", zero, name)
+	return zero
+}
+
+// usage builds a binary and returns the flag names its -h prints.
+var usage = sync.OnceValues(func() (map[string]map[string]bool, error) {
+	dir, err := os.MkdirTemp("", "tendril-charts-test")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	gocmd, err := exec.LookPath("go")
+	if err != nil {
+		return nil, err
+	}
+	cmds := []string{"tendril-seed", "tendril-ingress"}
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	for _, c := range cmds {
+		args = append(args, "github.com/tendril-net/tendril/cmd/"+c)
+	}
+	build := exec.Command(gocmd, args...)
+	build.Env = append(os.Environ(), "GOTOOLCHAIN=local")
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	flagLine := regexp.MustCompile(`(?m)^  -([a-zA-Z0-9-]+)`)
+	flags := map[string]map[string]bool{}
+	for _, c := range cmds {
+		// -h exits 0 or 2 depending on the flag set's error handling; the text is what counts.
+		out, _ := exec.Command(filepath.Join(dir, c), "-h").CombinedOutput()
+		flags[c] = map[string]bool{}
+		for _, m := range flagLine.FindAllStringSubmatch(string(out), -1) {
+			flags[c][m[1]] = true
+		}
+		if len(flags[c]) == 0 {
+			return nil, fmt.Errorf("%s -h printed no flags:\n%s", c, out)
+		}
+	}
+	return flags, nil
+})
+
+// parseArgs turns --name=value / --name arguments into a map; anything else fails.
+func parseArgs(t *testing.T, container string, args []string, known map[string]bool) map[string][]string {
+	t.Helper()
+	m := map[string][]string{}
+	for _, a := range args {
+		name, value, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !strings.HasPrefix(a, "--") {
+			t.Errorf("%s: argument %q is not --flag[=value]", container, a)
+			continue
+		}
+		if !ok {
+			value = "true"
+		}
+		if !known[name] {
+			t.Errorf("%s: flag --%s is not in its -h", container, name)
+		}
+		m[name] = append(m[name], value)
+	}
+	return m
+}
+
+func addrPort(t *testing.T, addr string) int32 {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("address %q: %v", addr, err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatalf("address %q: %v", addr, err)
+	}
+	return int32(n)
+}
+
+func containerPorts(c corev1.Container) map[string]int32 {
+	m := map[string]int32{}
+	for _, p := range c.Ports {
+		m[p.Name] = p.ContainerPort
+	}
+	return m
+}
+
+func TestRender(t *testing.T) {
+	flags, err := usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases(t) {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := render(t, tc.values)
+			golden(t, filepath.Join("testdata", tc.name+".yaml"), rc.Manifest())
+			objs := decode(t, rc)
+			checkObjects(t, objs)
+			checkSeed(t, objs, flags["tendril-seed"])
+			checkIngress(t, objs, flags["tendril-ingress"])
+			checkPodSecurity(t, objs)
+		})
+	}
+}
+
+func golden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./charts -update)", err)
+	}
+	if !bytes.Equal(got, want) {
+		g, w := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
+		i := 0
+		for i < len(g) && i < len(w) && g[i] == w[i] {
+			i++
+		}
+		line := func(l []string) string {
+			if i < len(l) {
+				return l[i]
+			}
+			return "<end of file>"
+		}
+		t.Errorf("%s is stale (go test ./charts -update): line %d is %q, rendered %q", path, i+1, line(w), line(g))
+	}
+}
+
+// checkObjects: namespaced objects in the release namespace, cluster-scoped ones named by
+// CONV-03, Services and PodDisruptionBudgets select pods that exist, named ports exist.
+func checkObjects(t *testing.T, objs []client.Object) {
+	deployments := map[string]*appsv1.Deployment{}
+	for _, o := range objs {
+		if d, ok := o.(*appsv1.Deployment); ok {
+			deployments[d.Name] = d
+		}
+	}
+	selects := func(sel map[string]string) []*appsv1.Deployment {
+		var ds []*appsv1.Deployment
+		for _, d := range deployments {
+			if len(sel) > 0 && labels.SelectorFromSet(sel).Matches(labels.Set(d.Spec.Template.Labels)) {
+				ds = append(ds, d)
+			}
+		}
+		return ds
+	}
+	for _, o := range objs {
+		switch x := o.(type) {
+		case *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding:
+			if !strings.HasPrefix(o.GetName(), "extensions.gardener.cloud:extension-tendril:") {
+				t.Errorf("%T %s: want extensions.gardener.cloud:extension-tendril:<name> (CONV-03)", o, o.GetName())
+			}
+		case *apiextensionsv1.CustomResourceDefinition:
+		default:
+			if o.GetNamespace() != namespace {
+				t.Errorf("%T %s: namespace %q, want %q", o, o.GetName(), o.GetNamespace(), namespace)
+			}
+			_ = x
+		}
+		switch x := o.(type) {
+		case *corev1.Service:
+			ds := selects(x.Spec.Selector)
+			if len(ds) != 1 {
+				t.Errorf("Service %s selects %d Deployments", x.Name, len(ds))
+				continue
+			}
+			for _, p := range x.Spec.Ports {
+				if !slices.ContainsFunc(ds[0].Spec.Template.Spec.Containers, func(c corev1.Container) bool {
+					_, ok := containerPorts(c)[p.TargetPort.StrVal]
+					return ok
+				}) {
+					t.Errorf("Service %s port %s: target %q is no container port of %s", x.Name, p.Name, p.TargetPort.String(), ds[0].Name)
+				}
+			}
+		case *policyv1.PodDisruptionBudget:
+			if ds := selects(x.Spec.Selector.MatchLabels); len(ds) != 1 {
+				t.Errorf("PodDisruptionBudget %s selects %d Deployments", x.Name, len(ds))
+			}
+		case *appsv1.Deployment:
+			if !labels.SelectorFromSet(x.Spec.Selector.MatchLabels).Matches(labels.Set(x.Spec.Template.Labels)) {
+				t.Errorf("Deployment %s: selector does not match its pods", x.Name)
+			}
+			spec := x.Spec.Template.Spec
+			if !slices.Contains([]string{v1beta1constants.PriorityClassNameSeedSystem900, v1beta1constants.PriorityClassNameSeedSystemCritical}, spec.PriorityClassName) {
+				t.Errorf("Deployment %s: priorityClassName %q is not one of Gardener's seed system classes", x.Name, spec.PriorityClassName)
+			}
+			ann := x.Spec.Template.Annotations
+			found := false
+			for _, c := range spec.Containers {
+				ports := containerPorts(c)
+				if p, ok := ports["metrics"]; ok && strconv.Itoa(int(p)) == ann["prometheus.io/port"] {
+					found = true
+				}
+				for _, pr := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+					if pr == nil {
+						t.Errorf("Deployment %s container %s: probe missing", x.Name, c.Name)
+						continue
+					}
+					var port string
+					if pr.HTTPGet != nil {
+						port = pr.HTTPGet.Port.StrVal
+					} else if pr.TCPSocket != nil {
+						port = pr.TCPSocket.Port.StrVal
+					}
+					if _, ok := ports[port]; !ok {
+						t.Errorf("Deployment %s container %s: probe port %q is no container port", x.Name, c.Name, port)
+					}
+				}
+				if c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+					t.Errorf("Deployment %s container %s: no memory request or limit", x.Name, c.Name)
+				}
+			}
+			if ann["prometheus.io/scrape"] != "true" || !found {
+				t.Errorf("Deployment %s: prometheus.io annotations %v do not name its metrics port", x.Name, ann)
+			}
+		}
+	}
+}
+
+func checkSeed(t *testing.T, objs []client.Object, known map[string]bool) {
+	d := find[*appsv1.Deployment](t, objs, "gardener-extension-tendril")
+	c := d.Spec.Template.Spec.Containers[0]
+	if !slices.Equal(c.Command, []string{"/tendril-seed"}) {
+		t.Errorf("tendril-seed command %q", c.Command)
+	}
+	args := parseArgs(t, "tendril-seed", c.Args, known)
+	ports := containerPorts(c)
+	want := map[string]int32{
+		"xds":     addrPort(t, args["xds-address"][0]),
+		"metrics": addrPort(t, args["metrics-address"][0]),
+		"health":  addrPort(t, args["health-bind-address"][0]),
+	}
+	wp, err := strconv.Atoi(args["webhook-port"][0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want["webhook"] = int32(wp)
+	if fmt.Sprint(ports) != fmt.Sprint(want) {
+		t.Errorf("tendril-seed container ports %v, flags say %v", ports, want)
+	}
+	if host, _, _ := net.SplitHostPort(args["xds-address"][0]); host != "" {
+		t.Errorf("--xds-address=%s: the ingress reaches it through a Service, listen on the pod IP", args["xds-address"][0])
+	}
+	if img := args["image"]; len(img) != 1 || img[0] != c.Image {
+		t.Errorf("--image=%v, container image %s: the shoots must run the seed's image", img, c.Image)
+	}
+	for _, f := range []string{"webhook-namespace", "leader-election-namespace", "heartbeat-namespace", "ingress-namespace"} {
+		if v := args[f]; len(v) != 1 || v[0] != namespace {
+			t.Errorf("--%s=%v, want %s", f, v, namespace)
+		}
+	}
+	if v := args["ingress-address"]; len(v) != 1 || v[0] != "tendril.ingress.aws-eu1.example.com" {
+		t.Errorf("--ingress-address=%v, want tendril.<gardener.seed.ingressDomain>", v)
+	}
+	if d.Spec.Template.Spec.ServiceAccountName != "gardener-extension-tendril" {
+		t.Errorf("service account %q", d.Spec.Template.Spec.ServiceAccountName)
+	}
+	svc := find[*corev1.Service](t, objs, "gardener-extension-tendril")
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != want["webhook"] {
+		t.Errorf("webhook Service ports %v: the webhook configuration names the webhook server's port %d", svc.Spec.Ports, want["webhook"])
+	}
+	role := find[*rbacv1.ClusterRole](t, objs, "extensions.gardener.cloud:extension-tendril:tendril-seed")
+	for _, need := range [][2]string{
+		{"extensions.gardener.cloud", "clusters"}, {"extensions.gardener.cloud", "extensions"},
+		{"resources.gardener.cloud", "managedresources"},
+		{"tendril.extensions.gardener.cloud", "routes"}, {"tendril.extensions.gardener.cloud", "routes/status"},
+		{"apps", "deployments"}, {"", "services"}, {"networking.k8s.io", "networkpolicies"}, {"", "secrets"},
+		{"", "configmaps"}, {"discovery.k8s.io", "endpointslices"}, {"", "pods"}, {"", "pods/proxy"},
+		{"", "events"}, {"", "namespaces"}, {"admissionregistration.k8s.io", "mutatingwebhookconfigurations"},
+	} {
+		if !slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool {
+			return slices.Contains(r.APIGroups, need[0]) && slices.Contains(r.Resources, need[1])
+		}) {
+			t.Errorf("ClusterRole: no rule for %s %s", need[0], need[1])
+		}
+	}
+	lease := find[*rbacv1.Role](t, objs, "gardener-extension-tendril")
+	if len(lease.Rules) == 0 || !slices.Contains(lease.Rules[0].Resources, "leases") {
+		t.Errorf("Role: no leases rule")
+	}
+	find[*apiextensionsv1.CustomResourceDefinition](t, objs, "routes.tendril.extensions.gardener.cloud")
+}
+
+// checkIngress: the listener ports are the ones xds/translate generates, the ingress dials the
+// xDS Service, and its LoadBalancer Service has ports 443, 8443 and 8132.
+func checkIngress(t *testing.T, objs []client.Object, known map[string]bool) {
+	d := find[*appsv1.Deployment](t, objs, "tendril-ingress")
+	seed := find[*appsv1.Deployment](t, objs, "gardener-extension-tendril")
+	if len(d.Spec.Template.Spec.Containers) != 1 {
+		t.Fatalf("ingress containers: %d", len(d.Spec.Template.Spec.Containers))
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	ports := containerPorts(c)
+	listeners := map[string]int32{
+		translate.SNIListener: translate.SNIPort, translate.ProxyListener: translate.ProxyPort, translate.TunnelListener: translate.TunnelPort,
+	}
+	for name, port := range listeners {
+		if ports[name] != port {
+			t.Errorf("ingress container port %s = %d, xds/translate binds listener %s on %d", name, ports[name], name, port)
+		}
+	}
+	xdsSvc := find[*corev1.Service](t, objs, "tendril-xds")
+	xdsAddr := net.JoinHostPort("tendril-xds."+namespace+".svc", strconv.Itoa(int(xdsSvc.Spec.Ports[0].Port)))
+	switch c.Name {
+	case "tendril-ingress":
+		if c.Image != seed.Spec.Template.Spec.Containers[0].Image {
+			t.Errorf("tendril-ingress image %s, tendril-seed's %s: one image", c.Image, seed.Spec.Template.Spec.Containers[0].Image)
+		}
+		args := parseArgs(t, "tendril-ingress", c.Args, known)
+		for name := range listeners {
+			if v := args[name+"-address"]; len(v) != 1 || addrPort(t, v[0]) != ports[name] {
+				t.Errorf("--%s-address=%v, container port %d", name, v, ports[name])
+			}
+		}
+		if v := args["metrics-address"]; len(v) != 1 || addrPort(t, v[0]) != ports["metrics"] {
+			t.Errorf("--metrics-address=%v, container port %d", v, ports["metrics"])
+		}
+		if v := args["xds"]; len(v) != 1 || v[0] != xdsAddr {
+			t.Errorf("--xds=%v, want %s", v, xdsAddr)
+		}
+		if v := args["node-id"]; len(v) != 1 || v[0] != "$(POD_NAME)" {
+			t.Errorf("--node-id=%v, want the pod name", v)
+		}
+	case "envoy":
+		cm := find[*corev1.ConfigMap](t, objs, "tendril-ingress-envoy")
+		checkEnvoyBootstrap(t, cm.Data["envoy.yaml"], xdsAddr, ports["metrics"])
+	default:
+		t.Errorf("ingress container %s", c.Name)
+	}
+	svc := find[*corev1.Service](t, objs, "tendril-ingress")
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		t.Errorf("ingress Service type %s", svc.Spec.Type)
+	}
+	var got []int32
+	for _, p := range svc.Spec.Ports {
+		got = append(got, p.Port)
+	}
+	if !slices.Equal(got, []int32{443, 8443, 8132}) {
+		t.Errorf("ingress Service ports %v, want 443, 8443, 8132", got)
+	}
+	if svc.Annotations["service.beta.kubernetes.io/aws-load-balancer-type"] != "nlb" {
+		t.Errorf("ingress Service on an aws seed: annotations %v", svc.Annotations)
+	}
+}
+
+// checkPodSecurity evaluates every pod template against the restricted Pod Security Standard,
+// the level the ControllerRegistration enforces.
+func checkPodSecurity(t *testing.T, objs []client.Object) {
+	eval, err := policy.NewEvaluator(policy.DefaultChecks(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lv := api.LevelVersion{Level: api.LevelRestricted, Version: api.LatestVersion()}
+	for _, o := range objs {
+		d, ok := o.(*appsv1.Deployment)
+		if !ok {
+			continue
+		}
+		for _, r := range eval.EvaluatePod(lv, &d.Spec.Template.ObjectMeta, &d.Spec.Template.Spec) {
+			if !r.Allowed {
+				t.Errorf("Deployment %s violates restricted: %s: %s", d.Name, r.ForbiddenReason, r.ForbiddenDetail)
+			}
+		}
+	}
+}
+
+func TestRenderErrors(t *testing.T) {
+	for name, tc := range map[string]struct {
+		values map[string]any
+		want   string
+	}{
+		"engine":  {map[string]any{"gardener": gardenerValues, "ingress": map[string]any{"engine": "istio"}}, `ingress.engine "istio"`},
+		"address": {map[string]any{}, "set ingress.address"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := renderer().RenderEmbeddedFS(FS, SeedChart, "tendril", namespace, tc.values)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCRDsInstall(t *testing.T) {
+	objs := decode(t, render(t, map[string]any{"crds": map[string]any{"install": false}}))
+	for _, o := range objs {
+		if _, ok := o.(*apiextensionsv1.CustomResourceDefinition); ok {
+			t.Errorf("crds.install=false rendered CRD %s", o.GetName())
+		}
+	}
+}

@@ -1,0 +1,70 @@
+{{/* Names. The webhook Service's name is fixed by the egress webhook (Gardener's extensions
+webhook library: gardener-extension-<name>); cluster-scoped objects follow CONV-03. */}}
+{{- define "tendril.seedName" -}}gardener-extension-tendril{{- end -}}
+{{- define "tendril.xdsService" -}}tendril-xds{{- end -}}
+{{- define "tendril.ingressName" -}}tendril-ingress{{- end -}}
+{{- define "tendril.clusterRoleName" -}}extensions.gardener.cloud:extension-tendril:tendril-seed{{- end -}}
+
+{{- define "tendril.seedLabels" -}}
+app: tendril-seed
+app.kubernetes.io/name: tendril-seed
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* app: tendril-ingress is what the per-shoot NetworkPolicy of tendril-server admits
+(extension/manifest ServerNetworkPolicy). */}}
+{{- define "tendril.ingressLabels" -}}
+app: tendril-ingress
+app.kubernetes.io/name: tendril-ingress
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "tendril.commonLabels" -}}
+app.kubernetes.io/part-of: tendril
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end -}}
+
+{{/* The xDS server address the ingress dials. */}}
+{{- define "tendril.xdsAddress" -}}
+{{ include "tendril.xdsService" . }}.{{ .Release.Namespace }}.svc:{{ .Values.ports.xds }}
+{{- end -}}
+
+{{/* The address the shoot agents dial: ingress.address, else tendril.<seed ingress domain>. */}}
+{{- define "tendril.ingressAddress" -}}
+{{- if .Values.ingress.address -}}
+{{ .Values.ingress.address }}
+{{- else if .Values.gardener.seed.ingressDomain -}}
+tendril.{{ .Values.gardener.seed.ingressDomain }}
+{{- else -}}
+{{ fail "tendril-seed: set ingress.address, or let gardenlet inject gardener.seed.ingressDomain" }}
+{{- end -}}
+{{- end -}}
+
+{{- define "tendril.engine" -}}
+{{- $e := .Values.ingress.engine -}}
+{{- if not (has $e (list "tendril" "envoy")) -}}
+{{ fail (printf "tendril-seed: ingress.engine %q: want tendril or envoy" $e) }}
+{{- end -}}
+{{ $e }}
+{{- end -}}
+
+{{/* Restricted Pod Security Standard (the ControllerRegistration enforces restricted). */}}
+{{- define "tendril.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+capabilities:
+  drop:
+  - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Labels gardenlet's seed NetworkPolicies look for: DNS and the seed's API server. */}}
+{{- define "tendril.networkLabels" -}}
+networking.gardener.cloud/to-dns: allowed
+networking.gardener.cloud/to-runtime-apiserver: allowed
+{{- end -}}
