@@ -23,9 +23,10 @@ test: vet build testbin ## Run all tests (unit tests with -race, loopback end-to
 testbin: ## Build kube-apiserver and etcd for envtest into ~/.cache/tendril (once; about 9 minutes on 2 cores).
 	@hack/testbin.sh >/dev/null
 
-generate: ## Regenerate deepcopy functions and the CRDs from apis/ (controller-gen).
+generate: ## Regenerate deepcopy functions and the CRDs from apis/ (controller-gen), then the chart's golden files and registration that embed the CRD.
 	$(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION) object paths=./apis/... \
 		crd:crdVersions=v1 output:crd:artifacts:config=charts/tendril-seed/crds
+	$(GO) test ./charts -update
 
 fuzz: ## Run every fuzz target for FUZZ_TIME each.
 	@$(GO) list -f '{{.ImportPath}} {{.Dir}}' ./... | while read -r pkg dir; do \
