@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
@@ -398,9 +399,11 @@ func versions(t *testing.T, c client.Client, ns string) map[string]string {
 	out := map[string]string{}
 	add := func(kind string, l client.ObjectList, opts ...client.ListOption) {
 		must(t, c.List(ctx, l, append(opts, client.InNamespace(ns))...))
-		items, err := metaItems(l)
+		items, err := meta.ExtractList(l)
 		must(t, err)
-		for _, o := range items {
+		for _, item := range items {
+			o, err := meta.Accessor(item)
+			must(t, err)
 			out[kind+"/"+o.GetName()] = o.GetResourceVersion()
 		}
 	}
@@ -413,39 +416,6 @@ func versions(t *testing.T, c client.Client, ns string) map[string]string {
 	add("Secret", &corev1.SecretList{}, client.MatchingLabels{secretsmanager.LabelKeyManagerIdentity: extension.SecretsManagerIdentity})
 	add("Secret", &corev1.SecretList{}, client.MatchingLabels{"resources.gardener.cloud/garbage-collectable-reference": "true"})
 	return out
-}
-
-func metaItems(l client.ObjectList) ([]metav1.Object, error) {
-	var out []metav1.Object
-	switch l := l.(type) {
-	case *appsv1.DeploymentList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *corev1.ServiceList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *networkingv1.NetworkPolicyList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *tendrilv1alpha1.RouteList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *resourcesv1alpha1.ManagedResourceList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *corev1.SecretList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	default:
-		return nil, fmt.Errorf("unsupported list %T", l)
-	}
-	return out, nil
 }
 
 func keys[V any](m map[string]V) []string { return slices.Sorted(mapKeys(m)) }

@@ -32,6 +32,7 @@ import (
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
 	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/xds/kubesource"
 	xdsserver "github.com/tendril-net/tendril/xds/server"
@@ -179,27 +180,12 @@ func (s *seed) upstreamAt(name, host string, addr netip.AddrPort) netip.AddrPort
 		s.t.Fatal(err)
 	}
 	tl := tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := tl.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-				if line, err := bufio.NewReader(c).ReadString('\n'); err == nil && strings.TrimSpace(line) == "who" {
-					fmt.Fprintln(c, name)
-				}
-			}()
+	testnet.Serve(s.t, tl, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		if line, err := bufio.NewReader(c).ReadString('\n'); err == nil && strings.TrimSpace(line) == "who" {
+			fmt.Fprintln(c, name)
 		}
-	}()
-	s.t.Cleanup(func() { l.Close(); wg.Wait() })
+	})
 	return netip.MustParseAddrPort(l.Addr().String())
 }
 
