@@ -39,6 +39,8 @@ type Config struct {
 	REST *rest.Config
 	// XDSAddress is where the ADS server listens (":18000" when empty).
 	XDSAddress string
+	// XDSListener, when set, is used instead of listening on XDSAddress (Run closes it).
+	XDSListener net.Listener
 	// MetricsAddress serves /metrics ("0" disables; ":8080" when empty).
 	MetricsAddress string
 	// HealthAddress serves /healthz and /readyz ("0" disables; ":8081" when empty).
@@ -119,7 +121,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Registry: crmetrics.Registry.(prometheus.Registerer),
 		Options:  translate.Options{LBProxyProtocol: cfg.LBProxyProtocol},
 	})
-	if err := mgr.Add(xdsRunnable{xs: xs, address: cfg.XDSAddress, log: cfg.Log}); err != nil {
+	if err := mgr.Add(xdsRunnable{xs: xs, address: cfg.XDSAddress, listener: cfg.XDSListener, log: cfg.Log}); err != nil {
 		return err
 	}
 	// The route source runs on every replica (each serves its own ingress connections);
@@ -156,17 +158,21 @@ func Run(ctx context.Context, cfg Config) error {
 // xdsRunnable serves xDS on every replica, leader or not: each ingress replica may connect
 // to any control-plane replica.
 type xdsRunnable struct {
-	xs      *server.Server
-	address string
-	log     logr.Logger
+	xs       *server.Server
+	address  string
+	listener net.Listener
+	log      logr.Logger
 }
 
 func (r xdsRunnable) NeedLeaderElection() bool { return false }
 
 func (r xdsRunnable) Start(ctx context.Context) error {
-	l, err := net.Listen("tcp", r.address)
-	if err != nil {
-		return fmt.Errorf("xDS listener: %w", err)
+	l := r.listener
+	if l == nil {
+		var err error
+		if l, err = net.Listen("tcp", r.address); err != nil {
+			return fmt.Errorf("xDS listener: %w", err)
+		}
 	}
 	r.log.Info("Serving xDS", "address", l.Addr().String())
 	return r.xs.Serve(ctx, l)

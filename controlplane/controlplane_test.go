@@ -2,7 +2,12 @@ package controlplane_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,32 +15,40 @@ import (
 	"github.com/go-logr/logr/testr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension"
+	"github.com/tendril-net/tendril/ingress"
+	"github.com/tendril-net/tendril/ingress/xdsclient"
 	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/internal/testwait"
 )
 
-// TestControlPlane runs the whole control plane against a real API server: the
-// gardener-extension-heartbeat Lease is created and renewed, as gardenlet expects, and a
-// shoot's Extension ends in a Route that the route source picks up and reports on (no
-// kube-apiserver endpoints yet: Programmed=False, NoEndpoints, for the Route's generation).
+// TestControlPlane runs the whole control plane against a real API server with tendril-ingress
+// subscribed to it: a shoot's Extension ends in a Route that the route source reports on
+// (Programmed=False, NoEndpoints, until kube-apiserver has a ready endpoint), then, with an
+// EndpointSlice, Programmed=True and the ingress routes the shoot's name to its API server;
+// the gardener-extension-heartbeat Lease is created and renewed, as gardenlet expects.
 func TestControlPlane(t *testing.T) {
 	env := kubetest.Start(t)
 	c := env.Client
 	ctx, cancel := context.WithCancel(context.Background())
 	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "extension-tendril"}}))
-	done := make(chan error, 1)
+	xl, sl := listen(t, "127.0.0.1:0"), listen(t, "127.0.0.1:0")
+	done := make(chan error, 2)
 	go func() {
 		done <- controlplane.Run(ctx, controlplane.Config{
 			REST:               env.Config,
-			XDSAddress:         "127.0.0.1:0",
+			XDSListener:        xl,
 			MetricsAddress:     "0",
 			HealthAddress:      "0",
 			HeartbeatNamespace: "extension-tendril",
@@ -45,10 +58,17 @@ func TestControlPlane(t *testing.T) {
 			Log:                testr.New(t),
 		})
 	}()
+	// The shared ingress, subscribed to the control plane's xDS.
+	ing := ingress.New(ingress.Config{Listeners: map[string]string{"sni": sl.Addr().String()}, Log: testr.New(t).WithName("ingress")})
+	go func() {
+		done <- ing.Serve(ctx, map[string]net.Listener{"sni": sl}, xdsclient.Config{Address: xl.Addr().String(), NodeID: "ingress-0", MinBackoff: 10 * time.Millisecond})
+	}()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("control plane: %v", err)
+		for range 2 {
+			if err := <-done; err != nil && ctx.Err() == nil {
+				t.Errorf("control plane or ingress: %v", err)
+			}
 		}
 	})
 	ns := "shoot--local--alpha"
@@ -86,6 +106,56 @@ func TestControlPlane(t *testing.T) {
 		return nil
 	})
 
+	// kube-apiserver and tendril-server get ready endpoints, as the endpoint-slice controller
+	// would publish them: the route is programmed into the ingress, which now reaches the
+	// shoot's API server by SNI.
+	ca, err := testpki.NewCA("controlplane test CA")
+	must(t, err)
+	host := "api.alpha.local.example.org"
+	leaf, err := ca.Leaf(host)
+	must(t, err)
+	upstream := tls.NewListener(listen(t, netip.AddrPortFrom(hostIPv4(t), 0).String()), &tls.Config{Certificates: []tls.Certificate{leaf}})
+	testnet.Serve(t, upstream, func(c net.Conn) { fmt.Fprintln(c, "alpha") })
+	up := netip.MustParseAddrPort(upstream.Addr().String())
+	must(t, c.Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: "kube-apiserver-1", Labels: map[string]string{discoveryv1.LabelServiceName: "kube-apiserver"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("kube-apiserver"), Port: ptr.To(int32(up.Port())), Protocol: ptr.To(corev1.ProtocolTCP)}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{up.Addr().String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+	}))
+	// tendril-server's endpoint (the route's tunnel upstream; nothing dials it in this test).
+	must(t, c.Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: "tendril-server-1", Labels: map[string]string{discoveryv1.LabelServiceName: "tendril-server"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("tunnel"), Port: ptr.To[int32](1194), Protocol: ptr.To(corev1.ProtocolTCP)}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{up.Addr().String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+	}))
+	testwait.For(t, "route programmed", func() error {
+		r := &tendrilv1alpha1.Route{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "tendril"}, r); err != nil {
+			return err
+		}
+		if cond := meta.FindStatusCondition(r.Status.Conditions, tendrilv1alpha1.ConditionProgrammed); cond == nil || cond.Status != metav1.ConditionTrue || r.Status.ObservedGeneration != r.Generation {
+			return fmt.Errorf("route status %+v", r.Status)
+		}
+		return nil
+	})
+	testwait.For(t, "TLS through the ingress by SNI", func() error {
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", sl.Addr().String(), &tls.Config{ServerName: host, RootCAs: ca.Pool})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		b, err := io.ReadAll(conn)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(b)) != "alpha" {
+			return fmt.Errorf("upstream said %q", b)
+		}
+		return nil
+	})
+
 	var first time.Time
 	testwait.For(t, "heartbeat renewed twice", func() error {
 		l := &coordinationv1.Lease{}
@@ -104,6 +174,28 @@ func TestControlPlane(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+func listen(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	must(t, err)
+	return l
+}
+
+// hostIPv4 is a non-loopback address of this machine: the API server refuses loopback
+// endpoint addresses.
+func hostIPv4(t *testing.T) netip.Addr {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	must(t, err)
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && !p.Addr().IsLoopback() && !p.Addr().IsLinkLocalUnicast() {
+			return p.Addr()
+		}
+	}
+	t.Fatal("no non-loopback IPv4 address for the upstream (EndpointSlices refuse loopback)")
+	return netip.Addr{}
 }
 
 func must(t *testing.T, err error) {
