@@ -34,6 +34,7 @@ import (
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/testwait"
 	"github.com/tendril-net/tendril/xds/kubesource"
 	xdsserver "github.com/tendril-net/tendril/xds/server"
 )
@@ -209,22 +210,6 @@ func (s *seed) who(host string) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// poll retries cond until it holds, with a deadline generous enough for a loaded CI machine.
-func poll(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 const portName = "https"
 
 // shoot creates a shoot namespace with a kube-apiserver Service, an EndpointSlice with the given
@@ -308,7 +293,7 @@ func (s *seed) condition(ns string) (*tendrilv1alpha1.Route, *metav1.Condition, 
 func (s *seed) waitCondition(ns, reason string) *tendrilv1alpha1.Route {
 	s.t.Helper()
 	var route *tendrilv1alpha1.Route
-	poll(s.t, ns+" "+reason, func() error {
+	testwait.For(s.t, ns+" "+reason, func() error {
 		r, c, err := s.condition(ns)
 		switch {
 		case err != nil:
@@ -367,7 +352,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	s.shoot(beta, "api.beta.test", betaEndpoints...)
 
 	for host, want := range map[string][]string{"api.alpha.test": {"alpha-0"}, "api.beta.test": {"beta-0", "beta-1"}} {
-		poll(t, host+" reaches its upstream", func() error {
+		testwait.For(t, host+" reaches its upstream", func() error {
 			got, err := s.who(host)
 			if err != nil {
 				return err
@@ -388,7 +373,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 
 	// Both replicas of beta are used (round robin across the assignment's endpoints).
 	seen := map[string]bool{}
-	poll(t, "every beta replica reached", func() error {
+	testwait.For(t, "every beta replica reached", func() error {
 		got, err := s.who("api.beta.test")
 		if err != nil {
 			return err
@@ -413,14 +398,14 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	next := endpointSlices(alpha, s.upstream("alpha-1", "api.alpha.test"))[0]
 	es.Endpoints, es.Ports = next.Endpoints, next.Ports
 	must(t, s.env.Client.Update(ctx, &es))
-	poll(t, "alpha moved to its new replica", func() error {
+	testwait.For(t, "alpha moved to its new replica", func() error {
 		got, err := s.who("api.alpha.test")
 		if err != nil || got != "alpha-1" {
 			return fmt.Errorf("reached %q (%v), want alpha-1", got, err)
 		}
 		return nil
 	})
-	poll(t, "the ingress ACKed the move", func() error {
+	testwait.For(t, "the ingress ACKed the move", func() error {
 		if st := s.ingressStatus(alpha); st != xdsserver.StateProgrammed {
 			return fmt.Errorf("server state %s", st)
 		}
@@ -443,7 +428,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	must(t, s.env.Client.Get(ctx, client.ObjectKey{Namespace: beta, Name: "shoot"}, &r))
 	r.Spec.Hostnames = append(r.Spec.Hostnames, "api2.beta.test")
 	must(t, s.env.Client.Update(ctx, &r))
-	poll(t, "beta's new name routed", func() error {
+	testwait.For(t, "beta's new name routed", func() error {
 		got, err := s.whoInsecure("api2.beta.test")
 		if err != nil || !strings.HasPrefix(got, "beta-") {
 			return fmt.Errorf("reached %q (%v)", got, err)
@@ -455,7 +440,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	}
 	// The counter moves right after the write returns, which may be after the status is visible.
 	var written float64
-	poll(t, "status write counted", func() error {
+	testwait.For(t, "status write counted", func() error {
 		if written = counter(t, s.srcReg, "tendril_kubesource_status_writes_total", map[string]string{"outcome": "written"}) - writes; written < 1 {
 			return errors.New("not yet")
 		}
@@ -474,7 +459,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 			APIServer: tendrilv1alpha1.ServiceReference{Name: "kube-apiserver", Port: 443},
 		},
 	}))
-	poll(t, "second Route in a namespace invalid", func() error {
+	testwait.For(t, "second Route in a namespace invalid", func() error {
 		var r tendrilv1alpha1.Route
 		if err := s.env.Client.Get(ctx, client.ObjectKey{Namespace: beta, Name: "x-second"}, &r); err != nil {
 			return err
@@ -522,7 +507,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 
 	// Deleting alpha's Route withdraws its route: new connections are refused.
 	must(t, s.env.Client.Delete(ctx, &tendrilv1alpha1.Route{ObjectMeta: metav1.ObjectMeta{Namespace: alpha, Name: "shoot"}}))
-	poll(t, "alpha withdrawn", func() error {
+	testwait.For(t, "alpha withdrawn", func() error {
 		if got, err := s.who("api.alpha.test"); err == nil {
 			// delta's Route may now win the name; it has no endpoints, so nothing answers.
 			return fmt.Errorf("still reached %q", got)
