@@ -1,0 +1,344 @@
+// Package localseed runs a whole local seed for `make run`: a seed API server (envtest's
+// etcd + kube-apiserver with the Gardener and tendril CRDs), tendril's control plane
+// in-process, tendril-ingress on loopback, and shoots that each have their own real
+// kube-apiserver. It creates the seed objects Gardener would (namespace, Cluster, the
+// kube-apiserver Service with its EndpointSlice, the Extension) and then plays kubelet,
+// kube-proxy, the endpoint-slice controller and the resource manager for what the extension
+// declared: it starts tendril-server from the extension's Deployment (args and mounted
+// secrets taken from it), publishes its EndpointSlice, applies the ManagedResource's objects
+// to the shoot's API server and starts tendril-agent from the Deployment it reads back there.
+// It checks every path and reports per shoot; it is a developer tool, not part of a seed.
+package localseed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/tendril-net/tendril/controlplane"
+	"github.com/tendril-net/tendril/extension"
+	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/logging"
+)
+
+// Domain is the parent DNS domain of the local shoots: shoot alpha is api.alpha.<Domain>.
+const Domain = "local.tendril.dev"
+
+// Config configures the local seed. Empty addresses pick free loopback ports.
+type Config struct {
+	// BinDir holds tendril-ingress, tendril-server and tendril-agent.
+	BinDir string
+	// Dir receives certificates, kubeconfigs, secrets and logs (a new temporary directory,
+	// removed at the end, when empty).
+	Dir string
+	// Ingress listeners and the xDS server, on loopback.
+	SNIAddress, ProxyAddress, TunnelAddress, XDSAddress, IngressMetrics string
+	// Shoots are the shoot names (project "local").
+	Shoots []string
+	// Once runs the checks once and returns; otherwise Run keeps running with a status line
+	// per shoot every StatusInterval until ctx ends.
+	Once           bool
+	StatusInterval time.Duration
+	// Out receives the progress and the report (os.Stdout when nil).
+	Out io.Writer
+}
+
+// Report is the outcome of one round of checks.
+type Report struct {
+	Shoots []ShootReport
+}
+
+// OK tells whether every check of every shoot passed.
+func (r Report) OK() bool {
+	for _, s := range r.Shoots {
+		for _, c := range s.Checks {
+			if c.Err != nil {
+				return false
+			}
+		}
+	}
+	return len(r.Shoots) > 0
+}
+
+// ShootReport holds one shoot's checks in order.
+type ShootReport struct {
+	Namespace string
+	Checks    []Check
+}
+
+// Check is one named check: Err nil means it passed; Detail says what was seen.
+type Check struct {
+	Name   string
+	Detail string
+	Err    error
+}
+
+type seed struct {
+	cfg     Config
+	out     io.Writer
+	dir     string
+	hostIP  netip.Addr
+	assets  string
+	rest    *rest.Config
+	client  client.Client
+	procs   *procs
+	shoots  []*shoot
+	log     logr.Logger
+	logFile *os.File
+}
+
+// Run starts the local seed, checks it, and with cfg.Once returns the report; otherwise it
+// keeps running until ctx ends. Everything it started is stopped before it returns.
+func Run(ctx context.Context, cfg Config) (rep Report, err error) {
+	s := &seed{cfg: cfg, out: cfg.Out}
+	if s.out == nil {
+		s.out = os.Stdout
+	}
+	if cfg.StatusInterval == 0 {
+		cfg.StatusInterval = 10 * time.Second
+		s.cfg.StatusInterval = cfg.StatusInterval
+	}
+	if len(cfg.Shoots) == 0 {
+		return rep, errors.New("no shoots")
+	}
+	s.dir = cfg.Dir
+	if s.dir == "" {
+		d, err := os.MkdirTemp("", "tendril-local-")
+		if err != nil {
+			return rep, err
+		}
+		defer os.RemoveAll(d)
+		s.dir = d
+	}
+	if s.hostIP, err = hostIPv4(); err != nil {
+		return rep, err
+	}
+	for _, a := range []*string{&s.cfg.SNIAddress, &s.cfg.ProxyAddress, &s.cfg.TunnelAddress, &s.cfg.XDSAddress, &s.cfg.IngressMetrics} {
+		if *a == "" {
+			if *a, err = freeAddr("127.0.0.1"); err != nil {
+				return rep, err
+			}
+		}
+	}
+	lf, err := os.Create(filepath.Join(s.dir, "tendril-seed.log"))
+	if err != nil {
+		return rep, err
+	}
+	defer lf.Close()
+	s.logFile = lf
+	s.log = logging.New(lf, 0)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.procs = newProcs(ctx)
+	defer s.procs.stop()
+
+	start := time.Now()
+	s.printf("local seed in %s (host address %s for EndpointSlices)\n", s.dir, s.hostIP)
+	if s.assets, err = kubetest.Assets(); err != nil {
+		return rep, fmt.Errorf("kube-apiserver and etcd: %w", err)
+	}
+
+	// The seed API server and every shoot's start at once: each is its own etcd + kube-apiserver.
+	var stops []func()
+	defer func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make([]error, len(cfg.Shoots)+1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		stop, err := s.startSeedAPIServer(ctx)
+		if stop != nil {
+			mu.Lock()
+			stops = append(stops, stop)
+			mu.Unlock()
+		}
+		errs[0] = err
+	}()
+	for i, name := range cfg.Shoots {
+		sh := &shoot{name: name, namespace: "shoot--local--" + name, host: "api." + name + "." + Domain, index: i}
+		s.shoots = append(s.shoots, sh)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stop, err := s.startShootAPIServer(sh)
+			if stop != nil {
+				mu.Lock()
+				stops = append(stops, stop)
+				mu.Unlock()
+			}
+			errs[i+1] = err
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return rep, err
+	}
+	s.printf("API servers up after %v: seed %s; %s\n", since(start), s.rest.Host, s.shootHosts())
+
+	cpDone := make(chan error, 1)
+	go func() {
+		cpDone <- controlplane.Run(ctx, controlplane.Config{
+			REST:           s.rest,
+			XDSAddress:     s.cfg.XDSAddress,
+			MetricsAddress: "0",
+			HealthAddress:  "0",
+			WebhookPort:    -1,
+			Extension:      extension.AddOptions{Config: extension.Config{Image: "tendril-local", Ingress: "127.0.0.1"}},
+			Log:            s.log.WithName("controlplane"),
+		})
+	}()
+	defer func() {
+		cancel()
+		<-cpDone
+	}()
+	if err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(cfg.BinDir, "tendril-ingress"),
+		"--xds", s.cfg.XDSAddress, "--node-id", "local",
+		"--sni-address", s.cfg.SNIAddress, "--proxy-address", s.cfg.ProxyAddress, "--tunnel-address", s.cfg.TunnelAddress,
+		"--metrics-address", s.cfg.IngressMetrics); err != nil {
+		return rep, err
+	}
+	s.printf("control plane in-process (xDS %s), tendril-ingress: SNI %s, PROXY %s, tunnel %s\n",
+		s.cfg.XDSAddress, s.cfg.SNIAddress, s.cfg.ProxyAddress, s.cfg.TunnelAddress)
+
+	for _, sh := range s.shoots {
+		if err := s.createShoot(ctx, sh); err != nil {
+			return rep, fmt.Errorf("%s: %w", sh.namespace, err)
+		}
+	}
+	// Play kubelet for every shoot at once: each waits for its own extension's objects.
+	errs = make([]error, len(s.shoots))
+	for i, sh := range s.shoots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.runShoot(ctx, sh)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("%s: %w", sh.namespace, errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return rep, err
+	}
+	select {
+	case err := <-s.procs.exited:
+		return rep, err
+	case err := <-cpDone:
+		return rep, fmt.Errorf("control plane ended: %v", err)
+	default:
+	}
+
+	rep = s.check(ctx, true)
+	s.printf("\nready after %v:\n", since(start))
+	s.printReport(rep)
+	if cfg.Once {
+		return rep, nil
+	}
+	s.printUsage()
+	t := time.NewTicker(s.cfg.StatusInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			s.printf("\nstopping\n")
+			return rep, nil
+		case err := <-s.procs.exited:
+			return rep, err
+		case err := <-cpDone:
+			return rep, fmt.Errorf("control plane ended: %v", err)
+		case <-t.C:
+			rep = s.check(ctx, false)
+			s.printStatus(rep)
+		}
+	}
+}
+
+func (s *seed) printf(format string, args ...any) { fmt.Fprintf(s.out, format, args...) }
+
+func (s *seed) shootHosts() string {
+	var hs []string
+	for _, sh := range s.shoots {
+		hs = append(hs, sh.name+" "+sh.rest.Host)
+	}
+	return strings.Join(hs, ", ")
+}
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(100 * time.Millisecond) }
+
+// startSeedAPIServer starts the seed's API server with the CRDs.
+func (s *seed) startSeedAPIServer(ctx context.Context) (func(), error) {
+	scheme := kubescheme.New()
+	te := &envtest.Environment{
+		BinaryAssetsDirectory:    s.assets,
+		CRDDirectoryPaths:        []string{kubetest.CRDDirectory()},
+		ErrorIfCRDPathMissing:    true,
+		Scheme:                   scheme,
+		ControlPlaneStartTimeout: time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	cfg, err := te.Start()
+	if err != nil {
+		return nil, fmt.Errorf("seed API server: %w", err)
+	}
+	stop := func() { _ = te.Stop() }
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return stop, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := kubetest.InstallGardenerCRDs(ctx, c); err != nil {
+		return stop, fmt.Errorf("install Gardener CRDs: %w", err)
+	}
+	s.rest, s.client = cfg, c
+	return stop, nil
+}
+
+// hostIPv4 is this machine's first global IPv4 address: EndpointSlices refuse loopback.
+func hostIPv4() (netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, a := range addrs {
+		p, err := netip.ParsePrefix(a.String())
+		if err != nil {
+			continue
+		}
+		if ip := p.Addr(); ip.Is4() && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
+			return ip, nil
+		}
+	}
+	return netip.Addr{}, errors.New("no non-loopback IPv4 address on this machine: EndpointSlices refuse loopback addresses")
+}
+
+// freeAddr returns host:port with a port free at the moment.
+func freeAddr(host string) (string, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}

@@ -1,0 +1,62 @@
+package localseed
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// procs are the processes the runner started; stop ends them all (SIGTERM, then after a grace
+// period SIGKILL) and waits for them.
+type procs struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// exited receives an error for every process that ends before stop.
+	exited chan error
+}
+
+func newProcs(ctx context.Context) *procs {
+	ctx, cancel := context.WithCancel(ctx)
+	return &procs{ctx: ctx, cancel: cancel, exited: make(chan error, 64)}
+}
+
+// start runs path with args, output to logPath; netns, when not empty, is a named network
+// namespace (ip netns) to run it in.
+func (p *procs) start(name, logPath, netns, path string, args ...string) error {
+	lf, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	if netns != "" {
+		args = append([]string{"netns", "exec", netns, path}, args...)
+		path = "ip"
+	}
+	cmd := exec.CommandContext(p.ctx, path, args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return fmt.Errorf("start %s (run make build first): %w", name, err)
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer lf.Close()
+		err := cmd.Wait()
+		if p.ctx.Err() == nil {
+			p.exited <- fmt.Errorf("%s exited: %v (log %s)", name, err, logPath)
+		}
+	}()
+	return nil
+}
+
+func (p *procs) stop() {
+	p.cancel()
+	p.wg.Wait()
+}

@@ -1,0 +1,438 @@
+package localseed
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
+	"github.com/gardener/gardener/pkg/utils/managedresources"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/tendril-net/tendril/extension"
+	"github.com/tendril-net/tendril/extension/manifest"
+	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/internal/testpki"
+)
+
+// shoot is one local shoot: its own API server, and what the runner started for it.
+type shoot struct {
+	name, namespace, host string
+	index                 int
+	dir                   string
+	rest                  *rest.Config
+	client                client.Client
+	apiAddr               netip.AddrPort
+	kubeconfig            string
+	// podAddr is the "pod" HTTP server on the shoot side; nodes is the shoot's node network.
+	podAddr string
+	nodes   netip.Prefix
+	// serverPorts are tendril-server's ports by container port name, on the host address.
+	serverPorts map[string]int
+	// caFile and client are tendril-server's CA bundle and kube-apiserver's client pair.
+	caFile, clientCert, clientKey string
+	agentMetrics                  string
+}
+
+// startShootAPIServer starts the shoot's own etcd + kube-apiserver, listening on the host
+// address (its EndpointSlice in the seed may not carry loopback), serving a certificate for
+// its api.* name to SNI clients, and writes the kubeconfig that reaches it through the ingress.
+func (s *seed) startShootAPIServer(sh *shoot) (func(), error) {
+	sh.dir = filepath.Join(s.dir, sh.namespace)
+	if err := os.MkdirAll(sh.dir, 0o700); err != nil {
+		return nil, err
+	}
+	// The shoot's "node" is this machine: its node network is the host address, where the
+	// "pod" listens (the agent's netstack refuses loopback destinations).
+	sh.nodes = netip.PrefixFrom(s.hostIP, s.hostIP.BitLen())
+	pa, err := freeAddr(s.hostIP.String())
+	if err != nil {
+		return nil, err
+	}
+	sh.podAddr = pa
+	ca, err := testpki.NewCA(sh.namespace + " kube-apiserver CA")
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := ca.Leaf(sh.host)
+	if err != nil {
+		return nil, err
+	}
+	caFile, certFile, keyFile := filepath.Join(sh.dir, "ca.crt"), filepath.Join(sh.dir, "api.crt"), filepath.Join(sh.dir, "api.key")
+	if err := ca.WriteCA(caFile); err != nil {
+		return nil, err
+	}
+	if err := testpki.WritePair(leaf, certFile, keyFile); err != nil {
+		return nil, err
+	}
+	addr, err := freeAddr(s.hostIP.String())
+	if err != nil {
+		return nil, err
+	}
+	sh.apiAddr = netip.MustParseAddrPort(addr)
+	te := &envtest.Environment{
+		BinaryAssetsDirectory:    s.assets,
+		ControlPlaneStartTimeout: time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	api := te.ControlPlane.GetAPIServer()
+	api.SecureServing.Address = sh.apiAddr.Addr().String()
+	api.SecureServing.Port = strconv.Itoa(int(sh.apiAddr.Port()))
+	api.Configure().Append("tls-sni-cert-key", certFile+","+keyFile+":"+sh.host)
+	cfg, err := te.Start()
+	if err != nil {
+		return nil, fmt.Errorf("%s API server: %w", sh.namespace, err)
+	}
+	stop := func() { _ = te.Stop() }
+	sh.rest = cfg
+	if sh.client, err = client.New(cfg, client.Options{Scheme: kubescheme.New()}); err != nil {
+		return stop, err
+	}
+	// The kubeconfig a user gets: the ingress's SNI listener, the shoot's name as TLS server
+	// name, verified against the shoot's CA; envtest's admin credentials.
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters[sh.namespace] = &clientcmdapi.Cluster{
+		Server:                   "https://" + s.cfg.SNIAddress,
+		TLSServerName:            sh.host,
+		CertificateAuthorityData: pemCert(ca),
+	}
+	kc.AuthInfos[sh.namespace] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts[sh.namespace] = &clientcmdapi.Context{Cluster: sh.namespace, AuthInfo: sh.namespace}
+	kc.CurrentContext = sh.namespace
+	sh.kubeconfig = filepath.Join(s.dir, sh.name+".kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, sh.kubeconfig); err != nil {
+		return stop, err
+	}
+	return stop, nil
+}
+
+// createShoot creates the seed objects Gardener would for the shoot.
+func (s *seed) createShoot(ctx context.Context, sh *shoot) error {
+	c := s.client
+	shootJSON := fmt.Sprintf(`{"apiVersion":"core.gardener.cloud/v1beta1","kind":"Shoot",
+		"metadata":{"name":%q,"namespace":"garden-local"},
+		"spec":{"dns":{"domain":%q},"networking":{"nodes":%q,"pods":"100.64.0.0/12","services":"100.104.0.0/13"}}}`,
+		sh.name, sh.name+"."+Domain, sh.nodes.String())
+	port := int32(sh.apiAddr.Port())
+	objs := []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: sh.namespace, Labels: map[string]string{"gardener.cloud/role": "shoot"}}},
+		&extensionsv1alpha1.Cluster{
+			ObjectMeta: metav1.ObjectMeta{Name: sh.namespace},
+			Spec: extensionsv1alpha1.ClusterSpec{
+				CloudProfile: runtime.RawExtension{Raw: []byte(`{"apiVersion":"core.gardener.cloud/v1beta1","kind":"CloudProfile"}`)},
+				Seed:         &runtime.RawExtension{Raw: []byte(`{"apiVersion":"core.gardener.cloud/v1beta1","kind":"Seed"}`)},
+				Shoot:        runtime.RawExtension{Raw: []byte(shootJSON)},
+			},
+		},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: manifest.KubeAPIServerName, Namespace: sh.namespace},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{
+				Name: manifest.KubeAPIServerName, Port: manifest.PortKubeAPIServer, Protocol: corev1.ProtocolTCP,
+			}}},
+		},
+		&discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{Namespace: sh.namespace, Name: manifest.KubeAPIServerName,
+				Labels: map[string]string{discoveryv1.LabelServiceName: manifest.KubeAPIServerName, discoveryv1.LabelManagedBy: "tendril-local"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(manifest.KubeAPIServerName), Port: &port, Protocol: ptr.To(corev1.ProtocolTCP)}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{sh.apiAddr.Addr().String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		},
+		&extensionsv1alpha1.Extension{
+			ObjectMeta: metav1.ObjectMeta{Name: extension.Type, Namespace: sh.namespace},
+			Spec:       extensionsv1alpha1.ExtensionSpec{DefaultSpec: extensionsv1alpha1.DefaultSpec{Type: extension.Type}},
+		},
+	}
+	for _, o := range objs {
+		if err := c.Create(ctx, o); err != nil {
+			return fmt.Errorf("create %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// runShoot plays kubelet, endpoint-slice controller and resource manager for what the
+// extension declared for the shoot.
+func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	// tendril-server, exactly as its Deployment says.
+	dep := &appsv1.Deployment{}
+	if err := poll(ctx, func() error {
+		return s.client.Get(ctx, client.ObjectKey{Namespace: sh.namespace, Name: manifest.ServerName}, dep)
+	}); err != nil {
+		return fmt.Errorf("wait for the tendril-server Deployment: %w", err)
+	}
+	pod, err := s.materialize(ctx, s.client, sh.namespace, dep.Spec.Template.Spec, filepath.Join(sh.dir, manifest.ServerName), s.hostIP.String())
+	if err != nil {
+		return fmt.Errorf("tendril-server: %w", err)
+	}
+	sh.serverPorts = pod.ports
+	sh.caFile = filepath.Join(pod.mounts["ca"], "bundle.crt")
+	if err := s.procs.start(manifest.ServerName+" "+sh.namespace, filepath.Join(sh.dir, "tendril-server.log"), "", filepath.Join(s.cfg.BinDir, pod.binary), pod.args...); err != nil {
+		return err
+	}
+	metrics := net.JoinHostPort(s.hostIP.String(), strconv.Itoa(pod.ports["metrics"]))
+	if err := waitHTTP(ctx, "http://"+metrics+"/healthz"); err != nil {
+		return fmt.Errorf("tendril-server: %w", err)
+	}
+	if err := s.publishServerEndpoints(ctx, sh); err != nil {
+		return err
+	}
+	// kube-apiserver's client certificate for the egress front-end, as the webhook mounts it.
+	if err := s.clientPair(ctx, sh); err != nil {
+		return err
+	}
+
+	// The shoot side: the ManagedResource's objects applied to the shoot's API server, then
+	// tendril-agent as the Deployment there says.
+	var objs []client.Object
+	if err := poll(ctx, func() error {
+		var err error
+		objs, err = managedresources.GetObjects(ctx, s.client, sh.namespace, manifest.ManagedResourceName)
+		return err
+	}); err != nil {
+		return fmt.Errorf("wait for the ManagedResource: %w", err)
+	}
+	for _, o := range objs {
+		if err := apply(ctx, sh.client, o); err != nil {
+			return fmt.Errorf("apply %T %s to the shoot: %w", o, o.GetName(), err)
+		}
+	}
+	agent := &appsv1.Deployment{}
+	if err := sh.client.Get(ctx, client.ObjectKey{Namespace: manifest.ShootNamespace, Name: manifest.AgentName}, agent); err != nil {
+		return fmt.Errorf("tendril-agent Deployment in the shoot: %w", err)
+	}
+	apod, err := s.materialize(ctx, sh.client, manifest.ShootNamespace, agent.Spec.Template.Spec, filepath.Join(sh.dir, manifest.AgentName), "127.0.0.1")
+	if err != nil {
+		return fmt.Errorf("tendril-agent: %w", err)
+	}
+	for i, a := range apod.args {
+		if strings.HasPrefix(a, "--seed=") {
+			apod.args[i] = "--seed=" + s.cfg.TunnelAddress // the ingress's tunnel listener
+		}
+	}
+	sh.agentMetrics = net.JoinHostPort("127.0.0.1", strconv.Itoa(apod.ports["metrics"]))
+	if err := s.servePod(ctx, sh); err != nil {
+		return err
+	}
+	if err := s.procs.start(manifest.AgentName+" "+sh.namespace, filepath.Join(sh.dir, "tendril-agent.log"), "", filepath.Join(s.cfg.BinDir, apod.binary), apod.args...); err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, "http://"+sh.agentMetrics+"/readyz"); err != nil {
+		return fmt.Errorf("tendril-agent's tunnel: %w", err)
+	}
+	return nil
+}
+
+// pod is a container made runnable on this machine.
+type pod struct {
+	binary string
+	args   []string
+	// ports are the allocated ports by container port name; mounts the directories by volume.
+	ports  map[string]int
+	mounts map[string]string
+}
+
+// materialize does what a kubelet would for the pod's only container: the Secret volumes
+// become directories (file per key), mount paths in the args point at them, and every
+// "--flag=:port" of a container port gets a free port on host.
+func (s *seed) materialize(ctx context.Context, c client.Client, namespace string, spec corev1.PodSpec, dir, host string) (*pod, error) {
+	if len(spec.Containers) != 1 {
+		return nil, fmt.Errorf("%d containers, want 1", len(spec.Containers))
+	}
+	ctr := spec.Containers[0]
+	p := &pod{binary: filepath.Base(ctr.Command[0]), ports: map[string]int{}, mounts: map[string]string{}}
+	paths := map[string]string{} // mount path → directory
+	for _, v := range spec.Volumes {
+		if v.Secret == nil {
+			return nil, fmt.Errorf("volume %s: only Secret volumes are supported", v.Name)
+		}
+		sec := &corev1.Secret{}
+		if err := poll(ctx, func() error {
+			return c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: v.Secret.SecretName}, sec)
+		}); err != nil {
+			return nil, fmt.Errorf("secret %s: %w", v.Secret.SecretName, err)
+		}
+		d := filepath.Join(dir, v.Name)
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+		for k, b := range sec.Data {
+			if err := os.WriteFile(filepath.Join(d, k), b, 0o600); err != nil {
+				return nil, err
+			}
+		}
+		p.mounts[v.Name] = d
+	}
+	for _, m := range ctr.VolumeMounts {
+		d, ok := p.mounts[m.Name]
+		if !ok {
+			return nil, fmt.Errorf("mount of unknown volume %s", m.Name)
+		}
+		paths[m.MountPath] = d
+	}
+	portNames := map[string]string{}
+	for _, cp := range ctr.Ports {
+		portNames[strconv.Itoa(int(cp.ContainerPort))] = cp.Name
+	}
+	for _, a := range append(append([]string{}, ctr.Command[1:]...), ctr.Args...) {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			for mp, d := range paths {
+				if v == mp || strings.HasPrefix(v, mp+"/") {
+					v = d + strings.TrimPrefix(v, mp)
+				}
+			}
+			if port, ok := strings.CutPrefix(v, ":"); ok && portNames[port] != "" {
+				addr, err := freeAddr(host)
+				if err != nil {
+					return nil, err
+				}
+				_, ps, _ := net.SplitHostPort(addr)
+				p.ports[portNames[port]], _ = strconv.Atoi(ps)
+				v = addr
+			}
+			a = k + "=" + v
+		}
+		p.args = append(p.args, a)
+	}
+	return p, nil
+}
+
+// publishServerEndpoints writes the EndpointSlice of the tendril-server Service, as the
+// endpoint-slice controller would for the running process.
+func (s *seed) publishServerEndpoints(ctx context.Context, sh *shoot) error {
+	svc := &corev1.Service{}
+	if err := poll(ctx, func() error {
+		return s.client.Get(ctx, client.ObjectKey{Namespace: sh.namespace, Name: manifest.ServerName}, svc)
+	}); err != nil {
+		return fmt.Errorf("tendril-server Service: %w", err)
+	}
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: sh.namespace, Name: manifest.ServerName,
+			Labels: map[string]string{discoveryv1.LabelServiceName: manifest.ServerName, discoveryv1.LabelManagedBy: "tendril-local"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{s.hostIP.String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+	}
+	for _, p := range svc.Spec.Ports {
+		port, ok := sh.serverPorts[p.TargetPort.String()]
+		if !ok {
+			return fmt.Errorf("service port %s: target %s is no container port", p.Name, p.TargetPort.String())
+		}
+		es.Ports = append(es.Ports, discoveryv1.EndpointPort{Name: ptr.To(p.Name), Port: ptr.To(int32(port)), Protocol: ptr.To(corev1.ProtocolTCP)})
+	}
+	return apply(ctx, s.client, es)
+}
+
+// clientPair writes kube-apiserver's client certificate for tendril-server's egress front-ends
+// (the secrets manager's newest Secret of that name).
+func (s *seed) clientPair(ctx context.Context, sh *shoot) error {
+	var list corev1.SecretList
+	if err := poll(ctx, func() error {
+		if err := s.client.List(ctx, &list, client.InNamespace(sh.namespace), client.MatchingLabels{
+			"name": extension.SecretNameAPIServerClient, "managed-by": "secrets-manager",
+		}); err != nil {
+			return err
+		}
+		if len(list.Items) == 0 {
+			return fmt.Errorf("no secret")
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("kube-apiserver client secret: %w", err)
+	}
+	newest := list.Items[0]
+	for _, it := range list.Items[1:] {
+		if it.CreationTimestamp.After(newest.CreationTimestamp.Time) {
+			newest = it
+		}
+	}
+	d := filepath.Join(sh.dir, "kube-apiserver-client")
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		return err
+	}
+	sh.clientCert, sh.clientKey = filepath.Join(d, "tls.crt"), filepath.Join(d, "tls.key")
+	if err := os.WriteFile(sh.clientCert, newest.Data["tls.crt"], 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(sh.clientKey, newest.Data["tls.key"], 0o600)
+}
+
+// servePod serves the shoot's "pod": an HTTP server in the shoot's node network answering its
+// shoot's name.
+func (s *seed) servePod(ctx context.Context, sh *shoot) error {
+	l, err := net.Listen("tcp", sh.podAddr)
+	if err != nil {
+		return fmt.Errorf("pod server: %w", err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "pod in %s\n", sh.namespace)
+	})}
+	go func() { _ = srv.Serve(l) }()
+	go func() {
+		<-s.procs.ctx.Done()
+		_ = srv.Close()
+	}()
+	return nil
+}
+
+// apply creates o or updates it to o.
+func apply(ctx context.Context, c client.Client, o client.Object) error {
+	o.SetResourceVersion("")
+	err := c.Create(ctx, o)
+	if !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	cur := o.DeepCopyObject().(client.Object)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(o), cur); err != nil {
+		return err
+	}
+	o.SetResourceVersion(cur.GetResourceVersion())
+	return c.Update(ctx, o)
+}
+
+func poll(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func waitHTTP(ctx context.Context, url string) error {
+	c := &http.Client{Timeout: 2 * time.Second}
+	return poll(ctx, func() error {
+		r, err := c.Get(url)
+		if err != nil {
+			return err
+		}
+		r.Body.Close()
+		if r.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", url, r.Status)
+		}
+		return nil
+	})
+}
