@@ -35,6 +35,8 @@ const (
 	CheckRoute   = "route"
 	CheckKubectl = "kubectl"
 	CheckPod     = "seed→pod"
+	// CheckInCluster needs root (network namespaces); without it its detail says skipped.
+	CheckInCluster = "in-cluster"
 )
 
 // check runs every check for every shoot; wait retries each for a while (the first round,
@@ -50,6 +52,7 @@ func (s *seed) check(ctx context.Context, wait bool) Report {
 			{CheckRoute, s.checkRoute},
 			{CheckKubectl, s.checkKubectl},
 			{CheckPod, s.checkPod},
+			{CheckInCluster, s.checkInCluster},
 		} {
 			detail, err := retry(ctx, wait, func() (string, error) { return c.f(ctx, sh) })
 			sr.Checks = append(sr.Checks, Check{Name: c.name, Detail: detail, Err: err})
@@ -158,9 +161,9 @@ func (s *seed) printReport(rep Report) {
 		s.printf("  %s\n", sr.Namespace)
 		for _, c := range sr.Checks {
 			if c.Err != nil {
-				s.printf("    %-9s FAILED: %v\n", c.Name, c.Err)
+				s.printf("    %-10s FAILED: %v\n", c.Name, c.Err)
 			} else {
-				s.printf("    %-9s ok: %s\n", c.Name, c.Detail)
+				s.printf("    %-10s ok: %s\n", c.Name, c.Detail)
 			}
 		}
 	}

@@ -88,17 +88,21 @@ type Check struct {
 }
 
 type seed struct {
-	cfg     Config
-	out     io.Writer
-	dir     string
-	hostIP  netip.Addr
-	assets  string
-	rest    *rest.Config
-	client  client.Client
-	procs   *procs
-	shoots  []*shoot
-	log     logr.Logger
-	logFile *os.File
+	cfg    Config
+	out    io.Writer
+	dir    string
+	hostIP netip.Addr
+	assets string
+	rest   *rest.Config
+	client client.Client
+	procs  *procs
+	// netns: the runner is root and gives every shoot a node network namespace.
+	netns    bool
+	cleanMu  sync.Mutex
+	cleanups []func()
+	shoots   []*shoot
+	log      logr.Logger
+	logFile  *os.File
 }
 
 // Run starts the local seed, checks it, and with cfg.Once returns the report; otherwise it
@@ -134,6 +138,14 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			}
 		}
 	}
+	if s.netns = canNetns(); s.netns {
+		// The node namespaces reach the host's own address, not its loopback.
+		if h, p, err := net.SplitHostPort(s.cfg.ProxyAddress); err == nil {
+			if a, err := netip.ParseAddr(h); err == nil && a.IsLoopback() {
+				s.cfg.ProxyAddress = net.JoinHostPort(s.hostIP.String(), p)
+			}
+		}
+	}
 	lf, err := os.Create(filepath.Join(s.dir, "tendril-seed.log"))
 	if err != nil {
 		return rep, err
@@ -144,6 +156,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer func() {
+		for i := len(s.cleanups) - 1; i >= 0; i-- {
+			s.cleanups[i]()
+		}
+	}()
 	s.procs = newProcs(ctx)
 	defer s.procs.stop()
 
@@ -272,6 +289,13 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			s.printStatus(rep)
 		}
 	}
+}
+
+// addCleanup registers f to run after every process has stopped.
+func (s *seed) addCleanup(f func()) {
+	s.cleanMu.Lock()
+	defer s.cleanMu.Unlock()
+	s.cleanups = append(s.cleanups, f)
 }
 
 func (s *seed) printf(format string, args ...any) { fmt.Fprintf(s.out, format, args...) }

@@ -50,6 +50,9 @@ type shoot struct {
 	// caFile and client are tendril-server's CA bundle and kube-apiserver's client pair.
 	caFile, clientCert, clientKey string
 	agentMetrics                  string
+	// netns is the shoot's node namespace (root only); advertised and inCluster are
+	// kube-apiserver's advertised address and the kubeconfig that dials it in there.
+	netns, advertised, inCluster string
 }
 
 // startShootAPIServer starts the shoot's own etcd + kube-apiserver, listening on the host
@@ -132,6 +135,11 @@ func (s *seed) createShoot(ctx context.Context, sh *shoot) error {
 		"spec":{"dns":{"domain":%q},"networking":{"nodes":%q,"pods":"100.64.0.0/12","services":"100.104.0.0/13"}}}`,
 		sh.name, sh.name+"."+Domain, sh.nodes.String())
 	port := int32(sh.apiAddr.Port())
+	var providerConfig *runtime.RawExtension
+	if s.netns {
+		// apiserver-proxy holds the advertised address on a dummy link: only in a namespace.
+		providerConfig = &runtime.RawExtension{Raw: []byte(`{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true}}`)}
+	}
 	objs := []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: sh.namespace, Labels: map[string]string{"gardener.cloud/role": "shoot"}}},
 		&extensionsv1alpha1.Cluster{
@@ -157,7 +165,7 @@ func (s *seed) createShoot(ctx context.Context, sh *shoot) error {
 		},
 		&extensionsv1alpha1.Extension{
 			ObjectMeta: metav1.ObjectMeta{Name: extension.Type, Namespace: sh.namespace},
-			Spec:       extensionsv1alpha1.ExtensionSpec{DefaultSpec: extensionsv1alpha1.DefaultSpec{Type: extension.Type}},
+			Spec:       extensionsv1alpha1.ExtensionSpec{DefaultSpec: extensionsv1alpha1.DefaultSpec{Type: extension.Type, ProviderConfig: providerConfig}},
 		},
 	}
 	for _, o := range objs {
@@ -238,6 +246,14 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 	}
 	if err := waitHTTP(ctx, "http://"+sh.agentMetrics+"/readyz"); err != nil {
 		return fmt.Errorf("tendril-agent's tunnel: %w", err)
+	}
+	if s.netns {
+		stop, err := s.makeNode(ctx, sh)
+		if err != nil {
+			return fmt.Errorf("node namespace: %w", err)
+		}
+		s.addCleanup(stop)
+		return s.startAPIServerProxy(ctx, sh)
 	}
 	return nil
 }
