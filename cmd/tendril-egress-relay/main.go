@@ -1,0 +1,108 @@
+// Command tendril-egress-relay is the sidecar that lets kube-apiserver use tendril-server's
+// konnectivity gRPC egress: kube-apiserver dials gRPC egress only over a Unix socket, so the relay
+// listens on one in a volume shared with kube-apiserver and carries each connection to
+// tendril-server's gRPC port over mutual TLS (package egressrelay).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tendril-net/tendril/egressrelay"
+	"github.com/tendril-net/tendril/internal/logging"
+	"github.com/tendril-net/tendril/internal/probe"
+)
+
+// Config is tendril-egress-relay's configuration.
+type Config struct {
+	Relay egressrelay.Config
+	// MetricsAddress serves /metrics, /healthz and /readyz; empty: off.
+	MetricsAddress string
+	Log            logr.Logger
+}
+
+func main() {
+	cfg, err := parse(os.Args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "tendril-egress-relay:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := Run(ctx, cfg); err != nil {
+		cfg.Log.Error(err, "Exiting")
+		os.Exit(1)
+	}
+}
+
+func parse(args []string) (Config, error) {
+	var cfg Config
+	var verbosity int
+	var mode string
+	flags := flag.NewFlagSet("tendril-egress-relay", flag.ContinueOnError)
+	flags.StringVar(&cfg.Relay.Socket, "socket", "", "the Unix socket kube-apiserver dials (its egress selection's udsName); a stale socket there is replaced")
+	flags.StringVar(&mode, "socket-mode", "0600", "permission bits of the socket (octal); kube-apiserver's user must be able to write it")
+	flags.StringVar(&cfg.Relay.Server, "server", "", "tendril-server's konnectivity gRPC front-end, host:port (tendril-server.<namespace>.svc:8090)")
+	flags.StringVar(&cfg.Relay.ServerName, "server-name", "", "the name tendril-server's certificate must carry (default: the host of --server)")
+	flags.StringVar(&cfg.Relay.CertFile, "tls-cert-file", "", "the client certificate for tendril-server (PEM); read again when it changes")
+	flags.StringVar(&cfg.Relay.KeyFile, "tls-key-file", "", "the client certificate's key (PEM); read again when it changes")
+	flags.StringVar(&cfg.Relay.CAFile, "ca-file", "", "the CA bundle that signed tendril-server's certificate (PEM); read again when it changes")
+	flags.IntVar(&cfg.Relay.MaxConnections, "max-connections", 1024, "connections relayed at once; more are closed at once and counted")
+	flags.DurationVar(&cfg.Relay.HandshakeTimeout, "handshake-timeout", 10*time.Second, "bound on the dial, TLS handshake and first bytes of tendril-server")
+	flags.DurationVar(&cfg.Relay.IdleTimeout, "idle-timeout", time.Hour, "a relayed connection without a byte for this long is closed")
+	flags.DurationVar(&cfg.Relay.DrainTimeout, "drain-timeout", 30*time.Second, "how long relayed connections may continue after SIGTERM")
+	flags.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:16913", "address for /metrics, /healthz and /readyz (empty: off); loopback, as the relay shares kube-apiserver's pod")
+	flags.IntVar(&verbosity, "v", 0, "log verbosity")
+	if err := flags.Parse(args); err != nil {
+		return cfg, err
+	}
+	if flags.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", flags.Args())
+	}
+	m, err := strconv.ParseUint(mode, 8, 32)
+	if err != nil || m > 0o777 || m == 0 {
+		return cfg, fmt.Errorf("--socket-mode %q: want octal permission bits such as 0600", mode)
+	}
+	cfg.Relay.SocketMode = fs.FileMode(m)
+	cfg.Log = logging.New(os.Stderr, verbosity).WithName("tendril-egress-relay")
+	cfg.Relay.Log = cfg.Log
+	return cfg, nil
+}
+
+// Run relays until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Relay.Registry = reg
+	r, err := egressrelay.New(cfg.Relay)
+	if err != nil {
+		return err
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	if cfg.MetricsAddress != "" {
+		ml, err := net.Listen("tcp", cfg.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, r.Ready, false)) })
+	}
+	g.Go(func() error { return r.Run(ctx) })
+	return g.Wait()
+}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tendril-net/tendril/internal/testpki"
+)
+
+func TestParse(t *testing.T) {
+	cfg, err := parse([]string{"--socket=/s/relay.sock", "--server=tendril-server.ns.svc:8090", "--socket-mode=0660",
+		"--tls-cert-file=c", "--tls-key-file=k", "--ca-file=ca", "--max-connections=7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Relay
+	if r.Socket != "/s/relay.sock" || r.Server != "tendril-server.ns.svc:8090" || r.SocketMode != 0o660 || r.MaxConnections != 7 ||
+		r.CertFile != "c" || r.KeyFile != "k" || r.CAFile != "ca" || cfg.MetricsAddress != "127.0.0.1:16913" {
+		t.Errorf("config %+v", cfg)
+	}
+	for _, args := range [][]string{{"--socket-mode=rw"}, {"--socket-mode=01777"}, {"extra"}} {
+		if _, err := parse(args); err == nil {
+			t.Errorf("%q accepted", args)
+		}
+	}
+}
+
+// TestRun: the binary's wiring serves /healthz and /readyz beside the relay and stops with ctx.
+func TestRun(t *testing.T) {
+	dir, err := os.MkdirTemp("", "relaycmd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ca, err := testpki.NewCA("ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Leaf("kube-apiserver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, bundle := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "bundle.crt")
+	if err := testpki.WritePair(leaf, cert, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.WriteCA(bundle); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := l.Addr().String()
+	l.Close()
+	cfg, err := parse([]string{"--socket=" + filepath.Join(dir, "relay.sock"), "--server=127.0.0.1:1",
+		"--tls-cert-file=" + cert, "--tls-key-file=" + key, "--ca-file=" + bundle, "--metrics-address=" + metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + metrics + "/readyz")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+			err = &net.AddrError{Err: strings.TrimSpace(string(body))}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "tendril_egress_relay_max_connections 1024") {
+		t.Errorf("metrics lack the relay's:\n%.2000s", body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

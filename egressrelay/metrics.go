@@ -1,0 +1,81 @@
+package egressrelay
+
+import (
+	"net"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	connections *prometheus.CounterVec
+	active      prometheus.Gauge
+	bytes       *prometheus.CounterVec
+	dialSeconds prometheus.Histogram
+	certLoads   *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, r *Relay) *metrics {
+	m := &metrics{
+		connections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_egress_relay_connections_total",
+			Help: "Connections from kube-apiserver, by outcome (relayed, too_many, no_certs, dial_failed, tls_failed, rejected, not_grpc, client_gone, shutdown).",
+		}, []string{"outcome"}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tendril_egress_relay_active_connections", Help: "Connections being relayed.",
+		}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_egress_relay_bytes_total", Help: "Bytes relayed, by direction (to_server, from_server), counted when a connection ends.",
+		}, []string{"direction"}),
+		dialSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tendril_egress_relay_dial_seconds", Help: "Time to dial tendril-server, complete the TLS handshake and receive its first bytes.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		certLoads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_egress_relay_certificate_loads_total", Help: "Loads of the client certificate and CA bundle files, by outcome (ok, failed).",
+		}, []string{"outcome"}),
+	}
+	if reg != nil {
+		limit := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tendril_egress_relay_max_connections", Help: "The cap on connections relayed at once.",
+		}, func() float64 { return float64(r.cfg.MaxConnections) })
+		reg.MustRegister(m.connections, m.active, m.bytes, m.dialSeconds, m.certLoads, limit)
+	}
+	return m
+}
+
+// connSet tracks open connections so that shutdown can close them.
+type connSet struct {
+	mu sync.Mutex
+	m  map[net.Conn]struct{}
+}
+
+func newConnSet() *connSet { return &connSet{m: make(map[net.Conn]struct{})} }
+
+func (s *connSet) add(c net.Conn) {
+	s.mu.Lock()
+	s.m[c] = struct{}{}
+	s.mu.Unlock()
+}
+
+// remove forgets c and closes it.
+func (s *connSet) remove(c net.Conn) {
+	s.mu.Lock()
+	delete(s.m, c)
+	s.mu.Unlock()
+	c.Close()
+}
+
+func (s *connSet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m)
+}
+
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.m {
+		c.Close()
+	}
+}

@@ -1,0 +1,544 @@
+package egressrelay
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
+
+	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/tunnel/wg"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	serverAddr = netip.MustParseAddr("fd8f:6d53:b97a:1::1")
+	agentAddr  = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
+	echoTarget = netip.AddrPortFrom(agentAddr, 8081).String()
+)
+
+const serverName = "tendril-server.shoot--p--s.svc"
+
+// backend is a real tendril-server with its konnectivity front-end on mutual TLS and an agent end
+// of the tunnel over a loopback TCP stream; the agent serves an echo (client speaks first, as
+// kube-apiserver's TLS does) on its inner address, the only shoot network.
+type backend struct {
+	grpc string // the gRPC front-end, host:port
+	ca   *testpki.CA
+}
+
+func newBackend(t *testing.T) *backend {
+	t.Helper()
+	serverKey, err := wg.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentKey, err := wg.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{
+		Tunnel: wg.Config{
+			PrivateKey:     serverKey,
+			LocalAddresses: []netip.Addr{serverAddr},
+			Peers:          []wg.Peer{{PublicKey: agentKey.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)}}},
+		},
+		ShootCIDRs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
+		Log:        testr.New(t).WithName("server"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := wg.New(wg.Config{
+		PrivateKey:     agentKey,
+		LocalAddresses: []netip.Addr{agentAddr},
+		Peers: []wg.Peer{{PublicKey: serverKey.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(serverAddr, 128)},
+			PersistentKeepalive: 25 * time.Second}},
+		Logger: testr.New(t).WithName("agent"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := testpki.NewCA("shoot CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverCert, err := ca.Leaf(serverName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tunnelL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	grpcL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wgr sync.WaitGroup
+	wgr.Add(2)
+	go func() { defer wgr.Done(); _ = srv.ServeTunnel(ctx, tunnelL) }()
+	go func() { defer wgr.Done(); _ = srv.ServeGRPC(ctx, grpcL, creds) }()
+	stream, err := net.Dial("tcp", tunnelL.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.AttachPeer(stream, serverKey.PublicKey()); err != nil {
+		t.Fatal(err)
+	}
+	echoL, err := agent.ListenTCP(netip.MustParseAddrPort(echoTarget))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wgr.Add(1)
+	go func() {
+		defer wgr.Done()
+		var conns sync.WaitGroup
+		defer conns.Wait()
+		for {
+			c, err := echoL.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer conns.Done()
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		echoL.Close()
+		agent.Close()
+		srv.Close()
+		wgr.Wait()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for ok, why := srv.Ready(); !ok; ok, why = srv.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatalf("tunnel not up: %s", why)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return &backend{grpc: grpcL.Addr().String(), ca: ca}
+}
+
+// files are the relay's certificate files.
+type files struct{ cert, key, ca string }
+
+func writeFiles(t *testing.T, dir string, ca *testpki.CA, clientCA *testpki.CA) files {
+	t.Helper()
+	f := files{cert: filepath.Join(dir, "tls.crt"), key: filepath.Join(dir, "tls.key"), ca: filepath.Join(dir, "bundle.crt")}
+	leaf, err := clientCA.Leaf("kube-apiserver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testpki.WritePair(leaf, f.cert, f.key); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.WriteCA(f.ca); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// lockedBuffer collects log lines written from several goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) logger(t *testing.T) logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		b.mu.Lock()
+		fmt.Fprintln(&b.buf, prefix, args)
+		b.mu.Unlock()
+		t.Log(prefix, args)
+	}, funcr.Options{})
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+type running struct {
+	relay  *Relay
+	socket string
+	reg    *prometheus.Registry
+	logs   *lockedBuffer
+}
+
+func startRelay(t *testing.T, cfg Config) *running {
+	t.Helper()
+	// A short directory: a Unix socket path has at most 107 bytes.
+	dir, err := os.MkdirTemp("", "relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	logs := &lockedBuffer{}
+	reg := prometheus.NewRegistry()
+	cfg.Socket = filepath.Join(dir, "sock", "tendril-server.sock")
+	cfg.Log = logs.logger(t)
+	cfg.Registry = reg
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+		if _, err := os.Lstat(cfg.Socket); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("socket left behind: %v", err)
+		}
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	for ok, _ := r.Ready(); !ok; ok, _ = r.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("relay not listening")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return &running{relay: r, socket: cfg.Socket, reg: reg, logs: logs}
+}
+
+// tunnel opens a konnectivity single-use tunnel through the relay's socket exactly as
+// kube-apiserver's EgressSelector does for `GRPC` over `UDS` (k8s.io/apiserver
+// egressselector.udsGRPCConnector): a context dialer to the socket and insecure credentials.
+func (r *running) tunnel(ctx context.Context) (konnectivity.Tunnel, error) {
+	dialer := grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", r.socket)
+	})
+	// kube-apiserver bounds the blocking dial with grpc.WithTimeout(30s); ctx bounds it here.
+	return konnectivity.CreateSingleUseGrpcTunnelWithContext(ctx, ctx, r.socket, dialer, grpc.WithBlock(), //nolint:staticcheck // as kube-apiserver does
+		grpc.WithReturnConnectionError(), grpc.WithTransportCredentials(insecure.NewCredentials())) //nolint:staticcheck // as kube-apiserver does
+}
+
+func (r *running) count(outcome string) float64 {
+	c, err := r.relay.metrics.connections.GetMetricWithLabelValues(outcome)
+	if err != nil {
+		panic(err)
+	}
+	return testutil.ToFloat64(c)
+}
+
+func echo(t *testing.T, c net.Conn, size int) {
+	t.Helper()
+	payload := bytes.Repeat([]byte("relay"), size/5)
+	errc := make(chan error, 1)
+	go func() { _, err := c.Write(payload); errc <- err }()
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("echo through the relay differs (%v)", err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKonnectivityThroughRelay: kube-apiserver's konnectivity client on the relay's socket
+// reaches a target in the shoot through tendril-server, several tunnels at once; a target outside
+// the shoot is refused by tendril-server, and the refusal reaches the client through the relay.
+func TestKonnectivityThroughRelay(t *testing.T) {
+	b := newBackend(t)
+	f := writeFiles(t, t.TempDir(), b.ca, b.ca)
+	r := startRelay(t, Config{Server: b.grpc, ServerName: serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca})
+	fi, err := os.Stat(r.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Type() != fs.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v, want a socket with 0600", fi.Mode())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tun, err := r.tunnel(ctx)
+			if err != nil {
+				t.Errorf("tunnel %d: %v", i, err)
+				return
+			}
+			c, err := tun.DialContext(ctx, "tcp", echoTarget)
+			if err != nil {
+				t.Errorf("dial %d: %v", i, err)
+				return
+			}
+			defer c.Close()
+			echo(t, c, 1<<20)
+		}()
+	}
+	wg.Wait()
+	tun, err := r.tunnel(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tun.DialContext(ctx, "tcp", "10.0.0.1:443"); err == nil || !strings.Contains(err.Error(), "outside the shoot") {
+		t.Errorf("dial outside the shoot's networks: %v", err)
+	}
+	if got := r.count(outcomeRelayed); got != 5 {
+		t.Errorf("relayed %v connections, want 5", got)
+	}
+}
+
+// TestWrongClientCertificate: a client certificate tendril-server does not trust is refused; the
+// relay says so in its log and counts it, and kube-apiserver's tunnel fails. New certificate
+// files (a rotated Secret) are used from the next connection on.
+func TestWrongClientCertificate(t *testing.T) {
+	b := newBackend(t)
+	other, err := testpki.NewCA("another shoot's CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	f := writeFiles(t, dir, b.ca, other)
+	r := startRelay(t, Config{Server: b.grpc, ServerName: serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca,
+		HandshakeTimeout: 5 * time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if tun, err := r.tunnel(ctx); err == nil {
+		tun.Done()
+		t.Fatal("tunnel with an untrusted client certificate established")
+	}
+	if got := r.count(outcomeRejected); got < 1 {
+		t.Errorf("rejections counted: %v", got)
+	}
+	logs := r.logs.String()
+	if !strings.Contains(logs, "sent nothing after the TLS handshake") || !strings.Contains(logs, "remote error: tls") {
+		t.Errorf("no clear log line for the refused certificate:\n%s", logs)
+	}
+
+	// Rotation: the Secret's new content appears under the same names (the atomic writer swaps a
+	// directory link; here the files are replaced by rename).
+	nf := writeFiles(t, t.TempDir(), b.ca, b.ca)
+	for _, p := range [][2]string{{nf.cert, f.cert}, {nf.key, f.key}, {nf.ca, f.ca}} {
+		if err := os.Rename(p[0], p[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel2()
+	tun, err := r.tunnel(ctx2)
+	if err != nil {
+		t.Fatalf("after rotation: %v", err)
+	}
+	c, err := tun.DialContext(ctx2, "tcp", echoTarget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echo(t, c, 64<<10)
+	if got := testutil.ToFloat64(r.relay.metrics.certLoads.WithLabelValues("ok")); got != 2 {
+		t.Errorf("certificate loads %v, want 2 (start, rotation)", got)
+	}
+}
+
+// TestWrongServer: a server whose certificate does not carry the expected name fails the
+// handshake, and a port without a server fails the dial; both are counted.
+func TestWrongServer(t *testing.T) {
+	b := newBackend(t)
+	f := writeFiles(t, t.TempDir(), b.ca, b.ca)
+	r := startRelay(t, Config{Server: b.grpc, ServerName: "tendril-server.other.svc", CertFile: f.cert, KeyFile: f.key, CAFile: f.ca})
+	c, err := net.Dial("unix", r.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("read %d bytes (%v), want the connection closed", n, err)
+	}
+	if got := r.count(outcomeTLSFailed); got != 1 {
+		t.Errorf("TLS failures %v", got)
+	}
+	if !strings.Contains(r.logs.String(), "tendril-server.other.svc") {
+		t.Errorf("log does not name the server name:\n%s", r.logs.String())
+	}
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	r2 := startRelay(t, Config{Server: closed, ServerName: serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca})
+	c2, err := net.Dial("unix", r2.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	_ = c2.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c2.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("want the connection closed: %v", err)
+	}
+	if got := r2.count(outcomeDialFailed); got != 1 {
+		t.Errorf("dial failures %v", got)
+	}
+}
+
+// TestConnectionLimit: a connection beyond MaxConnections is closed at once and counted, and a
+// slot freed is usable again.
+func TestConnectionLimit(t *testing.T) {
+	b := newBackend(t)
+	f := writeFiles(t, t.TempDir(), b.ca, b.ca)
+	r := startRelay(t, Config{Server: b.grpc, ServerName: serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca, MaxConnections: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tun, err := r.tunnel(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := tun.DialContext(ctx, "tcp", echoTarget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra, err := net.Dial("unix", r.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := extra.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("connection beyond the limit: %v, want closed", err)
+	}
+	extra.Close()
+	if got := r.count(outcomeTooMany); got != 1 {
+		t.Errorf("refusals counted: %v", got)
+	}
+	if !strings.Contains(r.logs.String(), "Too many connections") {
+		t.Errorf("no log line for the refusal:\n%s", r.logs.String())
+	}
+	echo(t, held, 1<<10)
+	held.Close() // ends the single-use tunnel, so its gRPC connection, so the relayed one
+	deadline := time.Now().Add(10 * time.Second)
+	for len(r.relay.slots) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("slot not freed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tun2, err := r.tunnel(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tun2.DialContext(ctx, "tcp", echoTarget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echo(t, c, 1<<10)
+}
+
+func TestListen(t *testing.T) {
+	dir, err := os.MkdirTemp("", "relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "s.sock")
+	// A stale socket (a killed relay) is replaced.
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+	l, err := Listen(path, 0o660)
+	if err != nil {
+		t.Fatalf("over a stale socket: %v", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o660 {
+		t.Errorf("mode %v (%v)", fi.Mode(), err)
+	}
+	l.Close()
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("socket not removed on close: %v", err)
+	}
+	// Anything else is not touched.
+	if err := os.WriteFile(path, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Listen(path, 0o600); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Errorf("over a regular file: %v", err)
+	}
+	if data, _ := os.ReadFile(path); string(data) != "keep" {
+		t.Error("regular file changed")
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := testpki.NewCA("ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := writeFiles(t, dir, ca, ca)
+	ok := Config{Socket: filepath.Join(dir, "s"), Server: "tendril-server.ns.svc:8090", CertFile: f.cert, KeyFile: f.key, CAFile: f.ca}
+	for name, tc := range map[string]struct {
+		mut  func(*Config)
+		want string
+	}{
+		"no socket":    {func(c *Config) { c.Socket = "" }, "socket path is required"},
+		"no server":    {func(c *Config) { c.Server = "" }, "address is required"},
+		"no port":      {func(c *Config) { c.Server = "tendril-server" }, "server address"},
+		"no key":       {func(c *Config) { c.KeyFile = "" }, "mutual TLS"},
+		"missing cert": {func(c *Config) { c.CertFile = filepath.Join(dir, "nope") }, "client certificate"},
+		"bad CA":       {func(c *Config) { c.CAFile = f.key }, "no certificates"},
+		"negative max": {func(c *Config) { c.MaxConnections = -1 }, "negative"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := ok
+			tc.mut(&c)
+			if _, err := New(c); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+	r, err := New(ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.cfg.ServerName != "tendril-server.ns.svc" || r.cfg.SocketMode != 0o600 || r.cfg.MaxConnections != 1024 {
+		t.Errorf("defaults %+v", r.cfg)
+	}
+}
