@@ -285,7 +285,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		case err := <-cpDone:
 			return rep, fmt.Errorf("control plane ended: %v", err)
 		case <-t.C:
-			rep = s.check(ctx, false)
+			r := s.check(ctx, false)
+			if ctx.Err() != nil {
+				continue // interrupted mid-round: the next select stops
+			}
+			rep = r
 			s.printStatus(rep)
 		}
 	}
