@@ -41,7 +41,9 @@ bench: build ## Run the benchmarks against their peers; fresh reports go to docs
 	bin/tendril-bench sni --rounds 3 --markdown docs/bench/sni.md $(BENCH_ARGS)
 	bin/tendril-bench proxy --rounds 3 --markdown docs/bench/proxy.md $(BENCH_ARGS)
 	bin/tendril-bench connect --rounds 3 --markdown docs/bench/connect.md $(BENCH_ARGS)
-	bin/tendril-bench tunnel --markdown docs/bench/tunnel.md
+	bin/tendril-bench tunnel --markdown docs/bench/tunnel.md --json-file docs/bench/tunnel.json
+	bin/tendril-bench xds --markdown docs/bench/xds.md --json-file docs/bench/xds.json
+	bin/tendril-bench plot --xds docs/bench/xds.json --tunnel docs/bench/tunnel.json
 
 run: build ## Start a local seed (tendril-seed, tendril-ingress, two example shoots) until interrupted.
 	bin/tendril-local

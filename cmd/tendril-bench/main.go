@@ -6,6 +6,8 @@
 //	tendril-bench proxy [flags]     PROXY v2 header routed by destination, then TLS: the same figures
 //	tendril-bench connect [flags]   CONNECT with X-Gardener-Destination, then TLS: the same figures
 //	tendril-bench tunnel [flags]    reversed VPN: throughput, dials, head-of-line, up time, memory
+//	tendril-bench xds [flags]       xDS at scale: change → ACK latency, bytes per change, build time, memory
+//	tendril-bench plot [flags]      PNG plots from the JSON reports of xds and tunnel
 //
 // This file only turns flags into a configuration and prints results; the
 // benchmarks live in package bench/….
@@ -28,6 +30,7 @@ import (
 	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/incluster"
 	"github.com/tendril-net/tendril/bench/sni"
+	"github.com/tendril-net/tendril/bench/xdsbench"
 )
 
 const usage = `usage: tendril-bench <mode> [flags]
@@ -43,6 +46,11 @@ modes:
   tunnel   reversed VPN, seed to a pod in the shoot: direct vs tendril
            (HTTP CONNECT and konnectivity gRPC front-ends) vs OpenVPN 2.6 TCP
            vs konnectivity v0.36 (gRPC and HTTP CONNECT); needs root
+  xds      N shoots in the xDS server with tendril-ingress replicas connected,
+           then single-shoot changes: Apply → ACK of every replica p50/p99,
+           bytes per change, full build time, control plane and ingress RSS
+  plot     PNG plots from --json-file reports: xDS ACK latency vs shoots
+           (--xds), tunnel throughput per target (--tunnel)
 
 sni, proxy and connect measure new TLS connections per second with time to
 first byte, and bulk throughput, and take the same flags. tunnel measures
@@ -67,6 +75,11 @@ var modes = map[string]harness.Mode{
 var errUsage = errors.New("usage")
 
 func main() {
+	// The xds mode starts this executable again for its control plane (and
+	// ingress replicas without bin/tendril-ingress).
+	if xdsbench.IsChild() {
+		os.Exit(xdsbench.ChildMain())
+	}
 	// Ctrl-C or SIGTERM cancels the run; the benchmark stops its peers and
 	// prints what it measured so far.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -109,6 +122,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		c.Config.CommandLine = commandLine(args)
 		return c.Run(ctx, stdout)
+	case "xds":
+		c, err := parseXDS(args[2:], stderr)
+		if err != nil {
+			return err
+		}
+		c.Config.CommandLine = commandLine(args)
+		return c.Run(ctx, stdout)
+	case "plot":
+		return runPlot(args[2:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -124,6 +146,8 @@ type output struct {
 	// MarkdownAppend, if set, receives the Markdown report at its end
 	// (the file is created if missing).
 	MarkdownAppend string
+	// JSONFile, if set, also receives the report as JSON (what "plot" reads).
+	JSONFile string
 }
 
 // addFlags defines the output flags in fs.
@@ -131,6 +155,7 @@ func (o *output) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.JSON, "json", false, "print machine-readable JSON instead of tables")
 	fs.StringVar(&o.Markdown, "markdown", "", "also write a Markdown report to `file`, replacing it")
 	fs.StringVar(&o.MarkdownAppend, "markdown-append", "", "also append the Markdown report as a section to `file` (created if missing)")
+	fs.StringVar(&o.JSONFile, "json-file", "", "also write the report as JSON to `file`, replacing it (for tendril-bench plot)")
 }
 
 // parseFlags parses a mode's args with fs, which has the output flags
@@ -174,6 +199,9 @@ func (o *output) write(stdout io.Writer, rep report) error {
 	}
 	if o.MarkdownAppend != "" {
 		err = errors.Join(err, writeFile(o.MarkdownAppend, true, rep.WriteMarkdown))
+	}
+	if o.JSONFile != "" {
+		err = errors.Join(err, writeFile(o.JSONFile, false, rep.WriteJSON))
 	}
 	return err
 }
@@ -248,22 +276,22 @@ func writeFile(path string, appending bool, write func(io.Writer) error) error {
 	}
 	f, err := os.OpenFile(path, flags, 0o644)
 	if err != nil {
-		return fmt.Errorf("markdown report: %w", err)
+		return fmt.Errorf("report: %w", err)
 	}
 	if appending {
 		if st, err := f.Stat(); err == nil && st.Size() > 0 {
 			if _, err := io.WriteString(f, "\n---\n\n"); err != nil {
 				f.Close()
-				return fmt.Errorf("markdown report %s: %w", path, err)
+				return fmt.Errorf("report %s: %w", path, err)
 			}
 		}
 	}
 	if err := write(f); err != nil {
 		f.Close()
-		return fmt.Errorf("markdown report %s: %w", path, err)
+		return fmt.Errorf("report %s: %w", path, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("markdown report %s: %w", path, err)
+		return fmt.Errorf("report %s: %w", path, err)
 	}
 	return nil
 }
