@@ -45,7 +45,7 @@ bench: build ## Run the benchmarks against their peers; fresh reports go to docs
 	bin/tendril-bench xds --markdown docs/bench/xds.md --json-file docs/bench/xds.json
 	bin/tendril-bench plot --xds docs/bench/xds.json --tunnel docs/bench/tunnel.json
 
-run: build ## Start a local seed (tendril-seed, tendril-ingress, two example shoots) until interrupted.
+run: build testbin ## Start a local seed (seed API server, tendril-seed, tendril-ingress, two shoots with their own API servers) until interrupted.
 	bin/tendril-local
 
 clean: ## Remove build outputs.
