@@ -15,28 +15,35 @@
 //     flag added; kube-apiserver never sees two;
 //   - volumes tendril-egress-selector (ConfigMap tendril-egress-selector),
 //     tendril-egress-client (the secrets manager's tendril-kube-apiserver-client: tls.crt,
-//     tls.key) and tendril-egress-ca (ca-tendril-bundle: bundle.crt), mounted read-only;
+//     tls.key) and tendril-egress-ca (ca-tendril-bundle: bundle.crt);
 //   - a checksum annotation of the configuration and the pod label
-//     networking.resources.gardener.cloud/to-tendril-server-tcp-9443=allowed, so Gardener's
-//     NetworkPolicies let the pod reach tendril-server.
+//     networking.resources.gardener.cloud/to-tendril-server-tcp-<port>=allowed, so Gardener's
+//     NetworkPolicies let the pod reach tendril-server's egress port.
 //
-// Every other flag (--advertise-address, --endpoint-reconciler-type, …), volume and container
-// stays as Gardener set it, and applying the result again changes nothing. When the Extension
-// is being deleted the Deployment passes unchanged, so gardenlet's next apply restores its
-// own VPN configuration.
+// The providerConfig's egress mode decides the rest:
+//   - httpConnect (default): `cluster` → HTTPConnect over TCP to
+//     https://tendril-server.<ns>.svc:9443 with client certificate and CA bundle, which
+//     kube-apiserver mounts read-only; port 9443.
+//   - grpc: kube-apiserver's gRPC egress dials only a Unix socket (k8s.io/apiserver
+//     egressselector: "UDS transport must be specified for GRPC"), so `cluster` → GRPC over UDS
+//     /var/run/tendril-egress/tendril-server.sock, and the webhook adds the native sidecar
+//     tendril-egress-relay (an init container with restartPolicy Always, from the tendril
+//     image, Options.Image), which listens on that socket in the emptyDir
+//     tendril-egress-socket shared with kube-apiserver and carries each connection to
+//     tendril-server.<ns>.svc:8090 over mutual TLS with the client certificate and CA bundle,
+//     now mounted by the relay only; port 8090. Without an image such Deployments are refused.
 //
-// The configuration (apiserver.k8s.io/v1beta1 EgressSelectorConfiguration: `cluster` →
-// HTTPConnect over TCP to https://tendril-server.<ns>.svc:9443 with client certificate and CA
-// bundle; `controlplane` and `etcd` Direct) depends only on the namespace; the webhook
-// creates or corrects the ConfigMap itself before it admits the Deployment (skipped for
-// dry-run requests), so it exists whenever a pod could mount it. [ConfigMap] builds the same
-// object for the actuator. Secret names carry the secrets manager's hashes; the webhook finds
-// the current ones by the manager's labels and refuses the Deployment while they do not exist
-// yet (gardenlet retries).
+// Whatever the other mode added is removed, so a shoot can switch. `controlplane` and `etcd`
+// stay Direct. Every other flag (--advertise-address, --endpoint-reconciler-type, …), volume and
+// container stays as Gardener set it, and applying the result again changes nothing. When the
+// Extension is being deleted the Deployment passes unchanged, so gardenlet's next apply
+// restores its own VPN configuration.
 //
-// egress: grpc is not applied: kube-apiserver's EgressSelector speaks gRPC only over a Unix
-// socket (k8s.io/apiserver egressselector: "UDS transport must be specified for GRPC"), which
-// cannot reach tendril-server's :8090 in another pod. Such shoots keep Gardener's egress.
+// The configuration depends only on the namespace and the mode; the webhook creates or corrects
+// the ConfigMap itself before it admits the Deployment (skipped for dry-run requests), so it
+// exists whenever a pod could mount it. [ConfigMap] builds the same object for the actuator.
+// Secret names carry the secrets manager's hashes; the webhook finds the current ones by the
+// manager's labels and refuses the Deployment while they do not exist yet (gardenlet retries).
 //
 // # Serving
 //
@@ -142,6 +149,10 @@ type Options struct {
 	URL string
 	// ServicePort is the Service's port in ModeService (0: the webhook server's port).
 	ServicePort int
+	// Image is the tendril image (the one tendril-server runs); the egress relay sidecar of
+	// shoots with egress grpc runs /tendril-egress-relay from it. Empty: such shoots'
+	// kube-apiserver Deployments are refused with the reason (HTTP CONNECT needs no image).
+	Image string
 }
 
 // AddToManager registers the webhook with mgr's webhook server (which must be a
@@ -164,7 +175,7 @@ func AddToManager(ctx context.Context, mgr manager.Manager, opts Options) error 
 	if !ok {
 		return fmt.Errorf("egress webhook: want a *webhook.DefaultServer, got %T", mgr.GetWebhookServer())
 	}
-	wh, err := New(mgr)
+	wh, err := New(mgr, opts.Image)
 	if err != nil {
 		return fmt.Errorf("egress webhook: %w", err)
 	}
@@ -228,9 +239,10 @@ func (r registration) Start(ctx context.Context) error {
 }
 
 // New builds the webhook (Gardener's control-plane webhook with tendril's selectors).
-func New(mgr manager.Manager) (*extensionswebhook.Webhook, error) {
+// relayImage is the tendril image the egress relay sidecar runs (Options.Image).
+func New(mgr manager.Manager, relayImage string) (*extensionswebhook.Webhook, error) {
 	log := mgr.GetLogger().WithName("egress-webhook")
-	e := &ensurer{client: mgr.GetClient(), reader: mgr.GetAPIReader(), log: log}
+	e := &ensurer{client: mgr.GetClient(), reader: mgr.GetAPIReader(), log: log, relayImage: relayImage}
 	wh, err := controlplane.New(mgr, controlplane.Args{
 		Kind:           controlplane.KindShoot,
 		Provider:       ExtensionType,
@@ -263,6 +275,8 @@ type ensurer struct {
 	// reader reads uncached: an Extension or Secret created a moment ago must count.
 	reader client.Reader
 	log    logr.Logger
+	// relayImage is the tendril image of the egress relay sidecar (egress: grpc).
+	relayImage string
 }
 
 var _ genericmutator.Ensurer = (*ensurer)(nil)
@@ -284,9 +298,12 @@ func (e *ensurer) EnsureKubeAPIServerDeployment(ctx context.Context, _ extension
 	if len(errs) > 0 {
 		return fmt.Errorf("extension %s/%s: %w", ns, ext.Name, errs.ToAggregate())
 	}
-	if pc.EgressOrDefault() != tendrilv1alpha1.EgressHTTPConnect {
-		e.log.Info("Leaving kube-apiserver's egress to Gardener: kube-apiserver speaks gRPC egress only over a Unix socket", "namespace", ns, "egress", pc.EgressOrDefault())
-		return nil
+	mode := pc.EgressOrDefault()
+	if mode == tendrilv1alpha1.EgressGRPC && e.relayImage == "" {
+		// Refused (gardenlet retries) rather than left to Gardener's VPN, which the shoot's
+		// owner switched away from.
+		return fmt.Errorf("extension %s/%s asks for egress %s, which needs the %s sidecar, but the webhook has no tendril image (tendril-seed --image)",
+			ns, ext.Name, mode, ContainerNameRelay)
 	}
 	var s Secrets
 	if s.Client, err = e.currentSecret(ctx, ns, SecretNameClient); err != nil {
@@ -295,14 +312,14 @@ func (e *ensurer) EnsureKubeAPIServerDeployment(ctx context.Context, _ extension
 	if s.CABundle, err = e.currentSecret(ctx, ns, SecretNameCABundle); err != nil {
 		return err
 	}
-	cm, err := ConfigMap(ns)
+	cm, err := ConfigMap(ns, mode)
 	if err != nil {
 		return err
 	}
 	if err := e.ensureConfigMap(ctx, cm); err != nil {
 		return err
 	}
-	return MutateDeployment(dep, s, cm.Data[ConfigMapDataKey])
+	return MutateDeployment(dep, Mutation{Egress: mode, Secrets: s, Config: cm.Data[ConfigMapDataKey], RelayImage: e.relayImage})
 }
 
 // extension returns the namespace's Extension of type tendril, or nil.

@@ -12,10 +12,13 @@ import (
 	gardenerutils "github.com/gardener/gardener/pkg/utils/gardener"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	apiserverv1beta1 "k8s.io/apiserver/pkg/apis/apiserver/v1beta1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension/manifest"
 )
 
@@ -34,10 +37,20 @@ const (
 	VolumeNameConfig = "tendril-egress-selector"
 	VolumeNameClient = "tendril-egress-client"
 	VolumeNameCA     = "tendril-egress-ca"
+	// VolumeNameSocket is the emptyDir kube-apiserver and the relay share (egress: grpc).
+	VolumeNameSocket = "tendril-egress-socket"
 
 	MountPathConfig = "/etc/kubernetes/tendril/egress"
 	MountPathClient = "/etc/kubernetes/tendril/client"
 	MountPathCA     = "/etc/kubernetes/tendril/ca"
+	MountPathSocket = "/var/run/tendril-egress"
+
+	// ContainerNameRelay is the egress relay sidecar (egress: grpc): a native sidecar (an init
+	// container with restartPolicy Always), so it starts before kube-apiserver and stops after
+	// it, and kube-apiserver's egress works during its whole graceful shutdown.
+	ContainerNameRelay = "tendril-egress-relay"
+	// RelayCommand is the relay's binary in the tendril image.
+	RelayCommand = "/tendril-egress-relay"
 
 	// AnnotationChecksumConfig rolls kube-apiserver when the configuration's content changes
 	// (kube-apiserver reads the file only at start); Gardener's checksum/… convention.
@@ -54,6 +67,9 @@ const (
 // ConfigFile is the value the webhook gives --egress-selector-config-file.
 var ConfigFile = path.Join(MountPathConfig, ConfigMapDataKey)
 
+// SocketPath is the relay's Unix socket, kube-apiserver's gRPC egress target (egress: grpc).
+var SocketPath = path.Join(MountPathSocket, "tendril-server.sock")
+
 // Secrets names the current secrets-manager Secrets kube-apiserver mounts (their names carry
 // hashes and change on rotation, so they are looked up per admission request).
 type Secrets struct {
@@ -63,38 +79,59 @@ type Secrets struct {
 	CABundle string
 }
 
-// ServerURL is tendril-server's HTTP CONNECT front-end in namespace; the host is one of the
-// DNS names of tendril-server's certificate (extension/secrets.go).
+// ServerHost is tendril-server's Service name in namespace, one of the DNS names of its
+// certificate (extension/secrets.go).
+func ServerHost(namespace string) string {
+	return fmt.Sprintf("%s.%s.svc", manifest.ServerName, namespace)
+}
+
+// ServerURL is tendril-server's HTTP CONNECT front-end in namespace.
 func ServerURL(namespace string) string {
-	return fmt.Sprintf("https://%s.%s.svc:%d", manifest.ServerName, namespace, manifest.PortConnect)
+	return fmt.Sprintf("https://%s:%d", ServerHost(namespace), manifest.PortConnect)
 }
 
-// EgressSelectorConfig is the apiserver.k8s.io/v1beta1 EgressSelectorConfiguration: `cluster`
-// goes HTTP CONNECT over mutual TLS to tendril-server, `controlplane` and `etcd` direct (as
-// in Gardener's own configuration). kube-apiserver's gRPC egress works only over a Unix
-// socket, so tendril's konnectivity front-end cannot be named here across pods.
-func EgressSelectorConfig(namespace string) ([]byte, error) {
-	return egressSelectorConfig(namespace, MountPathClient, MountPathCA)
+// GRPCServerAddress is tendril-server's konnectivity gRPC front-end in namespace, host:port,
+// the relay's upstream.
+func GRPCServerAddress(namespace string) string {
+	return fmt.Sprintf("%s:%d", ServerHost(namespace), manifest.PortGRPC)
 }
 
-func egressSelectorConfig(namespace, clientDir, caDir string) ([]byte, error) {
+// EgressSelectorConfig is the apiserver.k8s.io/v1beta1 EgressSelectorConfiguration for egress
+// mode (empty: httpConnect): `cluster` goes HTTP CONNECT over mutual TLS to tendril-server, or
+// GRPC over the relay's Unix socket (kube-apiserver's gRPC egress works only over a Unix socket;
+// the relay in its pod carries the connections to tendril-server's :8090 over mutual TLS);
+// `controlplane` and `etcd` direct (as in Gardener's own configuration).
+func EgressSelectorConfig(namespace string, mode tendrilv1alpha1.EgressMode) ([]byte, error) {
+	return egressSelectorConfig(namespace, mode, MountPathClient, MountPathCA)
+}
+
+func egressSelectorConfig(namespace string, mode tendrilv1alpha1.EgressMode, clientDir, caDir string) ([]byte, error) {
+	var cluster apiserverv1beta1.Connection
+	switch mode {
+	case "", tendrilv1alpha1.EgressHTTPConnect:
+		cluster = apiserverv1beta1.Connection{
+			ProxyProtocol: apiserverv1beta1.ProtocolHTTPConnect,
+			Transport: &apiserverv1beta1.Transport{TCP: &apiserverv1beta1.TCPTransport{
+				URL: ServerURL(namespace),
+				TLSConfig: &apiserverv1beta1.TLSConfig{
+					CABundle:   path.Join(caDir, dataKeyCABundle),
+					ClientCert: path.Join(clientDir, dataKeyCertificate),
+					ClientKey:  path.Join(clientDir, dataKeyPrivateKey),
+				},
+			}},
+		}
+	case tendrilv1alpha1.EgressGRPC:
+		cluster = apiserverv1beta1.Connection{
+			ProxyProtocol: apiserverv1beta1.ProtocolGRPC,
+			Transport:     &apiserverv1beta1.Transport{UDS: &apiserverv1beta1.UDSTransport{UDSName: SocketPath}},
+		}
+	default:
+		return nil, fmt.Errorf("egress selector configuration: unknown egress mode %q", mode)
+	}
 	cfg := apiserverv1beta1.EgressSelectorConfiguration{
 		TypeMeta: metav1.TypeMeta{APIVersion: apiserverv1beta1.SchemeGroupVersion.String(), Kind: "EgressSelectorConfiguration"},
 		EgressSelections: []apiserverv1beta1.EgressSelection{
-			{
-				Name: "cluster",
-				Connection: apiserverv1beta1.Connection{
-					ProxyProtocol: apiserverv1beta1.ProtocolHTTPConnect,
-					Transport: &apiserverv1beta1.Transport{TCP: &apiserverv1beta1.TCPTransport{
-						URL: ServerURL(namespace),
-						TLSConfig: &apiserverv1beta1.TLSConfig{
-							CABundle:   path.Join(caDir, dataKeyCABundle),
-							ClientCert: path.Join(clientDir, dataKeyCertificate),
-							ClientKey:  path.Join(clientDir, dataKeyPrivateKey),
-						},
-					}},
-				},
-			},
+			{Name: "cluster", Connection: cluster},
 			{Name: "controlplane", Connection: apiserverv1beta1.Connection{ProxyProtocol: apiserverv1beta1.ProtocolDirect}},
 			{Name: "etcd", Connection: apiserverv1beta1.Connection{ProxyProtocol: apiserverv1beta1.ProtocolDirect}},
 		},
@@ -106,10 +143,10 @@ func egressSelectorConfig(namespace, clientDir, caDir string) ([]byte, error) {
 	return data, nil
 }
 
-// ConfigMap is the ConfigMap holding the egress selector configuration of namespace. The
-// webhook creates it when it is missing; the actuator may deploy it too (same content).
-func ConfigMap(namespace string) (*corev1.ConfigMap, error) {
-	data, err := EgressSelectorConfig(namespace)
+// ConfigMap is the ConfigMap holding the egress selector configuration of namespace for egress
+// mode. The webhook creates it when it is missing; the actuator may deploy it too (same content).
+func ConfigMap(namespace string, mode tendrilv1alpha1.EgressMode) (*corev1.ConfigMap, error) {
+	data, err := EgressSelectorConfig(namespace, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -129,16 +166,45 @@ func checksum(data string) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// Mutation is what MutateDeployment applies.
+type Mutation struct {
+	// Egress is the providerConfig's mode; empty is httpConnect.
+	Egress tendrilv1alpha1.EgressMode
+	// Secrets are the client certificate and CA bundle Secrets to mount.
+	Secrets Secrets
+	// Config is the ConfigMap's data (for the checksum).
+	Config string
+	// RelayImage is the tendril image the relay sidecar runs; required for grpc.
+	RelayImage string
+}
+
 // MutateDeployment points the kube-apiserver Deployment's EgressSelector at tendril-server:
 // exactly one --egress-selector-config-file (an existing one, Gardener's for its VPN, gets
 // tendril's value in place; a second occurrence is removed; a missing one is added), the
-// three volumes and mounts, the config checksum, and the NetworkPolicy label that lets the
-// pod reach tendril-server's CONNECT port. Everything else, including --advertise-address and
-// --endpoint-reconciler-type, stays as it is. It is idempotent. cfg is the ConfigMap's data
-// (for the checksum).
-func MutateDeployment(dep *appsv1.Deployment, s Secrets, cfg string) error {
+// volumes and mounts, the config checksum, and the NetworkPolicy label that lets the pod reach
+// tendril-server's egress port.
+//
+// httpConnect: kube-apiserver mounts the configuration, the client certificate and the CA
+// bundle, and may reach port 9443. grpc: kube-apiserver mounts the configuration and the
+// socket's emptyDir; the relay sidecar (ContainerNameRelay, a native sidecar) mounts the socket's
+// emptyDir, the client certificate and the CA bundle, and the pod may reach port 8090. What the
+// other mode added is removed, so a shoot can switch. Everything else, including
+// --advertise-address and --endpoint-reconciler-type, stays as it is. It is idempotent.
+func MutateDeployment(dep *appsv1.Deployment, m Mutation) error {
+	s := m.Secrets
 	if s.Client == "" || s.CABundle == "" {
 		return fmt.Errorf("secret names missing (client %q, CA bundle %q)", s.Client, s.CABundle)
+	}
+	grpc := false
+	switch m.Egress {
+	case "", tendrilv1alpha1.EgressHTTPConnect:
+	case tendrilv1alpha1.EgressGRPC:
+		if m.RelayImage == "" {
+			return fmt.Errorf("egress %s needs the tendril image for the %s sidecar, and the webhook has none (tendril-seed's --image)", m.Egress, ContainerNameRelay)
+		}
+		grpc = true
+	default:
+		return fmt.Errorf("unknown egress mode %q", m.Egress)
 	}
 	ps := &dep.Spec.Template.Spec
 	c := extensionswebhook.ContainerWithName(ps.Containers, v1beta1constants.DeploymentNameKubeAPIServer)
@@ -147,12 +213,13 @@ func MutateDeployment(dep *appsv1.Deployment, s Secrets, cfg string) error {
 	}
 	setFlag(c, FlagEgressSelectorConfigFile, ConfigFile)
 
-	c.VolumeMounts = extensionswebhook.EnsureVolumeMountWithName(c.VolumeMounts, corev1.VolumeMount{Name: VolumeNameConfig, MountPath: MountPathConfig, ReadOnly: true})
-	c.VolumeMounts = extensionswebhook.EnsureVolumeMountWithName(c.VolumeMounts, corev1.VolumeMount{Name: VolumeNameClient, MountPath: MountPathClient, ReadOnly: true})
-	c.VolumeMounts = extensionswebhook.EnsureVolumeMountWithName(c.VolumeMounts, corev1.VolumeMount{Name: VolumeNameCA, MountPath: MountPathCA, ReadOnly: true})
-
 	// The same modes the API server would default, so a re-applied object compares equal.
 	cmMode, keyMode := int32(corev1.ConfigMapVolumeSourceDefaultMode), int32(0o640)
+	configMount := corev1.VolumeMount{Name: VolumeNameConfig, MountPath: MountPathConfig, ReadOnly: true}
+	clientMount := corev1.VolumeMount{Name: VolumeNameClient, MountPath: MountPathClient, ReadOnly: true}
+	caMount := corev1.VolumeMount{Name: VolumeNameCA, MountPath: MountPathCA, ReadOnly: true}
+	socketMount := corev1.VolumeMount{Name: VolumeNameSocket, MountPath: MountPathSocket}
+	c.VolumeMounts = extensionswebhook.EnsureVolumeMountWithName(c.VolumeMounts, configMount)
 	ps.Volumes = extensionswebhook.EnsureVolumeWithName(ps.Volumes, corev1.Volume{Name: VolumeNameConfig, VolumeSource: corev1.VolumeSource{
 		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: ConfigMapName}, DefaultMode: &cmMode},
 	}})
@@ -164,10 +231,65 @@ func MutateDeployment(dep *appsv1.Deployment, s Secrets, cfg string) error {
 	}})
 
 	t := &dep.Spec.Template
-	t.Annotations = extensionswebhook.EnsureAnnotationOrLabel(t.Annotations, AnnotationChecksumConfig, checksum(cfg))
-	t.Labels = extensionswebhook.EnsureAnnotationOrLabel(t.Labels,
-		gardenerutils.NetworkPolicyLabel(manifest.ServerName, manifest.PortConnect), v1beta1constants.LabelNetworkPolicyAllowed)
+	t.Annotations = extensionswebhook.EnsureAnnotationOrLabel(t.Annotations, AnnotationChecksumConfig, checksum(m.Config))
+	connectLabel := gardenerutils.NetworkPolicyLabel(manifest.ServerName, manifest.PortConnect)
+	grpcLabel := gardenerutils.NetworkPolicyLabel(manifest.ServerName, manifest.PortGRPC)
+	if !grpc {
+		c.VolumeMounts = extensionswebhook.EnsureVolumeMountWithName(c.VolumeMounts, clientMount)
+		c.VolumeMounts = extensionswebhook.EnsureVolumeMountWithName(c.VolumeMounts, caMount)
+		c.VolumeMounts = extensionswebhook.EnsureNoVolumeMountWithName(c.VolumeMounts, VolumeNameSocket)
+		ps.InitContainers = extensionswebhook.EnsureNoContainerWithName(ps.InitContainers, ContainerNameRelay)
+		ps.Volumes = extensionswebhook.EnsureNoVolumeWithName(ps.Volumes, VolumeNameSocket)
+		t.Labels = extensionswebhook.EnsureAnnotationOrLabel(t.Labels, connectLabel, v1beta1constants.LabelNetworkPolicyAllowed)
+		delete(t.Labels, grpcLabel)
+		return nil
+	}
+	c.VolumeMounts = extensionswebhook.EnsureNoVolumeMountWithName(c.VolumeMounts, VolumeNameClient)
+	c.VolumeMounts = extensionswebhook.EnsureNoVolumeMountWithName(c.VolumeMounts, VolumeNameCA)
+	c.VolumeMounts = extensionswebhook.EnsureVolumeMountWithName(c.VolumeMounts, socketMount)
+	ps.Volumes = extensionswebhook.EnsureVolumeWithName(ps.Volumes, corev1.Volume{Name: VolumeNameSocket, VolumeSource: corev1.VolumeSource{
+		EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: ptr.To(resource.MustParse("1Mi"))},
+	}})
+	ps.InitContainers = extensionswebhook.EnsureContainerWithName(ps.InitContainers,
+		relayContainer(dep.Namespace, m.RelayImage, c.SecurityContext, clientMount, caMount, socketMount))
+	t.Labels = extensionswebhook.EnsureAnnotationOrLabel(t.Labels, grpcLabel, v1beta1constants.LabelNetworkPolicyAllowed)
+	delete(t.Labels, connectLabel)
 	return nil
+}
+
+// relayContainer is the egress relay sidecar. It runs as kube-apiserver's user (its container's
+// runAsUser/runAsGroup when set, else the pod's like kube-apiserver): that user must be able to
+// connect to the relay's 0600 socket, and the certificate volumes' modes already serve it.
+func relayContainer(namespace, image string, apiserver *corev1.SecurityContext, mounts ...corev1.VolumeMount) corev1.Container {
+	sc := &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
+	if apiserver != nil {
+		sc.RunAsUser, sc.RunAsGroup, sc.RunAsNonRoot = apiserver.RunAsUser, apiserver.RunAsGroup, apiserver.RunAsNonRoot
+	}
+	return corev1.Container{
+		Name:    ContainerNameRelay,
+		Image:   image,
+		Command: []string{RelayCommand},
+		Args: []string{
+			"--socket=" + SocketPath,
+			"--server=" + GRPCServerAddress(namespace),
+			"--server-name=" + ServerHost(namespace),
+			"--tls-cert-file=" + path.Join(MountPathClient, dataKeyCertificate),
+			"--tls-key-file=" + path.Join(MountPathClient, dataKeyPrivateKey),
+			"--ca-file=" + path.Join(MountPathCA, dataKeyCABundle),
+		},
+		// A native sidecar: started before kube-apiserver, stopped after it.
+		RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
+		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("10m"),
+			corev1.ResourceMemory: resource.MustParse("16Mi"),
+		}},
+		SecurityContext: sc,
+		VolumeMounts:    mounts,
+	}
 }
 
 // setFlag leaves exactly one occurrence of flag, with value, in the container's command line.

@@ -12,7 +12,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apiserver/pkg/apis/apiserver"
 	"k8s.io/apiserver/pkg/server/egressselector"
+	"k8s.io/utils/ptr"
+
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 )
+
+const relayImage = "example.org/tendril:v1"
 
 const gardenerEgressFlag = "--egress-selector-config-file=/etc/kubernetes/egress/gardener.yaml"
 
@@ -88,33 +93,115 @@ func TestMutateDeployment(t *testing.T) {
 		},
 	}
 	secrets := Secrets{Client: "tendril-kube-apiserver-client-abc", CABundle: "ca-tendril-bundle-def"}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			d := deployment(slices.Clone(tt.command), slices.Clone(tt.args))
-			if err := MutateDeployment(d, secrets, "cfg"); err != nil {
-				t.Fatal(err)
-			}
-			c := d.Spec.Template.Spec.Containers[0]
-			if !slices.Equal(c.Command, tt.wantCmd) || !slices.Equal(c.Args, tt.wantArg) {
-				t.Errorf("command %q args %q, want %q %q", c.Command, c.Args, tt.wantCmd, tt.wantArg)
-			}
-			if got := d.Spec.Template.Spec.Containers[1].Args; !slices.Equal(got, []string{gardenerEgressFlag}) {
-				t.Errorf("other container changed: %q", got)
-			}
-			checkVolumes(t, d, secrets)
-			again := d.DeepCopy()
-			if err := MutateDeployment(again, secrets, "cfg"); err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(d, again) {
-				t.Errorf("second mutation changed the deployment:\n%+v\n%+v", d.Spec.Template, again.Spec.Template)
-			}
-		})
+	for _, mode := range []tendrilv1alpha1.EgressMode{tendrilv1alpha1.EgressHTTPConnect, tendrilv1alpha1.EgressGRPC} {
+		m := Mutation{Egress: mode, Secrets: secrets, Config: "cfg", RelayImage: relayImage}
+		for _, tt := range tests {
+			t.Run(string(mode)+"/"+tt.name, func(t *testing.T) {
+				d := deployment(slices.Clone(tt.command), slices.Clone(tt.args))
+				if err := MutateDeployment(d, m); err != nil {
+					t.Fatal(err)
+				}
+				c := d.Spec.Template.Spec.Containers[0]
+				if !slices.Equal(c.Command, tt.wantCmd) || !slices.Equal(c.Args, tt.wantArg) {
+					t.Errorf("command %q args %q, want %q %q", c.Command, c.Args, tt.wantCmd, tt.wantArg)
+				}
+				if got := d.Spec.Template.Spec.Containers[1].Args; !slices.Equal(got, []string{gardenerEgressFlag}) {
+					t.Errorf("other container changed: %q", got)
+				}
+				checkVolumes(t, d, m)
+				again := d.DeepCopy()
+				if err := MutateDeployment(again, m); err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(d, again) {
+					t.Errorf("second mutation changed the deployment:\n%+v\n%+v", d.Spec.Template, again.Spec.Template)
+				}
+			})
+		}
 	}
 }
 
-func checkVolumes(t *testing.T, d *appsv1.Deployment, s Secrets) {
+// TestMutateDeploymentGRPC: the relay sidecar's command line, mounts and user; switching the
+// mode either way leaves nothing of the other behind.
+func TestMutateDeploymentGRPC(t *testing.T) {
+	secrets := Secrets{Client: "client-1", CABundle: "bundle-1"}
+	grpc := Mutation{Egress: tendrilv1alpha1.EgressGRPC, Secrets: secrets, Config: "grpc", RelayImage: relayImage}
+	d := deployment([]string{"/usr/local/bin/kube-apiserver"}, []string{gardenerEgressFlag})
+	d.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: "gardener-init"}}
+	d.Spec.Template.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsUser: ptr.To[int64](65532), RunAsNonRoot: ptr.To(true)}
+	if err := MutateDeployment(d, grpc); err != nil {
+		t.Fatal(err)
+	}
+	inits := d.Spec.Template.Spec.InitContainers
+	if len(inits) != 2 || inits[0].Name != "gardener-init" || inits[1].Name != ContainerNameRelay {
+		t.Fatalf("init containers %+v", inits)
+	}
+	r := inits[1]
+	wantArgs := []string{
+		"--socket=/var/run/tendril-egress/tendril-server.sock",
+		"--server=tendril-server.shoot--p--s.svc:8090",
+		"--server-name=tendril-server.shoot--p--s.svc",
+		"--tls-cert-file=/etc/kubernetes/tendril/client/tls.crt",
+		"--tls-key-file=/etc/kubernetes/tendril/client/tls.key",
+		"--ca-file=/etc/kubernetes/tendril/ca/bundle.crt",
+	}
+	if r.Image != relayImage || !slices.Equal(r.Command, []string{"/tendril-egress-relay"}) || !slices.Equal(r.Args, wantArgs) {
+		t.Errorf("relay %s %q %q", r.Image, r.Command, r.Args)
+	}
+	if r.RestartPolicy == nil || *r.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Error("relay is not a native sidecar")
+	}
+	sc := r.SecurityContext
+	if sc == nil || ptr.Deref(sc.RunAsUser, 0) != 65532 || !ptr.Deref(sc.RunAsNonRoot, false) || ptr.Deref(sc.AllowPrivilegeEscalation, true) ||
+		!ptr.Deref(sc.ReadOnlyRootFilesystem, false) {
+		t.Errorf("relay security context %+v", sc)
+	}
+	// The relay's socket path is the configuration's UDS name.
+	cfg, err := EgressSelectorConfig("shoot--p--s", tendrilv1alpha1.EgressGRPC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(cfg), "udsName: "+SocketPath) || !strings.Contains(r.Args[0], SocketPath) {
+		t.Errorf("socket %s not in the configuration:\n%s", SocketPath, cfg)
+	}
+
+	// grpc → httpConnect → grpc: each result is what the mode alone gives.
+	httpConnect := Mutation{Egress: tendrilv1alpha1.EgressHTTPConnect, Secrets: secrets, Config: "http"}
+	fresh := func(m Mutation) *appsv1.Deployment {
+		f := deployment([]string{"/usr/local/bin/kube-apiserver"}, []string{gardenerEgressFlag})
+		f.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: "gardener-init"}}
+		f.Spec.Template.Spec.Containers[0].SecurityContext = d.Spec.Template.Spec.Containers[0].SecurityContext
+		if err := MutateDeployment(f, m); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	for _, m := range []Mutation{httpConnect, grpc} {
+		if err := MutateDeployment(d, m); err != nil {
+			t.Fatal(err)
+		}
+		want := fresh(m)
+		sortVolumes(d)
+		sortVolumes(want)
+		if !reflect.DeepEqual(d.Spec.Template, want.Spec.Template) {
+			t.Errorf("switched to %s:\n%+v\nwant\n%+v", m.Egress, d.Spec.Template, want.Spec.Template)
+		}
+	}
+}
+
+// sortVolumes orders volumes and mounts by name: after a switch they may be in another order.
+func sortVolumes(d *appsv1.Deployment) {
+	ps := &d.Spec.Template.Spec
+	slices.SortFunc(ps.Volumes, func(a, b corev1.Volume) int { return strings.Compare(a.Name, b.Name) })
+	for i := range ps.Containers {
+		slices.SortFunc(ps.Containers[i].VolumeMounts, func(a, b corev1.VolumeMount) int { return strings.Compare(a.Name, b.Name) })
+	}
+}
+
+func checkVolumes(t *testing.T, d *appsv1.Deployment, m Mutation) {
 	t.Helper()
+	s := m.Secrets
+	grpc := m.Egress == tendrilv1alpha1.EgressGRPC
 	ps := d.Spec.Template.Spec
 	vols := map[string]corev1.Volume{}
 	for _, v := range ps.Volumes {
@@ -135,33 +222,75 @@ func checkVolumes(t *testing.T, d *appsv1.Deployment, s Secrets) {
 	if v := vols[VolumeNameCA]; v.Secret == nil || v.Secret.SecretName != s.CABundle {
 		t.Errorf("CA volume %+v", v)
 	}
-	mounts := map[string]string{}
-	for _, m := range ps.Containers[0].VolumeMounts {
-		mounts[m.Name] = m.MountPath
+	if v, ok := vols[VolumeNameSocket]; ok != grpc || (grpc && v.EmptyDir == nil) {
+		t.Errorf("socket volume %+v (grpc %v)", v, grpc)
 	}
-	for name, path := range map[string]string{VolumeNameConfig: MountPathConfig, VolumeNameClient: MountPathClient, VolumeNameCA: MountPathCA, "egress-selection-config": "/etc/kubernetes/egress"} {
-		if mounts[name] != path {
-			t.Errorf("mount %s at %q, want %q", name, mounts[name], path)
+	mounts := func(c corev1.Container) map[string]string {
+		out := map[string]string{}
+		for _, m := range c.VolumeMounts {
+			out[m.Name] = m.MountPath
 		}
+		return out
 	}
-	if len(ps.Containers[1].VolumeMounts) != 0 {
-		t.Error("sidecar got mounts")
+	want := map[string]string{VolumeNameConfig: MountPathConfig, VolumeNameClient: MountPathClient, VolumeNameCA: MountPathCA, "egress-selection-config": "/etc/kubernetes/egress"}
+	if grpc {
+		want = map[string]string{VolumeNameConfig: MountPathConfig, VolumeNameSocket: MountPathSocket, "egress-selection-config": "/etc/kubernetes/egress"}
+	}
+	if got := mounts(ps.Containers[0]); !reflect.DeepEqual(got, want) {
+		t.Errorf("kube-apiserver mounts %v, want %v", got, want)
+	}
+	if len(ps.Containers) != 2 || len(ps.Containers[1].VolumeMounts) != 0 {
+		t.Error("sidecar got mounts or containers were added")
+	}
+	relay := extensionsContainer(ps.InitContainers, ContainerNameRelay)
+	if (relay != nil) != grpc {
+		t.Errorf("relay sidecar present %v, want %v", relay != nil, grpc)
+	}
+	if relay != nil {
+		wantRelay := map[string]string{VolumeNameClient: MountPathClient, VolumeNameCA: MountPathCA, VolumeNameSocket: MountPathSocket}
+		if got := mounts(*relay); !reflect.DeepEqual(got, wantRelay) {
+			t.Errorf("relay mounts %v, want %v", got, wantRelay)
+		}
 	}
 	if d.Spec.Template.Annotations[AnnotationChecksumConfig] != checksum("cfg") {
 		t.Error("no checksum annotation")
 	}
-	if d.Spec.Template.Labels["networking.resources.gardener.cloud/to-tendril-server-tcp-9443"] != "allowed" {
-		t.Errorf("network policy label missing: %v", d.Spec.Template.Labels)
+	labels := d.Spec.Template.Labels
+	port, other := "9443", "8090"
+	if grpc {
+		port, other = other, port
 	}
+	if labels["networking.resources.gardener.cloud/to-tendril-server-tcp-"+port] != "allowed" {
+		t.Errorf("network policy label for %s missing: %v", port, labels)
+	}
+	if _, ok := labels["networking.resources.gardener.cloud/to-tendril-server-tcp-"+other]; ok {
+		t.Errorf("network policy label for %s set: %v", other, labels)
+	}
+}
+
+func extensionsContainer(cs []corev1.Container, name string) *corev1.Container {
+	for i := range cs {
+		if cs[i].Name == name {
+			return &cs[i]
+		}
+	}
+	return nil
 }
 
 func TestMutateDeploymentErrors(t *testing.T) {
 	d := deployment(nil, nil)
-	if err := MutateDeployment(d, Secrets{Client: "c"}, ""); err == nil {
+	if err := MutateDeployment(d, Mutation{Secrets: Secrets{Client: "c"}}); err == nil {
 		t.Error("no CA bundle secret accepted")
 	}
+	ok := Secrets{Client: "c", CABundle: "b"}
+	if err := MutateDeployment(d, Mutation{Egress: tendrilv1alpha1.EgressGRPC, Secrets: ok}); err == nil || !strings.Contains(err.Error(), "needs the tendril image") {
+		t.Errorf("grpc without an image: %v", err)
+	}
+	if err := MutateDeployment(d, Mutation{Egress: "socks", Secrets: ok}); err == nil || !strings.Contains(err.Error(), "unknown egress mode") {
+		t.Errorf("unknown mode: %v", err)
+	}
 	d.Spec.Template.Spec.Containers = d.Spec.Template.Spec.Containers[1:]
-	if err := MutateDeployment(d, Secrets{Client: "c", CABundle: "b"}, ""); err == nil || !strings.Contains(err.Error(), "no container") {
+	if err := MutateDeployment(d, Mutation{Secrets: ok}); err == nil || !strings.Contains(err.Error(), "no container") {
 		t.Errorf("missing container: %v", err)
 	}
 }
@@ -179,7 +308,7 @@ func TestEgressSelectorConfig(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	data, err := egressSelectorConfig("shoot--p--s", filepath.Join(dir, "client"), filepath.Join(dir, "ca"))
+	data, err := egressSelectorConfig("shoot--p--s", tendrilv1alpha1.EgressHTTPConnect, filepath.Join(dir, "client"), filepath.Join(dir, "ca"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +338,7 @@ func TestEgressSelectorConfig(t *testing.T) {
 		}
 	}
 	// The file kube-apiserver really gets names the mount paths.
-	real, err := EgressSelectorConfig("ns")
+	real, err := EgressSelectorConfig("ns", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,5 +346,42 @@ func TestEgressSelectorConfig(t *testing.T) {
 		if !strings.Contains(string(real), p) {
 			t.Errorf("config lacks %q:\n%s", p, real)
 		}
+	}
+}
+
+// TestEgressSelectorConfigGRPC: kube-apiserver's loader and validator accept the grpc
+// configuration, GRPC over UDS on the relay's socket.
+func TestEgressSelectorConfigGRPC(t *testing.T) {
+	data, err := EgressSelectorConfig("shoot--p--s", tendrilv1alpha1.EgressGRPC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "egress.yaml")
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := egressselector.ReadEgressSelectorConfiguration(file)
+	if err != nil {
+		t.Fatalf("kube-apiserver cannot read it: %v\n%s", err, data)
+	}
+	if errs := egressselector.ValidateEgressSelectorConfiguration(cfg); len(errs) > 0 {
+		t.Fatalf("invalid: %v\n%s", errs.ToAggregate(), data)
+	}
+	for _, s := range cfg.EgressSelections {
+		c := s.Connection
+		switch s.Name {
+		case "cluster":
+			if c.ProxyProtocol != apiserver.ProtocolGRPC || c.Transport == nil || c.Transport.UDS == nil || c.Transport.TCP != nil ||
+				c.Transport.UDS.UDSName != "/var/run/tendril-egress/tendril-server.sock" {
+				t.Errorf("cluster selection %+v", c)
+			}
+		default:
+			if c.ProxyProtocol != apiserver.ProtocolDirect {
+				t.Errorf("%s: %+v", s.Name, c)
+			}
+		}
+	}
+	if _, err := EgressSelectorConfig("ns", "socks"); err == nil {
+		t.Error("unknown mode accepted")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -45,6 +46,7 @@ func TestNamesMatchExtension(t *testing.T) {
 }
 
 const (
+	relayImage       = "example.org/tendril:v1"
 	webhookNamespace = "garden-tendril"
 	gardenerFlag     = "--egress-selector-config-file=/etc/kubernetes/egress/gardener.yaml"
 	mutatedByLabel   = "provider.extensions.gardener.cloud/mutated-by-controlplane-webhook"
@@ -82,7 +84,7 @@ func TestWebhook(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKey{Namespace: shoot, Name: egresswebhook.ConfigMapName}, &cm); err != nil {
 		t.Fatalf("configmap: %v", err)
 	}
-	if want, _ := egresswebhook.EgressSelectorConfig(shoot); cm.Data[egresswebhook.ConfigMapDataKey] != string(want) {
+	if want, _ := egresswebhook.EgressSelectorConfig(shoot, ""); cm.Data[egresswebhook.ConfigMapDataKey] != string(want) {
 		t.Errorf("configmap data:\n%s", cm.Data[egresswebhook.ConfigMapDataKey])
 	}
 
@@ -117,6 +119,8 @@ func TestWebhook(t *testing.T) {
 	if !slices.Contains(got.Spec.Template.Spec.Containers[0].Args, "--v=2") {
 		t.Error("gardenlet's new flag lost")
 	}
+
+	testGRPC(ctx, t, c)
 
 	// The Extension exists but its secrets do not (not reconciled yet): refused, so that
 	// kube-apiserver never starts half-configured; gardenlet retries.
@@ -182,6 +186,7 @@ func startWebhook(ctx context.Context, t *testing.T, env *kubetest.Env) {
 		Namespace: webhookNamespace,
 		Mode:      egresswebhook.ModeURL,
 		URL:       fmt.Sprintf("127.0.0.1:%d", port),
+		Image:     relayImage,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -236,11 +241,16 @@ func createNamespace(ctx context.Context, t *testing.T, c client.Client, name st
 
 func createExtension(ctx context.Context, t *testing.T, c client.Client, ns, typ string) {
 	t.Helper()
+	createExtensionWithEgress(ctx, t, c, ns, typ, "httpConnect")
+}
+
+func createExtensionWithEgress(ctx context.Context, t *testing.T, c client.Client, ns, typ, egress string) {
+	t.Helper()
 	ext := &extensionsv1alpha1.Extension{
 		ObjectMeta: metav1.ObjectMeta{Name: typ, Namespace: ns, Finalizers: []string{"extensions.gardener.cloud/tendril"}},
 		Spec: extensionsv1alpha1.ExtensionSpec{DefaultSpec: extensionsv1alpha1.DefaultSpec{
 			Type:           typ,
-			ProviderConfig: &runtime.RawExtension{Raw: []byte(`{"egress":"httpConnect"}`)},
+			ProviderConfig: &runtime.RawExtension{Raw: []byte(`{"egress":"` + egress + `"}`)},
 		}},
 	}
 	mustCreate(ctx, t, c, ext)
@@ -374,5 +384,142 @@ func checkUntouched(t *testing.T, what string, d *appsv1.Deployment) {
 	ctr := d.Spec.Template.Spec.Containers[0]
 	if !slices.Equal(ctr.Args, gardenerArgs) || len(d.Spec.Template.Spec.Volumes) != 1 || len(ctr.VolumeMounts) != 1 || len(d.Spec.Template.Annotations) != 0 {
 		t.Errorf("%s was mutated: args %q volumes %d", what, ctr.Args, len(d.Spec.Template.Spec.Volumes))
+	}
+}
+
+// testGRPC: a shoot with egress grpc gets the GRPC-over-UDS configuration and the relay sidecar,
+// idempotently; switching the Extension to httpConnect and back changes the Deployment to what
+// each mode alone gives.
+func testGRPC(ctx context.Context, t *testing.T, c client.Client) {
+	t.Helper()
+	ns := "shoot--p--grpc"
+	createNamespace(ctx, t, c, ns, map[string]string{"extensions.gardener.cloud/tendril": "true"})
+	createExtensionWithEgress(ctx, t, c, ns, "tendril", "grpc")
+	clientSecret, bundleSecret := generateSecrets(ctx, t, c, ns)
+	mustCreate(ctx, t, c, kubeAPIServer(ns, true))
+	got := get(ctx, t, c, ns)
+	checkMutatedGRPC(t, got, ns, clientSecret, bundleSecret)
+
+	var cm corev1.ConfigMap
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: egresswebhook.ConfigMapName}, &cm); err != nil {
+		t.Fatalf("configmap: %v", err)
+	}
+	if want, _ := egresswebhook.EgressSelectorConfig(ns, "grpc"); cm.Data[egresswebhook.ConfigMapDataKey] != string(want) {
+		t.Errorf("configmap data:\n%s", cm.Data[egresswebhook.ConfigMapDataKey])
+	}
+
+	// No-op update and gardenlet's re-apply: nothing changes, kube-apiserver does not roll.
+	before := got.DeepCopy()
+	if err := c.Update(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if got.ResourceVersion != before.ResourceVersion {
+		t.Errorf("no-op update changed the object: rv %s→%s", before.ResourceVersion, got.ResourceVersion)
+	}
+	reapply := kubeAPIServer(ns, true)
+	reapply.ResourceVersion = got.ResourceVersion
+	if err := c.Update(ctx, reapply); err != nil {
+		t.Fatal(err)
+	}
+	if reapply.Generation != before.Generation {
+		t.Errorf("re-applying Gardener's object rolled kube-apiserver: generation %d→%d", before.Generation, reapply.Generation)
+	}
+	checkMutatedGRPC(t, get(ctx, t, c, ns), ns, clientSecret, bundleSecret)
+
+	// Switch to httpConnect: an update of the stored (grpc) object loses the relay.
+	setEgress(ctx, t, c, ns, "httpConnect")
+	cur := get(ctx, t, c, ns)
+	if err := c.Update(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	got = get(ctx, t, c, ns)
+	checkMutated(t, got, clientSecret, bundleSecret)
+	if len(got.Spec.Template.Spec.InitContainers) != 0 {
+		t.Errorf("relay left behind: %+v", got.Spec.Template.Spec.InitContainers)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: egresswebhook.ConfigMapName}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	if want, _ := egresswebhook.EgressSelectorConfig(ns, "httpConnect"); cm.Data[egresswebhook.ConfigMapDataKey] != string(want) {
+		t.Errorf("configmap not switched:\n%s", cm.Data[egresswebhook.ConfigMapDataKey])
+	}
+	// And back.
+	setEgress(ctx, t, c, ns, "grpc")
+	if err := c.Update(ctx, get(ctx, t, c, ns)); err != nil {
+		t.Fatal(err)
+	}
+	checkMutatedGRPC(t, get(ctx, t, c, ns), ns, clientSecret, bundleSecret)
+}
+
+func setEgress(ctx context.Context, t *testing.T, c client.Client, ns, egress string) {
+	t.Helper()
+	ext := &extensionsv1alpha1.Extension{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "tendril"}, ext); err != nil {
+		t.Fatal(err)
+	}
+	ext.Spec.ProviderConfig = &runtime.RawExtension{Raw: []byte(`{"egress":"` + egress + `"}`)}
+	if err := c.Update(ctx, ext); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func checkMutatedGRPC(t *testing.T, d *appsv1.Deployment, ns, clientSecret, bundleSecret string) {
+	t.Helper()
+	ps := d.Spec.Template.Spec
+	ctr := ps.Containers[0]
+	want := []string{egresswebhook.FlagEgressSelectorConfigFile + "=" + egresswebhook.ConfigFile}
+	if got := egressFlags(append(slices.Clone(ctr.Command), ctr.Args...)); !slices.Equal(got, want) {
+		t.Errorf("egress flags %q, want %q", got, want)
+	}
+	vols := map[string]corev1.Volume{}
+	for _, v := range ps.Volumes {
+		vols[v.Name] = v
+	}
+	if len(vols) != 5 || len(ps.Volumes) != 5 {
+		t.Errorf("volumes %+v", ps.Volumes)
+	}
+	if v := vols[egresswebhook.VolumeNameClient]; v.Secret == nil || v.Secret.SecretName != clientSecret {
+		t.Errorf("client volume %+v, want secret %s", v, clientSecret)
+	}
+	if v := vols[egresswebhook.VolumeNameCA]; v.Secret == nil || v.Secret.SecretName != bundleSecret {
+		t.Errorf("CA volume %+v, want secret %s", v, bundleSecret)
+	}
+	if v := vols[egresswebhook.VolumeNameSocket]; v.EmptyDir == nil {
+		t.Errorf("socket volume %+v", v)
+	}
+	mounts := func(c corev1.Container) map[string]string {
+		out := map[string]string{}
+		for _, m := range c.VolumeMounts {
+			out[m.Name] = m.MountPath
+		}
+		return out
+	}
+	wantAPIServer := map[string]string{"egress-selection-config": "/etc/kubernetes/egress",
+		egresswebhook.VolumeNameConfig: egresswebhook.MountPathConfig, egresswebhook.VolumeNameSocket: egresswebhook.MountPathSocket}
+	if got := mounts(ctr); !reflect.DeepEqual(got, wantAPIServer) {
+		t.Errorf("kube-apiserver mounts %v, want %v", got, wantAPIServer)
+	}
+	if len(ps.InitContainers) != 1 {
+		t.Fatalf("init containers %+v", ps.InitContainers)
+	}
+	r := ps.InitContainers[0]
+	if r.Name != egresswebhook.ContainerNameRelay || r.Image != relayImage || !slices.Equal(r.Command, []string{"/tendril-egress-relay"}) ||
+		!slices.Contains(r.Args, "--server=tendril-server."+ns+".svc:8090") || !slices.Contains(r.Args, "--socket="+egresswebhook.SocketPath) {
+		t.Errorf("relay %s %s %q %q", r.Name, r.Image, r.Command, r.Args)
+	}
+	if r.RestartPolicy == nil || *r.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("relay restart policy %v: not a native sidecar", r.RestartPolicy)
+	}
+	wantRelay := map[string]string{egresswebhook.VolumeNameClient: egresswebhook.MountPathClient,
+		egresswebhook.VolumeNameCA: egresswebhook.MountPathCA, egresswebhook.VolumeNameSocket: egresswebhook.MountPathSocket}
+	if got := mounts(r); !reflect.DeepEqual(got, wantRelay) {
+		t.Errorf("relay mounts %v, want %v", got, wantRelay)
+	}
+	labels := d.Spec.Template.Labels
+	if labels["networking.resources.gardener.cloud/to-tendril-server-tcp-8090"] != "allowed" {
+		t.Errorf("network policy label missing: %v", labels)
+	}
+	if _, ok := labels["networking.resources.gardener.cloud/to-tendril-server-tcp-9443"]; ok {
+		t.Errorf("CONNECT label set in grpc mode: %v", labels)
 	}
 }

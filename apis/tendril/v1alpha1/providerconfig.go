@@ -18,7 +18,10 @@ type EgressMode string
 const (
 	// EgressHTTPConnect is HTTP CONNECT over mutual TLS (tendril-server port 9443).
 	EgressHTTPConnect EgressMode = "httpConnect"
-	// EgressGRPC is the konnectivity gRPC ProxyService (tendril-server port 8090).
+	// EgressGRPC is the konnectivity gRPC ProxyService (tendril-server port 8090). kube-apiserver
+	// dials gRPC egress only over a Unix socket, so the control-plane webhook adds the
+	// tendril-egress-relay sidecar to its pod, which carries the socket's connections to
+	// tendril-server over mutual TLS.
 	EgressGRPC EgressMode = "grpc"
 )
 
@@ -92,11 +95,7 @@ func ValidateProviderConfig(c *ProviderConfig, root *field.Path) field.ErrorList
 		errs = append(errs, field.NotSupported(root.Child("kind"), c.Kind, []string{ProviderConfigKind}))
 	}
 	switch c.Egress {
-	case "", EgressHTTPConnect:
-	case EgressGRPC:
-		// kube-apiserver's EgressSelector dials gRPC (konnectivity) only over a Unix socket,
-		// so it would need a relay inside kube-apiserver's pod, which tendril does not deploy.
-		errs = append(errs, field.Forbidden(root.Child("egress"), "grpc needs a Unix-socket relay in kube-apiserver's pod (its gRPC egress dials only Unix sockets), which tendril does not deploy yet; use httpConnect"))
+	case "", EgressHTTPConnect, EgressGRPC:
 	default:
 		errs = append(errs, field.NotSupported(root.Child("egress"), c.Egress, []EgressMode{EgressHTTPConnect, EgressGRPC}))
 	}

@@ -14,7 +14,7 @@ func TestDecodeProviderConfig(t *testing.T) {
 	}{
 		{name: "empty is the default", raw: "", wantEgress: EgressHTTPConnect},
 		{name: "full", raw: `{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true},"egress":"httpConnect"}`, wantEgress: EgressHTTPConnect, wantProxy: true},
-		{name: "grpc not deployable yet", raw: `{"egress":"grpc"}`, wantErr: "spec.providerConfig.egress: Forbidden: grpc needs a Unix-socket relay"},
+		{name: "grpc", raw: `{"egress":"grpc"}`, wantEgress: EgressGRPC},
 		{name: "without type meta", raw: `{"egress":"httpConnect"}`, wantEgress: EgressHTTPConnect},
 		{name: "unknown field", raw: `{"egres":"grpc"}`, wantErr: `unknown field "egres"`},
 		{name: "bad egress", raw: `{"egress":"socks"}`, wantErr: `spec.providerConfig.egress: Unsupported value: "socks"`},
