@@ -135,6 +135,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("extension controller: %w", err)
 	}
 	if cfg.WebhookPort >= 0 {
+		if cfg.Webhook.Image == "" {
+			cfg.Webhook.Image = cfg.Extension.Image // the egress relay sidecar ships in the tendril image
+		}
 		if err := egresswebhook.AddToManager(ctx, mgr, cfg.Webhook); err != nil {
 			return fmt.Errorf("egress webhook: %w", err)
 		}
