@@ -96,8 +96,9 @@ const (
 	phaseStop
 )
 
-// sleepCtx waits d or until ctx ends, and reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
+// SleepCtx waits d or until ctx ends, and reports whether d passed; the
+// tunnel mode waits with it too.
+func SleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -114,7 +115,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // is called every progressEvery within the window. It returns ctx's error if
 // ctx ends first.
 func (r *runner) window(ctx context.Context, phase *atomic.Int32, onStart func(), tick func(elapsed time.Duration)) (t0, t1 time.Time, other float64, err error) {
-	if !sleepCtx(ctx, r.cfg.Warmup) {
+	if !SleepCtx(ctx, r.cfg.Warmup) {
 		return t0, t1, 0, ctx.Err()
 	}
 	cpu0 := machine.SampleCPU(r.groups)
@@ -127,7 +128,7 @@ func (r *runner) window(ctx context.Context, phase *atomic.Int32, onStart func()
 		if left <= 0 {
 			break
 		}
-		if !sleepCtx(ctx, min(left, progressEvery)) {
+		if !SleepCtx(ctx, min(left, progressEvery)) {
 			return t0, t1, 0, ctx.Err()
 		}
 		if el := time.Since(t0); el < r.cfg.Duration && r.progress != nil {

@@ -27,19 +27,9 @@ type Report struct {
 	Path  string   `json:"path,omitempty"`
 	Notes []string `json:"notes,omitempty"`
 	// Baseline is the peer of the second ratio column (the mode's).
-	Baseline       string              `json:"baseline"`
-	CommandLine    string              `json:"command_line,omitempty"`
-	Machine        machine.Description `json:"machine"`
-	Settings       Settings            `json:"settings"`
-	Started        time.Time           `json:"started"`
-	ElapsedSeconds float64             `json:"elapsed_seconds"`
-	// LoadBefore and LoadAfter are the machine's load averages (1, 5,
-	// 15 min) around the run: anything well above zero before the run
-	// means other work shared the CPUs with the benchmark.
-	LoadBefore string `json:"load_before"`
-	LoadAfter  string `json:"load_after"`
-	// Partial is set when the run was interrupted; Note says where.
-	Partial   bool            `json:"partial"`
+	Baseline string `json:"baseline"`
+	Header[Settings]
+	// Note says where a partial run was interrupted.
 	Note      string          `json:"note,omitempty"`
 	Targets   []TargetInfo    `json:"targets"`
 	Rate      []RateRow       `json:"rate,omitempty"`
@@ -47,6 +37,58 @@ type Report struct {
 	Upstreams []UpstreamStats `json:"upstreams"`
 	RateRuns  []*RateRun      `json:"rate_runs,omitempty"`
 	BulkRuns  []*BulkRun      `json:"bulk_runs,omitempty"`
+}
+
+// Header is what every mode's report starts with: how, where and when it
+// ran, with the mode's settings S. A report embeds it, so its JSON has these
+// fields at the top level, in this order.
+type Header[S any] struct {
+	CommandLine    string              `json:"command_line,omitempty"`
+	Machine        machine.Description `json:"machine"`
+	Settings       S                   `json:"settings"`
+	Started        time.Time           `json:"started"`
+	ElapsedSeconds float64             `json:"elapsed_seconds"`
+	// LoadBefore and LoadAfter are the machine's load averages (1, 5,
+	// 15 min) around the run: anything well above zero before the run
+	// means other work shared the CPUs with the benchmark.
+	LoadBefore string `json:"load_before"`
+	LoadAfter  string `json:"load_after"`
+	// Partial is set when the run was interrupted or failed.
+	Partial bool `json:"partial"`
+}
+
+// StartHeader describes a run that starts now on this machine.
+func StartHeader[S any](commandLine string, settings S) Header[S] {
+	return Header[S]{CommandLine: commandLine, Machine: machine.Describe(), Settings: settings,
+		Started: time.Now(), LoadBefore: machine.LoadAverage()}
+}
+
+// End records the run's end: the time it took and the load average after it.
+func (h *Header[S]) End() {
+	h.ElapsedSeconds = time.Since(h.Started).Seconds()
+	h.LoadAfter = machine.LoadAverage()
+}
+
+// WriteMarkdownHead writes the start of a mode's Markdown report: its title
+// with the start time, note if the run was partial, the machine, the Go
+// version (the benchmark's, which runs goRuns) and the command line.
+func (h *Header[S]) WriteMarkdownHead(b *strings.Builder, mode, note, goRuns string) {
+	m := h.Machine
+	fmt.Fprintf(b, "# tendril-bench %s — %s\n\n", mode, h.Started.Format("2006-01-02 15:04 MST"))
+	if h.Partial {
+		fmt.Fprintf(b, "> **Partial results:** %s.\n\n", note)
+	}
+	fmt.Fprintf(b, "- Machine: %s, %d cores (GOMAXPROCS %d), %s, %s\n", m.CPUModel, m.Cores, m.GOMAXPROCS, m.Kernel, m.GOOSARCH)
+	fmt.Fprintf(b, "- Go: %s (%s)\n", m.GoVersion, goRuns)
+	if h.CommandLine != "" {
+		fmt.Fprintf(b, "- Command: `%s`\n", h.CommandLine)
+	}
+}
+
+// MachineLine is the plain-text report's line about the machine.
+func (h *Header[S]) MachineLine() string {
+	m := h.Machine
+	return fmt.Sprintf("machine: %s, %d cores, %s, %s\n", m.CPUModel, m.Cores, m.Kernel, m.GoVersion)
 }
 
 // Settings are the parameters of the run.
@@ -381,7 +423,7 @@ func fmtCPU(c float64) string { return fmt.Sprintf("%.2f", c) }
 func (rep *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "tendril-bench %s: %s\n", rep.Mode, rep.Settings.summary())
-	fmt.Fprintf(&b, "machine: %s, %d cores, %s, %s\n", rep.Machine.CPUModel, rep.Machine.Cores, rep.Machine.Kernel, rep.Machine.GoVersion)
+	b.WriteString(rep.MachineLine())
 	fmt.Fprintf(&b, "load average before/after: %s / %s\n", rep.LoadBefore, rep.LoadAfter)
 	fmt.Fprintf(&b, "tls: %s\n", rep.Settings.TLS)
 	fmt.Fprintf(&b, "note: %s\n", sharedCPUNote)
@@ -434,16 +476,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 // counters and the peers' configurations.
 func (rep *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
-	m := rep.Machine
-	fmt.Fprintf(&b, "# tendril-bench %s — %s\n\n", rep.Mode, rep.Started.Format("2006-01-02 15:04 MST"))
-	if rep.Partial {
-		fmt.Fprintf(&b, "> **Partial results:** %s.\n\n", rep.Note)
-	}
-	fmt.Fprintf(&b, "- Machine: %s, %d cores (GOMAXPROCS %d), %s, %s\n", m.CPUModel, m.Cores, m.GOMAXPROCS, m.Kernel, m.GOOSARCH)
-	fmt.Fprintf(&b, "- Go: %s (client and upstreams)\n", m.GoVersion)
-	if rep.CommandLine != "" {
-		fmt.Fprintf(&b, "- Command: `%s`\n", rep.CommandLine)
-	}
+	rep.WriteMarkdownHead(&b, rep.Mode, rep.Note, "client and upstreams")
 	fmt.Fprintf(&b, "- Settings: %s; peers' timeouts %s; elapsed %.0fs\n", rep.Settings.summary(), rep.Settings.PeerTimeouts, rep.ElapsedSeconds)
 	fmt.Fprintf(&b, "- TLS: %s\n", rep.Settings.TLS)
 	fmt.Fprintf(&b, "- Load average (1/5/15 min) before / after the run: %s / %s\n", rep.LoadBefore, rep.LoadAfter)

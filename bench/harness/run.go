@@ -28,7 +28,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tendril-net/tendril/bench/machine"
 	"github.com/tendril-net/tendril/bench/peers"
 )
 
@@ -266,12 +265,9 @@ func Run(ctx context.Context, mode Mode, cfg Config) (*Report, error) {
 	if baseline == "" {
 		baseline = TargetHAProxy
 	}
-	rep := &Report{Mode: mode.Name, Path: mode.Path, Notes: mode.Notes, Baseline: baseline, CommandLine: cfg.CommandLine,
-		Machine: machine.Describe(), Settings: settingsOf(cfg), Started: time.Now(), LoadBefore: machine.LoadAverage()}
-	defer func() {
-		rep.ElapsedSeconds = time.Since(rep.Started).Seconds()
-		rep.LoadAfter = machine.LoadAverage()
-	}()
+	rep := &Report{Mode: mode.Name, Path: mode.Path, Notes: mode.Notes, Baseline: baseline,
+		Header: StartHeader(cfg.CommandLine, settingsOf(cfg))}
+	defer rep.End()
 
 	var names, hosts []string
 	for i := range cfg.Shoots {

@@ -292,3 +292,16 @@ func TestTendrilMissing(t *testing.T) {
 		t.Errorf("Check = %v, want tendril-ingress not found", err)
 	}
 }
+
+func TestReadMemory(t *testing.T) {
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("no /proc")
+	}
+	m, ok := ReadMemory(os.Getpid())
+	if !ok || m.RSS <= 0 || m.Peak < m.RSS {
+		t.Errorf("ReadMemory(self) = %+v, %v", m, ok)
+	}
+	if _, ok := ReadMemory(-1); ok {
+		t.Error("ReadMemory(-1) succeeded")
+	}
+}

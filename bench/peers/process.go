@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -142,4 +143,37 @@ func (p *Process) LogTail() string {
 		return "(empty log)"
 	}
 	return s
+}
+
+// Memory is a process's resident set: now (VmRSS) and its peak (VmHWM).
+type Memory struct {
+	RSS, Peak int64 // bytes
+}
+
+// ReadMemory reads VmRSS and VmHWM of process pid from /proc; false if it
+// cannot (the process is gone, or there is no /proc).
+func ReadMemory(pid int) (Memory, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return Memory{}, false
+	}
+	var m Memory
+	for l := range strings.Lines(string(b)) {
+		k, v, ok := strings.Cut(l, ":")
+		f := strings.Fields(v)
+		if !ok || len(f) < 1 {
+			continue
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "VmRSS":
+			m.RSS = kb << 10
+		case "VmHWM":
+			m.Peak = kb << 10
+		}
+	}
+	return m, m.RSS > 0
 }

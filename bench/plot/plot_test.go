@@ -25,7 +25,8 @@ func savePNG(t *testing.T, draw func() error, path string) {
 }
 
 func TestXDSLatency(t *testing.T) {
-	rep := &xdsbench.Report{Settings: xdsbench.Settings{Replicas: 3}}
+	rep := &xdsbench.Report{}
+	rep.Settings.Replicas = 3
 	for i, n := range []int{100, 1000, 10000} {
 		f := float64(i + 1)
 		rep.Sizes = append(rep.Sizes, &xdsbench.SizeResult{Shoots: n, Changes: []xdsbench.ChangeResult{

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/hist"
 	"github.com/tendril-net/tendril/bench/peers"
 )
@@ -56,10 +57,10 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 	if s.startAgent != nil {
 		res.ProbeVia = s.probeVia
 		// The seed side alone, before any agent: a second after it serves.
-		if !sleepCtx(ctx, time.Second) {
+		if !harness.SleepCtx(ctx, time.Second) {
 			return
 		}
-		if m, ok := readMemory(s.servers[0].PID()); ok {
+		if m, ok := peers.ReadMemory(s.servers[0].PID()); ok {
 			res.Server.NoAgentRSS = m.RSS
 		}
 		for i := range r.cfg.UpRuns {
@@ -67,7 +68,7 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 				_ = s.agent.Stop()
 				s.agent = nil
 				// Let the seed side notice the old agent's stream end.
-				if !sleepCtx(ctx, 200*time.Millisecond) {
+				if !harness.SleepCtx(ctx, 200*time.Millisecond) {
 					return
 				}
 			}
@@ -84,7 +85,7 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 			r.logf("%s: tunnel up %.0f ms after the agent's start (run %d/%d)", s.name, ms(up), i+1, r.cfg.UpRuns)
 		}
 		// Idle memory: the tunnel up, nothing through it for a moment.
-		if !sleepCtx(ctx, time.Second) {
+		if !harness.SleepCtx(ctx, time.Second) {
 			return
 		}
 		noAgent := res.Server.NoAgentRSS
@@ -119,27 +120,16 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 }
 
 func memOf(p *peers.Process) ProcMemory {
-	m, _ := readMemory(p.PID())
+	m, _ := peers.ReadMemory(p.PID())
 	return ProcMemory{Process: p.Name(), IdleRSS: m.RSS}
 }
 
 func peakOf(p *peers.Process) int64 {
-	m, _ := readMemory(p.PID())
+	m, _ := peers.ReadMemory(p.PID())
 	return m.Peak
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
 
 // upTime starts the stack's agent and tries the probe every probeEvery,
 // each attempt running up to probeTimeout, until one gets through; it returns
@@ -315,12 +305,12 @@ func (r *runner) bulk(ctx context.Context, d dialFunc, dir string, conns int) (B
 		wg.Wait()
 		r.pod.reset()
 	}
-	if !sleepCtx(ctx, r.cfg.Warmup) {
+	if !harness.SleepCtx(ctx, r.cfg.Warmup) {
 		stop()
 		return BulkResult{}, ctx.Err()
 	}
 	b0, t0 := count(), time.Now()
-	ok := sleepCtx(ctx, r.cfg.Duration)
+	ok := harness.SleepCtx(ctx, r.cfg.Duration)
 	b1, t1 := count(), time.Now()
 	stop()
 	if !ok {
@@ -347,7 +337,7 @@ func transferLoop(ctx context.Context, d dialFunc, dir string, sl *slot, got *at
 		if err != nil {
 			if ctx.Err() == nil {
 				e.add(fmt.Errorf("dial: %w", err))
-				sleepCtx(ctx, 10*time.Millisecond)
+				harness.SleepCtx(ctx, 10*time.Millisecond)
 			}
 			continue
 		}
@@ -397,7 +387,7 @@ func (r *runner) dials(ctx context.Context, d dialFunc, workers int) (DialResult
 						}
 					case ph == phaseMeasure:
 						e.add(err)
-						sleepCtx(mctx, time.Millisecond)
+						harness.SleepCtx(mctx, time.Millisecond)
 					}
 					continue
 				}
@@ -413,13 +403,13 @@ func (r *runner) dials(ctx context.Context, d dialFunc, workers int) (DialResult
 		wg.Wait()
 		r.pod.reset()
 	}
-	if !sleepCtx(ctx, r.cfg.Warmup) {
+	if !harness.SleepCtx(ctx, r.cfg.Warmup) {
 		stop()
 		return DialResult{}, ctx.Err()
 	}
 	phase.Store(phaseMeasure)
 	t0 := time.Now()
-	ok := sleepCtx(ctx, r.cfg.Duration)
+	ok := harness.SleepCtx(ctx, r.cfg.Duration)
 	phase.Store(phaseStop)
 	t1 := time.Now()
 	stop()
@@ -497,7 +487,7 @@ func (r *runner) hol(ctx context.Context, d dialFunc, dir string) (HOLResult, er
 	}
 	last, quietSince, deadline := progress(), time.Now(), time.Now().Add(stallMax)
 	for {
-		if !sleepCtx(ctx, 50*time.Millisecond) {
+		if !harness.SleepCtx(ctx, 50*time.Millisecond) {
 			return res, ctx.Err()
 		}
 		v, now := progress(), time.Now()

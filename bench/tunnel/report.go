@@ -11,22 +11,14 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/harness"
-	"github.com/tendril-net/tendril/bench/machine"
 )
 
 // Report is the result of Run.
 type Report struct {
-	CommandLine    string              `json:"command_line,omitempty"`
-	Machine        machine.Description `json:"machine"`
-	Settings       Settings            `json:"settings"`
-	Started        time.Time           `json:"started"`
-	ElapsedSeconds float64             `json:"elapsed_seconds"`
-	LoadBefore     string              `json:"load_before"`
-	LoadAfter      string              `json:"load_after"`
-	Partial        bool                `json:"partial"`
-	Note           string              `json:"note,omitempty"`
-	Stacks         []*StackResult      `json:"stacks"`
-	Targets        []*TargetResult     `json:"targets"`
+	harness.Header[Settings]
+	Note    string          `json:"note,omitempty"`
+	Stacks  []*StackResult  `json:"stacks"`
+	Targets []*TargetResult `json:"targets"`
 	// Goals compares tendril with the others against the project's
 	// targets (evaluate fills it).
 	Goals []Goal `json:"goals"`
@@ -555,7 +547,7 @@ const sharedNote = "The client, the pod and every process of the data path share
 func (rep *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "tendril-bench tunnel: %s\n", rep.Settings.summary())
-	fmt.Fprintf(&b, "machine: %s, %d cores, %s, %s\n", rep.Machine.CPUModel, rep.Machine.Cores, rep.Machine.Kernel, rep.Machine.GoVersion)
+	b.WriteString(rep.MachineLine())
 	fmt.Fprintf(&b, "load average before/after: %s / %s; elapsed %.0fs\n", rep.LoadBefore, rep.LoadAfter, rep.ElapsedSeconds)
 	fmt.Fprintf(&b, "note: %s\n", sharedNote)
 	if rep.Partial {
@@ -595,16 +587,7 @@ func (rep *Report) stackOf(t *TargetResult) *StackResult {
 // WriteMarkdown writes the report as a Markdown document.
 func (rep *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
-	m := rep.Machine
-	fmt.Fprintf(&b, "# tendril-bench tunnel — %s\n\n", rep.Started.Format("2006-01-02 15:04 MST"))
-	if rep.Partial {
-		fmt.Fprintf(&b, "> **Partial results:** %s.\n\n", rep.Note)
-	}
-	fmt.Fprintf(&b, "- Machine: %s, %d cores (GOMAXPROCS %d), %s, %s\n", m.CPUModel, m.Cores, m.GOMAXPROCS, m.Kernel, m.GOOSARCH)
-	fmt.Fprintf(&b, "- Go: %s (client and pod)\n", m.GoVersion)
-	if rep.CommandLine != "" {
-		fmt.Fprintf(&b, "- Command: `%s`\n", rep.CommandLine)
-	}
+	rep.WriteMarkdownHead(&b, "tunnel", rep.Note, "client and pod")
 	fmt.Fprintf(&b, "- Settings: %s; elapsed %.0fs\n", rep.Settings.summary(), rep.ElapsedSeconds)
 	fmt.Fprintf(&b, "- Load average (1/5/15 min) before / after the run: %s / %s\n", rep.LoadBefore, rep.LoadAfter)
 	fmt.Fprintf(&b, "\n%s The pod is a TCP server in its own network namespace, reachable from the seed only through "+

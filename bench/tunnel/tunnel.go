@@ -44,7 +44,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tendril-net/tendril/bench/machine"
+	"github.com/tendril-net/tendril/bench/harness"
 )
 
 // Target names, in report order.
@@ -160,11 +160,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("tunnel config: %w", err)
 	}
-	rep := &Report{CommandLine: cfg.CommandLine, Machine: machine.Describe(), Settings: settingsOf(cfg),
-		Started: time.Now(), LoadBefore: machine.LoadAverage()}
+	rep := &Report{Header: harness.StartHeader(cfg.CommandLine, settingsOf(cfg))}
 	defer func() {
-		rep.ElapsedSeconds = time.Since(rep.Started).Seconds()
-		rep.LoadAfter = machine.LoadAverage()
+		rep.End()
 		rep.evaluate()
 	}()
 	r := &runner{cfg: cfg, rep: rep}

@@ -9,20 +9,12 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/harness"
-	"github.com/tendril-net/tendril/bench/machine"
 )
 
 // Report is the result of Run.
 type Report struct {
-	CommandLine    string              `json:"command_line,omitempty"`
-	Machine        machine.Description `json:"machine"`
-	Settings       Settings            `json:"settings"`
-	Started        time.Time           `json:"started"`
-	ElapsedSeconds float64             `json:"elapsed_seconds"`
-	LoadBefore     string              `json:"load_before"`
-	LoadAfter      string              `json:"load_after"`
-	Partial        bool                `json:"partial"`
-	Sizes          []*SizeResult       `json:"sizes"`
+	harness.Header[Settings]
+	Sizes []*SizeResult `json:"sizes"`
 	// Goals compares the largest set size of at least GoalShoots with the
 	// project's targets.
 	Goals []Goal `json:"goals"`
@@ -117,8 +109,7 @@ const (
 
 func (rep *Report) finish(partial bool) {
 	rep.Partial = partial
-	rep.ElapsedSeconds = time.Since(rep.Started).Seconds()
-	rep.LoadAfter = machine.LoadAverage()
+	rep.End()
 	rep.Goals = nil
 	var at *SizeResult
 	for _, s := range rep.Sizes {

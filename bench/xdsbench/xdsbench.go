@@ -36,7 +36,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tendril-net/tendril/bench/machine"
+	"github.com/tendril-net/tendril/bench/harness"
+	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/xds/model"
 )
 
@@ -129,14 +130,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
 	}
-	rep := &Report{
-		CommandLine: cfg.CommandLine,
-		Machine:     machine.Describe(),
-		Settings: Settings{Shoots: cfg.Shoots, Replicas: cfg.Replicas, Changes: cfg.Changes, Warmup: cfg.Warmup,
-			TimeoutSeconds: cfg.Timeout.Seconds()},
-		Started:    time.Now(),
-		LoadBefore: machine.LoadAverage(),
-	}
+	rep := &Report{Header: harness.StartHeader(cfg.CommandLine, Settings{Shoots: cfg.Shoots, Replicas: cfg.Replicas,
+		Changes: cfg.Changes, Warmup: cfg.Warmup, TimeoutSeconds: cfg.Timeout.Seconds()})}
 	rep.Settings.Ingress = "ingress package in " + cfg.Exe
 	if cfg.IngressBinary != "" {
 		rep.Settings.Ingress = cfg.IngressBinary
@@ -424,31 +419,10 @@ type memory struct {
 	HeapInuse int64 `json:"heap_inuse_bytes,omitempty"`
 }
 
-// readMemory reads VmRSS and VmHWM of pid.
+// readMemory reads the resident set of pid (peers.ReadMemory).
 func readMemory(pid int) (memory, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return memory{}, false
-	}
-	var m memory
-	for l := range strings.Lines(string(b)) {
-		k, v, ok := strings.Cut(l, ":")
-		f := strings.Fields(v)
-		if !ok || len(f) < 1 {
-			continue
-		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		switch k {
-		case "VmRSS":
-			m.RSS = kb << 10
-		case "VmHWM":
-			m.Peak = kb << 10
-		}
-	}
-	return m, m.RSS > 0
+	m, ok := peers.ReadMemory(pid)
+	return memory{RSS: m.RSS, Peak: m.Peak}, ok
 }
 
 // tailBuffer keeps the last max bytes written to it.

@@ -206,6 +206,20 @@ func (o *output) write(stdout io.Writer, rep report) error {
 	return err
 }
 
+// printReport prints the report of a mode's run as o asks, also when the run
+// was interrupted or failed (the report is then marked partial), and returns
+// err with what went wrong in printing; a run without a report returns err.
+func printReport[R interface {
+	comparable
+	report
+}](o *output, stdout io.Writer, rep R, err error) error {
+	var none R
+	if rep == none {
+		return err
+	}
+	return errors.Join(err, o.write(stdout, rep))
+}
+
 // command is the configuration of "tendril-bench <mode>".
 type command struct {
 	Mode   harness.Mode
@@ -261,10 +275,7 @@ func (c *command) Run(ctx context.Context, stdout io.Writer) error {
 		defer pprof.StopCPUProfile()
 	}
 	rep, err := harness.Run(ctx, c.Mode, c.Config)
-	if rep == nil {
-		return err
-	}
-	return errors.Join(err, c.write(stdout, rep))
+	return printReport(&c.output, stdout, rep, err)
 }
 
 // writeFile writes a report to path: replacing it, or at its end, after an

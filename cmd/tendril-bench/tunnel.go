@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -51,8 +50,5 @@ func parseTunnel(args []string, stderr io.Writer) (*tunnelCommand, error) {
 // interrupted (then marked partial).
 func (c *tunnelCommand) Run(ctx context.Context, stdout io.Writer) error {
 	rep, err := tunnel.Run(ctx, c.Config)
-	if rep == nil {
-		return err
-	}
-	return errors.Join(err, c.write(stdout, rep))
+	return printReport(&c.output, stdout, rep, err)
 }

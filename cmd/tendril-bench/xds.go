@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -64,8 +63,5 @@ func parseXDS(args []string, stderr io.Writer) (*xdsCommand, error) {
 // interrupted (then marked partial).
 func (c *xdsCommand) Run(ctx context.Context, stdout io.Writer) error {
 	rep, err := xdsbench.Run(ctx, c.Config)
-	if rep == nil {
-		return err
-	}
-	return errors.Join(err, c.write(stdout, rep))
+	return printReport(&c.output, stdout, rep, err)
 }
