@@ -1,9 +1,6 @@
 package egressrelay
 
 import (
-	"net"
-	"sync"
-
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -42,40 +39,4 @@ func newMetrics(reg prometheus.Registerer, r *Relay) *metrics {
 		reg.MustRegister(m.connections, m.active, m.bytes, m.dialSeconds, m.certLoads, limit)
 	}
 	return m
-}
-
-// connSet tracks open connections so that shutdown can close them.
-type connSet struct {
-	mu sync.Mutex
-	m  map[net.Conn]struct{}
-}
-
-func newConnSet() *connSet { return &connSet{m: make(map[net.Conn]struct{})} }
-
-func (s *connSet) add(c net.Conn) {
-	s.mu.Lock()
-	s.m[c] = struct{}{}
-	s.mu.Unlock()
-}
-
-// remove forgets c and closes it.
-func (s *connSet) remove(c net.Conn) {
-	s.mu.Lock()
-	delete(s.m, c)
-	s.mu.Unlock()
-	c.Close()
-}
-
-func (s *connSet) len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.m)
-}
-
-func (s *connSet) closeAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for c := range s.m {
-		c.Close()
-	}
 }

@@ -19,13 +19,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tendril-net/tendril/internal/acceptor"
 	"github.com/tendril-net/tendril/internal/relay"
 )
 
@@ -122,7 +122,7 @@ type Relay struct {
 	cfg     Config
 	log     logr.Logger
 	certs   *certLoader
-	slots   chan struct{} // one per relayed connection
+	accept  *acceptor.Server
 	metrics *metrics
 	ready   atomic.Bool
 
@@ -134,7 +134,17 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Log, slots: make(chan struct{}, cfg.MaxConnections)}
+	r := &Relay{cfg: cfg, log: cfg.Log}
+	r.accept = &acceptor.Server{
+		Handle: func(ctx context.Context, c net.Conn, _ *acceptor.Conns) { r.serve(ctx, c) },
+		Max:    cfg.MaxConnections,
+		Refused: func(net.Conn) {
+			r.metrics.connections.WithLabelValues(outcomeTooMany).Inc()
+			r.logRefusal()
+		},
+		DrainTimeout: cfg.DrainTimeout,
+		Log:          cfg.Log,
+	}
 	r.metrics = newMetrics(cfg.Registry, r)
 	r.certs = &certLoader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, caFile: cfg.CAFile, serverName: cfg.ServerName,
 		log: cfg.Log, loaded: r.metrics.certLoads}
@@ -199,53 +209,10 @@ func Listen(path string, mode fs.FileMode) (*net.UnixListener, error) {
 // Serve is Run with the listener already bound; it closes l (which removes a socket made by
 // Listen). Closing kube-apiserver's side of a relayed connection ends it both ways.
 func (r *Relay) Serve(ctx context.Context, l net.Listener) error {
-	var wg sync.WaitGroup
-	conns := newConnSet()
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
 	r.ready.Store(true)
 	defer r.ready.Store(false)
-	var err error
-	for {
-		var c net.Conn
-		c, err = l.Accept()
-		if err != nil {
-			break
-		}
-		select {
-		case r.slots <- struct{}{}:
-		default:
-			r.metrics.connections.WithLabelValues(outcomeTooMany).Inc()
-			r.logRefusal()
-			c.Close()
-			continue
-		}
-		conns.add(c)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-r.slots }()
-			defer conns.remove(c)
-			r.serve(ctx, c)
-		}()
-	}
-	if ctx.Err() == nil {
-		l.Close()
-		conns.closeAll()
-		wg.Wait()
+	if err := r.accept.Serve(ctx, l); err != nil {
 		return fmt.Errorf("egressrelay: accept: %w", err)
-	}
-	r.log.Info("Draining", "connections", conns.len(), "timeout", r.cfg.DrainTimeout.String())
-	drained := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(drained)
-	}()
-	select {
-	case <-drained:
-	case <-time.After(r.cfg.DrainTimeout):
-		conns.closeAll()
-		<-drained
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package egressrelay
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -19,33 +18,27 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
-	"github.com/go-logr/logr/testr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
 	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/server"
-	"github.com/tendril-net/tendril/tunnel/wg"
+	"github.com/tendril-net/tendril/server/servertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var (
-	serverAddr = netip.MustParseAddr("fd8f:6d53:b97a:1::1")
-	agentAddr  = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
-	echoTarget = netip.AddrPortFrom(agentAddr, 8081).String()
-)
-
 const serverName = "tendril-server.shoot--p--s.svc"
 
+// echoTarget is the backend's echo (client speaks first, as kube-apiserver's TLS does) on the
+// agent's inner address, the only shoot network.
+var echoTarget = netip.AddrPortFrom(servertest.AgentAddr, 8081).String()
+
 // backend is a real tendril-server with its konnectivity front-end on mutual TLS and an agent end
-// of the tunnel over a loopback TCP stream; the agent serves an echo (client speaks first, as
-// kube-apiserver's TLS does) on its inner address, the only shoot network.
+// of the tunnel over a loopback TCP stream; the agent serves echoTarget.
 type backend struct {
 	grpc string // the gRPC front-end, host:port
 	ca   *testpki.CA
@@ -53,104 +46,10 @@ type backend struct {
 
 func newBackend(t *testing.T) *backend {
 	t.Helper()
-	serverKey, err := wg.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentKey, err := wg.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Config{
-		Tunnel: wg.Config{
-			PrivateKey:     serverKey,
-			LocalAddresses: []netip.Addr{serverAddr},
-			Peers:          []wg.Peer{{PublicKey: agentKey.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)}}},
-		},
-		ShootCIDRs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
-		Log:        testr.New(t).WithName("server"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err := wg.New(wg.Config{
-		PrivateKey:     agentKey,
-		LocalAddresses: []netip.Addr{agentAddr},
-		Peers: []wg.Peer{{PublicKey: serverKey.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(serverAddr, 128)},
-			PersistentKeepalive: 25 * time.Second}},
-		Logger: testr.New(t).WithName("agent"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := testpki.NewCA("shoot CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serverCert, err := ca.Leaf(serverName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tunnelL, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	grpcL, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds := credentials.NewTLS(&tls.Config{
-		Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	var wgr sync.WaitGroup
-	wgr.Add(2)
-	go func() { defer wgr.Done(); _ = srv.ServeTunnel(ctx, tunnelL) }()
-	go func() { defer wgr.Done(); _ = srv.ServeGRPC(ctx, grpcL, creds) }()
-	stream, err := net.Dial("tcp", tunnelL.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := agent.AttachPeer(stream, serverKey.PublicKey()); err != nil {
-		t.Fatal(err)
-	}
-	echoL, err := agent.ListenTCP(netip.MustParseAddrPort(echoTarget))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wgr.Add(1)
-	go func() {
-		defer wgr.Done()
-		var conns sync.WaitGroup
-		defer conns.Wait()
-		for {
-			c, err := echoL.Accept()
-			if err != nil {
-				return
-			}
-			conns.Add(1)
-			go func() {
-				defer conns.Done()
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		echoL.Close()
-		agent.Close()
-		srv.Close()
-		wgr.Wait()
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for ok, why := srv.Ready(); !ok; ok, why = srv.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatalf("tunnel not up: %s", why)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return &backend{grpc: grpcL.Addr().String(), ca: ca}
+	b := servertest.Start(t, servertest.Options{ServerName: serverName})
+	b.ServeEcho(t, 8081, "")
+	b.WaitReady(t)
+	return &backend{grpc: b.GRPC, ca: b.CA}
 }
 
 // files are the relay's certificate files.
@@ -450,7 +349,7 @@ func TestConnectionLimit(t *testing.T) {
 	echo(t, held, 1<<10)
 	held.Close() // ends the single-use tunnel, so its gRPC connection, so the relayed one
 	deadline := time.Now().Add(10 * time.Second)
-	for len(r.relay.slots) > 0 {
+	for r.relay.accept.Active() > 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("slot not freed")
 		}

@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"bufio"
@@ -15,162 +15,40 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/server/servertest"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var (
-	serverAddr = netip.MustParseAddr("fd8f:6d53:b97a:1::1")
-	agentAddr  = netip.MustParseAddr("fd8f:6d53:b97a:1::2")
-)
+var agentAddr = servertest.AgentAddr
 
-// rig is a server with its egress front-end on mutual TLS, and an agent end of the tunnel
-// connected to it over a real TCP stream. The agent serves an echo on its inner address, which
-// is the only "shoot network" the server allows.
-type rig struct {
-	srv     *Server
-	connect string // the egress front-end
-	grpc    string // the konnectivity front-end
-	tlsCfg  *tls.Config
-	agent   *wg.Tunnel
-}
-
-func newRig(t *testing.T, agentKey wg.Key, dialTimeout time.Duration) *rig {
+// newRig starts a server with its egress front-end on mutual TLS and an agent end of the tunnel
+// connected to it over a real TCP stream (an agent key other than zero is not the server's
+// peer). The agent serves an echo that greets with "echo\n" on port 8080 of its inner address,
+// which is the only "shoot network" the server allows.
+func newRig(t *testing.T, agentKey wg.Key, dialTimeout time.Duration) *servertest.Backend {
 	t.Helper()
-	serverKey, err := wg.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	realAgent, err := wg.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if agentKey.IsZero() {
-		agentKey = realAgent
-	}
-	srv, err := New(Config{
-		Tunnel: wg.Config{
-			PrivateKey:     serverKey,
-			LocalAddresses: []netip.Addr{serverAddr},
-			Peers:          []wg.Peer{{PublicKey: realAgent.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)}}},
-		},
-		ShootCIDRs:  []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
+	r := servertest.Start(t, servertest.Options{
+		AgentKey:    agentKey,
 		DialTimeout: dialTimeout,
 		// The request deadline covers the TLS handshake too: as generous as the dial's, so that
 		// a burst of handshakes on a loaded machine (under -race) does not time out.
 		RequestTimeout: max(dialTimeout, 10*time.Second),
-		Log:            testr.New(t),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err := wg.New(wg.Config{
-		PrivateKey:     agentKey,
-		LocalAddresses: []netip.Addr{agentAddr},
-		Peers: []wg.Peer{{PublicKey: serverKey.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(serverAddr, 128)},
-			PersistentKeepalive: 25 * time.Second}},
-		Logger: testr.New(t).WithName("agent"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	ca, err := testpki.NewCA("shoot CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serverCert, err := ca.Leaf("tendril-server")
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientCert, err := ca.Leaf("kube-apiserver")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tunnelL, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rawConnect, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	connectL := tls.NewListener(rawConnect, &tls.Config{
-		Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert,
-	})
-	grpcL, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	grpcCreds := credentials.NewTLS(&tls.Config{
-		Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	var wgr sync.WaitGroup
-	wgr.Add(3)
-	go func() { defer wgr.Done(); _ = srv.ServeTunnel(ctx, tunnelL) }()
-	go func() { defer wgr.Done(); _ = srv.ServeConnect(ctx, connectL) }()
-	go func() { defer wgr.Done(); _ = srv.ServeGRPC(ctx, grpcL, grpcCreds) }()
-
-	// The agent dials the server's tunnel port, as it would through the ingress.
-	stream, err := net.Dial("tcp", tunnelL.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := agent.AttachPeer(stream, serverKey.PublicKey()); err != nil {
-		t.Fatal(err)
-	}
-	echoL, err := agent.ListenTCP(netip.AddrPortFrom(agentAddr, 8080))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wgr.Add(1)
-	go func() {
-		defer wgr.Done()
-		serveEcho(echoL)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		echoL.Close()
-		agent.Close()
-		srv.Close()
-		wgr.Wait()
-	})
-	return &rig{srv: srv, connect: rawConnect.Addr().String(), grpc: grpcL.Addr().String(), agent: agent,
-		tlsCfg: &tls.Config{Certificates: []tls.Certificate{clientCert}, RootCAs: ca.Pool, ServerName: "tendril-server"}}
+	r.ServeEcho(t, 8080, "echo\n")
+	return r
 }
 
-// serveEcho greets each connection with "echo\n" and echoes it.
-func serveEcho(l net.Listener) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer c.Close()
-			_, _ = io.WriteString(c, "echo\n")
-			_, _ = io.Copy(c, c)
-		}()
-	}
-}
-
-// connect opens a CONNECT to target over mutual TLS and returns the status and the connection.
-func (r *rig) connectTo(t *testing.T, target string) (int, net.Conn, *bufio.Reader) {
+// connectTo opens a CONNECT to target over mutual TLS and returns the status and the connection.
+func connectTo(t *testing.T, r *servertest.Backend, target string) (int, net.Conn, *bufio.Reader) {
 	t.Helper()
-	c, err := tls.Dial("tcp", r.connect, r.tlsCfg)
+	c, err := tls.Dial("tcp", r.Connect, r.ClientTLS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,27 +62,12 @@ func (r *rig) connectTo(t *testing.T, target string) (int, net.Conn, *bufio.Read
 	return resp.StatusCode, c, br
 }
 
-func waitReady(t *testing.T, s *Server) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if ok, _ := s.Ready(); ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			_, why := s.Ready()
-			t.Fatalf("tunnel not up: %s", why)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestConnectThroughTunnel(t *testing.T) {
 	r := newRig(t, wg.Key{}, 10*time.Second)
 	target := netip.AddrPortFrom(agentAddr, 8080).String()
 	// The first dial also brings the tunnel up (the agent's keepalive starts the handshake).
-	waitReady(t, r.srv)
-	status, c, br := r.connectTo(t, target)
+	r.WaitReady(t)
+	status, c, br := connectTo(t, r, target)
 	if status != 200 {
 		t.Fatalf("CONNECT %s: %d", target, status)
 	}
@@ -222,21 +85,21 @@ func TestConnectThroughTunnel(t *testing.T) {
 
 func TestConnectRefusals(t *testing.T) {
 	r := newRig(t, wg.Key{}, 10*time.Second)
-	waitReady(t, r.srv)
+	r.WaitReady(t)
 	for target, want := range map[string]int{
 		"10.0.0.1:443":                            403, // outside the shoot's networks
 		"[fd8f:6d53:b97a:1::3]:80":                403,
 		"kube-apiserver:443":                      400, // names need DNS inside the shoot
 		netip.AddrPortFrom(agentAddr, 9).String(): 502, // nothing listens: refused through the tunnel
 	} {
-		status, c, _ := r.connectTo(t, target)
+		status, c, _ := connectTo(t, r, target)
 		c.Close()
 		if status != want {
 			t.Errorf("CONNECT %s: %d, want %d", target, status, want)
 		}
 	}
 	// Not CONNECT.
-	c, err := tls.Dial("tcp", r.connect, r.tlsCfg)
+	c, err := tls.Dial("tcp", r.Connect, r.ClientTLS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +110,7 @@ func TestConnectRefusals(t *testing.T) {
 		t.Errorf("GET: %v %v", resp, err)
 	}
 	// No client certificate: the TLS handshake fails.
-	nc, err := tls.Dial("tcp", r.connect, &tls.Config{RootCAs: r.tlsCfg.RootCAs, ServerName: "tendril-server"})
+	nc, err := tls.Dial("tcp", r.Connect, &tls.Config{RootCAs: r.ClientTLS.RootCAs, ServerName: "tendril-server"})
 	if err == nil {
 		_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
 		fmt.Fprint(nc, "CONNECT 10.0.0.1:1 HTTP/1.1\r\n\r\n")
@@ -266,12 +129,12 @@ func TestWrongAgentKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newRig(t, wrong, 2*time.Second)
-	status, c, _ := r.connectTo(t, netip.AddrPortFrom(agentAddr, 8080).String())
+	status, c, _ := connectTo(t, r, netip.AddrPortFrom(agentAddr, 8080).String())
 	c.Close()
 	if status != 504 {
 		t.Errorf("CONNECT with a wrong agent key: %d, want 504", status)
 	}
-	if ok, why := r.srv.Ready(); ok || !strings.Contains(why, "no agent") {
+	if ok, why := r.Server.Ready(); ok || !strings.Contains(why, "no agent") {
 		t.Errorf("ready = %v (%s) with a wrong agent key", ok, why)
 	}
 }
@@ -279,9 +142,9 @@ func TestWrongAgentKey(t *testing.T) {
 // TestHeadOfLine: a connection whose reader stalls does not slow another one down.
 func TestHeadOfLine(t *testing.T) {
 	r := newRig(t, wg.Key{}, 10*time.Second)
-	waitReady(t, r.srv)
+	r.WaitReady(t)
 	target := netip.AddrPortFrom(agentAddr, 8080).String()
-	status, stalled, _ := r.connectTo(t, target)
+	status, stalled, _ := connectTo(t, r, target)
 	if status != 200 {
 		t.Fatal(status)
 	}
@@ -289,7 +152,7 @@ func TestHeadOfLine(t *testing.T) {
 	// Fill the stalled connection's path: write, never read the echo back.
 	go func() { _, _ = stalled.Write(bytes.Repeat([]byte("x"), 32<<20)) }()
 
-	status, c, br := r.connectTo(t, target)
+	status, c, br := connectTo(t, r, target)
 	if status != 200 {
 		t.Fatal(status)
 	}
@@ -308,12 +171,12 @@ func TestHeadOfLine(t *testing.T) {
 // kube-apiserver uses for its EgressSelector in grpc mode.
 func TestKonnectivityClient(t *testing.T) {
 	r := newRig(t, wg.Key{}, 10*time.Second)
-	waitReady(t, r.srv)
+	r.WaitReady(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dial := func() konnectivity.Tunnel {
 		t.Helper()
-		tun, err := konnectivity.CreateSingleUseGrpcTunnel(ctx, r.grpc, grpc.WithTransportCredentials(credentials.NewTLS(r.tlsCfg)))
+		tun, err := konnectivity.CreateSingleUseGrpcTunnel(ctx, r.GRPC, grpc.WithTransportCredentials(credentials.NewTLS(r.ClientTLS)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -324,24 +187,8 @@ func TestKonnectivityClient(t *testing.T) {
 	// (a server that speaks first) can arrive "unrecognized" and the client closes the
 	// connection. kube-apiserver's egress is client-first (TLS), so this test uses a plain echo
 	// that waits for the client.
-	el, err := r.agent.ListenTCP(netip.AddrPortFrom(agentAddr, 8081))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			ec, err := el.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = io.Copy(ec, ec)
-			ec.Close()
-		}
-	}()
-	defer func() { el.Close(); <-done }()
-	c, err := dial().DialContext(ctx, "tcp", netip.AddrPortFrom(agentAddr, 8081).String())
+	target := r.ServeEcho(t, 8081, "")
+	c, err := dial().DialContext(ctx, "tcp", target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +208,7 @@ func TestKonnectivityClient(t *testing.T) {
 // (dials beyond the cap wait for a slot).
 func TestThousandConcurrentDials(t *testing.T) {
 	r := newRig(t, wg.Key{}, 30*time.Second) // generous: under -race 1,000 dials take seconds
-	waitReady(t, r.srv)
+	r.WaitReady(t)
 	target := netip.AddrPortFrom(agentAddr, 8080).String()
 	const n = 1000
 	errs := make(chan error, n)
@@ -370,7 +217,7 @@ func TestThousandConcurrentDials(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := tls.Dial("tcp", r.connect, r.tlsCfg)
+			c, err := tls.Dial("tcp", r.Connect, r.ClientTLS)
 			if err != nil {
 				errs <- err
 				return

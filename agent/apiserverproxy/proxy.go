@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/pires/go-proxyproto"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tendril-net/tendril/internal/acceptor"
 	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
 )
@@ -142,54 +142,26 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // Serve is Run with the listener already bound.
 func (a *Agent) Serve(ctx context.Context, l net.Listener) error {
-	var wg sync.WaitGroup
-	conns := newConnSet()
-	wg.Add(1)
+	checkCtx, stopCheck := context.WithCancel(ctx)
+	checked := make(chan struct{})
 	go func() {
-		defer wg.Done()
-		a.routineCheck(ctx)
+		defer close(checked)
+		a.routineCheck(checkCtx)
 	}()
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
-	var err error
-	for {
-		var c net.Conn
-		c, err = l.Accept()
-		if err != nil {
-			break
-		}
-		conns.add(c)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer conns.remove(c)
-			a.forward(ctx, c, conns)
-		}()
-	}
-	if ctx.Err() == nil {
-		l.Close()
-		conns.closeAll()
-		wg.Wait()
+	defer func() {
+		stopCheck()
+		<-checked
+	}()
+	// On shutdown open connections may finish; after the drain timeout they are closed.
+	s := &acceptor.Server{Handle: a.forward, DrainTimeout: a.cfg.DrainTimeout, Log: a.cfg.Log}
+	if err := s.Serve(ctx, l); err != nil {
 		return fmt.Errorf("apiserver-proxy: accept: %w", err)
-	}
-	// Drain: open connections may finish; after the drain timeout they are closed.
-	a.cfg.Log.Info("Draining", "connections", conns.len(), "timeout", a.cfg.DrainTimeout.String())
-	drained := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(drained)
-	}()
-	select {
-	case <-drained:
-	case <-time.After(a.cfg.DrainTimeout):
-		conns.closeAll()
-		<-drained
 	}
 	return nil
 }
 
 // forward relays one in-cluster connection through the ingress.
-func (a *Agent) forward(ctx context.Context, c net.Conn, conns *connSet) {
+func (a *Agent) forward(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
 	start := time.Now()
 	up, err := a.dialIngress(context.WithoutCancel(ctx), c)
 	a.metrics.dialSeconds.Observe(time.Since(start).Seconds())
@@ -198,8 +170,8 @@ func (a *Agent) forward(ctx context.Context, c net.Conn, conns *connSet) {
 		a.cfg.Log.Info("Ingress unreachable, connection closed", "client", c.RemoteAddr().String(), "error", err.Error())
 		return
 	}
-	conns.add(up)
-	defer conns.remove(up)
+	conns.Add(up)
+	defer conns.Remove(up)
 	a.metrics.connections.WithLabelValues("forwarded").Inc()
 	a.metrics.active.Inc()
 	defer a.metrics.active.Dec()
@@ -270,41 +242,6 @@ func (a *Agent) routineCheck(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-	}
-}
-
-// connSet tracks open connections so that shutdown can close them.
-type connSet struct {
-	mu sync.Mutex
-	m  map[net.Conn]struct{}
-}
-
-func newConnSet() *connSet { return &connSet{m: make(map[net.Conn]struct{})} }
-
-func (s *connSet) add(c net.Conn) {
-	s.mu.Lock()
-	s.m[c] = struct{}{}
-	s.mu.Unlock()
-}
-
-func (s *connSet) remove(c net.Conn) {
-	s.mu.Lock()
-	delete(s.m, c)
-	s.mu.Unlock()
-	c.Close()
-}
-
-func (s *connSet) len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.m)
-}
-
-func (s *connSet) closeAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for c := range s.m {
-		c.Close()
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -16,8 +15,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/agent/apiserverproxy"
@@ -126,8 +123,7 @@ func RunVPN(ctx context.Context, cfg VPNConfig) error {
 	if cfg.VPN.ServerPublicKey, err = wg.ParsePublicKeyArg(cfg.ServerKey); err != nil {
 		return fmt.Errorf("--server-public-key: %w", err)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := probe.NewRegistry()
 	cfg.VPN.Registry = reg
 	agent, err := vpn.New(cfg.VPN)
 	if err != nil {
@@ -135,12 +131,8 @@ func RunVPN(ctx context.Context, cfg VPNConfig) error {
 	}
 	defer agent.Close()
 	g, ctx := errgroup.WithContext(ctx)
-	if cfg.MetricsAddress != "" {
-		ml, err := net.Listen("tcp", cfg.MetricsAddress)
-		if err != nil {
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, agent.Ready, false)) })
+	if err := probe.Start(ctx, g, cfg.MetricsAddress, reg, agent.Ready, false); err != nil {
+		return err
 	}
 	g.Go(func() error { return agent.Run(ctx) })
 	return g.Wait()
@@ -188,26 +180,21 @@ func parseAPIServerProxy(args []string) (APIServerProxyConfig, error) {
 
 // RunAPIServerProxy runs the node agent until ctx ends.
 func RunAPIServerProxy(ctx context.Context, cfg APIServerProxyConfig) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := probe.NewRegistry()
 	cfg.Proxy.Registry = reg
 	agent, err := apiserverproxy.New(cfg.Proxy)
 	if err != nil {
 		return err
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	if cfg.MetricsAddress != "" {
-		ml, err := net.Listen("tcp", cfg.MetricsAddress)
-		if err != nil {
-			return fmt.Errorf("metrics listener: %w", err)
+	ready := func() (bool, string) {
+		if agent.Ready() {
+			return true, ""
 		}
-		ready := func() (bool, string) {
-			if agent.Ready() {
-				return true, ""
-			}
-			return false, "ingress " + cfg.Proxy.Ingress + " not reachable"
-		}
-		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, ready, false)) })
+		return false, "ingress " + cfg.Proxy.Ingress + " not reachable"
+	}
+	if err := probe.Start(ctx, g, cfg.MetricsAddress, reg, ready, false); err != nil {
+		return err
 	}
 	g.Go(func() error { return agent.Run(ctx) })
 	return g.Wait()

@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -18,8 +17,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/egressrelay"
@@ -88,20 +85,15 @@ func parse(args []string) (Config, error) {
 
 // Run relays until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := probe.NewRegistry()
 	cfg.Relay.Registry = reg
 	r, err := egressrelay.New(cfg.Relay)
 	if err != nil {
 		return err
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	if cfg.MetricsAddress != "" {
-		ml, err := net.Listen("tcp", cfg.MetricsAddress)
-		if err != nil {
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, r.Ready, false)) })
+	if err := probe.Start(ctx, g, cfg.MetricsAddress, reg, r.Ready, false); err != nil {
+		return err
 	}
 	g.Go(func() error { return r.Run(ctx) })
 	return g.Wait()

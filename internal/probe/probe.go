@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 )
 
 // Ready is a readiness flag with a reason, safe for concurrent use. The zero value is not ready.
@@ -91,4 +93,27 @@ func Serve(ctx context.Context, l net.Listener, h http.Handler) error {
 		return nil
 	}
 	return fmt.Errorf("serve probes on %s: %w", l.Addr(), err)
+}
+
+// NewRegistry returns a registry holding the Go runtime's and the process's collectors, which
+// every tendril binary exports beside its own metrics.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Start binds addr now (a taken port fails the binary's start) and serves Handler(g, ready,
+// profiling) on it in group until ctx ends. An empty addr turns the probes off: Start does
+// nothing.
+func Start(ctx context.Context, group *errgroup.Group, addr string, g prometheus.Gatherer, ready ReadyFunc, profiling bool) error {
+	if addr == "" {
+		return nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
+	}
+	group.Go(func() error { return Serve(ctx, l, Handler(g, ready, profiling)) })
+	return nil
 }
