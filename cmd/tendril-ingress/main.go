@@ -15,8 +15,6 @@ import (
 	"syscall"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/ingress"
@@ -88,8 +86,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(listeners) == 0 {
 		return errors.New("no listener address given (--sni-address, --proxy-address, --tunnel-address)")
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := probe.NewRegistry()
 	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending, TrustedProxies: cfg.TrustedProxies})
 
 	g, ctx := errgroup.WithContext(ctx)

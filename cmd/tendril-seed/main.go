@@ -14,8 +14,6 @@ import (
 	"syscall"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 	ctrl "sigs.k8s.io/controller-runtime"
 	crconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
@@ -111,8 +109,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Routes == "" {
 		return controlplane.Run(ctx, cfg.Kubernetes)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := probe.NewRegistry()
 	xs := server.New(server.Config{Log: cfg.Log.WithName("xds"), Registry: reg, Options: translate.Options{LBProxyProtocol: cfg.LBProxyProtocol}})
 	var ready probe.Ready
 
