@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,7 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
-
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -71,41 +70,23 @@ func inClusterWorld(t *testing.T) (*world, map[string]string) {
 func startEcho(t *testing.T, name string) netip.AddrPort {
 	t.Helper()
 	l := listen(t)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
+	testnet.Serve(t, l, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		// A client that speaks first with GET is an HTTP client; anyone else is greeted.
+		br := bufio.NewReader(c)
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		first, err := br.Peek(3)
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		if err == nil && string(first) == "GET" {
+			req, err := http.ReadRequest(br)
+			if err == nil {
+				req.Body.Close()
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(name), name)
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-				// A client that speaks first with GET is an HTTP client; anyone else is greeted.
-				br := bufio.NewReader(c)
-				_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-				first, err := br.Peek(3)
-				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-				if err == nil && string(first) == "GET" {
-					req, err := http.ReadRequest(br)
-					if err == nil {
-						req.Body.Close()
-						fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(name), name)
-					}
-					return
-				}
-				fmt.Fprintln(c, name)
-				_, _ = io.Copy(c, br)
-			}()
+			return
 		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		wg.Wait()
+		fmt.Fprintln(c, name)
+		_, _ = io.Copy(c, br)
 	})
 	return netip.MustParseAddrPort(l.Addr().String())
 }

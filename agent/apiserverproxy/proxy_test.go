@@ -16,6 +16,8 @@ import (
 	"github.com/pires/go-proxyproto"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+
+	"github.com/tendril-net/tendril/internal/testnet"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -32,27 +34,11 @@ func listen(t *testing.T) net.Listener {
 // serveEcho accepts on l until it is closed; each connection is passed to check and then echoed.
 func serveEcho(t *testing.T, l net.Listener, check func(c net.Conn) (net.Conn, bool)) {
 	t.Helper()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				rc, ok := check(c)
-				if ok {
-					_, _ = io.Copy(rc, rc)
-				}
-			}()
+	testnet.Serve(t, l, func(c net.Conn) {
+		if rc, ok := check(c); ok {
+			_, _ = io.Copy(rc, rc)
 		}
-	}()
-	t.Cleanup(func() { l.Close(); wg.Wait() })
+	})
 }
 
 // startAgent serves the agent on a loopback listener until the test ends.
