@@ -10,6 +10,8 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -29,6 +31,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/runtime/protoiface"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -68,11 +73,11 @@ type Server struct {
 	// shoots is the model last applied per shoot, to skip translating unchanged shoots.
 	shoots map[string]model.Shoot
 	// owned lists the resource names of each shoot per type, to find removals.
-	owned map[string]map[string][]string
+	owned map[string]ownedNames
 	// versions is the version of every resource in the caches, per type: the hash of its
-	// content, computed as go-control-plane computes the delta versions it sends, so that what a
-	// client ACKs compares with what is current.
-	versions    map[string]map[string]string
+	// content, computed as go-control-plane computes the delta versions it sends (which are its
+	// hex encoding), so that what a client ACKs compares with what is current.
+	versions    map[string]map[string]hash
 	constantSet bool
 	// owner is the shoot owning each resource name, per type (constant resources have none).
 	owner map[string]map[string]string
@@ -93,8 +98,8 @@ func New(cfg Config) *Server {
 		opts:     cfg.Options,
 		caches:   make(map[string]*cachev3.LinearCache, len(Types)),
 		shoots:   make(map[string]model.Shoot),
-		owned:    make(map[string]map[string][]string),
-		versions: make(map[string]map[string]string, len(Types)),
+		owned:    make(map[string]ownedNames),
+		versions: make(map[string]map[string]hash, len(Types)),
 		owner:    make(map[string]map[string]string, len(Types)),
 		metrics:  newMetrics(cfg.Registry),
 		acks:     newAcks(),
@@ -102,7 +107,7 @@ func New(cfg Config) *Server {
 	}
 	for _, t := range Types {
 		s.caches[t] = cachev3.NewLinearCache(t, cachev3.WithVersionPrefix(prefix), cachev3.WithLogger(logAdapter(cfg.Log.WithName("cache"))))
-		s.versions[t] = make(map[string]string)
+		s.versions[t] = make(map[string]hash)
 		s.owner[t] = make(map[string]string)
 	}
 	caches := make(map[string]cachev3.Cache, len(s.caches))
@@ -117,7 +122,9 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Cache is the server's resource cache, for tests and embedding in another gRPC server.
+// Cache is the server's resource cache, for tests and embedding in another gRPC server. Its
+// responses are what the translated resources encode to; the resources it holds are only that
+// encoding (see encode), not the translated messages.
 func (s *Server) Cache() cachev3.Cache { return s.mux }
 
 // Stats says what one Apply changed.
@@ -143,11 +150,12 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 	next := make(map[string]model.Shoot, len(shoots))
 	// desired collects the new resources of the shoots that changed; released the names those
 	// shoots (and the removed ones) owned before. A released name that is desired again, possibly
-	// by another shoot, is an update rather than a removal.
-	desired := make(map[string]map[string]types.Resource, len(Types))
+	// by another shoot, is an update rather than a removal. Resources are encoded as they are
+	// collected, so that a full build never holds every shoot's translated messages at once.
+	desired := make(map[string]map[string]encoded, len(Types))
 	released := make(map[string]map[string]bool, len(Types))
 	for _, t := range Types {
-		desired[t] = make(map[string]types.Resource)
+		desired[t] = make(map[string]encoded)
 		released[t] = make(map[string]bool)
 	}
 	if !s.constantSet {
@@ -175,18 +183,17 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 	for _, t := range Types {
 		update := make(map[string]types.Resource)
 		for name, r := range desired[t] {
-			v := version(r)
-			if old, ok := s.versions[t][name]; ok && old == v {
+			if old, ok := s.versions[t][name]; ok && old == r.version {
 				continue
 			}
-			s.versions[t][name] = v
-			update[name] = r
+			s.setCurrent(t, name, r.version, true)
+			update[name] = r.resource
 		}
 		var remove []string
 		for name := range released[t] {
 			if _, ok := desired[t][name]; !ok {
 				remove = append(remove, name)
-				delete(s.versions[t], name)
+				s.setCurrent(t, name, hash{}, false)
 				delete(s.owner[t], name)
 			}
 		}
@@ -209,9 +216,9 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 	s.constantSet = true
 	s.shoots = next
 	for _, name := range touched {
-		for t, names := range s.owned[name] {
+		for i, names := range s.owned[name] {
 			for _, n := range names {
-				s.owner[t][n] = name
+				s.owner[Types[i]][n] = name
 			}
 		}
 	}
@@ -222,12 +229,25 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 	return st, nil
 }
 
+// ownedNames are the resource names one shoot owns, per type in the order of Types. An array
+// rather than a map per shoot: at 10,000 shoots the maps' overhead alone was a few MiB.
+type ownedNames [3][]string
+
+// typeIndex is the index of each of Types.
+var typeIndex = func() map[string]int {
+	m := make(map[string]int, len(Types))
+	for i, t := range Types {
+		m[t] = i
+	}
+	return m
+}()
+
 // collect adds r's resources to desired and returns their names per type.
-func (s *Server) collect(r translate.Resources, desired map[string]map[string]types.Resource) map[string][]string {
-	names := make(map[string][]string, len(Types))
+func (s *Server) collect(r translate.Resources, desired map[string]map[string]encoded) ownedNames {
+	var names ownedNames
 	add := func(t string, name string, res types.Resource) {
-		desired[t][name] = res
-		names[t] = append(names[t], name)
+		desired[t][name] = encode(res)
+		names[typeIndex[t]] = append(names[typeIndex[t]], name)
 	}
 	for _, c := range r.Clusters {
 		add(resourcev3.ClusterType, c.GetName(), c)
@@ -238,13 +258,16 @@ func (s *Server) collect(r translate.Resources, desired map[string]map[string]ty
 	for _, l := range r.Listeners {
 		add(resourcev3.ListenerType, l.GetName(), l)
 	}
+	for i, n := range names {
+		names[i] = slices.Clip(n)
+	}
 	return names
 }
 
 func (s *Server) release(shoot string, released map[string]map[string]bool) {
-	for t, names := range s.owned[shoot] {
+	for i, names := range s.owned[shoot] {
 		for _, n := range names {
-			released[t][n] = true
+			released[Types[i]][n] = true
 		}
 	}
 }
@@ -258,17 +281,81 @@ func (s *Server) Resources(t string) []string {
 
 func equalShoot(a, b model.Shoot) bool { return reflect.DeepEqual(a, b) }
 
-// version is the content hash of a resource, exactly as go-control-plane versions the resources
-// of delta responses: deterministic marshalling makes equal messages equal bytes within one
-// binary, which is all the comparison with the previous Apply needs, and a client's ACKed
-// versions compare with it directly.
-func version(r types.Resource) string {
+// hash is a resource version: the SHA-256 of its deterministic encoding, of which
+// go-control-plane's delta versions (cachev3.HashResource) are the hex encoding. Kept as bytes, half
+// the size of the string and without its header.
+type hash [sha256.Size]byte
+
+// is reports whether v is the version go-control-plane sends for h.
+func (h hash) is(v string) bool {
+	var b [2 * sha256.Size]byte
+	hex.Encode(b[:], h[:])
+	return string(b[:]) == v
+}
+
+// hex is the version go-control-plane sends for h.
+func (h hash) hex() string { return hex.EncodeToString(h[:]) }
+
+// encoded is a resource in the form the caches hold, with its version.
+type encoded struct {
+	resource types.Resource
+	version  hash
+}
+
+// encode encodes a resource as go-control-plane would (deterministic marshalling makes equal
+// messages equal bytes within one binary, which is all the comparison with the previous Apply
+// needs) and returns it in the form the caches hold, with its version.
+//
+// The caches hold no generated message: a LinearCache keeps the message it is given for as long
+// as it serves it and, once it has sent it, also its encoding. Translated clusters and
+// assignments are many small heap objects (about 1.8 KiB for an EDS cluster against its 150 B
+// encoding), which made them most of the control plane's memory at 10,000 shoots. What the
+// caches get instead is the encoding itself (raw), whose marshalling returns it without a copy;
+// go-control-plane builds every response, delta and state of the world, from the encoding and the
+// request's type URL, never from the message.
+func encode(r types.Resource) encoded {
 	b, err := cachev3.MarshalResource(r)
 	if err != nil {
-		// A generated resource always marshals; make a failure count as a change.
-		return ""
+		// A generated resource always marshals; make a failure count as a change, and let the
+		// cache report it when it marshals the message itself.
+		return encoded{resource: r}
 	}
-	return cachev3.HashResource(b)
+	return encoded{resource: &raw{b: slices.Clip(b)}, version: sha256.Sum256(b)}
+}
+
+// raw is an encoded resource. As a message it has the descriptor of google.protobuf.Empty, no
+// fields, and a fast-path marshal that returns the encoding (to be appended to a buffer, it is
+// copied). It supports nothing else: it exists to be marshalled by the caches. The encoding is
+// never modified, and clipped so that appending to it copies.
+type raw struct{ b []byte }
+
+func (r *raw) ProtoReflect() protoreflect.Message { return rawMessage{Message: emptyMessage, r: r} }
+
+// emptyMessage is the reflection of a nil google.protobuf.Empty: read-only, no fields.
+var emptyMessage = (*emptypb.Empty)(nil).ProtoReflect()
+
+type rawMessage struct {
+	protoreflect.Message
+	r *raw
+}
+
+func (m rawMessage) Interface() protoreflect.ProtoMessage { return m.r }
+func (m rawMessage) ProtoMethods() *protoiface.Methods    { return rawMethods }
+
+// rawMethods has no Size: proto.Marshal would allocate a buffer of that size for nothing (the
+// size then comes from Marshal).
+var rawMethods = &protoiface.Methods{
+	Flags: protoiface.SupportMarshalDeterministic,
+	Marshal: func(in protoiface.MarshalInput) (protoiface.MarshalOutput, error) {
+		b := in.Message.(rawMessage).r.b
+		if len(in.Buf) == 0 {
+			return protoiface.MarshalOutput{Buf: b}, nil
+		}
+		return protoiface.MarshalOutput{Buf: append(in.Buf, b...)}, nil
+	},
+	CheckInitialized: func(protoiface.CheckInitializedInput) (protoiface.CheckInitializedOutput, error) {
+		return protoiface.CheckInitializedOutput{}, nil
+	},
 }
 
 // Serve serves ADS on l until ctx ends, then stops the gRPC server (Stop, not GracefulStop:

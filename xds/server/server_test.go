@@ -6,15 +6,18 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/server"
@@ -330,4 +333,107 @@ func (c *sotwClient) recvTypes(t *testing.T, n int) map[string]*discoveryv3.Disc
 		out[r.GetTypeUrl()] = r
 	}
 	return out
+}
+
+// TestResourcesOnTheWire checks that what both protocols send is exactly the deterministic
+// encoding of the translated resources under their own type URL, and that delta versions are
+// go-control-plane's hash of it: the caches hold resources in an encoded form (server.go).
+func TestResourcesOnTheWire(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := server.New(server.Config{Log: testr.New(t)})
+	set := []model.Shoot{benchShoot(1), benchShoot(2)}
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]map[string][]byte{} // type → name → encoding
+	res := translate.All(translate.Options{}, set)
+	add := func(typ, name string, m proto.Message) {
+		b, err := cachev3.MarshalResource(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want[typ] == nil {
+			want[typ] = map[string][]byte{}
+		}
+		want[typ][name] = b
+	}
+	for _, c := range res.Clusters {
+		add(resourcev3.ClusterType, c.GetName(), c)
+	}
+	for _, e := range res.Endpoints {
+		add(resourcev3.EndpointType, e.GetClusterName(), e)
+	}
+	for _, l := range res.Listeners {
+		add(resourcev3.ListenerType, l.GetName(), l)
+	}
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	defer func() { cancel(); <-done }()
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+
+	delta := newDeltaClient(ctx, t, ads)
+	for typ, r := range delta.recvTypes(t, len(server.Types)) {
+		if len(r.GetResources()) != len(want[typ]) {
+			t.Errorf("delta %s: %d resources, want %d", typ, len(r.GetResources()), len(want[typ]))
+		}
+		for _, x := range r.GetResources() {
+			b, ok := want[typ][x.GetName()]
+			switch {
+			case !ok:
+				t.Errorf("delta %s: unexpected %s", typ, x.GetName())
+			case x.GetResource().GetTypeUrl() != typ || !bytes.Equal(x.GetResource().GetValue(), b):
+				t.Errorf("delta %s %s: %s %x, want %x", typ, x.GetName(), x.GetResource().GetTypeUrl(), x.GetResource().GetValue(), b)
+			case x.GetVersion() != cachev3.HashResource(b):
+				t.Errorf("delta %s %s: version %s, want %s", typ, x.GetName(), x.GetVersion(), cachev3.HashResource(b))
+			}
+			if _, err := x.GetResource().UnmarshalNew(); err != nil {
+				t.Errorf("delta %s %s: %v", typ, x.GetName(), err)
+			}
+		}
+	}
+
+	st, err := ads.StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range server.Types {
+		if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range server.Types {
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		typ := r.GetTypeUrl()
+		var got [][]byte
+		for _, a := range r.GetResources() {
+			if a.GetTypeUrl() != typ {
+				t.Errorf("sotw %s: resource of type %s", typ, a.GetTypeUrl())
+			}
+			got = append(got, a.GetValue())
+		}
+		var exp [][]byte
+		for _, b := range want[typ] {
+			exp = append(exp, b)
+		}
+		cmpBytes := func(a, b []byte) int { return bytes.Compare(a, b) }
+		slices.SortFunc(got, cmpBytes)
+		slices.SortFunc(exp, cmpBytes)
+		if !slices.EqualFunc(got, exp, bytes.Equal) {
+			t.Errorf("sotw %s: %d resources differ from the %d translated ones", typ, len(got), len(exp))
+		}
+	}
 }

@@ -1,0 +1,186 @@
+package server_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"runtime/pprof"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/server"
+)
+
+// TestMemoryAtScale loads the shoots of `tendril-bench xds` (bench/xdsbench.Shoot: 7 resources
+// each) into a server, connects 3 delta clients that ACK and drop every response, waits until
+// every shoot is programmed on all of them, makes some single-shoot changes and reports the Go
+// heap in use. It runs only when XDS_MEM_SHOOTS is set (e.g. 10000); XDS_HEAP_PROFILE names a
+// file for a heap profile taken at the end.
+//
+//	XDS_MEM_SHOOTS=10000 XDS_HEAP_PROFILE=/tmp/heap.pb.gz go test -run TestMemoryAtScale -v ./xds/server
+func TestMemoryAtScale(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("XDS_MEM_SHOOTS"))
+	if n <= 0 {
+		t.Skip("XDS_MEM_SHOOTS not set")
+	}
+	const clients = 3
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The peak of the heap in use, sampled every 10 ms (RSS follows it).
+	var peak atomic.Uint64
+	go func() {
+		sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/unused:bytes"}}
+		for ctx.Err() == nil {
+			metrics.Read(sample)
+			if v := sample[0].Value.Uint64() + sample[1].Value.Uint64(); v > peak.Load() {
+				peak.Store(v)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	report := func(what string) {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		t.Logf("%s: heap in use %.1f MiB after a GC (peak so far %.1f MiB), live objects %d", what, float64(ms.HeapInuse)/(1<<20), float64(peak.Load())/(1<<20), ms.HeapObjects)
+	}
+	s := server.New(server.Config{Log: logr.Discard()})
+	set := make([]model.Shoot, n)
+	for i := range set {
+		set[i] = benchShoot(i)
+	}
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	report("applied")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	defer func() { cancel(); <-done }()
+	for i := range clients {
+		conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(server.MaxRecvMsgSize)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nd := &corev3.Node{Id: fmt.Sprintf("replica-%d", i)}
+		for _, typ := range server.Types {
+			if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: nd, TypeUrl: typ}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		go func() {
+			for {
+				r, err := st.Recv()
+				if err != nil {
+					return
+				}
+				if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	waitProgrammed := func(names ...string) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Minute)
+		for _, name := range names {
+			for {
+				st := s.ShootStatus(name)
+				if st.State == server.StateProgrammed && st.Clients == clients {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: %v with %d clients", name, st.State, st.Clients)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
+	start := time.Now()
+	for _, sh := range set {
+		waitProgrammed(sh.Name)
+	}
+	t.Logf("%d shoots programmed on %d clients in %v", n, clients, time.Since(start))
+	report("loaded")
+
+	// Single-shoot changes as the bench makes them: an endpoint change, a shoot added and removed.
+	for i := range 30 {
+		switch i % 3 {
+		case 0:
+			set[i].APIServers = []netip.AddrPort{netip.AddrPortFrom(benchAddr(10, 64, i), 443)}
+			if _, err := s.Apply(set); err != nil {
+				t.Fatal(err)
+			}
+			waitProgrammed(set[i].Name)
+		case 1:
+			set = append(set, benchShoot(1<<20+i))
+			if _, err := s.Apply(set); err != nil {
+				t.Fatal(err)
+			}
+			waitProgrammed(set[len(set)-1].Name)
+		case 2:
+			set = set[:len(set)-1]
+			if _, err := s.Apply(set); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	report("after changes")
+	if f := os.Getenv("XDS_HEAP_PROFILE"); f != "" {
+		w, err := os.Create(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		runtime.GC()
+		if err := pprof.Lookup("heap").WriteTo(w, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.KeepAlive(s)
+}
+
+// benchShoot is bench/xdsbench.Shoot (not imported: that package imports this one).
+func benchShoot(i int) model.Shoot {
+	name := fmt.Sprintf("shoot--p%d--s%d", i/100, i)
+	return model.Shoot{
+		Name: name,
+		Hosts: []string{
+			fmt.Sprintf("api.s%d.p%d.bench.tendril.local", i, i/100),
+			fmt.Sprintf("api.s%d.p%d.internal.bench.tendril.local", i, i/100),
+		},
+		APIServers:        []netip.AddrPort{netip.AddrPortFrom(benchAddr(10, 0, i), 443)},
+		AdvertisedAddress: benchAddr(100, 64, i),
+		VPNServers:        []netip.AddrPort{netip.AddrPortFrom(benchAddr(10, 128, i), 8132)},
+	}
+}
+
+func benchAddr(a, b byte, i int) netip.Addr {
+	var v [4]byte
+	binary.BigEndian.PutUint32(v[:], uint32(a)<<24|uint32(b)<<16+uint32(i+1))
+	return netip.AddrFrom4(v)
+}
