@@ -162,10 +162,7 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 		}
 		secrets[sc.Config.GetName()], names[sc.Config.GetName()] = s.Data, s.Name
 	}
-	caBundle, ok := sm.Get(SecretNameCA + "-bundle")
-	if !ok {
-		caBundle, ok = sm.Get(SecretNameCA, secretsmanager.Bundle)
-	}
+	caBundle, ok := sm.Get(SecretNameCA, secretsmanager.Bundle)
 	if !ok {
 		return manifest.Values{}, nil, errors.New("CA bundle secret not found in the secrets manager")
 	}

@@ -253,7 +253,7 @@ func testReconcile(t *testing.T, c client.Client) {
 	for _, v := range dep.Spec.Template.Spec.Volumes {
 		vols[v.Name] = v.Secret.SecretName
 	}
-	if vols["wireguard"] != serverKey.Name || vols["tls"] != byName[extension.SecretNameServerTLS].Name {
+	if vols["wireguard"] != serverKey.Name || vols["tls"] != byName[extension.SecretNameServerTLS].Name || vols["ca"] != byName[extension.SecretNameCA+"-bundle"].Name {
 		t.Errorf("tendril-server volumes %v do not mount the generated secrets", vols)
 	}
 	svc := &corev1.Service{}
