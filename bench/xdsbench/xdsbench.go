@@ -22,12 +22,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -39,6 +37,7 @@ import (
 	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/model/modeltest"
 )
 
 // The kinds of single-shoot change, made in this order, round after round.
@@ -81,29 +80,8 @@ type Config struct {
 	CPUProfile string
 }
 
-// Shoot is the i-th shoot of a generated set: two server names, one
-// kube-apiserver endpoint, an advertised address and one tunnel endpoint,
-// which is what a Gardener shoot gives tendril.
-func Shoot(i int) model.Shoot {
-	name := fmt.Sprintf("shoot--p%d--s%d", i/100, i)
-	return model.Shoot{
-		Name: name,
-		Hosts: []string{
-			fmt.Sprintf("api.s%d.p%d.bench.tendril.local", i, i/100),
-			fmt.Sprintf("api.s%d.p%d.internal.bench.tendril.local", i, i/100),
-		},
-		APIServers:        []netip.AddrPort{netip.AddrPortFrom(addr(10, 0, i), 443)},
-		AdvertisedAddress: addr(100, 64, i),
-		VPNServers:        []netip.AddrPort{netip.AddrPortFrom(addr(10, 128, i), 8132)},
-	}
-}
-
-// addr is a.b.0.0 plus i+1.
-func addr(a, b byte, i int) netip.Addr {
-	var v [4]byte
-	binary.BigEndian.PutUint32(v[:], uint32(a)<<24|uint32(b)<<16+uint32(i+1))
-	return netip.AddrFrom4(v)
-}
+// Shoot is the i-th shoot of a generated set (modeltest.Shoot).
+func Shoot(i int) model.Shoot { return modeltest.Shoot(i) }
 
 // Run measures every set size of cfg in turn. On an error or cancellation
 // it returns what it measured so far, marked partial, with the error.

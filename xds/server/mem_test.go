@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -22,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/model/modeltest"
 	"github.com/tendril-net/tendril/xds/server"
 )
 
@@ -61,7 +61,7 @@ func TestMemoryAtScale(t *testing.T) {
 	s := server.New(server.Config{Log: logr.Discard()})
 	set := make([]model.Shoot, n)
 	for i := range set {
-		set[i] = benchShoot(i)
+		set[i] = modeltest.Shoot(i)
 	}
 	if _, err := s.Apply(set); err != nil {
 		t.Fatal(err)
@@ -130,13 +130,13 @@ func TestMemoryAtScale(t *testing.T) {
 	for i := range 30 {
 		switch i % 3 {
 		case 0:
-			set[i].APIServers = []netip.AddrPort{netip.AddrPortFrom(benchAddr(10, 64, i), 443)}
+			set[i].APIServers = []netip.AddrPort{netip.AddrPortFrom(modeltest.Addr(10, 64, i), 443)}
 			if _, err := s.Apply(set); err != nil {
 				t.Fatal(err)
 			}
 			waitProgrammed(set[i].Name)
 		case 1:
-			set = append(set, benchShoot(1<<20+i))
+			set = append(set, modeltest.Shoot(1<<20+i))
 			if _, err := s.Apply(set); err != nil {
 				t.Fatal(err)
 			}
@@ -162,25 +162,4 @@ func TestMemoryAtScale(t *testing.T) {
 		}
 	}
 	runtime.KeepAlive(s)
-}
-
-// benchShoot is bench/xdsbench.Shoot (not imported: that package imports this one).
-func benchShoot(i int) model.Shoot {
-	name := fmt.Sprintf("shoot--p%d--s%d", i/100, i)
-	return model.Shoot{
-		Name: name,
-		Hosts: []string{
-			fmt.Sprintf("api.s%d.p%d.bench.tendril.local", i, i/100),
-			fmt.Sprintf("api.s%d.p%d.internal.bench.tendril.local", i, i/100),
-		},
-		APIServers:        []netip.AddrPort{netip.AddrPortFrom(benchAddr(10, 0, i), 443)},
-		AdvertisedAddress: benchAddr(100, 64, i),
-		VPNServers:        []netip.AddrPort{netip.AddrPortFrom(benchAddr(10, 128, i), 8132)},
-	}
-}
-
-func benchAddr(a, b byte, i int) netip.Addr {
-	var v [4]byte
-	binary.BigEndian.PutUint32(v[:], uint32(a)<<24|uint32(b)<<16+uint32(i+1))
-	return netip.AddrFrom4(v)
 }

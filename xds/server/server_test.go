@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/model/modeltest"
 	"github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -342,7 +343,7 @@ func TestResourcesOnTheWire(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s := server.New(server.Config{Log: testr.New(t)})
-	set := []model.Shoot{benchShoot(1), benchShoot(2)}
+	set := []model.Shoot{modeltest.Shoot(1), modeltest.Shoot(2)}
 	if _, err := s.Apply(set); err != nil {
 		t.Fatal(err)
 	}
