@@ -57,6 +57,13 @@ func start(t *testing.T, name string, args ...string) {
 // exit; name labels its log.
 func startBinary(t *testing.T, name, path string, args ...string) {
 	t.Helper()
+	runBinary(t, name, path, false, args...)
+}
+
+// runBinary starts path and, when the test ends, stops it with SIGTERM and requires a clean exit,
+// printing its log if the test failed. With killable, a process the test SIGKILLed is only reaped.
+func runBinary(t *testing.T, name, path string, killable bool, args ...string) *exec.Cmd {
+	t.Helper()
 	cmd := exec.Command(path, args...)
 	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
 	if err != nil {
@@ -66,13 +73,13 @@ func startBinary(t *testing.T, name, path string, args ...string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
 		select {
 		case err := <-done:
-			if err != nil {
+			if err != nil && !(killable && killed(err)) {
 				t.Errorf("%s exited with %v after SIGTERM", name, err)
 			}
 		case <-time.After(10 * time.Second):
@@ -85,6 +92,7 @@ func startBinary(t *testing.T, name, path string, args ...string) {
 			t.Logf("%s log:\n%s", name, b)
 		}
 	})
+	return cmd
 }
 
 func eventually(t *testing.T, what string, f func() error) {

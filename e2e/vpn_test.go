@@ -320,35 +320,7 @@ func grepLines(text, substr string) string {
 // still runs gets SIGTERM and must exit cleanly; one the test killed is only reaped.
 func startKillable(t *testing.T, name, path string, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(path, args...)
-	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-done:
-			if err != nil && !killed(err) {
-				t.Errorf("%s exited with %v after SIGTERM", name, err)
-			}
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-			t.Errorf("%s did not exit within 10 s of SIGTERM", name)
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(log.Name())
-			t.Logf("%s log:\n%s", name, b)
-		}
-	})
-	return cmd
+	return runBinary(t, name, path, true, args...)
 }
 
 func killed(err error) bool {
