@@ -118,15 +118,7 @@ func (h HAProxy) CheckConfig(ctx context.Context, path string) error {
 
 // Version returns the first line of "haproxy -v".
 func (h HAProxy) Version(ctx context.Context) string {
-	bin, err := h.bin()
-	if err != nil {
-		return "unknown"
-	}
-	out, _ := exec.CommandContext(ctx, bin, "-v").CombinedOutput()
-	if l := firstLine(string(out)); l != "" {
-		return l
-	}
-	return "unknown"
+	return versionOf(ctx, h.bin, "-v")
 }
 
 // Start implements Peer: "haproxy -db -f dir/haproxy.cfg" in the foreground.

@@ -183,15 +183,7 @@ func (n Nginx) CheckConfig(ctx context.Context, dir, path string) error {
 
 // Version returns what "nginx -v" prints ("nginx version: nginx/1.22.1").
 func (n Nginx) Version(ctx context.Context) string {
-	bin, err := n.bin()
-	if err != nil {
-		return "unknown"
-	}
-	out, _ := exec.CommandContext(ctx, bin, "-v").CombinedOutput()
-	if l := firstLine(string(out)); l != "" {
-		return l
-	}
-	return "unknown"
+	return versionOf(ctx, n.bin, "-v")
 }
 
 // Start implements Peer: "nginx -c dir/nginx.conf -g 'daemon off;'", master

@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"regexp"
 	"runtime"
 	"strings"
@@ -308,6 +309,20 @@ func waitAccept(ctx context.Context, addr string, timeout time.Duration, procs .
 }
 
 // firstLine returns the first non-empty line of s, trimmed.
+// versionOf returns the first line a peer's binary prints for args (its version flag), or
+// "unknown" when the binary is missing or prints nothing.
+func versionOf(ctx context.Context, bin func() (string, error), args ...string) string {
+	path, err := bin()
+	if err != nil {
+		return "unknown"
+	}
+	out, _ := exec.CommandContext(ctx, path, args...).CombinedOutput()
+	if l := firstLine(string(out)); l != "" {
+		return l
+	}
+	return "unknown"
+}
+
 func firstLine(s string) string {
 	for l := range strings.Lines(s) {
 		if l = strings.TrimSpace(l); l != "" {

@@ -124,15 +124,7 @@ func (s Squid) CheckConfig(ctx context.Context, path string) error {
 
 // Version returns the first line of "squid -v".
 func (s Squid) Version(ctx context.Context) string {
-	bin, err := s.bin()
-	if err != nil {
-		return "unknown"
-	}
-	out, _ := exec.CommandContext(ctx, bin, "-v").CombinedOutput()
-	if l := firstLine(string(out)); l != "" {
-		return l
-	}
-	return "unknown"
+	return versionOf(ctx, s.bin, "-v")
 }
 
 // Start implements Peer: "squid --foreground -n NAME -f dir/squid.conf",
