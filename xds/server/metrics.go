@@ -1,10 +1,6 @@
 package server
 
 import (
-	"fmt"
-
-	"github.com/envoyproxy/go-control-plane/pkg/log"
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -51,24 +47,4 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reg.MustRegister(m.shoots, m.resources, m.changes, m.applyDuration, m.responses, m.sent, m.acks, m.clients)
 	}
 	return m
-}
-
-// logAdapter routes go-control-plane's logs to l: its debug and info lines (one per watch
-// event) at V(2) and V(1), warnings and errors at the default level. Formatting is skipped when
-// the level is off: the library's debug lines print whole subscription maps, which at 10,000
-// shoots cost more than the xDS work itself.
-func logAdapter(l logr.Logger) log.Logger {
-	at := func(v logr.Logger) func(string, ...any) {
-		return func(f string, a ...any) {
-			if v.Enabled() {
-				v.Info(fmt.Sprintf(f, a...))
-			}
-		}
-	}
-	return log.LoggerFuncs{
-		DebugFunc: at(l.V(2)),
-		InfoFunc:  at(l.V(1)),
-		WarnFunc:  at(l),
-		ErrorFunc: func(f string, a ...any) { l.Error(nil, fmt.Sprintf(f, a...)) },
-	}
 }

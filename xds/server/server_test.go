@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"slices"
@@ -79,6 +80,89 @@ func TestApplySkipsUnchanged(t *testing.T) {
 	if want := 19*3 + 1; len(s.Resources(resourcev3.ClusterType)) != want {
 		t.Errorf("%d clusters after a refused apply, want the last good set's %d", len(s.Resources(resourcev3.ClusterType)), want)
 	}
+}
+
+// TestApplyValidatesLikeValidateSet applies a random walk of route sets in which shoots swap,
+// move, duplicate and drop server names and advertised addresses. Apply checks only what changed
+// against what stays; it must accept exactly the sets model.ValidateSet accepts, and after each
+// one serve what a fresh server serves for that set.
+func TestApplyValidatesLikeValidateSet(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const shootsN, hostsN, addrsN = 12, 30, 8
+	host := func() string { return fmt.Sprintf("h%d.example.com", rng.IntN(hostsN)) }
+	addr := func() netip.Addr { return netip.AddrFrom4([4]byte{240, 0, 0, byte(rng.IntN(addrsN))}) }
+	// random makes one to three changes to the last accepted set, as sources do.
+	var last []model.Shoot
+	random := func() []model.Shoot {
+		set := slices.Clone(last)
+		for range 1 + rng.IntN(3) {
+			i := -1
+			if len(set) > 0 {
+				i = rng.IntN(len(set))
+			}
+			switch op := rng.IntN(8); {
+			case op == 0 || i < 0: // add a shoot
+				sh := shoot(rng.IntN(shootsN), 0)
+				sh.Hosts = []string{host()}
+				set = append(set, sh)
+			case op == 1: // remove one
+				set = slices.Delete(set, i, i+1)
+			case op == 2: // list one twice
+				set = append(set, set[i])
+			case op == 3: // swap the server names of two
+				j := rng.IntN(len(set))
+				set[i].Hosts, set[j].Hosts = set[j].Hosts, set[i].Hosts
+			case op == 4: // move a server name from one to another
+				j := rng.IntN(len(set))
+				if len(set[i].Hosts) > 1 {
+					h := set[i].Hosts[len(set[i].Hosts)-1]
+					set[i].Hosts = slices.Clone(set[i].Hosts[:len(set[i].Hosts)-1])
+					set[j].Hosts = append(slices.Clone(set[j].Hosts), h)
+				}
+			case op == 5: // a new server name
+				set[i].Hosts = append(slices.Clone(set[i].Hosts), host())
+			case op == 6: // swap the advertised addresses of two
+				j := rng.IntN(len(set))
+				set[i].AdvertisedAddress, set[j].AdvertisedAddress = set[j].AdvertisedAddress, set[i].AdvertisedAddress
+			default: // a new advertised address, or none
+				set[i].AdvertisedAddress = netip.Addr{}
+				if rng.IntN(2) == 0 {
+					set[i].AdvertisedAddress = addr()
+				}
+			}
+		}
+		return set
+	}
+	s := server.New(server.Config{})
+	accepted, refused := 0, 0
+	for i := range 2000 {
+		set := random()
+		want := model.ValidateSet(set)
+		_, err := s.Apply(set)
+		if (err == nil) != (want == nil) {
+			t.Fatalf("set %d: Apply: %v; ValidateSet: %v", i, err, want)
+		}
+		if err != nil {
+			refused++
+			continue
+		}
+		accepted++
+		last = set
+		fresh := server.New(server.Config{})
+		if _, err := fresh.Apply(set); err != nil {
+			t.Fatal(err)
+		}
+		for _, typ := range server.Types {
+			if got, want := s.Resources(typ), fresh.Resources(typ); !slices.Equal(got, want) {
+				t.Fatalf("set %d: %s %v, a fresh server serves %v", i, typ, got, want)
+			}
+		}
+	}
+	// The walk must exercise both outcomes, or it proves nothing.
+	if accepted < 100 || refused < 100 {
+		t.Fatalf("%d sets accepted, %d refused: the walk is lopsided", accepted, refused)
+	}
+	t.Logf("%d sets accepted, %d refused", accepted, refused)
 }
 
 // TestADSBothProtocols drives the real gRPC server with a delta and a state-of-the-world client
@@ -338,7 +422,8 @@ func (c *sotwClient) recvTypes(t *testing.T, n int) map[string]*discoveryv3.Disc
 
 // TestResourcesOnTheWire checks that what both protocols send is exactly the deterministic
 // encoding of the translated resources under their own type URL, and that delta versions are
-// go-control-plane's hash of it: the caches hold resources in an encoded form (server.go).
+// go-control-plane's hash of it (HashResource), the versions tendril sent while it served from
+// go-control-plane's caches: a data plane reconnecting across that upgrade is not resent all.
 func TestResourcesOnTheWire(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

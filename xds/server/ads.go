@@ -1,0 +1,467 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// The ADS service. Each stream keeps, per type, what it subscribed and the names that changed
+// since its last response (dirty). Apply adds the names it changed to the dirty sets of the
+// streams subscribed to them and wakes them; a stream sends one response per type and waits for
+// its answer (ACK or NACK) before it sends the next, so changes that arrive meanwhile go out
+// together. Nothing walks every resource except a client's first subscription: go-control-plane's
+// LinearCache walked every resource of a type per watch on every update and every ACK, which at
+// 10,000 shoots was most of the control plane's CPU, and its delta server kept a full version map
+// per stream.
+//
+// Responses carry the stored encodings as they are (an Any's value), so sending copies nothing
+// but into gRPC's buffers. Apply never blocks on a stream: a client that reads slowly delays only
+// its own responses, and holds at most one unanswered response per type.
+
+// maxResponseBytes bounds the resources one delta response carries. A client's first sync at
+// 10,000 shoots is ~18 MiB; sent as one response to each replica at once, that response, its
+// Any wrappers and gRPC's encoding of it were most of the control plane's peak memory. In 1 MiB
+// pieces a stream holds at most one piece at a time (the next goes once the client answered),
+// at the cost of a round trip per piece.
+const maxResponseBytes = 1 << 20
+
+// wildcard is the explicit wildcard subscription name (xDS "*").
+const wildcard = "*"
+
+// subscription is what a stream asked for of one type.
+type subscription struct {
+	wildcard bool
+	names    map[string]bool
+	// inflight is the nonce of the response not yet answered ("" for none).
+	inflight string
+}
+
+func (sub *subscription) wants(name string) bool { return sub.wildcard || sub.names[name] }
+
+// deltaStream is one delta ADS stream. Its fields are guarded by Server.mu, except wake.
+type deltaStream struct {
+	id   int64
+	wake chan struct{} // capacity one: a pending wake-up
+	subs map[string]*deltaSub
+	// nonce numbers the responses; decimal, so that nonceBefore orders them.
+	nonce uint64
+}
+
+type deltaSub struct {
+	subscription
+	// dirty are the names to send, or to send as removed, in the next response.
+	dirty map[string]bool
+	// answer: the client subscribed and waits for a first response even if it holds everything
+	// (Envoy's initialisation waits for one of every type).
+	answer bool
+}
+
+// sotwStream is one state-of-the-world ADS stream, guarded like deltaStream.
+type sotwStream struct {
+	id    int64
+	wake  chan struct{}
+	subs  map[string]*sotwSub
+	nonce uint64
+}
+
+type sotwSub struct {
+	subscription
+	// dirty: the client's state differs from the current generation, or its names changed.
+	dirty bool
+}
+
+func wakeUp(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// changed tells the streams subscribed to names of type t that these changed. Called by Apply
+// with s.mu held.
+func (s *Server) changed(t string, names []string) {
+	for _, c := range s.delta {
+		sub := c.subs[t]
+		if sub == nil {
+			continue
+		}
+		n := len(sub.dirty)
+		for _, name := range names {
+			if sub.wants(name) {
+				sub.dirty[name] = true
+			}
+		}
+		if len(sub.dirty) > n && sub.inflight == "" {
+			wakeUp(c.wake)
+		}
+	}
+	// State of the world is not full-state for endpoints: a response without an assignment does
+	// not remove it, so a removed one is not worth a response of all the others.
+	sotwWants := func(sub *sotwSub) func(string) bool {
+		return func(name string) bool {
+			_, present := s.res[t][name]
+			return sub.wants(name) && (present || t != resourcev3.EndpointType)
+		}
+	}
+	for _, c := range s.sotw {
+		sub := c.subs[t]
+		if sub == nil || !slices.ContainsFunc(names, sotwWants(sub)) {
+			continue
+		}
+		sub.dirty = true
+		if sub.inflight == "" {
+			wakeUp(c.wake)
+		}
+	}
+}
+
+// Serve serves ADS on l until ctx ends, then stops the gRPC server (Stop, not GracefulStop:
+// xDS streams never end by themselves, and clients reconnect to a replica). Streams opened before
+// the first Apply wait for it: a data plane reconnecting to a restarted control plane names what
+// it holds, and answering it from empty state would withdraw every shoot.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	g := grpc.NewServer(
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
+		// grpc-go limits concurrent streams per connection to 100 by default; every ingress holds
+		// one ADS stream per connection, but Envoy with separate xDS streams may open several.
+		grpc.MaxConcurrentStreams(1<<20),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second, PermitWithoutStream: true}),
+		// Stop returns once every stream handler has, so that Serve can wait for their readers.
+		grpc.WaitForHandlers(true),
+	)
+	a := &ads{s: s}
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, a)
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		g.Stop()
+	}()
+	err := g.Serve(l)
+	if err != nil {
+		// Serve failed on its own: stop what it started so that the handlers end.
+		g.Stop()
+	}
+	wg.Wait()
+	a.readers.Wait()
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) && ctx.Err() == nil {
+		return fmt.Errorf("serve xDS on %s: %w", l.Addr(), err)
+	}
+	return nil
+}
+
+// ads implements the ADS gRPC service on a Server.
+type ads struct {
+	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+	s *Server
+	// readers are the streams' request readers. A reader ends when its stream's context does,
+	// which is only after the handler returned, so the handler cannot wait for it; Serve does.
+	readers sync.WaitGroup
+}
+
+// waitApplied holds a new stream until the first Apply.
+func (s *Server) waitApplied(ctx context.Context) error {
+	select {
+	case <-s.applied:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// serveStream runs one stream: a reader goroutine hands every request to handle (which updates
+// the stream's state under s.mu and wakes it), and this goroutine sends what next builds whenever
+// the stream is woken.
+func serveStream[Req, Resp any](a *ads, ctx context.Context, wake <-chan struct{}, recv func() (Req, error), handle func(Req) error, next func() []Resp, send func(Resp) error) error {
+	if err := a.s.waitApplied(ctx); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	a.readers.Add(1)
+	go func() {
+		defer a.readers.Done()
+		for {
+			req, err := recv()
+			if err == nil {
+				err = handle(req)
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-done:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-wake:
+		}
+		for _, resp := range next() {
+			if err := send(resp); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// DeltaAggregatedResources serves one incremental ADS stream.
+func (a *ads) DeltaAggregatedResources(st discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	s := a.s
+	s.mu.Lock()
+	s.nextID++
+	c := &deltaStream{id: s.nextID, wake: make(chan struct{}, 1), subs: make(map[string]*deltaSub)}
+	s.delta[c.id] = c
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.delta, c.id)
+		s.deltaClosed(c.id)
+	}()
+	return serveStream(a, st.Context(), c.wake, st.Recv,
+		func(req *discoveryv3.DeltaDiscoveryRequest) error { return s.deltaRequested(c, req) },
+		func() []*discoveryv3.DeltaDiscoveryResponse { return s.nextDelta(c) },
+		st.Send)
+}
+
+// deltaRequested applies one request to the stream: its answer to a response, and changes to
+// its subscription.
+func (s *Server) deltaRequested(c *deltaStream, req *discoveryv3.DeltaDiscoveryRequest) error {
+	t := req.GetTypeUrl()
+	if _, ok := typeIndex[t]; !ok {
+		return status.Errorf(codes.InvalidArgument, "resource type %q is not served (tendril serves %v)", t, Types)
+	}
+	s.observeRequest(t, req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode().GetId())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deltaRequest(c.id, req)
+	sub := c.subs[t]
+	held := map[string]string(nil)
+	if sub == nil {
+		// The first request of a type subscribes. No names is the legacy wildcard. A client
+		// reconnecting names what it holds: only what differs is sent.
+		sub = &deltaSub{subscription: subscription{names: make(map[string]bool)}, dirty: make(map[string]bool), answer: true}
+		sub.wildcard = len(req.GetResourceNamesSubscribe()) == 0
+		c.subs[t] = sub
+		held = req.GetInitialResourceVersions()
+		if sub.wildcard {
+			for name, r := range s.res[t] {
+				if !r.version.is(held[name]) {
+					sub.dirty[name] = true
+				}
+			}
+		}
+		for name := range held {
+			if _, ok := s.res[t][name]; !ok {
+				sub.dirty[name] = true // held but gone: removed
+			}
+		}
+	} else if req.GetResponseNonce() == sub.inflight {
+		sub.inflight = ""
+	}
+	for _, name := range req.GetResourceNamesSubscribe() {
+		if name == wildcard {
+			if !sub.wildcard {
+				sub.wildcard = true
+				for n := range s.res[t] {
+					sub.dirty[n] = true
+				}
+			}
+			continue
+		}
+		if sub.names[name] {
+			continue
+		}
+		sub.names[name] = true
+		// A new subscription asks for the current version, unless the client named it as held
+		// when it subscribed; an unknown name is answered as removed, so the client stops waiting.
+		if v, ok := held[name]; !ok || !s.res[t][name].version.is(v) {
+			sub.dirty[name] = true
+		}
+	}
+	for _, name := range req.GetResourceNamesUnsubscribe() {
+		if name == wildcard {
+			sub.wildcard = false
+		} else {
+			delete(sub.names, name)
+		}
+	}
+	if len(req.GetResourceNamesUnsubscribe()) > 0 {
+		maps.DeleteFunc(sub.dirty, func(n string, _ bool) bool { return !sub.wants(n) })
+	}
+	if sub.inflight == "" && (len(sub.dirty) > 0 || sub.answer) {
+		wakeUp(c.wake)
+	}
+	return nil
+}
+
+// nextDelta builds the responses of every type that has changes to send and no unanswered
+// response, and records them for the ACK tracking.
+func (s *Server) nextDelta(c *deltaStream) []*discoveryv3.DeltaDiscoveryResponse {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*discoveryv3.DeltaDiscoveryResponse
+	for _, t := range Types {
+		sub := c.subs[t]
+		if sub == nil || sub.inflight != "" || len(sub.dirty) == 0 && !sub.answer {
+			continue
+		}
+		sub.answer = false
+		c.nonce++
+		resp := &discoveryv3.DeltaDiscoveryResponse{
+			TypeUrl:           t,
+			SystemVersionInfo: s.version(t),
+			Nonce:             strconv.FormatUint(c.nonce, 10),
+		}
+		// At most maxResponseBytes of resources; the rest stays dirty for the next response.
+		// Sorted, so that a response is the same for the same changes.
+		var names []string
+		size := 0
+		for name := range sub.dirty {
+			if size >= maxResponseBytes {
+				break
+			}
+			names = append(names, name)
+			size += len(name) + len(s.res[t][name].b)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			delete(sub.dirty, name)
+			if r, ok := s.res[t][name]; ok {
+				resp.Resources = append(resp.Resources, &discoveryv3.Resource{
+					Name:     name,
+					Version:  r.version.hex(),
+					Resource: &anypb.Any{TypeUrl: t, Value: r.b},
+				})
+			} else {
+				resp.RemovedResources = append(resp.RemovedResources, name)
+			}
+		}
+		// A map keeps its size when emptied; a client's first sync had every name.
+		if len(sub.dirty) == 0 && len(names) > 1024 {
+			sub.dirty = make(map[string]bool)
+		}
+		sub.inflight = resp.Nonce
+		s.deltaResponse(c.id, resp)
+		s.metrics.responses.WithLabelValues("delta", t).Inc()
+		s.metrics.sent.WithLabelValues("delta", t).Add(float64(len(resp.Resources)))
+		out = append(out, resp)
+	}
+	return out
+}
+
+// StreamAggregatedResources serves one state-of-the-world ADS stream. It exists for clients that
+// only speak it: every change of a type re-sends all of that type's subscribed resources.
+func (a *ads) StreamAggregatedResources(st discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	s := a.s
+	s.mu.Lock()
+	s.nextID++
+	c := &sotwStream{id: s.nextID, wake: make(chan struct{}, 1), subs: make(map[string]*sotwSub)}
+	s.sotw[c.id] = c
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.sotw, c.id)
+	}()
+	return serveStream(a, st.Context(), c.wake, st.Recv,
+		func(req *discoveryv3.DiscoveryRequest) error { return s.sotwRequested(c, req) },
+		func() []*discoveryv3.DiscoveryResponse { return s.nextSotw(c) },
+		st.Send)
+}
+
+func (s *Server) sotwRequested(c *sotwStream, req *discoveryv3.DiscoveryRequest) error {
+	t := req.GetTypeUrl()
+	if _, ok := typeIndex[t]; !ok {
+		return status.Errorf(codes.InvalidArgument, "resource type %q is not served (tendril serves %v)", t, Types)
+	}
+	s.observeRequest(t, req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode().GetId())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := make(map[string]bool, len(req.GetResourceNames()))
+	for _, n := range req.GetResourceNames() {
+		names[n] = true
+	}
+	// No names is the legacy wildcard.
+	all := len(names) == 0 || names[wildcard]
+	delete(names, wildcard)
+	sub := c.subs[t]
+	switch {
+	case sub == nil:
+		// A client reconnecting to this instance may already be current.
+		sub = &sotwSub{dirty: req.GetVersionInfo() != s.version(t)}
+		c.subs[t] = sub
+	case req.GetResponseNonce() != "" && req.GetResponseNonce() != sub.inflight:
+		// An answer to an older response: its subscription is stale too.
+		return nil
+	default:
+		sub.inflight = ""
+		if all != sub.wildcard || !maps.Equal(names, sub.names) {
+			sub.dirty = true
+		}
+	}
+	sub.wildcard, sub.names = all, names
+	if sub.dirty && sub.inflight == "" {
+		wakeUp(c.wake)
+	}
+	return nil
+}
+
+func (s *Server) nextSotw(c *sotwStream) []*discoveryv3.DiscoveryResponse {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*discoveryv3.DiscoveryResponse
+	for _, t := range Types {
+		sub := c.subs[t]
+		if sub == nil || sub.inflight != "" || !sub.dirty {
+			continue
+		}
+		c.nonce++
+		resp := &discoveryv3.DiscoveryResponse{TypeUrl: t, VersionInfo: s.version(t), Nonce: strconv.FormatUint(c.nonce, 10)}
+		names := maps.Keys(sub.names)
+		if sub.wildcard {
+			names = maps.Keys(s.res[t])
+		}
+		for _, name := range slices.Sorted(names) {
+			if r, ok := s.res[t][name]; ok {
+				resp.Resources = append(resp.Resources, &anypb.Any{TypeUrl: t, Value: r.b})
+			}
+		}
+		sub.dirty = false
+		sub.inflight = resp.Nonce
+		s.metrics.responses.WithLabelValues("sotw", t).Inc()
+		s.metrics.sent.WithLabelValues("sotw", t).Add(float64(len(resp.Resources)))
+		out = append(out, resp)
+	}
+	return out
+}
+
+// version is the state-of-the-world version of type t, and every delta response's system version.
+func (s *Server) version(t string) string {
+	return s.prefix + strconv.FormatUint(s.generation[t], 10)
+}
