@@ -363,6 +363,30 @@ func (c *deltaClient) recvTypes(t testing.TB, n int) map[string]*discoveryv3.Del
 	return out
 }
 
+// recvAll receives responses until the client holds every resource s serves: a first sync that
+// spans several responses.
+func (c *deltaClient) recvAll(t testing.TB, s *server.Server) {
+	t.Helper()
+	held := map[string]map[string]bool{}
+	complete := func() bool {
+		for _, typ := range server.Types {
+			if len(held[typ]) != len(s.Resources(typ)) {
+				return false
+			}
+		}
+		return true
+	}
+	for !complete() {
+		r := c.recv(t)
+		if held[r.GetTypeUrl()] == nil {
+			held[r.GetTypeUrl()] = map[string]bool{}
+		}
+		for _, res := range r.GetResources() {
+			held[r.GetTypeUrl()][res.GetName()] = true
+		}
+	}
+}
+
 type sotwClient struct {
 	ch       chan *discoveryv3.DiscoveryResponse
 	versions map[string]string // owned by the test goroutine, updated in recv
