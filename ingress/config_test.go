@@ -10,11 +10,13 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	setfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/set_filter_state/v3"
 	netsetfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
+	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
 	"github.com/tendril-net/tendril/xds/model"
@@ -66,7 +68,7 @@ func TestApplyTranslated(t *testing.T) {
 	}
 	c := in.current.Load()
 	l := c.listeners[translate.SNIListener]
-	if l == nil || !l.tlsInspector || l.filterTimeout != translate.ClientHelloTimeout || len(l.chains) != 1 || l.chains[0].tcp.idleTimeout != translate.IdleTimeout {
+	if l == nil || !l.tlsInspector || l.filterTimeout != translate.ClientHelloTimeout || len(l.chains) != 1 || l.chains[0].tcp.idleTimeout != translate.IdleTimeout || l.chains[0].tcp.connectAttempts != translate.ConnectAttempts {
 		t.Fatalf("sni listener: %+v", l)
 	}
 	f := l.chains[0].tcp.clusterFormat
@@ -125,6 +127,15 @@ func TestApplyRejects(t *testing.T) {
 		"unknown operator": {update(t, resourcev3.ListenerType, mutate(func(l *listenerv3.Listener) {
 			l.FilterChains[0].Filters[0] = setFilterStateForTest(t, "sni|%START_TIME%")
 		})), "%START_TIME%"},
+		"too many connect attempts": {update(t, resourcev3.ListenerType, mutate(func(l *listenerv3.Listener) {
+			fs := l.FilterChains[0].Filters
+			tp := &tcpproxyv3.TcpProxy{}
+			if err := fs[len(fs)-1].GetTypedConfig().UnmarshalTo(tp); err != nil {
+				t.Fatal(err)
+			}
+			tp.MaxConnectAttempts = wrapperspb.UInt32(maxConnectAttempts + 1)
+			fs[len(fs)-1].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyT(t, tp)}
+		})), "max_connect_attempts 11"},
 		"strict DNS cluster": {update(t, resourcev3.ClusterType, &clusterv3.Cluster{
 			Name: "x", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS}, ConnectTimeout: durationpb.New(1),
 		}), "discovery type"},

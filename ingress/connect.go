@@ -43,7 +43,7 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 		s.respond(d, "", outcomeUnknownRoute, http.StatusServiceUnavailable, "no upstream for this "+route.clusterHeader+"\n", fmt.Errorf("no cluster %q", name))
 		return
 	}
-	up, release, outcome, err := s.dial(ctx, cfg, cl)
+	up, release, outcome, err := s.dial(ctx, cfg, cl, 1)
 	switch outcome {
 	case "":
 	case outcomeDialTimeout:

@@ -540,3 +540,61 @@ func captureHello(t *testing.T, host string) []byte {
 	b.Close()
 	return append(hdr, body...)
 }
+
+// TestDialMovesToTheNextEndpoint: of a shoot's two kube-apiserver endpoints one refuses
+// connections (a replica that went away but is still listed): every connection reaches the other,
+// each failed dial counted as a retry. A shoot whose endpoints all refuse gets its connection
+// refused after translate.ConnectAttempts dials.
+func TestDialMovesToTheNextEndpoint(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	refusing := func() netip.AddrPort {
+		l := listen(t)
+		ap := l.Addr().(*net.TCPAddr).AddrPort()
+		l.Close() // nothing listens there any more: a dial is refused at once
+		return ap
+	}
+	const alpha, beta = "shoot--t--alpha", "shoot--t--beta"
+	u := startUpstream(t, w.ca, alpha, "api.alpha.test")
+	w.upstreams[alpha] = u
+	w.mu.Lock()
+	w.shoots[alpha] = model.Shoot{Name: alpha, Hosts: []string{"api.alpha.test"}, APIServers: []netip.AddrPort{u.addr, refusing()}}
+	w.shoots[beta] = model.Shoot{Name: beta, Hosts: []string{"api.beta.test"}, APIServers: []netip.AddrPort{refusing(), refusing()}}
+	w.mu.Unlock()
+	w.apply()
+	waitFor(t, "both shoots with two endpoints", func() bool {
+		c := w.in.current.Load()
+		for _, h := range []string{"api.alpha.test", "api.beta.test"} {
+			if cl := c.clusters[translate.SNICluster(h)]; cl == nil || len(c.upstreams(cl)) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+
+	const n = 10
+	for i := range n {
+		if got, err := w.who("api.alpha.test"); err != nil || got != alpha {
+			t.Fatalf("connection %d: reached %q (%v), want %s", i, got, err, alpha)
+		}
+	}
+	retries := func(host string) float64 {
+		return promtest.ToFloat64(w.in.metrics.retries.WithLabelValues("sni", translate.SNICluster(host), outcomeDialFailed))
+	}
+	// Round robin over two endpoints: at least every other connection tried the refusing one
+	// first (all of them, if each retry's step lines them up that way).
+	if r := retries("api.alpha.test"); r < n/2 || r > n {
+		t.Errorf("alpha: %v retries for %d connections, want %d to %d", r, n, n/2, n)
+	}
+	if got := w.connections(outcomeDialFailed); got != 0 {
+		t.Errorf("alpha: %v connections refused, want none", got)
+	}
+
+	if _, err := w.who("api.beta.test"); err == nil {
+		t.Fatal("beta: a connection got through although every endpoint refuses")
+	}
+	waitFor(t, "beta's refusal counted", func() bool { return w.connections(outcomeDialFailed) == 1 })
+	if r := retries("api.beta.test"); r != translate.ConnectAttempts-1 {
+		t.Errorf("beta: %v retries, want %d (one connection, %d attempts)", r, translate.ConnectAttempts-1, translate.ConnectAttempts)
+	}
+}

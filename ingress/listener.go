@@ -56,7 +56,13 @@ type tcpProxyConfig struct {
 	clusterFormat  *format
 	defaultCluster string
 	idleTimeout    time.Duration
+	// connectAttempts is how many dials a connection makes, each to the next endpoint.
+	connectAttempts int
 }
+
+// maxConnectAttempts bounds tcp_proxy's max_connect_attempts: each attempt may take the cluster's
+// whole connect timeout while the client waits.
+const maxConnectAttempts = 10
 
 // connectConfig is an HTTP connection manager that serves CONNECT: its routes in order.
 type connectConfig struct {
@@ -253,10 +259,14 @@ func parseTCPProxy(tp *tcpproxyv3.TcpProxy) (*tcpProxyConfig, error) {
 	if err := checkOnly(tp, "stat_prefix", "cluster", "idle_timeout", "max_connect_attempts"); err != nil {
 		return nil, err
 	}
-	if n := tp.GetMaxConnectAttempts(); n != nil && n.GetValue() != 1 {
-		return nil, fmt.Errorf("tcp_proxy max_connect_attempts %d: only 1 is supported", n.GetValue())
+	t := &tcpProxyConfig{defaultCluster: tp.GetCluster(), idleTimeout: time.Hour, connectAttempts: 1} // Envoy's defaults
+	if n := tp.GetMaxConnectAttempts(); n != nil {
+		// Envoy requires at least 1; more than a few only multiplies the connect timeout.
+		if n.GetValue() < 1 || n.GetValue() > maxConnectAttempts {
+			return nil, fmt.Errorf("tcp_proxy max_connect_attempts %d: must be 1 to %d", n.GetValue(), maxConnectAttempts)
+		}
+		t.connectAttempts = int(n.GetValue())
 	}
-	t := &tcpProxyConfig{defaultCluster: tp.GetCluster(), idleTimeout: time.Hour} // Envoy's default
 	if d := tp.GetIdleTimeout(); d != nil {
 		t.idleTimeout = d.AsDuration() // 0 disables it, as in Envoy
 	}

@@ -12,6 +12,7 @@ type metrics struct {
 	connections  *prometheus.CounterVec
 	active       *prometheus.GaugeVec
 	bytes        *prometheus.CounterVec
+	retries      *prometheus.CounterVec
 	xdsUpdates   *prometheus.CounterVec
 	xdsResources *prometheus.GaugeVec
 	xdsVersion   *prometheus.GaugeVec
@@ -29,6 +30,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tendril_ingress_bytes_total", Help: "Bytes proxied, by listener and direction (upstream, downstream), counted when a connection ends.",
 		}, []string{"listener", "direction"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_ingress_connect_retries_total", Help: "Upstream dials retried on the next endpoint (tcp_proxy max_connect_attempts), by listener, cluster and the failed attempt's outcome.",
+		}, []string{"listener", "cluster", "outcome"}),
 		xdsUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tendril_ingress_xds_updates_total", Help: "xDS responses applied (ack) or rejected (nack), by type.",
 		}, []string{"type", "outcome"}),
@@ -40,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"type", "version"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.connections, m.active, m.bytes, m.xdsUpdates, m.xdsResources, m.xdsVersion)
+		reg.MustRegister(m.connections, m.active, m.bytes, m.retries, m.xdsUpdates, m.xdsResources, m.xdsVersion)
 	}
 	return m
 }

@@ -182,7 +182,7 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 		s.refuse(d, "", outcomeUnknownRoute, fmt.Errorf("no cluster %q", clusterName))
 		return
 	}
-	up, release, outcome, err := s.dial(ctx, cfg, cl)
+	up, release, outcome, err := s.dial(ctx, cfg, cl, chain.tcp.connectAttempts)
 	if outcome != "" {
 		s.refuse(d, cl.name, outcome, err)
 		return
@@ -292,9 +292,11 @@ func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
 }
 
 // dial connects to an endpoint of cl within the cluster's connect timeout and a slot of its
-// circuit breaker. On success the upstream is tracked for shutdown; the caller releases the
-// slot and untracks the connection.
-func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig) (net.Conn, func(), string, error) {
+// circuit breaker, making up to attempts dials, each to the next endpoint in round-robin order
+// (as Envoy's tcp_proxy picks a host per attempt). On success the upstream is tracked for
+// shutdown; the caller releases the slot and untracks the connection. A failure reports the last
+// attempt's outcome; every failed attempt is counted.
+func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attempts int) (net.Conn, func(), string, error) {
 	eps := cfg.upstreams(cl)
 	if len(eps) == 0 {
 		return nil, nil, outcomeNoEndpoint, nil
@@ -303,23 +305,35 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig) (net.
 	if !ok {
 		return nil, nil, outcomeCircuitOpen, nil
 	}
-	ep := eps[cl.next.Add(1)%uint64(len(eps))]
-	dctx, cancel := context.WithTimeout(ctx, cl.connectTimeout)
-	up, err := (&net.Dialer{}).DialContext(dctx, "tcp", ep.String())
-	cancel()
-	if err != nil {
-		release()
-		if errors.Is(err, context.DeadlineExceeded) {
-			return nil, nil, outcomeDialTimeout, err
+	var outcome string
+	var err error
+	for attempt := range max(attempts, 1) {
+		if attempt > 0 {
+			s.in.metrics.retries.WithLabelValues(s.name, cl.name, outcome).Inc()
+			if ctx.Err() != nil {
+				break
+			}
 		}
-		return nil, nil, outcomeDialFailed, err
+		ep := eps[cl.next.Add(1)%uint64(len(eps))]
+		dctx, cancel := context.WithTimeout(ctx, cl.connectTimeout)
+		var up net.Conn
+		up, err = (&net.Dialer{}).DialContext(dctx, "tcp", ep.String())
+		cancel()
+		if err == nil {
+			if !s.track(up) {
+				release()
+				up.Close()
+				return nil, nil, outcomeDialFailed, net.ErrClosed
+			}
+			return up, release, "", nil
+		}
+		outcome = outcomeDialFailed
+		if errors.Is(err, context.DeadlineExceeded) {
+			outcome = outcomeDialTimeout
+		}
 	}
-	if !s.track(up) {
-		release()
-		up.Close()
-		return nil, nil, outcomeDialFailed, net.ErrClosed
-	}
-	return up, release, "", nil
+	release()
+	return nil, nil, outcome, err
 }
 
 // pipe sends the bytes already read from downstream (replay, then whatever the buffered

@@ -55,8 +55,11 @@ const (
 	// IdleTimeout closes a spliced connection after this long without bytes in either direction;
 	// kube-apiserver watches and tunnels carry their own keepalives well inside it.
 	IdleTimeout = time.Hour
-	// ConnectTimeout bounds the dial to an upstream.
+	// ConnectTimeout bounds one dial to an upstream.
 	ConnectTimeout = 5 * time.Second
+	// ConnectAttempts is how many dials a TCP connection makes, each to the next endpoint, before
+	// it is refused: one per kube-apiserver replica of a highly available control plane (3).
+	ConnectAttempts = 3
 )
 
 // MaxConnectionsPerCluster lifts Envoy's default circuit breaker (1,024 connections per cluster),
@@ -187,9 +190,10 @@ func tcpProxyFilter(statPrefix string) *listenerv3.Filter {
 		StatPrefix:       statPrefix,
 		ClusterSpecifier: &tcpproxyv3.TcpProxy_Cluster{Cluster: BlackholeCluster},
 		IdleTimeout:      durationpb.New(IdleTimeout),
-		// One attempt: a kube-apiserver that refuses is reported to the client at once rather than
-		// retried against the same single endpoint.
-		MaxConnectAttempts: wrapperspb.UInt32(1),
+		// A kube-apiserver replica that went away stays in the endpoints until its EndpointSlice
+		// says so (seconds, during a rolling update): a refused or timed-out dial moves on to the
+		// next endpoint (round robin) instead of failing the client's connection.
+		MaxConnectAttempts: wrapperspb.UInt32(ConnectAttempts),
 	}
 	return &listenerv3.Filter{
 		Name:       TCPProxyFilter,
