@@ -60,6 +60,9 @@ type agents struct {
 	failovers uint64
 	// deadSince is when the active agent was first seen dead; zero while it is live.
 	deadSince time.Time
+	// up is closed the first time an agent is live (TunnelUp).
+	up     chan struct{}
+	upOnce sync.Once
 }
 
 // AgentStatus is one agent as the server sees it.
@@ -88,6 +91,10 @@ func (s *Server) Agents() ([]AgentStatus, error) {
 	}
 	return out, nil
 }
+
+// TunnelUp is closed the first time an agent is live, as the watch loop of ServeTunnel sees it
+// (within watchEvery of the agent's first handshake): the end of the server's bring-up.
+func (s *Server) TunnelUp() <-chan struct{} { return s.agents.up }
 
 // Failovers is how often the shoot's CIDRs moved from a dead agent to a live one.
 func (s *Server) Failovers() uint64 {
@@ -143,6 +150,9 @@ func (s *Server) checkAgents() {
 			s.log.Info("Agent liveness changed", "agent", p.PublicKey.String(), "live", live, "endpoint", p.Endpoint)
 		}
 		a.live[p.PublicKey] = live
+		if live {
+			a.upOnce.Do(func() { close(a.up) })
+		}
 		s.metrics.agentLive.WithLabelValues(p.PublicKey.String()).Set(boolGauge(live))
 		if p.PublicKey == a.active {
 			activeLive = live
@@ -184,6 +194,7 @@ func (s *Server) checkAgents() {
 func (s *Server) initAgents() error {
 	a := &s.agents
 	a.live = make(map[wg.Key]bool)
+	a.up = make(chan struct{})
 	for _, p := range s.cfg.Tunnel.Peers {
 		a.keys = append(a.keys, p.PublicKey)
 	}

@@ -67,6 +67,11 @@ func TestConnectThroughTunnel(t *testing.T) {
 	target := netip.AddrPortFrom(agentAddr, 8080).String()
 	// The first dial also brings the tunnel up (the agent's keepalive starts the handshake).
 	r.WaitReady(t)
+	select {
+	case <-r.Server.TunnelUp():
+	case <-time.After(10 * time.Second):
+		t.Fatal("TunnelUp not closed 10 s after the tunnel came up")
+	}
 	status, c, br := connectTo(t, r, target)
 	if status != 200 {
 		t.Fatalf("CONNECT %s: %d", target, status)
@@ -136,6 +141,12 @@ func TestWrongAgentKey(t *testing.T) {
 	}
 	if ok, why := r.Server.Ready(); ok || !strings.Contains(why, "no agent") {
 		t.Errorf("ready = %v (%s) with a wrong agent key", ok, why)
+	}
+	// The dial waited 2 s, several rounds of the agents' watch: none saw a live agent.
+	select {
+	case <-r.Server.TunnelUp():
+		t.Error("TunnelUp closed with a wrong agent key")
+	default:
 	}
 }
 
