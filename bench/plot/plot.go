@@ -1,8 +1,9 @@
 // Package plot draws the benchmark plots as PNG from the modes' JSON
-// reports: xDS change → ACK latency versus the number of shoots (from
-// "tendril-bench xds") and tunnel throughput per target (from
-// "tendril-bench tunnel"). It uses gonum.org/v1/plot and only reads reports;
-// it measures nothing.
+// reports: time to first byte versus concurrency per data plane (from
+// "tendril-bench sni", "proxy" and "connect"), xDS change → ACK latency
+// versus the number of shoots (from "tendril-bench xds") and tunnel
+// throughput per target (from "tendril-bench tunnel"). It uses
+// gonum.org/v1/plot and only reads reports; it measures nothing.
 package plot
 
 import (
@@ -20,6 +21,7 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
+	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/tunnel"
 	"github.com/tendril-net/tendril/bench/xdsbench"
 )
@@ -123,6 +125,73 @@ func XDSLatency(rep *xdsbench.Report) (*plot.Plot, error) {
 		p.Legend.Add("target p99 at 10,000 shoots", goal)
 	}
 	return p, nil
+}
+
+// RateLatency plots the connection-rate test's time to first byte, p50
+// (solid) and p99 (dashed), against the client concurrency, one colour per
+// target (data plane or peer), both axes logarithmic.
+func RateLatency(rep *harness.Report) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("tendril-bench %s: time to first byte of a new connection", rep.Mode)
+	p.X.Label.Text = "concurrent clients"
+	p.Y.Label.Text = "ms (solid p50, dashed p99)"
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Add(plotter.NewGrid())
+	var targets []string
+	for _, r := range rep.Rate {
+		if !slices.Contains(targets, r.Target) {
+			targets = append(targets, r.Target)
+		}
+	}
+	drawn := 0
+	for i, target := range targets {
+		var p50, p99 plotter.XYs
+		for _, r := range rep.Rate {
+			if r.Target != target || r.Conns == 0 {
+				continue // no successful connection: no latency to draw
+			}
+			x := float64(max(r.Concurrency, 1))
+			p50 = append(p50, plotter.XY{X: x, Y: max(r.TTFB.P50, 0.01)})
+			p99 = append(p99, plotter.XY{X: x, Y: max(r.TTFB.P99, 0.01)})
+		}
+		if len(p50) == 0 {
+			continue
+		}
+		slices.SortFunc(p50, func(a, b plotter.XY) int { return cmpFloat(a.X, b.X) })
+		slices.SortFunc(p99, func(a, b plotter.XY) int { return cmpFloat(a.X, b.X) })
+		for j, xys := range []plotter.XYs{p50, p99} {
+			l, pts, err := plotter.NewLinePoints(xys)
+			if err != nil {
+				return nil, err
+			}
+			l.Color, pts.Color, pts.Shape = plotutil.Color(i), plotutil.Color(i), plotutil.Shape(i)
+			l.Width = vg.Points(1.5)
+			if j == 1 {
+				l.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
+				l.Width = vg.Points(1)
+			} else {
+				p.Legend.Add(target, l, pts)
+			}
+			p.Add(l, pts)
+		}
+		drawn++
+	}
+	if drawn == 0 {
+		return nil, fmt.Errorf("%s report has no successful connection-rate measurement", rep.Mode)
+	}
+	return p, nil
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 // TunnelThroughput plots each measured target's bulk throughput as grouped

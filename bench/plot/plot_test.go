@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/tunnel"
 	"github.com/tendril-net/tendril/bench/xdsbench"
 )
@@ -64,5 +65,29 @@ func TestTunnelThroughput(t *testing.T) {
 	}, path)
 	if _, err := TunnelThroughput(&tunnel.Report{}); err == nil {
 		t.Error("an empty report plotted")
+	}
+}
+
+func TestRateLatency(t *testing.T) {
+	rep := &harness.Report{Mode: "sni"}
+	for _, c := range []int{1, 16, 128} {
+		f := float64(c)
+		for i, target := range []string{"direct", "haproxy", "tendril"} {
+			rep.Rate = append(rep.Rate, harness.RateRow{Concurrency: c, Target: target, Conns: 100,
+				TTFB: harness.Latency{P50: f * float64(i+1) / 10, P99: f * float64(i+1) / 4}})
+		}
+	}
+	// A target whose connections all failed has nothing to draw, and is left out.
+	rep.Rate = append(rep.Rate, harness.RateRow{Concurrency: 1, Target: "nginx"})
+	path := filepath.Join(t.TempDir(), "sni-ttfb.png")
+	savePNG(t, func() error {
+		p, err := RateLatency(rep)
+		if err != nil {
+			return err
+		}
+		return Save(p, path)
+	}, path)
+	if _, err := RateLatency(&harness.Report{Mode: "sni", Rate: []harness.RateRow{{Concurrency: 1, Target: "tendril"}}}); err == nil {
+		t.Error("a report without a successful measurement plotted")
 	}
 }

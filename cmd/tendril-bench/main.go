@@ -7,7 +7,7 @@
 //	tendril-bench connect [flags]   CONNECT with X-Gardener-Destination, then TLS: the same figures
 //	tendril-bench tunnel [flags]    reversed VPN: throughput, dials, head-of-line, up time, memory
 //	tendril-bench xds [flags]       xDS at scale: change → ACK latency, bytes per change, build time, memory
-//	tendril-bench plot [flags]      PNG plots from the JSON reports of xds and tunnel
+//	tendril-bench plot [flags]      PNG plots from the JSON reports of sni, proxy, connect, xds and tunnel
 //
 // This file only turns flags into a configuration and prints results; the
 // benchmarks live in package bench/….
@@ -49,7 +49,7 @@ modes:
   xds      N shoots in the xDS server with tendril-ingress replicas connected,
            then single-shoot changes: Apply → ACK of every replica p50/p99,
            bytes per change, full build time, control plane and ingress RSS
-  plot     PNG plots from --json-file reports: xDS ACK latency vs shoots
+  plot     PNG plots from --json-file reports: TTFB vs concurrency (--rate), xDS ACK latency vs shoots
            (--xds), tunnel throughput per target (--tunnel)
 
 sni, proxy and connect measure new TLS connections per second with time to

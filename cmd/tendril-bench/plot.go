@@ -5,18 +5,23 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
+	"strings"
 
+	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/plot"
 	"github.com/tendril-net/tendril/bench/tunnel"
 	"github.com/tendril-net/tendril/bench/xdsbench"
 )
 
 // runPlot is "tendril-bench plot": PNG plots from the JSON reports that
-// "xds" and "tunnel" write with --json-file.
+// "sni", "proxy", "connect", "xds" and "tunnel" write with --json-file.
 func runPlot(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tendril-bench plot", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var xdsIn, xdsOut, tunnelIn, tunnelOut string
+	var xdsIn, xdsOut, tunnelIn, tunnelOut, rateIn, rateDir string
+	fs.StringVar(&rateIn, "rate", "", "comma-separated JSON reports of tendril-bench sni, proxy or connect (--json-file) to plot the time to first byte versus concurrency of")
+	fs.StringVar(&rateDir, "rate-dir", "docs/bench", "directory for the rate plots, each named <mode>-ttfb.png")
 	fs.StringVar(&xdsIn, "xds", "", "JSON report of tendril-bench xds (--json-file) to plot")
 	fs.StringVar(&xdsOut, "xds-out", "docs/bench/xds.png", "PNG of the xDS ACK latency p50/p99 versus the number of shoots")
 	fs.StringVar(&tunnelIn, "tunnel", "", "JSON report of tendril-bench tunnel (--json-file) to plot")
@@ -27,8 +32,26 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 		}
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
-	if fs.NArg() > 0 || xdsIn == "" && tunnelIn == "" {
-		return fmt.Errorf("%w: give --xds and/or --tunnel reports, and no arguments", errUsage)
+	if fs.NArg() > 0 || xdsIn == "" && tunnelIn == "" && rateIn == "" {
+		return fmt.Errorf("%w: give --rate, --xds and/or --tunnel reports, and no arguments", errUsage)
+	}
+	for in := range strings.SplitSeq(rateIn, ",") {
+		if in == "" {
+			continue
+		}
+		var rep harness.Report
+		if err := plot.ReadJSON(in, &rep); err != nil {
+			return err
+		}
+		out := filepath.Join(rateDir, rep.Mode+"-ttfb.png")
+		p, err := plot.RateLatency(&rep)
+		if err == nil {
+			err = plot.Save(p, out)
+		}
+		if err != nil {
+			return fmt.Errorf("plot %s: %w", in, err)
+		}
+		fmt.Fprintln(stdout, "wrote", out)
 	}
 	if xdsIn != "" {
 		var rep xdsbench.Report

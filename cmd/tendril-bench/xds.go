@@ -21,7 +21,7 @@ type xdsCommand struct {
 // The defaults keep "tendril-bench xds" under about three minutes on 2 cores:
 // at 10,000 shoots the 300 changes (~0.4 s each there, with three replicas
 // sharing the cores) take most of it; 100 per kind make the p99 the second
-// largest of each kind (see docs/benchmarks.md).
+// largest of each kind (see docs/performance.md).
 func parseXDS(args []string, stderr io.Writer) (*xdsCommand, error) {
 	c := &xdsCommand{}
 	fs := flag.NewFlagSet("tendril-bench xds", flag.ContinueOnError)
