@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -100,6 +101,8 @@ func Run(ctx context.Context, cfg Config) error {
 	mgr, err := manager.New(cfg.REST, manager.Options{
 		Scheme:                  kubescheme.New(),
 		Logger:                  cfg.Log,
+		Cache:                   extension.CacheOptions(),
+		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: extension.Uncached()}},
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddress},
 		HealthProbeBindAddress:  cfg.HealthAddress,
 		LeaderElection:          cfg.LeaderElection,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -44,6 +47,9 @@ func TestControlPlane(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "extension-tendril"}}))
 	xl, sl := listen(t, "127.0.0.1:0"), listen(t, "127.0.0.1:0")
+	// The API server's own informers watch Secrets and ConfigMaps too; the control plane's
+	// watches are what it adds to these.
+	baseline := apiserverWatches(t, env.Config)
 	done := make(chan error, 2)
 	go func() {
 		done <- controlplane.Run(ctx, controlplane.Config{
@@ -156,6 +162,19 @@ func TestControlPlane(t *testing.T) {
 		return nil
 	})
 
+	// The extension reconciled the shoot (its secrets manager listed and wrote Secrets), yet the
+	// control plane watches no Secrets or ConfigMaps: a cache of them would hold every shoot's
+	// credentials in the seed. Its Deployments watch shows the metric counts watches at all.
+	watches := apiserverWatches(t, env.Config)
+	for _, r := range []string{"secrets", "configmaps"} {
+		if n := watches[r] - baseline[r]; n != 0 {
+			t.Errorf("the control plane opened %v watches on %s; the extension must read them uncached", n, r)
+		}
+	}
+	if watches["deployments"] <= baseline["deployments"] {
+		t.Errorf("no watch on deployments counted (%v): the check above proves nothing", watches)
+	}
+
 	var first time.Time
 	testwait.For(t, "heartbeat renewed twice", func() error {
 		l := &coordinationv1.Lease{}
@@ -203,4 +222,27 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// apiserverWatches reads the API server's open watches per resource from its own metrics
+// (apiserver_longrunning_requests, verb WATCH).
+func apiserverWatches(t *testing.T, cfg *rest.Config) map[string]float64 {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cfg)
+	must(t, err)
+	raw, err := cs.RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	must(t, err)
+	out := map[string]float64{}
+	for line := range strings.Lines(string(raw)) {
+		if !strings.HasPrefix(line, "apiserver_longrunning_requests{") || !strings.Contains(line, `verb="WATCH"`) {
+			continue
+		}
+		_, labels, _ := strings.Cut(line, `resource="`)
+		resource, _, _ := strings.Cut(labels, `"`)
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		must(t, err)
+		out[resource] += v
+	}
+	return out
 }
