@@ -198,12 +198,14 @@ func Run(ctx context.Context, cfg Config) error {
 		releaseStartupMemory(cfg.Log)
 		// The tunnel's bring-up is start-up too: the agent's first handshake, the first
 		// connections through the netstack, and the readiness probes that wait for the
-		// listeners touch code that an idle server does not run again. Measured as
-		// tendril-bench tunnel measures idle RSS (its tendril stack, both TLS front-ends on,
-		// RSS 1 s after the first dial through the tunnel, 4 runs each): 15.9–17.2 MiB
-		// without this second release, 11.0–11.9 MiB with it. What the idle server keeps
-		// running (heartbeats, the agents' watch) faults back in within a second; an agent
-		// that reconnects later brings back what its bring-up touches.
+		// listeners touch code that an idle server does not run again. Measured with
+		// tendril-bench tunnel (idle RSS: both TLS front-ends on, 1 s after the last of its
+		// three agent starts), 6 and 7 runs: 16.6–17.2 MiB without this second release,
+		// 13.1–14.5 MiB with it; with a single agent start, 15.9–17.2 and 11.0–11.9 MiB. What
+		// the idle server keeps running (heartbeats, the agents' watch) faults back in within
+		// a second; an agent that reconnects later brings back what its bring-up touches.
+		// (Releasing after every bring-up instead of the first measured no better: 12.8–14.9
+		// MiB.)
 		g.Go(func() error {
 			select {
 			case <-ctx.Done():
