@@ -44,18 +44,22 @@ func ReadJSON(path string, v any) error {
 	return nil
 }
 
-// XDSLatency plots the change → ACK latency p50 and p99 (all change kinds
-// together, and the p99 of each kind) against the number of shoots, both
-// axes logarithmic, with the 100 ms target as a dashed line.
-func XDSLatency(rep *xdsbench.Report) (*plot.Plot, error) {
+// logLog is an empty plot with both axes logarithmic, a grid and the legend top left.
+func logLog(title, x, y string) *plot.Plot {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("xDS change → ACK of every replica (%d replicas)", rep.Settings.Replicas)
-	p.X.Label.Text = "shoots"
-	p.Y.Label.Text = "ms"
+	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, x, y
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Add(plotter.NewGrid())
+	return p
+}
+
+// XDSLatency plots the change → ACK latency p50 and p99 (all change kinds
+// together, and the p99 of each kind) against the number of shoots, both
+// axes logarithmic, with the 100 ms target as a dashed line.
+func XDSLatency(rep *xdsbench.Report) (*plot.Plot, error) {
+	p := logLog(fmt.Sprintf("xDS change → ACK of every replica (%d replicas)", rep.Settings.Replicas), "shoots", "ms")
 
 	sizes := slices.Clone(rep.Sizes)
 	slices.SortFunc(sizes, func(a, b *xdsbench.SizeResult) int { return a.Shoots - b.Shoots })
@@ -131,14 +135,7 @@ func XDSLatency(rep *xdsbench.Report) (*plot.Plot, error) {
 // (solid) and p99 (dashed), against the client concurrency, one colour per
 // target (data plane or peer), both axes logarithmic.
 func RateLatency(rep *harness.Report) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("tendril-bench %s: time to first byte of a new connection", rep.Mode)
-	p.X.Label.Text = "concurrent clients"
-	p.Y.Label.Text = "ms (solid p50, dashed p99)"
-	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
-	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
-	p.Legend.Top, p.Legend.Left = true, true
-	p.Add(plotter.NewGrid())
+	p := logLog(fmt.Sprintf("tendril-bench %s: time to first byte of a new connection", rep.Mode), "concurrent clients", "ms (solid p50, dashed p99)")
 	var targets []string
 	for _, r := range rep.Rate {
 		if !slices.Contains(targets, r.Target) {

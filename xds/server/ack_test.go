@@ -279,22 +279,7 @@ func TestReconnectWithKnownVersions(t *testing.T) {
 	waitState(t, s, set[1].Name, server.StateProgrammed)
 	c.cancel()
 
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, typ := range server.Types {
-		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: typ, InitialResourceVersions: known[typ]}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	st := openDelta(t, addr, node, known)
 	for range server.Types {
 		r, err := st.Recv()
 		if err != nil {
@@ -359,23 +344,7 @@ func TestFirstSyncInPieces(t *testing.T) {
 	if _, err := s.Apply(set); err != nil {
 		t.Fatal(err)
 	}
-	addr := startServer(t, s)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, typ := range server.Types {
-		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	st := openDelta(t, startServer(t, s), node, nil)
 	want := s.Resources(resourcev3.ClusterType)
 	got := map[string]bool{}
 	pieces := 0
@@ -418,20 +387,48 @@ func TestFirstSyncInPieces(t *testing.T) {
 	}
 	t.Logf("%d clusters in %d pieces", len(want), pieces)
 	// The endpoints and listeners arrive too; answer them until the client counts.
-	go func() {
-		for {
-			r, err := st.Recv()
-			if err != nil {
-				return
-			}
-			if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
-				return
-			}
-		}
-	}()
+	go ackAll(st)
 	for _, sh := range []string{set[0].Name, set[len(set)-1].Name} {
 		if sst := waitState(t, s, sh, server.StateProgrammed); sst.Clients != 1 {
 			t.Fatalf("%s: %+v", sh, sst)
+		}
+	}
+}
+
+// openDelta opens a delta stream to addr for node, subscribed to every type and naming the
+// versions in known (nil: none held), for tests that answer the responses themselves. The stream
+// and its connection end with the test.
+func openDelta(t testing.TB, addr string, nd *corev3.Node, known map[string]map[string]string) discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(server.MaxRecvMsgSize)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range server.Types {
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: nd, TypeUrl: typ, InitialResourceVersions: known[typ]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st
+}
+
+// ackAll answers every response on st until the stream ends.
+func ackAll(st discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient) {
+	for {
+		r, err := st.Recv()
+		if err != nil {
+			return
+		}
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
+			return
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
@@ -54,13 +55,29 @@ type subscription struct {
 
 func (sub *subscription) wants(name string) bool { return sub.wildcard || sub.names[name] }
 
-// deltaStream is one delta ADS stream. Its fields are guarded by Server.mu, except wake.
-type deltaStream struct {
+// stream is one ADS stream with its subscriptions of type S (deltaSub or sotwSub). Its fields
+// are guarded by Server.mu, except wake.
+type stream[S any] struct {
 	id   int64
 	wake chan struct{} // capacity one: a pending wake-up
-	subs map[string]*deltaSub
+	subs map[string]*S
 	// nonce numbers the responses; decimal, so that nonceBefore orders them.
 	nonce uint64
+}
+
+type (
+	deltaStream = stream[deltaSub]
+	sotwStream  = stream[sotwSub]
+)
+
+// openStream registers a new stream in streams (s.delta or s.sotw).
+func openStream[S any](s *Server, streams map[int64]*stream[S]) *stream[S] {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextID++
+	c := &stream[S]{id: s.nextID, wake: make(chan struct{}, 1), subs: make(map[string]*S)}
+	streams[c.id] = c
+	return c
 }
 
 type deltaSub struct {
@@ -70,14 +87,6 @@ type deltaSub struct {
 	// answer: the client subscribed and waits for a first response even if it holds everything
 	// (Envoy's initialisation waits for one of every type).
 	answer bool
-}
-
-// sotwStream is one state-of-the-world ADS stream, guarded like deltaStream.
-type sotwStream struct {
-	id    int64
-	wake  chan struct{}
-	subs  map[string]*sotwSub
-	nonce uint64
 }
 
 type sotwSub struct {
@@ -232,11 +241,7 @@ func serveStream[Req, Resp any](a *ads, ctx context.Context, wake <-chan struct{
 // DeltaAggregatedResources serves one incremental ADS stream.
 func (a *ads) DeltaAggregatedResources(st discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
 	s := a.s
-	s.mu.Lock()
-	s.nextID++
-	c := &deltaStream{id: s.nextID, wake: make(chan struct{}, 1), subs: make(map[string]*deltaSub)}
-	s.delta[c.id] = c
-	s.mu.Unlock()
+	c := openStream(s, s.delta)
 	defer func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -249,14 +254,23 @@ func (a *ads) DeltaAggregatedResources(st discoveryv3.AggregatedDiscoveryService
 		st.Send)
 }
 
+// received checks and counts a request of either protocol: a type tendril does not serve ends the
+// stream with InvalidArgument.
+func (s *Server) received(t, nonce string, detail *rpcstatus.Status, node string) error {
+	if _, ok := typeIndex[t]; !ok {
+		return status.Errorf(codes.InvalidArgument, "resource type %q is not served (tendril serves %v)", t, Types)
+	}
+	s.observeRequest(t, nonce, detail.GetMessage(), detail != nil, node)
+	return nil
+}
+
 // deltaRequested applies one request to the stream: its answer to a response, and changes to
 // its subscription.
 func (s *Server) deltaRequested(c *deltaStream, req *discoveryv3.DeltaDiscoveryRequest) error {
 	t := req.GetTypeUrl()
-	if _, ok := typeIndex[t]; !ok {
-		return status.Errorf(codes.InvalidArgument, "resource type %q is not served (tendril serves %v)", t, Types)
+	if err := s.received(t, req.GetResponseNonce(), req.GetErrorDetail(), req.GetNode().GetId()); err != nil {
+		return err
 	}
-	s.observeRequest(t, req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode().GetId())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.deltaRequest(c.id, req)
@@ -379,11 +393,7 @@ func (s *Server) nextDelta(c *deltaStream) []*discoveryv3.DeltaDiscoveryResponse
 // only speak it: every change of a type re-sends all of that type's subscribed resources.
 func (a *ads) StreamAggregatedResources(st discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
 	s := a.s
-	s.mu.Lock()
-	s.nextID++
-	c := &sotwStream{id: s.nextID, wake: make(chan struct{}, 1), subs: make(map[string]*sotwSub)}
-	s.sotw[c.id] = c
-	s.mu.Unlock()
+	c := openStream(s, s.sotw)
 	defer func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -397,10 +407,9 @@ func (a *ads) StreamAggregatedResources(st discoveryv3.AggregatedDiscoveryServic
 
 func (s *Server) sotwRequested(c *sotwStream, req *discoveryv3.DiscoveryRequest) error {
 	t := req.GetTypeUrl()
-	if _, ok := typeIndex[t]; !ok {
-		return status.Errorf(codes.InvalidArgument, "resource type %q is not served (tendril serves %v)", t, Types)
+	if err := s.received(t, req.GetResponseNonce(), req.GetErrorDetail(), req.GetNode().GetId()); err != nil {
+		return err
 	}
-	s.observeRequest(t, req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode().GetId())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	names := make(map[string]bool, len(req.GetResourceNames()))

@@ -15,10 +15,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/go-logr/logr"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/model/modeltest"
@@ -75,33 +72,7 @@ func TestMemoryAtScale(t *testing.T) {
 	go func() { done <- s.Serve(ctx, l) }()
 	defer func() { cancel(); <-done }()
 	for i := range clients {
-		conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(server.MaxRecvMsgSize)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		nd := &corev3.Node{Id: fmt.Sprintf("replica-%d", i)}
-		for _, typ := range server.Types {
-			if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: nd, TypeUrl: typ}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		go func() {
-			for {
-				r, err := st.Recv()
-				if err != nil {
-					return
-				}
-				if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
-					return
-				}
-			}
-		}()
+		go ackAll(openDelta(t, l.Addr().String(), &corev3.Node{Id: fmt.Sprintf("replica-%d", i)}, nil))
 	}
 	waitProgrammed := func(names ...string) {
 		t.Helper()

@@ -255,28 +255,14 @@ func (s *Server) diff(shoots []model.Shoot) (changed []model.Shoot, removed []st
 	advertised := make(map[netip.Addr]string)
 	for _, sh := range changed {
 		for _, h := range sh.Hosts {
-			other, ok := hosts[h]
-			if !ok {
-				if o, held := s.hosts[h]; held && !leaving[o] {
-					other, ok = o, true
-				}
-			}
-			if ok {
+			if other, ok := claim(hosts, s.hosts, leaving, h, sh.Name); ok {
 				errs = append(errs, fmt.Errorf("host %q claimed by both %s and %s", h, other, sh.Name))
 			}
-			hosts[h] = sh.Name
 		}
 		if a := sh.AdvertisedAddress; a.IsValid() {
-			other, ok := advertised[a]
-			if !ok {
-				if o, held := s.advertised[a]; held && !leaving[o] {
-					other, ok = o, true
-				}
-			}
-			if ok {
+			if other, ok := claim(advertised, s.advertised, leaving, a, sh.Name); ok {
 				errs = append(errs, fmt.Errorf("advertised address %s claimed by both %s and %s", a, other, sh.Name))
 			}
-			advertised[a] = sh.Name
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -293,6 +279,19 @@ func (s *Server) diff(shoots []model.Shoot) (changed []model.Shoot, removed []st
 	maps.Copy(s.hosts, hosts)
 	maps.Copy(s.advertised, advertised)
 	return changed, removed, nil
+}
+
+// claim records in batch that shoot claims key, and returns the other shoot that holds it: an
+// earlier one of the batch, or one that stays (in held and not leaving).
+func claim[K comparable](batch, held map[K]string, leaving map[string]bool, key K, shoot string) (string, bool) {
+	other, ok := batch[key]
+	batch[key] = shoot
+	if !ok {
+		if o, isHeld := held[key]; isHeld && !leaving[o] {
+			other, ok = o, true
+		}
+	}
+	return other, ok
 }
 
 // ownedNames are the resource names one shoot owns, per type in the order of Types. An array
