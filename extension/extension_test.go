@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -49,8 +50,9 @@ func (s *tunnelState) TunnelUp(context.Context, string) (bool, string, error) {
 
 var tunnel tunnelState
 
-// startController runs the Extension controller against a real API server until the test ends.
-func startController(t *testing.T, env *kubetest.Env) {
+// startController runs the Extension controller against a real API server until the test ends;
+// its secrets manager runs on clk (nil: the real clock).
+func startController(t *testing.T, env *kubetest.Env, clk clock.Clock) {
 	t.Helper()
 	log.SetLogger(testr.New(t))
 	mgr, err := manager.New(env.Config, manager.Options{
@@ -64,7 +66,7 @@ func startController(t *testing.T, env *kubetest.Env) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := extension.Add(ctx, mgr, extension.AddOptions{Config: extension.Config{
-		Image: "example.org/tendril:test", Ingress: "ingress.seed.example.org",
+		Image: "example.org/tendril:test", Ingress: "ingress.seed.example.org", Clock: clk,
 	}}); err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +191,7 @@ func waitSucceeded(t *testing.T, c client.Client, key client.ObjectKey, after ti
 // hibernated shoot has no route and no server replica, and that delete removes everything.
 func TestExtension(t *testing.T) {
 	env := kubetest.Start(t)
-	startController(t, env)
+	startController(t, env, nil)
 	t.Run("reconcile", func(t *testing.T) { testReconcile(t, env.Client) })
 	t.Run("invalid provider config", func(t *testing.T) { testInvalidProviderConfig(t, env.Client) })
 	t.Run("health", func(t *testing.T) { testHealth(t, env.Client) })
@@ -530,8 +532,8 @@ func waitCondition(t *testing.T, c client.Client, ext *extensionsv1alpha1.Extens
 // shoot's running agent reconnects without any change in the shoot.
 func TestMigrateRestore(t *testing.T) {
 	src, dst := kubetest.Start(t), kubetest.Start(t)
-	startController(t, src)
-	startController(t, dst)
+	startController(t, src, nil)
+	startController(t, dst, nil)
 	ctx := context.Background()
 	ns := "shoot--local--epsilon"
 	shoot(t, src.Client, ns, false)

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"time"
 
 	extensionssecretsmanager "github.com/gardener/gardener/extensions/pkg/util/secret/manager"
 	secretsutils "github.com/gardener/gardener/pkg/utils/secrets"
@@ -64,6 +65,12 @@ func (k wireGuardKey) SecretData() map[string][]byte {
 	return map[string][]byte{DataKeyPrivateKey: []byte(k.private), DataKeyPublicKey: []byte(k.public)}
 }
 
+// keepOldClientCertificate is how long kube-apiserver's previous client certificate Secret stays
+// after a renewal. gardenlet applies kube-apiserver's Deployment in the same shoot reconciliation
+// that rotates the CA (tendril's Extension comes before kube-apiserver) and again at least once
+// per sync period (an hour by default); a day also covers reconciliations that failed and retried.
+const keepOldClientCertificate = 24 * time.Hour
+
 // caConfigs are the CAs, rotated with the shoot's CAs by SecretsManagerForCluster.
 func caConfigs() []extensionssecretsmanager.SecretConfigWithOptions {
 	return []extensionssecretsmanager.SecretConfigWithOptions{{
@@ -94,14 +101,22 @@ func leafConfigs(namespace string) []extensionssecretsmanager.SecretConfigWithOp
 			Options: []secretsmanager.GenerateOption{secretsmanager.SignedByCA(SecretNameCA, secretsmanager.UseCurrentCA)},
 		},
 		{
-			// kube-apiserver presents this to tendril-server's egress front-ends.
+			// kube-apiserver presents this to tendril-server's egress front-ends. Its Deployment
+			// mounts the Secret by name (the egress webhook sets the current one when gardenlet
+			// applies the Deployment), so a renewed certificate must not delete the Secret the
+			// running Deployment still names: a kube-apiserver pod started before gardenlet applied
+			// the Deployment again would not start. The old one is kept for keepOldClientCertificate.
 			Config: &secretsutils.CertificateSecretConfig{
 				Name:                        SecretNameAPIServerClient,
 				CommonName:                  "kube-apiserver",
 				CertType:                    secretsutils.ClientCert,
 				SkipPublishingCACertificate: true,
 			},
-			Options: []secretsmanager.GenerateOption{secretsmanager.SignedByCA(SecretNameCA, secretsmanager.UseCurrentCA)},
+			Options: []secretsmanager.GenerateOption{
+				secretsmanager.SignedByCA(SecretNameCA, secretsmanager.UseCurrentCA),
+				secretsmanager.Rotate(secretsmanager.KeepOld),
+				secretsmanager.IgnoreOldSecretsAfter(keepOldClientCertificate),
+			},
 		},
 		{
 			Config:  &wireGuardKeyConfig{Name: SecretNameServerWireGuard},
