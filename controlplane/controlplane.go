@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 
 	"github.com/gardener/gardener/extensions/pkg/controller/heartbeat"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -68,10 +70,20 @@ type Config struct {
 	WebhookCertDir string
 	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
 	LBProxyProtocol bool
+	// RouteServices are the Services Routes may name; only their EndpointSlices are cached
+	// (kubesource.Config.Services). Empty: every EndpointSlice of the seed.
+	RouteServices []string
 	// Log is the logger; the zero value discards.
 	Log logr.Logger
 	// Clock is for the heartbeat; nil means the real clock.
 	Clock clock.Clock
+}
+
+// cacheOptions narrows the manager's cache to what the extension and the route source read.
+func cacheOptions(routeServices []string) cache.Options {
+	opts := extension.CacheOptions()
+	maps.Copy(opts.ByObject, kubesource.CacheByObject(routeServices))
+	return opts
 }
 
 // Run runs the control plane until ctx ends.
@@ -101,7 +113,7 @@ func Run(ctx context.Context, cfg Config) error {
 	mgr, err := manager.New(cfg.REST, manager.Options{
 		Scheme:                  kubescheme.New(),
 		Logger:                  cfg.Log,
-		Cache:                   extension.CacheOptions(),
+		Cache:                   cacheOptions(cfg.RouteServices),
 		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: extension.Uncached()}},
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddress},
 		HealthProbeBindAddress:  cfg.HealthAddress,
@@ -131,6 +143,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// only the leader writes the Routes' status.
 	if err := kubesource.Add(mgr, kubesource.Config{
 		Server: xs, Log: cfg.Log.WithName("routes"), Registry: crmetrics.Registry.(prometheus.Registerer),
+		Services: cfg.RouteServices,
 	}); err != nil {
 		return fmt.Errorf("route source: %w", err)
 	}

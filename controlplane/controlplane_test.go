@@ -60,6 +60,7 @@ func TestControlPlane(t *testing.T) {
 			HeartbeatNamespace: "extension-tendril",
 			HeartbeatInterval:  1,
 			WebhookPort:        -1, // the webhook has its own envtest in extension/egresswebhook
+			RouteServices:      []string{"kube-apiserver", "tendril-server"},
 			Extension:          extension.AddOptions{Config: extension.Config{Image: "example.org/tendril:test", Ingress: "ingress.example.org"}},
 			Log:                testr.New(t),
 		})

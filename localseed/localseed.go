@@ -30,6 +30,7 @@ import (
 
 	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension"
+	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/internal/kubescheme"
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/logging"
@@ -221,6 +222,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			HealthAddress:  "0",
 			WebhookPort:    -1,
 			Extension:      extension.AddOptions{Config: extension.Config{Image: "tendril-local", Ingress: "127.0.0.1"}},
+			RouteServices:  []string{manifest.KubeAPIServerName, manifest.ServerName}, // tendril-seed's default
 			Log:            s.log.WithName("controlplane"),
 		})
 	}()

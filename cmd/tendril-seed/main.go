@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/go-logr/logr"
@@ -19,6 +20,7 @@ import (
 	crconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/tendril-net/tendril/controlplane"
+	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
 	"github.com/tendril-net/tendril/xds/model"
@@ -73,6 +75,16 @@ func main() {
 	fs.StringVar(&k.Extension.Image, "image", "", "Kubernetes mode: the tendril image the shoots' tendril-server and agents run")
 	fs.StringVar(&k.Extension.Ingress, "ingress-address", "", "Kubernetes mode: the seed ingress's host name or IP the shoot agents dial")
 	fs.StringVar(&k.Extension.IngressNamespace, "ingress-namespace", "garden", "Kubernetes mode: namespace of the seed ingress pods (NetworkPolicy peer)")
+	k.RouteServices = []string{manifest.KubeAPIServerName, manifest.ServerName}
+	fs.Func("route-services", fmt.Sprintf("Kubernetes mode: comma-separated Services that Routes may name; only their EndpointSlices are watched (empty: every EndpointSlice of the seed) (default %q)", strings.Join(k.RouteServices, ",")), func(v string) error {
+		k.RouteServices = nil
+		for n := range strings.SplitSeq(v, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				k.RouteServices = append(k.RouteServices, n)
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&k.Webhook.Namespace, "webhook-namespace", "", "Kubernetes mode: tendril-seed's namespace, where the webhook's CA and certificate live and its Service runs (empty: self-signed, development only)")
 	fs.IntVar(&k.WebhookPort, "webhook-port", 10250, "Kubernetes mode: port of the control-plane webhook server (-1: off)")
 	fs.StringVar(&k.WebhookCertDir, "webhook-cert-dir", "", "Kubernetes mode: directory for the webhook server's certificate (default: a temp dir)")

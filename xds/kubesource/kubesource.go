@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -57,6 +60,27 @@ type Config struct {
 	// written to its status; a route acknowledged sooner gets one status write (Programmed)
 	// per change. If zero, 2 s.
 	PendingDelay time.Duration
+	// Services are the names of the Services Routes may name. If set, the manager's cache should
+	// hold only their EndpointSlices (CacheByObject), and a Route naming another Service reports
+	// NoEndpoints saying so. Empty: any Service.
+	Services []string
+}
+
+// CacheByObject narrows a manager's cache to the EndpointSlices of the named Services (nil for
+// none: every EndpointSlice). A seed holds an EndpointSlice per Service of every shoot's control
+// plane, and pods restarting anywhere in it change them all the time; the route source needs
+// only the few Services Routes name.
+func CacheByObject(services []string) map[client.Object]cache.ByObject {
+	if len(services) == 0 {
+		return nil
+	}
+	sel := labels.NewSelector()
+	req, err := labels.NewRequirement(discoveryv1.LabelServiceName, selection.In, services)
+	if err != nil {
+		// Only invalid label values fail; Service names are valid label values.
+		panic(fmt.Sprintf("kubesource: services %v: %v", services, err))
+	}
+	return map[client.Object]cache.ByObject{&discoveryv1.EndpointSlice{}: {Label: sel.Add(*req)}}
 }
 
 // Add adds the source to mgr. It runs on every replica (each serves xDS) and writes Route
@@ -432,6 +456,9 @@ func (s *Source) build(ctx context.Context, r *route) error {
 // port is the slice port with the Service port's name, as kube-proxy matches them. A problem
 // (no Service, no such port, nothing ready) is returned as a sentence for the condition.
 func (s *Source) endpoints(ctx context.Context, ns string, ref tendrilv1alpha1.ServiceReference) ([]netip.AddrPort, string, error) {
+	if len(s.cfg.Services) > 0 && !slices.Contains(s.cfg.Services, ref.Name) {
+		return nil, fmt.Sprintf("Service %s is not one whose endpoints tendril-seed watches (%s).", ref.Name, strings.Join(s.cfg.Services, ", ")), nil
+	}
 	var svc corev1.Service
 	switch err := s.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, &svc); {
 	case err == nil:

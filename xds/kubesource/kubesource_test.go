@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -52,7 +53,12 @@ type seed struct {
 	xds     *xdsserver.Server
 	hostIP  netip.Addr
 	hostIP6 netip.Addr
+	// cache is the manager's cache the source reads.
+	cache cache.Cache
 }
+
+// watched are the Services the test seed's Routes may name (kubesource.Config.Services).
+var watched = []string{"kube-apiserver"}
 
 // ingressStatus is the xDS server's view of what the ingress acknowledged for shoot ns.
 func (s *seed) ingressStatus(ns string) xdsserver.State { return s.xds.ShootStatus(ns).State }
@@ -79,17 +85,19 @@ func startSeed(t *testing.T, pendingDelay time.Duration) *seed {
 		Logger:                 log.WithName("manager"),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{ByObject: kubesource.CacheByObject(watched)},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.cache = mgr.GetCache()
 	withIngress := pendingDelay == 0
 	if withIngress {
 		// A long pending delay: a route acknowledged at all is written once, as Programmed,
 		// which the test counts.
 		pendingDelay = time.Minute
 	}
-	if err := kubesource.Add(mgr, kubesource.Config{Server: xs, Log: testr.NewWithOptions(t, testr.Options{Verbosity: 1}).WithName("kubesource"), Registry: s.srcReg, PendingDelay: pendingDelay}); err != nil {
+	if err := kubesource.Add(mgr, kubesource.Config{Server: xs, Log: testr.NewWithOptions(t, testr.Options{Verbosity: 1}).WithName("kubesource"), Registry: s.srcReg, PendingDelay: pendingDelay, Services: watched}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -549,6 +557,53 @@ func TestPendingWithoutIngress(t *testing.T) {
 	s.waitCondition("shoot--t--alpha", tendrilv1alpha1.ReasonPending)
 	if _, c, _ := s.condition("shoot--t--alpha"); c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "ingress replicas") {
 		t.Errorf("condition %+v, want False waiting for the ingress replicas", c)
+	}
+}
+
+// TestWatchesOnlyNamedServices: the cache holds the EndpointSlices of the Services Routes may
+// name and no others, and a Route naming another Service says why it has no endpoints.
+func TestWatchesOnlyNamedServices(t *testing.T) {
+	s := startSeed(t, time.Minute)
+	ctx := context.Background()
+	ns := "shoot--t--slices"
+	must(t, s.env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	slice := func(service string) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: service + "-x", Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{s.hostIP.String()}}},
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("x"), Port: ptr.To[int32](2379), Protocol: ptr.To(corev1.ProtocolTCP)}},
+		}
+	}
+	// etcd's slice first: one informer delivers in order, so once kube-apiserver's (created
+	// after it) is in the cache, etcd's would be too if it were watched.
+	must(t, s.env.Client.Create(ctx, slice("etcd-main")))
+	must(t, s.env.Client.Create(ctx, slice("kube-apiserver")))
+	count := func(c client.Reader, service string) int {
+		var list discoveryv1.EndpointSliceList
+		must(t, c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: service}))
+		return len(list.Items)
+	}
+	testwait.For(t, "kube-apiserver's slice in the cache", func() error {
+		if n := count(s.cache, "kube-apiserver"); n != 1 {
+			return fmt.Errorf("%d slices", n)
+		}
+		return nil
+	})
+	if n, inAPI := count(s.cache, "etcd-main"), count(s.env.Client, "etcd-main"); n != 0 || inAPI != 1 {
+		t.Errorf("etcd-main's slices: %d cached, %d in the API server; want none cached", n, inAPI)
+	}
+
+	must(t, s.env.Client.Create(ctx, &tendrilv1alpha1.Route{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "shoot"},
+		Spec: tendrilv1alpha1.RouteSpec{
+			Hostnames: []string{"api.slices.test"},
+			APIServer: tendrilv1alpha1.ServiceReference{Name: "etcd-main", Port: 2379},
+		},
+	}))
+	s.waitCondition(ns, tendrilv1alpha1.ReasonNoEndpoints)
+	if _, c, _ := s.condition(ns); c == nil || !strings.Contains(c.Message, "Service etcd-main is not one whose endpoints tendril-seed watches (kube-apiserver)") {
+		t.Errorf("condition %+v, want the unwatched Service named", c)
 	}
 }
 
