@@ -51,13 +51,18 @@ func TestCARotationKeepsTheMountedClientSecret(t *testing.T) {
 		slices.Sort(names)
 		return names
 	}
+	// reconcile asks for a reconciliation as gardenlet does and waits for it. lastUpdateTime has
+	// one-second resolution: step past the previous reconciliation's second first. A merge patch,
+	// not an update: the controller writes the Extension's status meanwhile.
 	reconcile := func() {
 		t.Helper()
-		start := time.Now().Add(-time.Second)
+		time.Sleep(1100 * time.Millisecond)
+		start := time.Now().Truncate(time.Second)
 		ext := &extensionsv1alpha1.Extension{}
 		must(t, c.Get(ctx, key, ext))
+		patch := client.MergeFrom(ext.DeepCopy())
 		metav1.SetMetaDataAnnotation(&ext.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationReconcile)
-		must(t, c.Update(ctx, ext))
+		must(t, c.Patch(ctx, ext, patch))
 		waitSucceeded(t, c, key, start)
 	}
 	before := clientSecrets()
@@ -80,7 +85,7 @@ func TestCARotationKeepsTheMountedClientSecret(t *testing.T) {
 	raw, err := json.Marshal(sh)
 	must(t, err)
 	cluster.Spec.Shoot.Raw = raw
-	must(t, c.Update(ctx, cluster))
+	must(t, c.Update(ctx, cluster)) // only tests write the Cluster
 	// The controller reads the Cluster from its cache, which may not have the update yet when
 	// the reconciliation starts: reconcile until the rotation shows.
 	var during []string
