@@ -237,11 +237,17 @@ func (s *seed) shoot(ns, host string, endpoints ...netip.AddrPort) {
 	for _, es := range endpointSlices(ns, endpoints...) {
 		must(s.t, c.Create(ctx, es))
 	}
-	must(s.t, c.Create(ctx, &tendrilv1alpha1.Route{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "shoot"},
+	s.route(ns, "shoot", host, "kube-apiserver", 443)
+}
+
+// route creates a Route named name in ns for host, to the Service svc's port.
+func (s *seed) route(ns, name, host, svc string, port int32) {
+	s.t.Helper()
+	must(s.t, s.env.Client.Create(context.Background(), &tendrilv1alpha1.Route{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: tendrilv1alpha1.RouteSpec{
 			Hostnames: []string{host},
-			APIServer: tendrilv1alpha1.ServiceReference{Name: "kube-apiserver", Port: 443},
+			APIServer: tendrilv1alpha1.ServiceReference{Name: svc, Port: port},
 		},
 	}))
 }
@@ -460,13 +466,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 
 	// A second Route in beta's namespace is Invalid; the first keeps routing it. (Creation
 	// times have a resolution of a second; within one, the name decides, hence "x-".)
-	must(t, s.env.Client.Create(ctx, &tendrilv1alpha1.Route{
-		ObjectMeta: metav1.ObjectMeta{Namespace: beta, Name: "x-second"},
-		Spec: tendrilv1alpha1.RouteSpec{
-			Hostnames: []string{"api3.beta.test"},
-			APIServer: tendrilv1alpha1.ServiceReference{Name: "kube-apiserver", Port: 443},
-		},
-	}))
+	s.route(beta, "x-second", "api3.beta.test", "kube-apiserver", 443)
 	testwait.For(t, "second Route in a namespace invalid", func() error {
 		var r tendrilv1alpha1.Route
 		if err := s.env.Client.Get(ctx, client.ObjectKey{Namespace: beta, Name: "x-second"}, &r); err != nil {
@@ -484,13 +484,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	// A Route whose Service does not exist: NoEndpoints with the reason; the others still route.
 	gamma := "shoot--t--gamma"
 	must(t, s.env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gamma}}))
-	must(t, s.env.Client.Create(ctx, &tendrilv1alpha1.Route{
-		ObjectMeta: metav1.ObjectMeta{Namespace: gamma, Name: "shoot"},
-		Spec: tendrilv1alpha1.RouteSpec{
-			Hostnames: []string{"api.gamma.test"},
-			APIServer: tendrilv1alpha1.ServiceReference{Name: "kube-apiserver", Port: 443},
-		},
-	}))
+	s.route(gamma, "shoot", "api.gamma.test", "kube-apiserver", 443)
 	s.waitCondition(gamma, tendrilv1alpha1.ReasonNoEndpoints)
 	if _, c, _ := s.condition(gamma); c == nil || !strings.Contains(c.Message, "Service kube-apiserver not found") {
 		t.Errorf("gamma condition %+v, want the missing Service named", c)
@@ -501,13 +495,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	// A Route claiming a server name another, older Route has is Invalid; the older keeps it.
 	delta := "shoot--t--delta"
 	must(t, s.env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: delta}}))
-	must(t, s.env.Client.Create(ctx, &tendrilv1alpha1.Route{
-		ObjectMeta: metav1.ObjectMeta{Namespace: delta, Name: "shoot"},
-		Spec: tendrilv1alpha1.RouteSpec{
-			Hostnames: []string{"api.alpha.test"},
-			APIServer: tendrilv1alpha1.ServiceReference{Name: "kube-apiserver", Port: 443},
-		},
-	}))
+	s.route(delta, "shoot", "api.alpha.test", "kube-apiserver", 443)
 	s.waitCondition(delta, tendrilv1alpha1.ReasonInvalid)
 	if got, err := s.who("api.alpha.test"); err != nil || got != "alpha-1" {
 		t.Errorf("alpha after a conflicting Route: %q (%v)", got, err)
@@ -594,13 +582,7 @@ func TestWatchesOnlyNamedServices(t *testing.T) {
 		t.Errorf("etcd-main's slices: %d cached, %d in the API server; want none cached", n, inAPI)
 	}
 
-	must(t, s.env.Client.Create(ctx, &tendrilv1alpha1.Route{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "shoot"},
-		Spec: tendrilv1alpha1.RouteSpec{
-			Hostnames: []string{"api.slices.test"},
-			APIServer: tendrilv1alpha1.ServiceReference{Name: "etcd-main", Port: 2379},
-		},
-	}))
+	s.route(ns, "shoot", "api.slices.test", "etcd-main", 2379)
 	s.waitCondition(ns, tendrilv1alpha1.ReasonNoEndpoints)
 	if _, c, _ := s.condition(ns); c == nil || !strings.Contains(c.Message, "Service etcd-main is not one whose endpoints tendril-seed watches (kube-apiserver)") {
 		t.Errorf("condition %+v, want the unwatched Service named", c)
