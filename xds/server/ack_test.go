@@ -432,3 +432,42 @@ func ackAll(st discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesCl
 		}
 	}
 }
+
+// TestUnsupportedTypeIgnored: a request for a type tendril does not serve is ignored; the stream
+// goes on serving the others, including changes after it.
+func TestUnsupportedTypeIgnored(t *testing.T) {
+	s := server.New(server.Config{Log: testr.New(t)})
+	set := shoots(2)
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	st := openDelta(t, startServer(t, s), node, nil)
+	if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"}); err != nil {
+		t.Fatal(err)
+	}
+	recv := func() *discoveryv3.DeltaDiscoveryResponse {
+		t.Helper()
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatalf("stream ended: %v", err)
+		}
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	got := map[string]bool{}
+	for range server.Types {
+		got[recv().GetTypeUrl()] = true
+	}
+	if len(got) != len(server.Types) {
+		t.Fatalf("first responses for %v, want one per served type", got)
+	}
+	set[1].APIServer = netip.MustParseAddrPort("10.99.0.1:443")
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	if r := recv(); r.GetTypeUrl() != resourcev3.EndpointType || len(r.GetResources()) != 1 {
+		t.Fatalf("after a change: %s with %d resources", r.GetTypeUrl(), len(r.GetResources()))
+	}
+}

@@ -16,9 +16,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -254,22 +252,27 @@ func (a *ads) DeltaAggregatedResources(st discoveryv3.AggregatedDiscoveryService
 		st.Send)
 }
 
-// received checks and counts a request of either protocol: a type tendril does not serve ends the
-// stream with InvalidArgument.
-func (s *Server) received(t, nonce string, detail *rpcstatus.Status, node string) error {
+// received counts a request of either protocol and reports whether its type is one tendril
+// serves. Another type is ignored, logged and counted: ending the stream instead would take the
+// client's listeners and clusters down with it on every reconnect, and a client whose
+// configuration asks for a type it cannot get still runs on the others (Envoy gives up waiting
+// for it after its initial fetch timeout).
+func (s *Server) received(t, nonce string, detail *rpcstatus.Status, node string) bool {
 	if _, ok := typeIndex[t]; !ok {
-		return status.Errorf(codes.InvalidArgument, "resource type %q is not served (tendril serves %v)", t, Types)
+		s.metrics.unsupported.Inc()
+		s.log.Info("xDS client asked for a resource type tendril does not serve; ignored", "node", node, "type", t, "served", Types)
+		return false
 	}
 	s.observeRequest(t, nonce, detail.GetMessage(), detail != nil, node)
-	return nil
+	return true
 }
 
 // deltaRequested applies one request to the stream: its answer to a response, and changes to
 // its subscription.
 func (s *Server) deltaRequested(c *deltaStream, req *discoveryv3.DeltaDiscoveryRequest) error {
 	t := req.GetTypeUrl()
-	if err := s.received(t, req.GetResponseNonce(), req.GetErrorDetail(), req.GetNode().GetId()); err != nil {
-		return err
+	if !s.received(t, req.GetResponseNonce(), req.GetErrorDetail(), req.GetNode().GetId()) {
+		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -407,8 +410,8 @@ func (a *ads) StreamAggregatedResources(st discoveryv3.AggregatedDiscoveryServic
 
 func (s *Server) sotwRequested(c *sotwStream, req *discoveryv3.DiscoveryRequest) error {
 	t := req.GetTypeUrl()
-	if err := s.received(t, req.GetResponseNonce(), req.GetErrorDetail(), req.GetNode().GetId()); err != nil {
-		return err
+	if !s.received(t, req.GetResponseNonce(), req.GetErrorDetail(), req.GetNode().GetId()) {
+		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -13,6 +13,7 @@ type metrics struct {
 	sent          *prometheus.CounterVec
 	acks          *prometheus.CounterVec
 	clients       prometheus.Gauge
+	unsupported   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -42,9 +43,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		clients: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tendril_xds_synced_clients", Help: "Delta clients that answered their first response of every type; the clients a shoot's Programmed status counts.",
 		}),
+		// No type label: the type is the client's input.
+		unsupported: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tendril_xds_unsupported_requests_total", Help: "xDS requests for a resource type tendril does not serve, ignored.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.shoots, m.resources, m.changes, m.applyDuration, m.responses, m.sent, m.acks, m.clients)
+		reg.MustRegister(m.shoots, m.resources, m.changes, m.applyDuration, m.responses, m.sent, m.acks, m.clients, m.unsupported)
 	}
 	return m
 }
