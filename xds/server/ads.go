@@ -240,12 +240,7 @@ func serveStream[Req, Resp any](a *ads, ctx context.Context, wake <-chan struct{
 func (a *ads) DeltaAggregatedResources(st discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
 	s := a.s
 	c := openStream(s, s.delta)
-	defer func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		delete(s.delta, c.id)
-		s.deltaClosed(c.id)
-	}()
+	defer s.closeDelta(c)
 	return serveStream(a, st.Context(), c.wake, st.Recv,
 		func(req *discoveryv3.DeltaDiscoveryRequest) error { return s.deltaRequested(c, req) },
 		func() []*discoveryv3.DeltaDiscoveryResponse { return s.nextDelta(c) },
@@ -267,6 +262,17 @@ func (s *Server) received(t, nonce string, detail *rpcstatus.Status, node string
 	return true
 }
 
+// errStreamClosed ends a stream's reader that delivered a request after the stream closed.
+var errStreamClosed = errors.New("xds stream closed")
+
+// closeDelta forgets a delta stream and its ACK state.
+func (s *Server) closeDelta(c *deltaStream) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.delta, c.id)
+	s.deltaClosed(c.id)
+}
+
 // deltaRequested applies one request to the stream: its answer to a response, and changes to
 // its subscription.
 func (s *Server) deltaRequested(c *deltaStream, req *discoveryv3.DeltaDiscoveryRequest) error {
@@ -276,6 +282,11 @@ func (s *Server) deltaRequested(c *deltaStream, req *discoveryv3.DeltaDiscoveryR
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.delta[c.id] != c {
+		// The stream's handler has returned; its reader delivered one last request. Its ACK
+		// state is gone and must not come back as a client that never leaves.
+		return errStreamClosed
+	}
 	s.deltaRequest(c.id, req)
 	sub := c.subs[t]
 	held := map[string]string(nil)
