@@ -337,7 +337,8 @@ func TestStreamsWaitForFirstApply(t *testing.T) {
 
 // TestFirstSyncInPieces: a first sync larger than one response's budget arrives in several
 // responses of bounded size, each sent once the client answered the one before, that together
-// hold every resource; the client counts for a shoot's status only once it holds all of them.
+// hold every resource, and listeners only after the last cluster piece; the client counts for a
+// shoot's status only once it holds all of them.
 func TestFirstSyncInPieces(t *testing.T) {
 	s := server.New(server.Config{Log: testr.New(t)})
 	set := shoots(8000) // 24,000 clusters of ~170 B: ~4 MiB
@@ -352,6 +353,10 @@ func TestFirstSyncInPieces(t *testing.T) {
 		r, err := st.Recv()
 		if err != nil {
 			t.Fatal(err)
+		}
+		if r.GetTypeUrl() == resourcev3.ListenerType {
+			// Listeners make a data plane ready: they come after every cluster piece.
+			t.Fatalf("listeners sent with %d of %d clusters", len(got), len(want))
 		}
 		if r.GetTypeUrl() == resourcev3.ClusterType {
 			pieces++

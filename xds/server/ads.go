@@ -85,6 +85,8 @@ type deltaSub struct {
 	// answer: the client subscribed and waits for a first response even if it holds everything
 	// (Envoy's initialisation waits for one of every type).
 	answer bool
+	// synced: the first sync has been sent entirely (its last piece may await its answer).
+	synced bool
 }
 
 type sotwSub struct {
@@ -354,9 +356,22 @@ func (s *Server) nextDelta(c *deltaStream) []*discoveryv3.DeltaDiscoveryResponse
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*discoveryv3.DeltaDiscoveryResponse
+	// held: an earlier type's first sync has pieces left to send. A later type waits for it, so
+	// that a client gets its listeners only once it holds every cluster and assignment (Types is
+	// in that order): tendril-ingress reports ready, and Envoy activates listeners, once listeners
+	// arrive, and must not then refuse shoots whose clusters are still on their way.
+	held := false
 	for _, t := range Types {
 		sub := c.subs[t]
-		if sub == nil || sub.inflight != "" || len(sub.dirty) == 0 && !sub.answer {
+		if sub == nil || held {
+			continue
+		}
+		if sub.inflight != "" {
+			held = !sub.synced
+			continue
+		}
+		if len(sub.dirty) == 0 && !sub.answer {
+			sub.synced = true // nothing left to send (the rest may have been unsubscribed)
 			continue
 		}
 		sub.answer = false
@@ -395,6 +410,8 @@ func (s *Server) nextDelta(c *deltaStream) []*discoveryv3.DeltaDiscoveryResponse
 			sub.dirty = make(map[string]bool)
 		}
 		sub.inflight = resp.Nonce
+		sub.synced = sub.synced || len(sub.dirty) == 0
+		held = !sub.synced
 		s.deltaResponse(c.id, resp)
 		s.metrics.responses.WithLabelValues("delta", t).Inc()
 		s.metrics.sent.WithLabelValues("delta", t).Add(float64(len(resp.Resources)))
