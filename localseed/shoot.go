@@ -42,9 +42,12 @@ type shoot struct {
 	client                client.Client
 	apiAddr               netip.AddrPort
 	kubeconfig            string
-	// podAddr is the "pod" HTTP server on the shoot side; nodes is the shoot's node network.
-	podAddr string
-	nodes   netip.Prefix
+	// podAddr is the "pod" HTTP server on the shoot side, podListener its socket (bound when the
+	// address is chosen: a port merely free at that moment may be taken before the pod serves,
+	// e.g. as another connection's local port); nodes is the shoot's node network.
+	podAddr     string
+	podListener net.Listener
+	nodes       netip.Prefix
 	// serverPorts are tendril-server's ports by container port name, on the host address.
 	serverPorts map[string]int
 	// caFile and client are tendril-server's CA bundle and kube-apiserver's client pair.
@@ -66,11 +69,16 @@ func (s *seed) startShootAPIServer(sh *shoot) (func(), error) {
 	// The shoot's "node" is this machine: its node network is the host address, where the
 	// "pod" listens (the agent's netstack refuses loopback destinations).
 	sh.nodes = netip.PrefixFrom(s.hostIP, s.hostIP.BitLen())
-	pa, err := freeAddr(s.hostIP.String())
+	pl, err := net.Listen("tcp", net.JoinHostPort(s.hostIP.String(), "0"))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pod server: %w", err)
 	}
-	sh.podAddr = pa
+	sh.podListener, sh.podAddr = pl, pl.Addr().String()
+	go func() {
+		// servePod's server closes it too; this covers a start that fails before it serves.
+		<-s.procs.ctx.Done()
+		pl.Close()
+	}()
 	ca, err := testpki.NewCA(sh.namespace + " kube-apiserver CA")
 	if err != nil {
 		return nil, err
@@ -394,10 +402,7 @@ func (s *seed) clientPair(ctx context.Context, sh *shoot) error {
 // servePod serves the shoot's "pod": an HTTP server in the shoot's node network answering its
 // shoot's name.
 func (s *seed) servePod(ctx context.Context, sh *shoot) error {
-	l, err := net.Listen("tcp", sh.podAddr)
-	if err != nil {
-		return fmt.Errorf("pod server: %w", err)
-	}
+	l := sh.podListener
 	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "pod in %s\n", sh.namespace)
 	})}
