@@ -80,10 +80,14 @@ type Config struct {
 }
 
 // cacheOptions narrows the manager's cache to what the extension and the route source read.
-func cacheOptions(routeServices []string) cache.Options {
+func cacheOptions(routeServices []string) (cache.Options, error) {
 	opts := extension.CacheOptions()
-	maps.Copy(opts.ByObject, kubesource.CacheByObject(routeServices))
-	return opts
+	endpointSlices, err := kubesource.CacheByObject(routeServices)
+	if err != nil {
+		return cache.Options{}, fmt.Errorf("route services: %w", err)
+	}
+	maps.Copy(opts.ByObject, endpointSlices)
+	return opts, nil
 }
 
 // Run runs the control plane until ctx ends.
@@ -110,10 +114,14 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Clock = clock.RealClock{}
 	}
 	ctrl.SetLogger(cfg.Log)
+	cacheOpts, err := cacheOptions(cfg.RouteServices)
+	if err != nil {
+		return err
+	}
 	mgr, err := manager.New(cfg.REST, manager.Options{
 		Scheme:                  kubescheme.New(),
 		Logger:                  cfg.Log,
-		Cache:                   cacheOptions(cfg.RouteServices),
+		Cache:                   cacheOpts,
 		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: extension.Uncached()}},
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddress},
 		HealthProbeBindAddress:  cfg.HealthAddress,

@@ -1,19 +1,21 @@
 package controlplane_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -233,17 +235,18 @@ func apiserverWatches(t *testing.T, cfg *rest.Config) map[string]float64 {
 	must(t, err)
 	raw, err := cs.RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
 	must(t, err)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	must(t, err)
 	out := map[string]float64{}
-	for line := range strings.Lines(string(raw)) {
-		if !strings.HasPrefix(line, "apiserver_longrunning_requests{") || !strings.Contains(line, `verb="WATCH"`) {
-			continue
+	for _, m := range families["apiserver_longrunning_requests"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
 		}
-		_, labels, _ := strings.Cut(line, `resource="`)
-		resource, _, _ := strings.Cut(labels, `"`)
-		fields := strings.Fields(line)
-		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
-		must(t, err)
-		out[resource] += v
+		if labels["verb"] == "WATCH" {
+			out[labels["resource"]] += m.GetGauge().GetValue()
+		}
 	}
 	return out
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	gplot "gonum.org/v1/plot"
+
 	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/plot"
 	"github.com/tendril-net/tendril/bench/tunnel"
@@ -35,6 +37,17 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 || xdsIn == "" && tunnelIn == "" && rateIn == "" {
 		return fmt.Errorf("%w: give --rate, --xds and/or --tunnel reports, and no arguments", errUsage)
 	}
+	// save writes the plot drawn from in to out.
+	save := func(in, out string, p *gplot.Plot, err error) error {
+		if err == nil {
+			err = plot.Save(p, out)
+		}
+		if err != nil {
+			return fmt.Errorf("plot %s: %w", in, err)
+		}
+		fmt.Fprintln(stdout, "wrote", out)
+		return nil
+	}
 	for in := range strings.SplitSeq(rateIn, ",") {
 		if in == "" {
 			continue
@@ -43,15 +56,10 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 		if err := plot.ReadJSON(in, &rep); err != nil {
 			return err
 		}
-		out := filepath.Join(rateDir, rep.Mode+"-ttfb.png")
 		p, err := plot.RateLatency(&rep)
-		if err == nil {
-			err = plot.Save(p, out)
+		if err := save(in, filepath.Join(rateDir, rep.Mode+"-ttfb.png"), p, err); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("plot %s: %w", in, err)
-		}
-		fmt.Fprintln(stdout, "wrote", out)
 	}
 	if xdsIn != "" {
 		var rep xdsbench.Report
@@ -59,13 +67,9 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		p, err := plot.XDSLatency(&rep)
-		if err == nil {
-			err = plot.Save(p, xdsOut)
+		if err := save(xdsIn, xdsOut, p, err); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("plot %s: %w", xdsIn, err)
-		}
-		fmt.Fprintln(stdout, "wrote", xdsOut)
 	}
 	if tunnelIn != "" {
 		var rep tunnel.Report
@@ -73,13 +77,9 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		p, err := plot.TunnelThroughput(&rep)
-		if err == nil {
-			err = plot.Save(p, tunnelOut)
+		if err := save(tunnelIn, tunnelOut, p, err); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("plot %s: %w", tunnelIn, err)
-		}
-		fmt.Fprintln(stdout, "wrote", tunnelOut)
 	}
 	return nil
 }

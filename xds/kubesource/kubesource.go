@@ -69,18 +69,16 @@ type Config struct {
 // CacheByObject narrows a manager's cache to the EndpointSlices of the named Services (nil for
 // none: every EndpointSlice). A seed holds an EndpointSlice per Service of every shoot's control
 // plane, and pods restarting anywhere in it change them all the time; the route source needs
-// only the few Services Routes name.
-func CacheByObject(services []string) map[client.Object]cache.ByObject {
+// only the few Services Routes name. A name that cannot be a Service's is an error.
+func CacheByObject(services []string) (map[client.Object]cache.ByObject, error) {
 	if len(services) == 0 {
-		return nil
+		return nil, nil
 	}
-	sel := labels.NewSelector()
 	req, err := labels.NewRequirement(discoveryv1.LabelServiceName, selection.In, services)
 	if err != nil {
-		// Only invalid label values fail; Service names are valid label values.
-		panic(fmt.Sprintf("kubesource: services %v: %v", services, err))
+		return nil, fmt.Errorf("kubesource: services %v: %w", services, err)
 	}
-	return map[client.Object]cache.ByObject{&discoveryv1.EndpointSlice{}: {Label: sel.Add(*req)}}
+	return map[client.Object]cache.ByObject{&discoveryv1.EndpointSlice{}: {Label: labels.NewSelector().Add(*req)}}, nil
 }
 
 // Add adds the source to mgr. It runs on every replica (each serves xDS) and writes Route

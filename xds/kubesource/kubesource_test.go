@@ -80,12 +80,16 @@ func startSeed(t *testing.T, pendingDelay time.Duration) *seed {
 	ctrllog.SetLogger(logr.Discard())
 	xs := xdsserver.New(xdsserver.Config{Log: log.WithName("xds"), Registry: s.xdsReg})
 	s.xds = xs
+	byObject, err := kubesource.CacheByObject(watched)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mgr, err := manager.New(env.Config, manager.Options{
 		Scheme:                 env.Scheme,
 		Logger:                 log.WithName("manager"),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{ByObject: kubesource.CacheByObject(watched)},
+		Cache:                  cache.Options{ByObject: byObject},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -589,7 +593,8 @@ func TestWatchesOnlyNamedServices(t *testing.T) {
 	}
 }
 
-// TestConfig: a Server is required, and a source is not ready before it published.
+// TestConfig: a Server is required, a source is not ready before it published, and the
+// watched Services must be valid names.
 func TestConfig(t *testing.T) {
 	if _, err := kubesource.New(kubesource.Config{}, nil, nil, nil); err == nil {
 		t.Error("a source without a Server was created")
@@ -600,5 +605,12 @@ func TestConfig(t *testing.T) {
 	}
 	if err := s.Ready(nil); err == nil {
 		t.Error("ready before the first publish")
+	}
+	// The Service names come from a flag: one that cannot be a label value is an error.
+	if _, err := kubesource.CacheByObject([]string{"kube-apiserver", "not a service!"}); err == nil {
+		t.Error("an invalid Service name made a cache selector")
+	}
+	if by, err := kubesource.CacheByObject(nil); by != nil || err != nil {
+		t.Errorf("no Services: %v, %v; want every EndpointSlice (nil)", by, err)
 	}
 }

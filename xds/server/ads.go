@@ -200,7 +200,7 @@ func (s *Server) waitApplied(ctx context.Context) error {
 // serveStream runs one stream: a reader goroutine hands every request to handle (which updates
 // the stream's state under s.mu and wakes it), and this goroutine sends what next builds whenever
 // the stream is woken.
-func serveStream[Req, Resp any](a *ads, ctx context.Context, wake <-chan struct{}, recv func() (Req, error), handle func(Req) error, next func() []Resp, send func(Resp) error) error {
+func serveStream[Req, Resp any](ctx context.Context, a *ads, wake <-chan struct{}, recv func() (Req, error), handle func(Req) error, next func() []Resp, send func(Resp) error) error {
 	if err := a.s.waitApplied(ctx); err != nil {
 		return err
 	}
@@ -243,7 +243,7 @@ func (a *ads) DeltaAggregatedResources(st discoveryv3.AggregatedDiscoveryService
 	s := a.s
 	c := openStream(s, s.delta)
 	defer s.closeDelta(c)
-	return serveStream(a, st.Context(), c.wake, st.Recv,
+	return serveStream(st.Context(), a, c.wake, st.Recv,
 		func(req *discoveryv3.DeltaDiscoveryRequest) error { return s.deltaRequested(c, req) },
 		func() []*discoveryv3.DeltaDiscoveryResponse { return s.nextDelta(c) },
 		st.Send)
@@ -405,12 +405,12 @@ func (s *Server) nextDelta(c *deltaStream) []*discoveryv3.DeltaDiscoveryResponse
 				resp.RemovedResources = append(resp.RemovedResources, name)
 			}
 		}
-		// A map keeps its size when emptied; a client's first sync had every name.
-		if len(sub.dirty) == 0 && len(names) > 1024 {
+		sub.inflight = resp.Nonce
+		if !sub.synced && len(sub.dirty) == 0 {
+			sub.synced = true
+			// A map keeps its size when emptied, and the first sync had every name in it.
 			sub.dirty = make(map[string]bool)
 		}
-		sub.inflight = resp.Nonce
-		sub.synced = sub.synced || len(sub.dirty) == 0
 		held = !sub.synced
 		s.deltaResponse(c.id, resp)
 		s.metrics.responses.WithLabelValues("delta", t).Inc()
@@ -430,7 +430,7 @@ func (a *ads) StreamAggregatedResources(st discoveryv3.AggregatedDiscoveryServic
 		defer s.mu.Unlock()
 		delete(s.sotw, c.id)
 	}()
-	return serveStream(a, st.Context(), c.wake, st.Recv,
+	return serveStream(st.Context(), a, c.wake, st.Recv,
 		func(req *discoveryv3.DiscoveryRequest) error { return s.sotwRequested(c, req) },
 		func() []*discoveryv3.DiscoveryResponse { return s.nextSotw(c) },
 		st.Send)
