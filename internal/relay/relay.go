@@ -50,16 +50,21 @@ func Pipe(a, b net.Conn, idle time.Duration) (aToB, bToA int64) {
 func half(dst, src net.Conn, idle time.Duration) int64 {
 	var total int64
 	var buf []byte // nil between TCP connections: the kernel splices, no user-space buffer
+	w := io.Writer(dst)
 	if !spliceable(dst, src) {
 		b := buffers.Get().(*[bufferSize]byte)
 		defer buffers.Put(b)
 		buf = b[:]
+		// A *net.TCPConn destination would take the copy over with its ReadFrom, which
+		// splices only from another socket and otherwise copies through a 32 KiB buffer of
+		// its own, allocated per call: the agent wrote to the pod in 32 KiB pieces.
+		w = writerOnly{dst}
 	}
 	for {
 		if idle > 0 {
 			_ = src.SetReadDeadline(time.Now().Add(idle))
 		}
-		n, err := io.CopyBuffer(dst, io.LimitReader(src, chunk), buf)
+		n, err := io.CopyBuffer(w, io.LimitReader(src, chunk), buf)
 		total += n
 		switch {
 		case err == nil && n == chunk:
@@ -75,6 +80,9 @@ func half(dst, src net.Conn, idle time.Duration) int64 {
 		return total
 	}
 }
+
+// writerOnly hides everything of a writer but Write (its ReadFrom in particular) from io.Copy.
+type writerOnly struct{ io.Writer }
 
 func spliceable(dst, src net.Conn) bool {
 	_, d := dst.(*net.TCPConn)

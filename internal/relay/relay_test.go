@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,4 +111,43 @@ func TestResetEndsBoth(t *testing.T) {
 	if _, err := io.ReadAll(server); isTimeout(err) {
 		t.Fatal("the server's connection is still open after the client's reset")
 	}
+}
+
+// readFromConn is a connection whose ReadFrom must not be used: a *net.TCPConn's would copy
+// through a 32 KiB buffer of its own whenever the source is no socket (a tunnel's netstack).
+type readFromConn struct {
+	net.Conn
+	used *atomic.Bool
+}
+
+func (c readFromConn) ReadFrom(r io.Reader) (int64, error) {
+	c.used.Store(true)
+	return io.Copy(c.Conn, r)
+}
+
+func TestCopiesThroughItsOwnBuffer(t *testing.T) {
+	client, a := pair(t)
+	b, server := pair(t)
+	dst := readFromConn{Conn: b, used: new(atomic.Bool)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Pipe(a, dst, 0)
+		a.Close()
+		b.Close()
+	}()
+	payload := bytes.Repeat([]byte("p"), 1<<20)
+	go func() {
+		_, _ = client.Write(payload)
+		_ = client.(*net.TCPConn).CloseWrite()
+	}()
+	got, err := io.ReadAll(io.LimitReader(server, int64(len(payload))))
+	if err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("server read %d bytes (%v), want %d", len(got), err, len(payload))
+	}
+	if dst.used.Load() {
+		t.Fatal("the copy went through the destination's ReadFrom, not the relay's buffer")
+	}
+	server.Close()
+	<-done
 }
