@@ -65,6 +65,13 @@ func SampleCPU(groups []int) CPUSample {
 	return s
 }
 
+// ProcessCPU returns the user and system CPU time process pid has used since it started, as
+// /proc/<pid>/stat counts it (10 ms ticks).
+func ProcessCPU(pid int) (time.Duration, bool) {
+	t, _, ok := procCPU("/proc/" + strconv.Itoa(pid) + "/stat")
+	return t, ok
+}
+
 // Other returns the CPU time used by others between s and a later sample
 // t: busy time that was neither ours nor our peers'. It is 0 when either
 // sample is missing, and never negative (the counters tick at 10 ms).

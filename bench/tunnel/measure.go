@@ -95,6 +95,8 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 		r.logf("%s: idle RSS: %s %s, %s %s", s.name, res.Server.Process, fmtMiB(res.Server.IdleRSS),
 			res.Agent.Process, fmtMiB(res.Agent.IdleRSS))
 	}
+	r.pathCPU = s.cpu(r.ingress)
+	defer func() { r.pathCPU = nil }()
 	for _, t := range targets {
 		d := s.dial[t.Name]
 		if d == nil {
@@ -117,6 +119,14 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 		res.Server.Peak = peakOf(s.servers[0])
 		res.Agent.Peak = peakOf(s.agent)
 	}
+}
+
+// cpuNow is the measured stack's CPU time so far, or -1 if it has no processes.
+func (r *runner) cpuNow() time.Duration {
+	if r.pathCPU == nil {
+		return -1
+	}
+	return r.pathCPU()
 }
 
 func memOf(p *peers.Process) ProcMemory {
@@ -309,15 +319,18 @@ func (r *runner) bulk(ctx context.Context, d dialFunc, dir string, conns int) (B
 		stop()
 		return BulkResult{}, ctx.Err()
 	}
-	b0, t0 := count(), time.Now()
+	b0, t0, c0 := count(), time.Now(), r.cpuNow()
 	ok := harness.SleepCtx(ctx, r.cfg.Duration)
-	b1, t1 := count(), time.Now()
+	b1, t1, c1 := count(), time.Now(), r.cpuNow()
 	stop()
 	if !ok {
 		return BulkResult{}, ctx.Err()
 	}
 	res := BulkResult{Direction: dir, Conns: conns, Seconds: t1.Sub(t0).Seconds(), Bytes: b1 - b0}
 	res.MBps = float64(res.Bytes) / res.Seconds / 1e6
+	if c0 >= 0 && res.Bytes > 0 {
+		res.CPUPerMB = ms(c1-c0) / (float64(res.Bytes) / 1e6)
+	}
 	res.Errors, res.FirstError = e.get()
 	return res, nil
 }
@@ -408,10 +421,10 @@ func (r *runner) dials(ctx context.Context, d dialFunc, workers int) (DialResult
 		return DialResult{}, ctx.Err()
 	}
 	phase.Store(phaseMeasure)
-	t0 := time.Now()
+	t0, c0 := time.Now(), r.cpuNow()
 	ok := harness.SleepCtx(ctx, r.cfg.Duration)
 	phase.Store(phaseStop)
-	t1 := time.Now()
+	t1, c1 := time.Now(), r.cpuNow()
 	stop()
 	if !ok {
 		return DialResult{}, ctx.Err()
@@ -423,6 +436,9 @@ func (r *runner) dials(ctx context.Context, d dialFunc, workers int) (DialResult
 	res := DialResult{Workers: workers, Dials: int64(h.Count()), Seconds: t1.Sub(t0).Seconds(),
 		P50: ms(h.Percentile(0.5)), P90: ms(h.Percentile(0.9)), P99: ms(h.Percentile(0.99))}
 	res.PerSec = float64(res.Dials) / res.Seconds
+	if c0 >= 0 && res.Dials > 0 {
+		res.CPUPerDial = ms(c1-c0) / float64(res.Dials)
+	}
 	res.Errors, res.FirstError = e.get()
 	return res, nil
 }

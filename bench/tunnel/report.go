@@ -83,11 +83,14 @@ type TargetResult struct {
 
 // BulkResult is one throughput measurement.
 type BulkResult struct {
-	Direction  string  `json:"direction"`
-	Conns      int     `json:"conns"`
-	Seconds    float64 `json:"seconds"`
-	Bytes      int64   `json:"bytes"`
-	MBps       float64 `json:"mb_per_sec"`
+	Direction string  `json:"direction"`
+	Conns     int     `json:"conns"`
+	Seconds   float64 `json:"seconds"`
+	Bytes     int64   `json:"bytes"`
+	MBps      float64 `json:"mb_per_sec"`
+	// CPUPerMB is the CPU time (ms) the stack's own processes spent per MB moved (0: no
+	// processes, direct).
+	CPUPerMB   float64 `json:"cpu_ms_per_mb,omitempty"`
 	Errors     int64   `json:"errors,omitempty"`
 	FirstError string  `json:"first_error,omitempty"`
 }
@@ -95,13 +98,15 @@ type BulkResult struct {
 // DialResult is one dial measurement: dial through the path plus one round
 // trip to the pod, then close.
 type DialResult struct {
-	Workers    int     `json:"workers"`
-	Seconds    float64 `json:"seconds"`
-	Dials      int64   `json:"dials"`
-	PerSec     float64 `json:"dials_per_sec"`
-	P50        float64 `json:"p50_ms"`
-	P90        float64 `json:"p90_ms"`
-	P99        float64 `json:"p99_ms"`
+	Workers int     `json:"workers"`
+	Seconds float64 `json:"seconds"`
+	Dials   int64   `json:"dials"`
+	PerSec  float64 `json:"dials_per_sec"`
+	P50     float64 `json:"p50_ms"`
+	P90     float64 `json:"p90_ms"`
+	P99     float64 `json:"p99_ms"`
+	// CPUPerDial is the CPU time (ms) the stack's own processes spent per dial.
+	CPUPerDial float64 `json:"cpu_ms_per_dial,omitempty"`
 	Errors     int64   `json:"errors,omitempty"`
 	FirstError string  `json:"first_error,omitempty"`
 }
@@ -118,6 +123,34 @@ type HOLResult struct {
 	StallNote    string  `json:"stall_note,omitempty"`
 	Errors       int64   `json:"errors,omitempty"`
 	FirstError   string  `json:"first_error,omitempty"`
+}
+
+// bulkCPU is the CPU per MB of the bulk run in dir with conns connections, 0 if none.
+func (t *TargetResult) bulkCPU(dir string, conns int) float64 {
+	for _, b := range t.Bulk {
+		if b.Direction == dir && b.Conns == conns {
+			return b.CPUPerMB
+		}
+	}
+	return 0
+}
+
+// dialCPU is the CPU per dial of the dial run with workers, 0 if none.
+func (t *TargetResult) dialCPU(workers int) float64 {
+	for _, d := range t.Dial {
+		if d.Workers == workers {
+			return d.CPUPerDial
+		}
+	}
+	return 0
+}
+
+// fmtCPU formats a CPU time in ms, "-" for none.
+func fmtCPU(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", v)
 }
 
 func (t *TargetResult) bulkMBps(dir string, conns int) float64 {
@@ -421,6 +454,38 @@ func (rep *Report) tables() []table {
 		dt.Rows = append(dt.Rows, append(row, strconv.FormatInt(nerr, 10)))
 	}
 	out = append(out, dt)
+
+	// CPU of the data path.
+	ct := table{title: "CPU of the data path: user and system time of the stack's own processes (seed side, shoot side, " +
+		"and the ingress for tendril and OpenVPN; not the client or the pod, which are the same for every target) per MB " +
+		"moved in the bulk runs and per dial. Unlike MB/s it hardly moves with other load on the machine. Kernel work " +
+		"done in softirq context (much of loopback TCP's receive side) is not counted."}
+	ct.Header, ct.Left = []string{"target"}, []bool{true}
+	for _, dir := range []string{ToShoot, FromShoot} {
+		for _, n := range conns {
+			ct.Header = append(ct.Header, fmt.Sprintf("ms/MB %s ×%d", dir, n))
+			ct.Left = append(ct.Left, false)
+		}
+	}
+	for _, n := range rep.Settings.DialWorkers {
+		ct.Header = append(ct.Header, fmt.Sprintf("ms/dial ×%d", n))
+		ct.Left = append(ct.Left, false)
+	}
+	for _, t := range measured {
+		row := []string{t.Name}
+		for _, dir := range []string{ToShoot, FromShoot} {
+			for _, n := range conns {
+				row = append(row, fmtCPU(t.bulkCPU(dir, n)))
+			}
+		}
+		for _, n := range rep.Settings.DialWorkers {
+			row = append(row, fmtCPU(t.dialCPU(n)))
+		}
+		if t.Name != TargetDirect {
+			ct.Rows = append(ct.Rows, row)
+		}
+	}
+	out = append(out, ct)
 
 	// Head-of-line.
 	ht := table{title: "Head-of-line blocking: one connection's receiver stops reading (to-shoot: the pod; from-shoot: the " +

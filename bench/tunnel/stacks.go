@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/machine"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -44,7 +45,35 @@ type stack struct {
 	dial         map[string]dialFunc
 	servers      []*peers.Process // the seed side; servers[0] is the one whose memory is reported
 	agent        *peers.Process
-	config       string
+	// viaIngress: the agent dials out through the seed ingress, whose processes are then
+	// part of the data path's CPU.
+	viaIngress bool
+	config     string
+}
+
+// cpu returns a function summing the CPU time of the stack's own processes (seed side, shoot
+// side, the ingress if it dials through it), or nil if it has none (direct). Processes that
+// have exited count as nothing: a measurement's difference stays exact while they run.
+func (s *stack) cpu(in *ingress) func() time.Duration {
+	procs := slices.Clone(s.servers)
+	if s.agent != nil {
+		procs = append(procs, s.agent)
+	}
+	if s.viaIngress && in != nil {
+		procs = append(procs, in.procs...)
+	}
+	if len(procs) == 0 {
+		return nil
+	}
+	return func() time.Duration {
+		var sum time.Duration
+		for _, p := range procs {
+			if t, ok := machine.ProcessCPU(p.PID()); ok {
+				sum += t
+			}
+		}
+		return sum
+	}
 }
 
 func (s *stack) stop() {
@@ -277,6 +306,7 @@ func (r *runner) tendrilStack() *stack {
 	var agentArgs []string
 	s.startServer = func(ctx context.Context, dir string) error {
 		in, err := r.ensureIngress(ctx)
+		s.viaIngress = true
 		if err != nil {
 			return err
 		}
@@ -356,6 +386,7 @@ func (r *runner) openvpnStack() *stack {
 	var clientArgs []string
 	s.startServer = func(ctx context.Context, dir string) error {
 		in, err := r.ensureIngress(ctx)
+		s.viaIngress = true
 		if err != nil {
 			return err
 		}

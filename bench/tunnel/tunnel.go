@@ -225,6 +225,10 @@ type runner struct {
 	// ingress is the seed ingress (tendril-seed + tendril-ingress), started
 	// for the first stack that dials through it and stopped at the end.
 	ingress *ingress
+	// pathCPU is the CPU time the measured stack's own processes have used so far (its seed
+	// and shoot side, and the ingress when it dials through it); nil for a stack without
+	// processes (direct).
+	pathCPU func() time.Duration
 }
 
 func (r *runner) logf(format string, args ...any) {

@@ -77,6 +77,11 @@ func TestRunMini(t *testing.T) {
 			if b.Bytes <= 0 || strict && b.Errors > 0 {
 				t.Errorf("%s bulk %s ×%d: %d bytes, %d errors (%s)", tr.Name, b.Direction, b.Conns, b.Bytes, b.Errors, b.FirstError)
 			}
+			// The data path's CPU: none of its own for direct, some for tendril's, which moved
+			// megabytes through three processes in the window.
+			if strict && (tr.Name == TargetDirect) != (b.CPUPerMB == 0) {
+				t.Errorf("%s bulk %s ×%d: %.3f CPU ms per MB", tr.Name, b.Direction, b.Conns, b.CPUPerMB)
+			}
 		}
 		for _, d := range tr.Dial {
 			if d.Dials <= 0 || strict && d.Errors > 0 || d.P50 > d.P99 {
