@@ -2,6 +2,8 @@ package server
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tendril-net/tendril/tunnel/bind"
 )
 
 type metrics struct {
@@ -61,5 +63,26 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "tendril_server_tunnel_streams_active", Help: "Agent streams attached now.",
 		}, func() float64 { return float64(s.tun.BindStats().StreamsActive) }),
 	)
+	// The tunnel's own packets (WireGuard, encrypted, on the agents' streams): bytes over
+	// packets is the average packet size, which says whether bulk transfers fill the tunnel's
+	// large MTU.
+	tunnelStat := func(name, help, direction string, v func(bind.Stats) uint64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: name, Help: help, ConstLabels: prometheus.Labels{"direction": direction},
+		}, func() float64 { return float64(v(s.tun.BindStats())) }))
+	}
+	const packetsHelp = "WireGuard packets on the agents' streams, by direction (in: from agents)."
+	const bytesHelp = "WireGuard packet bytes on the agents' streams (framing excluded), by direction (in: from agents)."
+	tunnelStat("tendril_server_tunnel_packets_total", packetsHelp, "in", func(st bind.Stats) uint64 { return st.PacketsIn })
+	tunnelStat("tendril_server_tunnel_packets_total", packetsHelp, "out", func(st bind.Stats) uint64 { return st.PacketsOut })
+	tunnelStat("tendril_server_tunnel_bytes_total", bytesHelp, "in", func(st bind.Stats) uint64 { return st.BytesIn })
+	tunnelStat("tendril_server_tunnel_bytes_total", bytesHelp, "out", func(st bind.Stats) uint64 { return st.BytesOut })
+	for r := range bind.SendDropReason(len(bind.Stats{}.SendDropped)) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "tendril_server_tunnel_send_dropped_total",
+			Help:        "Packets for an agent not written to its stream, by reason (detached, write-error, refused).",
+			ConstLabels: prometheus.Labels{"reason": r.String()},
+		}, func() float64 { return float64(s.tun.BindStats().SendDropped[r]) }))
+	}
 	return m
 }

@@ -18,6 +18,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -187,9 +188,10 @@ func (s *Server) acceptTunnel(ctx context.Context, l net.Listener) error {
 	}
 }
 
-// ServeConnect serves HTTP CONNECT on l (a TLS listener that verified kube-apiserver's client
-// certificate, or a Unix socket) until ctx ends, then closes every egress connection.
-func (s *Server) ServeConnect(ctx context.Context, l net.Listener) error {
+// ServeConnect serves HTTP CONNECT on l until ctx ends, then closes every egress connection.
+// With tlsCfg (mutual TLS: it verifies kube-apiserver's client certificate) the connections are
+// TLS, the handshake bounded by the request timeout; without it (a Unix socket) plain.
+func (s *Server) ServeConnect(ctx context.Context, l net.Listener, tlsCfg *tls.Config) error {
 	var wg sync.WaitGroup
 	conns := make(map[net.Conn]struct{})
 	var mu sync.Mutex
@@ -227,6 +229,9 @@ func (s *Server) ServeConnect(ctx context.Context, l net.Listener) error {
 				return nil
 			}
 			return fmt.Errorf("server: accept egress: %w", err)
+		}
+		if tlsCfg != nil {
+			c = tls.Server(&readAhead{Conn: c}, tlsCfg)
 		}
 		if !track(c) {
 			c.Close()
@@ -314,6 +319,9 @@ func (s *Server) serveConnect(ctx context.Context, c net.Conn, track func(net.Co
 	}
 	s.metrics.active.Inc()
 	defer s.metrics.active.Dec()
+	if tc, ok := c.(*tls.Conn); ok {
+		c = &recordBatcher{Conn: tc}
+	}
 	toShoot, fromShoot := relay.Pipe(c, up, s.cfg.IdleTimeout)
 	s.metrics.bytes.WithLabelValues("to_shoot").Add(float64(toShoot))
 	s.metrics.bytes.WithLabelValues("from_shoot").Add(float64(fromShoot))

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -63,7 +64,9 @@ func connectTo(t *testing.T, r *servertest.Backend, target string) (int, net.Con
 }
 
 func TestConnectThroughTunnel(t *testing.T) {
-	r := newRig(t, wg.Key{}, 10*time.Second)
+	reg := prometheus.NewRegistry()
+	r := servertest.Start(t, servertest.Options{Registry: reg})
+	r.ServeEcho(t, 8080, "echo\n")
 	target := netip.AddrPortFrom(agentAddr, 8080).String()
 	// The first dial also brings the tunnel up (the agent's keepalive starts the handshake).
 	r.WaitReady(t)
@@ -86,6 +89,41 @@ func TestConnectThroughTunnel(t *testing.T) {
 	if _, err := io.ReadFull(br, got); err != nil || !bytes.Equal(got, payload) {
 		t.Fatalf("echo through the tunnel differs (%v)", err)
 	}
+	// The tunnel's packet counters saw the payload go out and come back, in packets larger
+	// than a 1,500-byte MTU's (the tunnel's is 60,000).
+	for _, dir := range []string{"in", "out"} {
+		packets := metricValue(t, reg, "tendril_server_tunnel_packets_total", "direction", dir)
+		bytes := metricValue(t, reg, "tendril_server_tunnel_bytes_total", "direction", dir)
+		if bytes < float64(len(payload)) || packets == 0 || bytes/packets <= 1500 {
+			t.Errorf("tunnel %s: %.0f packets, %.0f bytes; want at least the 4 MiB payload in packets over 1,500 bytes", dir, packets, bytes)
+		}
+	}
+	if d := metricValue(t, reg, "tendril_server_tunnel_send_dropped_total", "reason", "refused"); d != 0 {
+		t.Errorf("%.0f packets refused", d)
+	}
+}
+
+// metricValue is the value of the one sample of family name whose label is value.
+func metricValue(t *testing.T, g prometheus.Gatherer, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{%s=%q}", name, label, value)
+	return 0
 }
 
 func TestConnectRefusals(t *testing.T) {

@@ -156,12 +156,12 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if cfg.ConnectAddress != "" {
-		cl, err := tls.Listen("tcp", cfg.ConnectAddress, tlsCfg)
+		cl, err := net.Listen("tcp", cfg.ConnectAddress)
 		if err != nil {
 			tl.Close()
 			return fmt.Errorf("CONNECT listener: %w", err)
 		}
-		g.Go(func() error { return srv.ServeConnect(ctx, cl) })
+		g.Go(func() error { return srv.ServeConnect(ctx, cl, tlsCfg) })
 	}
 	if cfg.GRPCAddress != "" {
 		gl, err := net.Listen("tcp", cfg.GRPCAddress)
@@ -174,7 +174,7 @@ func Run(ctx context.Context, cfg Config) error {
 		path  string
 		serve func(net.Listener) error
 	}{
-		{cfg.ConnectSocket, func(l net.Listener) error { return srv.ServeConnect(ctx, l) }},
+		{cfg.ConnectSocket, func(l net.Listener) error { return srv.ServeConnect(ctx, l, nil) }},
 		{cfg.GRPCSocket, func(l net.Listener) error { return srv.ServeGRPC(ctx, l, nil) }},
 	} {
 		if sock.path == "" {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/tendril-net/tendril/internal/testpki"
@@ -38,6 +39,8 @@ type Options struct {
 	ServerName string
 	// DialTimeout and RequestTimeout are the server's (server.Config); zero: its defaults.
 	DialTimeout, RequestTimeout time.Duration
+	// Registry receives the server's metrics; nil: not registered.
+	Registry prometheus.Registerer
 }
 
 // Backend is a running tendril-server with an agent attached. Everything stops when the test
@@ -88,6 +91,7 @@ func Start(t *testing.T, o Options) *Backend {
 		ShootCIDRs:     []netip.Prefix{netip.PrefixFrom(AgentAddr, 128)},
 		DialTimeout:    o.DialTimeout,
 		RequestTimeout: o.RequestTimeout,
+		Registry:       o.Registry,
 		Log:            testr.New(t).WithName("server"),
 	})
 	if err != nil {
@@ -127,7 +131,7 @@ func Start(t *testing.T, o Options) *Backend {
 	ctx, cancel := context.WithCancel(context.Background())
 	b.wg.Add(3)
 	go func() { defer b.wg.Done(); _ = srv.ServeTunnel(ctx, tunnelL) }()
-	go func() { defer b.wg.Done(); _ = srv.ServeConnect(ctx, tls.NewListener(rawConnect, serverTLS())) }()
+	go func() { defer b.wg.Done(); _ = srv.ServeConnect(ctx, rawConnect, serverTLS()) }()
 	go func() { defer b.wg.Done(); _ = srv.ServeGRPC(ctx, grpcL, credentials.NewTLS(serverTLS())) }()
 	t.Cleanup(func() {
 		cancel()

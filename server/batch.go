@@ -1,0 +1,97 @@
+package server
+
+import (
+	"crypto/tls"
+	"net"
+	"sync"
+	"time"
+)
+
+// batchRoom is the least room a Read must have left to try for another TLS record: a record
+// carries at most 16 KiB of plaintext.
+const batchRoom = 16 << 10
+
+// recordBatcher makes one Read return every TLS record already received, not just the first.
+// A tls.Conn's Read returns at most one record (16 KiB), and each Read's bytes go into the
+// tunnel's netstack as one write, which becomes one TCP segment and one WireGuard packet: the
+// CONNECT front-end sent 18.5 KB packets to the shoot where the tunnel's MTU allows 60,000 (and
+// the direction from the shoot averaged 43 KB). Records that have arrived are decrypted and
+// appended without waiting for more: a Read never blocks longer than it did.
+type recordBatcher struct {
+	*tls.Conn
+	deadline time.Time // the read deadline the caller set, restored after each batch
+}
+
+// past is a read deadline that has passed: a Read with it returns what TLS holds and does not
+// touch the network.
+var past = time.Unix(1, 0)
+
+func (b *recordBatcher) SetReadDeadline(t time.Time) error {
+	b.deadline = t
+	return b.Conn.SetReadDeadline(t)
+}
+
+func (b *recordBatcher) SetDeadline(t time.Time) error {
+	b.deadline = t
+	return b.Conn.SetDeadline(t)
+}
+
+func (b *recordBatcher) Read(p []byte) (int, error) {
+	n, err := b.Conn.Read(p)
+	if err != nil || len(p)-n < batchRoom {
+		return n, err
+	}
+	// A timeout leaves a tls.Conn usable (it is a temporary error, not recorded as the
+	// connection's); any other error is, and the next Read returns it again.
+	_ = b.Conn.SetReadDeadline(past)
+	for len(p)-n >= batchRoom {
+		m, err := b.Conn.Read(p[n:])
+		n += m
+		if err != nil {
+			break
+		}
+	}
+	_ = b.Conn.SetReadDeadline(b.deadline)
+	return n, nil
+}
+
+// readAheadSize is the most one read from a TLS client's socket takes in: several records'
+// worth, so that recordBatcher finds them all received (16 KiB each, and kube-apiserver's
+// writes through an egress connection are at most 32 KiB to a few MiB).
+const readAheadSize = 128 << 10
+
+// readAheads are readAhead's buffers, held only while they hold bytes: an idle connection
+// keeps none.
+var readAheads = sync.Pool{New: func() any { return new([readAheadSize]byte) }}
+
+// readAhead is the socket under a TLS server connection. It takes in everything the socket
+// has, up to readAheadSize, in one read and hands it to TLS in the pieces TLS asks for (a
+// record header, then the record); TLS then finds every record that arrived together already
+// there, which is what recordBatcher collects. What it holds is returned before the socket
+// is read again, whatever the read deadline (as TLS does with what it holds).
+type readAhead struct {
+	net.Conn
+	buf  *[readAheadSize]byte // nil while empty
+	r, w int
+}
+
+func (c *readAhead) Read(p []byte) (int, error) {
+	if c.buf == nil {
+		buf := readAheads.Get().(*[readAheadSize]byte)
+		n, err := c.Conn.Read(buf[:])
+		if n == 0 {
+			readAheads.Put(buf)
+			return 0, err
+		}
+		// An error with bytes (the socket's end right after them) comes again on the next
+		// read of the socket.
+		c.buf, c.r, c.w = buf, 0, n
+	}
+	n := copy(p, c.buf[c.r:c.w])
+	c.r += n
+	if c.r == c.w {
+		readAheads.Put(c.buf)
+		c.buf = nil
+	}
+	return n, nil
+}
