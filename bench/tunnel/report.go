@@ -272,6 +272,16 @@ func (rep *Report) evaluate() {
 				for _, h := range t.HOL {
 					add("head-of-line "+h.Direction, t.Name, o.Name, h.MBps, o.holMBps(h.Direction), 0, "MB/s")
 				}
+				// Work per CPU second of the data path's own processes (the CPU table's
+				// inverse): the comparison that other load on the machine hardly moves.
+				for _, b := range t.Bulk {
+					add(fmt.Sprintf("bulk %s ×%d per CPU second", b.Direction, b.Conns), t.Name, o.Name,
+						perCPUSecond(b.CPUPerMB), perCPUSecond(o.bulkCPU(b.Direction, b.Conns)), 0, "MB/CPU-s")
+				}
+				for _, d := range t.Dial {
+					add(fmt.Sprintf("dials ×%d per CPU second", d.Workers), t.Name, o.Name,
+						perCPUSecond(d.CPUPerDial), perCPUSecond(o.dialCPU(d.Workers)), 0, "dials/CPU-s")
+				}
 			}
 		}
 	}
@@ -289,6 +299,14 @@ func (rep *Report) evaluate() {
 			rep.Goals = append(rep.Goals, Goal{Metric: "idle tendril-server RSS, no agent", Tendril: "tendril", Value: v, Want: goalIdleMiB, Unit: "MiB", Met: v <= goalIdleMiB})
 		}
 	}
+}
+
+// perCPUSecond turns CPU ms per unit into units per CPU second (NaN without a figure).
+func perCPUSecond(msPerUnit float64) float64 {
+	if msPerUnit <= 0 {
+		return math.NaN()
+	}
+	return 1000 / msPerUnit
 }
 
 // Missed returns the goals with a target that were missed.
@@ -547,7 +565,8 @@ func (rep *Report) tables() []table {
 	// Goals.
 	gt := table{title: "tendril against the goals (≥ 0.4× direct, ≥ 3× OpenVPN-TCP, ≥ 2× konnectivity with the same " +
 		"front-end protocol; tunnel up ≤ 100 ms; idle tendril-server ≤ 15 MiB). Dial rates have a goal only against " +
-		"konnectivity (direct and OpenVPN make no TLS connection per dial); head-of-line figures are for information."}
+		"konnectivity (direct and OpenVPN make no TLS connection per dial); head-of-line and per-CPU-second figures are for " +
+		"information."}
 	gt.Header = []string{"metric", "tendril", "value", "versus", "other", "ratio", "goal", "met"}
 	gt.Left = []bool{true, true, false, true, false, false, false, true}
 	for _, g := range rep.Goals {
