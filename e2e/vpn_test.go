@@ -72,28 +72,8 @@ func TestReversedVPN(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	id := fmt.Sprintf("%d", os.Getpid()%100000)
-	shoot, pod := "tvs-"+id, "tvp-"+id
-	for _, ns := range []string{shoot, pod} {
-		ip(t, "netns", "add", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	}
 	// seed ⇄ shoot: 10.215.0.1/30 ⇄ .2; shoot ⇄ pod: 10.216.0.1/24 ⇄ .2 (the "pod network").
-	ip(t, "link", "add", "tvs"+id, "type", "veth", "peer", "name", "tvsn"+id)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "tvs"+id).Run() })
-	ip(t, "link", "set", "tvsn"+id, "netns", shoot)
-	ip(t, "addr", "add", "10.215.0.1/30", "dev", "tvs"+id)
-	ip(t, "link", "set", "tvs"+id, "up")
-	ip(t, "-n", shoot, "addr", "add", "10.215.0.2/30", "dev", "tvsn"+id)
-	ip(t, "-n", shoot, "link", "set", "tvsn"+id, "up")
-	ip(t, "-n", shoot, "link", "set", "lo", "up")
-	ip(t, "-n", shoot, "link", "add", "tvp"+id, "type", "veth", "peer", "name", "tvpn"+id)
-	ip(t, "-n", shoot, "link", "set", "tvpn"+id, "netns", pod)
-	ip(t, "-n", shoot, "addr", "add", "10.216.0.1/24", "dev", "tvp"+id)
-	ip(t, "-n", shoot, "link", "set", "tvp"+id, "up")
-	ip(t, "-n", pod, "addr", "add", "10.216.0.2/24", "dev", "tvpn"+id)
-	ip(t, "-n", pod, "link", "set", "tvpn"+id, "up")
-	ip(t, "-n", pod, "link", "set", "lo", "up")
+	shoot, pod := shootNetworks(t, "tv", "10.215.0", "10.216.0")
 
 	self, err := os.Executable()
 	if err != nil {
@@ -288,6 +268,37 @@ func TestReversedVPN(t *testing.T) {
 }
 
 // agentGauge reads one per-agent gauge from Prometheus text: public key → value.
+// shootNetworks creates a "shoot" network namespace linked to the host over seed.0/30 (the host
+// seed.1, the shoot seed.2) and a "pod" namespace behind it on pods.0/24 (the shoot pods.1, the
+// pod pods.2), which only the shoot reaches. tag (two letters) keeps the names of the
+// namespaces and links apart from other tests'. Everything is removed when t ends.
+func shootNetworks(t *testing.T, tag, seed, pods string) (shoot, pod string) {
+	t.Helper()
+	id := fmt.Sprintf("%d", os.Getpid()%100000)
+	shoot, pod = tag+"s-"+id, tag+"p-"+id
+	for _, ns := range []string{shoot, pod} {
+		ip(t, "netns", "add", ns)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	}
+	hostLink, shootUp, shootDown, podLink := tag+"s"+id, tag+"sn"+id, tag+"p"+id, tag+"pn"+id
+	ip(t, "link", "add", hostLink, "type", "veth", "peer", "name", shootUp)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostLink).Run() })
+	ip(t, "link", "set", shootUp, "netns", shoot)
+	ip(t, "addr", "add", seed+".1/30", "dev", hostLink)
+	ip(t, "link", "set", hostLink, "up")
+	ip(t, "-n", shoot, "addr", "add", seed+".2/30", "dev", shootUp)
+	ip(t, "-n", shoot, "link", "set", shootUp, "up")
+	ip(t, "-n", shoot, "link", "set", "lo", "up")
+	ip(t, "-n", shoot, "link", "add", shootDown, "type", "veth", "peer", "name", podLink)
+	ip(t, "-n", shoot, "link", "set", podLink, "netns", pod)
+	ip(t, "-n", shoot, "addr", "add", pods+".1/24", "dev", shootDown)
+	ip(t, "-n", shoot, "link", "set", shootDown, "up")
+	ip(t, "-n", pod, "addr", "add", pods+".2/24", "dev", podLink)
+	ip(t, "-n", pod, "link", "set", podLink, "up")
+	ip(t, "-n", pod, "link", "set", "lo", "up")
+	return shoot, pod
+}
+
 func agentGauge(metrics, name string) map[string]float64 {
 	out := map[string]float64{}
 	for _, l := range strings.Split(metrics, "\n") {

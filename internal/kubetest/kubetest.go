@@ -75,6 +75,12 @@ func Assets() (string, error) {
 // Start starts an API server with the CRDs installed and stops it when t ends.
 func Start(t testing.TB) *Env {
 	t.Helper()
+	return StartWith(t, nil)
+}
+
+// StartWith is Start with kube-apiserver flags (name without dashes → value) set over envtest's.
+func StartWith(t testing.TB, apiServerFlags map[string]string) *Env {
+	t.Helper()
 	dir, err := Assets()
 	if err != nil {
 		t.Fatalf("kube-apiserver and etcd for envtest: %v", err)
@@ -87,6 +93,9 @@ func Start(t testing.TB) *Env {
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
+	}
+	for k, v := range apiServerFlags {
+		te.ControlPlane.GetAPIServer().Configure().Set(k, v)
 	}
 	cfg, err := te.Start()
 	if err != nil {
