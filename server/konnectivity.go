@@ -19,7 +19,7 @@ import (
 // kube-apiserver's single-use tunnels carry one connection per gRPC stream, so one slow reader
 // never holds up another connection's bytes.
 func (s *Server) ServeGRPC(ctx context.Context, l net.Listener, creds credentials.TransportCredentials) error {
-	var opts []grpc.ServerOption
+	opts := []grpc.ServerOption{grpc.ConnectionTimeout(s.cfg.RequestTimeout)}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}

@@ -54,7 +54,9 @@ type Config struct {
 	DialTimeout time.Duration
 	// IdleTimeout ends an egress connection idle in both directions this long. If zero, 1 h.
 	IdleTimeout time.Duration
-	// RequestTimeout bounds the CONNECT request's arrival. If zero, 10 s.
+	// RequestTimeout bounds a client's TLS handshake and CONNECT request (CONNECT front-end), or
+	// its TLS handshake and HTTP/2 preface (gRPC front-end; grpc-go's own default is 120 s). If
+	// zero, 10 s.
 	RequestTimeout time.Duration
 	// AgentTimeout is how long an agent's stream may deliver nothing before the agent counts as
 	// dead and another live agent takes the shoot's CIDRs over. If zero, 5 s: agents send a

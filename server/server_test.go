@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -251,6 +252,29 @@ func TestKonnectivityClient(t *testing.T) {
 	if _, err := dial().DialContext(ctx, "tcp", "10.0.0.1:443"); err == nil || !strings.Contains(err.Error(), "outside the shoot") {
 		t.Errorf("dial outside the shoot's networks: %v", err)
 	}
+}
+
+// TestSilentClientsAreClosed: a client that connects to a front-end and sends nothing (no TLS
+// handshake) is disconnected after the request timeout, not held.
+func TestSilentClientsAreClosed(t *testing.T) {
+	r := servertest.Start(t, servertest.Options{RequestTimeout: 300 * time.Millisecond})
+	for name, addr := range map[string]string{"CONNECT": r.Connect, "gRPC": r.GRPC} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// Far longer than the request timeout, far shorter than grpc-go's default of 120 s.
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+			t.Errorf("%s front-end: a silent client's read returned %d bytes, %v; want the connection closed", name, n, err)
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // TestThousandConcurrentDials: a burst of 1,000 CONNECTs, four times the dial cap, all succeed
