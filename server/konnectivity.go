@@ -46,6 +46,11 @@ type proxyService struct {
 // takes messages up to 4 MiB.
 const dataChunk = 128 << 10
 
+// dataBuffers are the readers' buffers, reused across connections: allocating and zeroing
+// 128 KiB per dial is what pooling the CONNECT front-end's relay buffers saved (5–6% of
+// tendril-server's CPU in a dial-rate run).
+var dataBuffers = sync.Pool{New: func() any { return new([dataChunk]byte) }}
+
 // Proxy serves one gRPC stream: DIAL_REQ → dial through the tunnel → DIAL_RSP; DATA both ways;
 // CLOSE_REQ/CLOSE_RSP; DIAL_CLS cancels a dial in flight. Packets are sent by one goroutine at a
 // time (gRPC streams are not safe for concurrent Send).
@@ -133,7 +138,9 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 				defer s.metrics.active.Dec()
 				dialResponse(req.GetRandom(), id, "")
 				// Shoot → apiserver: read and send until the target ends.
-				buf := make([]byte, dataChunk)
+				pooled := dataBuffers.Get().(*[dataChunk]byte)
+				defer dataBuffers.Put(pooled)
+				buf := pooled[:]
 				for {
 					n, err := c.Read(buf)
 					if n > 0 {
