@@ -71,21 +71,8 @@ func TestKubeAPIServerEgress(t *testing.T) {
 	shoot, pod := shootNetworks(t, "te", "10.217.0", "10.218.0")
 	const podAddr = "10.218.0.2"
 
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	ca, err := testpki.NewCA("shoot CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := ca.WriteCA(caFile); err != nil {
-		t.Fatal(err)
-	}
+	write := func(name, content string) string { return writeFile(t, dir, name, content) }
+	ca, caFile := shootCA(t, dir)
 	pair := func(name string, names ...string) (certFile, keyFile string) {
 		c, err := ca.Leaf(names...)
 		if err != nil {

@@ -90,27 +90,14 @@ func TestReversedVPN(t *testing.T) {
 	serverKey, _ := wg.GenerateKey()
 	agentKey, _ := wg.GenerateKey()
 	agentKey2, _ := wg.GenerateKey() // a second replica (HA)
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := func(name, content string) string { return writeFile(t, dir, name, content) }
 	serverKeyFile := write("server.key", serverKey.String())
 	agentKeyFile := write("agent.key", agentKey.String())
 	serverPub := write("server.pub", serverKey.PublicKey().String())
 	agentPub := write("agent.pub", agentKey.PublicKey().String())
 	agentKeyFile2 := write("agent2.key", agentKey2.String())
 	agentPub2 := write("agent2.pub", agentKey2.PublicKey().String())
-	ca, err := testpki.NewCA("shoot CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := ca.WriteCA(caFile); err != nil {
-		t.Fatal(err)
-	}
+	ca, caFile := shootCA(t, dir)
 	srvCert, _ := ca.Leaf("tendril-server", "127.0.0.1")
 	apiCert, _ := ca.Leaf("kube-apiserver")
 	if err := testpki.WritePair(srvCert, filepath.Join(dir, "srv.pem"), filepath.Join(dir, "srv-key.pem")); err != nil {
@@ -268,6 +255,31 @@ func TestReversedVPN(t *testing.T) {
 }
 
 // agentGauge reads one per-agent gauge from Prometheus text: public key → value.
+// writeFile writes content to dir/name (mode 0600) and returns the path.
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// shootCA makes the shoot's CA, which signs tendril-server's and kube-apiserver's certificates,
+// and writes it to dir/ca.pem.
+func shootCA(t *testing.T, dir string) (*testpki.CA, string) {
+	t.Helper()
+	ca, err := testpki.NewCA("shoot CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := ca.WriteCA(caFile); err != nil {
+		t.Fatal(err)
+	}
+	return ca, caFile
+}
+
 // shootNetworks creates a "shoot" network namespace linked to the host over seed.0/30 (the host
 // seed.1, the shoot seed.2) and a "pod" namespace behind it on pods.0/24 (the shoot pods.1, the
 // pod pods.2), which only the shoot reaches. tag (two letters) keeps the names of the

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/internal/testwait"
 )
@@ -43,24 +44,7 @@ func tlsPair(t *testing.T) (client *tls.Conn, sent *countingConn, server *record
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := l.Accept()
-		accepted <- c
-	}()
-	cc, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := <-accepted
-	if sc == nil {
-		t.Fatal("accept failed")
-	}
+	cc, sc := testnet.TCPPair(t)
 	sent = &countingConn{Conn: cc}
 	client = tls.Client(sent, &tls.Config{RootCAs: ca.Pool, ServerName: "tendril-server"})
 	st := tls.Server(&readAhead{Conn: sc}, &tls.Config{Certificates: []tls.Certificate{leaf}})
@@ -73,7 +57,7 @@ func tlsPair(t *testing.T) (client *tls.Conn, sent *countingConn, server *record
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	return client, sent, &recordBatcher{Conn: st}, sc.(*net.TCPConn)
+	return client, sent, &recordBatcher{Conn: st}, sc
 }
 
 // queued is the number of bytes in c's socket receive queue.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/tendril-net/tendril/internal/testnet"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -16,23 +18,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // pair returns both ends of a loopback TCP connection.
 func pair(t *testing.T) (client, server net.Conn) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := l.Accept()
-		accepted <- c
-	}()
-	client, err = net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	server = <-accepted
-	t.Cleanup(func() { client.Close(); server.Close() })
-	return client, server
+	return testnet.TCPPair(t)
 }
 
 // relayed sets up client ⇄ (a | Pipe | b) ⇄ server over real sockets.

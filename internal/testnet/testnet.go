@@ -1,5 +1,6 @@
 // Package testnet holds the small network fixtures tendril's tests share: a serve loop whose
-// handlers the test waits for, an echo that passes half-closes on, and an echo round trip. It is
+// handlers the test waits for, an echo that passes half-closes on, an echo round trip, and a
+// loopback TCP connection's two ends. It is
 // imported by tests only and does nothing on its own.
 package testnet
 
@@ -43,6 +44,33 @@ func Echo(c net.Conn) {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}
+}
+
+// TCPPair returns both ends of a loopback TCP connection, closed when the test ends.
+func TCPPair(t testing.TB) (client, server *net.TCPConn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept() // nil if the listener fails: the dial below fails too
+		accepted <- c
+	}()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-accepted
+	if s == nil {
+		c.Close()
+		t.Fatal("accept failed")
+	}
+	client, server = c.(*net.TCPConn), s.(*net.TCPConn)
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
 }
 
 // EchoServer serves Echo on a new loopback listener until the test ends and returns its address.
