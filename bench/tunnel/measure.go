@@ -2,12 +2,14 @@ package tunnel
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -224,7 +226,7 @@ func (r *runner) measureTarget(ctx context.Context, t *TargetResult, d dialFunc)
 	}
 	for _, dir := range []string{ToShoot, FromShoot} {
 		for _, n := range r.cfg.Conns {
-			b, err := r.bulk(ctx, d, dir, n)
+			b, err := rounds(r.cfg.Rounds, func() (BulkResult, error) { return r.bulk(ctx, d, dir, n) }, bulkFigure)
 			if err != nil {
 				return err
 			}
@@ -233,7 +235,7 @@ func (r *runner) measureTarget(ctx context.Context, t *TargetResult, d dialFunc)
 		}
 	}
 	for _, n := range r.cfg.DialWorkers {
-		dr, err := r.dials(ctx, d, n)
+		dr, err := rounds(r.cfg.Rounds, func() (DialResult, error) { return r.dials(ctx, d, n) }, dialFigure)
 		if err != nil {
 			return err
 		}
@@ -241,7 +243,7 @@ func (r *runner) measureTarget(ctx context.Context, t *TargetResult, d dialFunc)
 		r.logf("%s: dials ×%d: %.0f/s, p50 %.2f ms, p99 %.2f ms%s", t.Name, n, dr.PerSec, dr.P50, dr.P99, fmtErrLog(dr.Errors, dr.FirstError))
 	}
 	for _, dir := range []string{ToShoot, FromShoot} {
-		h, err := r.hol(ctx, d, dir)
+		h, err := rounds(r.cfg.Rounds, func() (HOLResult, error) { return r.hol(ctx, d, dir) }, holFigure)
 		if err != nil {
 			return err
 		}
@@ -251,6 +253,50 @@ func (r *runner) measureTarget(ctx context.Context, t *TargetResult, d dialFunc)
 			fmtBytes(h.StalledBytes), fmtErrLog(h.Errors, h.FirstError))
 	}
 	return nil
+}
+
+// rounds runs measure n times in a row and returns the run with the median figure (the lower
+// middle one for an even n), carrying the errors of all runs and every run's figure.
+func rounds[R any](n int, measure func() (R, error), fig func(*R) (figure *float64, all *[]float64, errs *int64, first *string)) (R, error) {
+	runs := make([]R, 0, n)
+	for range n {
+		res, err := measure()
+		if err != nil {
+			return res, err
+		}
+		runs = append(runs, res)
+	}
+	if n == 1 {
+		return runs[0], nil
+	}
+	var figures []float64
+	var errs int64
+	var first string
+	for i := range runs {
+		f, _, e, fe := fig(&runs[i])
+		figures = append(figures, *f)
+		errs += *e
+		if first == "" {
+			first = *fe
+		}
+	}
+	slices.SortStableFunc(runs, func(a, b R) int { fa, _, _, _ := fig(&a); fb, _, _, _ := fig(&b); return cmp.Compare(*fa, *fb) })
+	median := runs[(n-1)/2]
+	_, all, e, fe := fig(&median)
+	*all, *e, *fe = figures, errs, first
+	return median, nil
+}
+
+func bulkFigure(b *BulkResult) (*float64, *[]float64, *int64, *string) {
+	return &b.MBps, &b.RoundMBps, &b.Errors, &b.FirstError
+}
+
+func dialFigure(d *DialResult) (*float64, *[]float64, *int64, *string) {
+	return &d.PerSec, &d.RoundPerSec, &d.Errors, &d.FirstError
+}
+
+func holFigure(h *HOLResult) (*float64, *[]float64, *int64, *string) {
+	return &h.MBps, &h.RoundMBps, &h.Errors, &h.FirstError
 }
 
 func fmtErrLog(n int64, first string) string {

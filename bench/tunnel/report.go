@@ -32,11 +32,12 @@ type Settings struct {
 	Conns           []int    `json:"bulk_conns"`
 	DialWorkers     []int    `json:"dial_workers"`
 	UpRuns          int      `json:"up_runs"`
+	Rounds          int      `json:"rounds,omitempty"`
 }
 
 func settingsOf(c Config) Settings {
 	return Settings{Targets: c.Targets, DurationSeconds: c.Duration.Seconds(), WarmupSeconds: c.Warmup.Seconds(),
-		Conns: c.Conns, DialWorkers: c.DialWorkers, UpRuns: c.UpRuns}
+		Conns: c.Conns, DialWorkers: c.DialWorkers, UpRuns: c.UpRuns, Rounds: c.Rounds}
 }
 
 // StackResult is one data path's processes: what ran, how fast its tunnel
@@ -90,9 +91,11 @@ type BulkResult struct {
 	MBps      float64 `json:"mb_per_sec"`
 	// CPUPerMB is the CPU time (ms) the stack's own processes spent per MB moved (0: no
 	// processes, direct).
-	CPUPerMB   float64 `json:"cpu_ms_per_mb,omitempty"`
-	Errors     int64   `json:"errors,omitempty"`
-	FirstError string  `json:"first_error,omitempty"`
+	CPUPerMB float64 `json:"cpu_ms_per_mb,omitempty"`
+	// RoundMBps are the MB/s of every round when there were several.
+	RoundMBps  []float64 `json:"round_mb_per_sec,omitempty"`
+	Errors     int64     `json:"errors,omitempty"`
+	FirstError string    `json:"first_error,omitempty"`
 }
 
 // DialResult is one dial measurement: dial through the path plus one round
@@ -107,8 +110,10 @@ type DialResult struct {
 	P99     float64 `json:"p99_ms"`
 	// CPUPerDial is the CPU time (ms) the stack's own processes spent per dial.
 	CPUPerDial float64 `json:"cpu_ms_per_dial,omitempty"`
-	Errors     int64   `json:"errors,omitempty"`
-	FirstError string  `json:"first_error,omitempty"`
+	// RoundPerSec are the dials/s of every round when there were several.
+	RoundPerSec []float64 `json:"round_dials_per_sec,omitempty"`
+	Errors      int64     `json:"errors,omitempty"`
+	FirstError  string    `json:"first_error,omitempty"`
 }
 
 // HOLResult is one head-of-line measurement: the throughput of a
@@ -121,8 +126,10 @@ type HOLResult struct {
 	Alone        float64 `json:"alone_mb_per_sec"`
 	StalledBytes int64   `json:"stalled_bytes"` // what the stalled connection moved before it stood still
 	StallNote    string  `json:"stall_note,omitempty"`
-	Errors       int64   `json:"errors,omitempty"`
-	FirstError   string  `json:"first_error,omitempty"`
+	// RoundMBps are the MB/s of every round when there were several.
+	RoundMBps  []float64 `json:"round_mb_per_sec,omitempty"`
+	Errors     int64     `json:"errors,omitempty"`
+	FirstError string    `json:"first_error,omitempty"`
 }
 
 // bulkCPU is the CPU per MB of the bulk run in dir with conns connections, 0 if none.
@@ -619,8 +626,12 @@ func (t *table) writeMarkdown(b *strings.Builder) {
 }
 
 func (s Settings) summary() string {
-	return fmt.Sprintf("%s per measurement after %s warm-up; bulk with %v connections; dials with %v workers; %d agent start(s) per stack",
-		time.Duration(s.DurationSeconds*float64(time.Second)), time.Duration(s.WarmupSeconds*float64(time.Second)),
+	rounds := ""
+	if s.Rounds > 1 {
+		rounds = fmt.Sprintf(", %d rounds of each in a row, the median shown", s.Rounds)
+	}
+	return fmt.Sprintf("%s per measurement after %s warm-up%s; bulk with %v connections; dials with %v workers; %d agent start(s) per stack",
+		time.Duration(s.DurationSeconds*float64(time.Second)), time.Duration(s.WarmupSeconds*float64(time.Second)), rounds,
 		s.Conns, s.DialWorkers, s.UpRuns)
 }
 

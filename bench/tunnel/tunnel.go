@@ -84,6 +84,10 @@ type Config struct {
 	// UpRuns is how often each stack's agent is started for the up-time
 	// figure; 0 means 3.
 	UpRuns int
+	// Rounds is how often each measurement is repeated in a row; the report
+	// shows the round with the median figure (and the errors of all). 0
+	// means 1.
+	Rounds int
 	// BinDir holds the tendril binaries; "" means "bin".
 	BinDir string
 	// CacheDir receives the konnectivity build; "" means the user's cache
@@ -120,6 +124,9 @@ func (c *Config) setDefaults() {
 	if c.UpRuns == 0 {
 		c.UpRuns = 3
 	}
+	if c.Rounds == 0 {
+		c.Rounds = 1
+	}
 	if c.BinDir == "" {
 		c.BinDir = "bin"
 	}
@@ -135,6 +142,7 @@ func (c *Config) validate() error {
 	check(c.Duration > 0, "duration %v: want > 0", c.Duration)
 	check(c.Warmup >= 0, "warm-up %v: want ≥ 0", c.Warmup)
 	check(c.UpRuns >= 1 && c.UpRuns <= 100, "up runs %d: want 1..100", c.UpRuns)
+	check(c.Rounds >= 1 && c.Rounds <= 20, "rounds %d: want 1..20", c.Rounds)
 	check(len(c.Targets) > 0, "no targets")
 	for i, t := range c.Targets {
 		check(slices.Contains(Targets, t), "unknown target %q (want some of %v)", t, Targets)

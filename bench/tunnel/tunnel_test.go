@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,7 +47,7 @@ func TestRunMini(t *testing.T) {
 		t.Log("konnectivity not built in the cache: not measured (tendril-bench tunnel builds it once)")
 	}
 	cfg := Config{Targets: targets, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond,
-		Conns: []int{1, 2}, DialWorkers: []int{1, 4}, UpRuns: 1, BinDir: binDir, NoBuild: true,
+		Conns: []int{1, 2}, DialWorkers: []int{1, 4}, UpRuns: 1, Rounds: 2, BinDir: binDir, NoBuild: true,
 		Konnectivity: konnectivity.Dial, Progress: benchtest.Log{T: t}}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -79,6 +80,9 @@ func TestRunMini(t *testing.T) {
 			}
 			// The data path's CPU: none of its own for direct, some for tendril's, which moved
 			// megabytes through three processes in the window.
+			if len(b.RoundMBps) != 2 {
+				t.Errorf("%s bulk %s ×%d: round figures %v, want 2", tr.Name, b.Direction, b.Conns, b.RoundMBps)
+			}
 			if strict && (tr.Name == TargetDirect) != (b.CPUPerMB == 0) {
 				t.Errorf("%s bulk %s ×%d: %.3f CPU ms per MB", tr.Name, b.Direction, b.Conns, b.CPUPerMB)
 			}
@@ -169,4 +173,33 @@ func TestTopologyAddresses(t *testing.T) {
 		t.Fatalf("direct link: %v", err)
 	}
 	c.Close()
+}
+
+func TestRoundsReportTheMedianRound(t *testing.T) {
+	figures := []float64{500, 100, 300, 200}
+	errs := []int64{1, 0, 2, 0}
+	i := 0
+	got, err := rounds(len(figures), func() (BulkResult, error) {
+		b := BulkResult{MBps: figures[i], Bytes: int64(i + 1), Errors: errs[i]}
+		if errs[i] > 0 && i > 0 {
+			b.FirstError = "later error"
+		} else if errs[i] > 0 {
+			b.FirstError = "first error"
+		}
+		i++
+		return b, nil
+	}, bulkFigure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The lower middle of 100, 200, 300, 500 is 200, the fourth run (Bytes 4); the errors
+	// are all rounds' and the figures every round's in order.
+	if got.MBps != 200 || got.Bytes != 4 || got.Errors != 3 || got.FirstError != "first error" ||
+		!slices.Equal(got.RoundMBps, figures) {
+		t.Errorf("rounds: %+v", got)
+	}
+	one, _ := rounds(1, func() (DialResult, error) { return DialResult{PerSec: 7}, nil }, dialFigure)
+	if one.PerSec != 7 || one.RoundPerSec != nil {
+		t.Errorf("one round: %+v", one)
+	}
 }

@@ -30,6 +30,7 @@ func parseTunnel(args []string, stderr io.Writer) (*tunnelCommand, error) {
 	fs.Var(&conns, "conns", "comma-separated connection counts of the bulk test")
 	fs.Var(&workers, "dial-workers", "comma-separated concurrency levels of the dial test")
 	fs.IntVar(&c.Config.UpRuns, "up-runs", 3, "agent starts per stack for the tunnel up time (median)")
+	fs.IntVar(&c.Config.Rounds, "rounds", 1, "repeat each measurement this often in a row and report the median round (1..20)")
 	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with the tendril binaries (make build)")
 	fs.StringVar(&c.Config.CacheDir, "cache-dir", "", "where konnectivity's proxy-server and proxy-agent are built once (default: the user cache directory/tendril-bench)")
 	fs.BoolVar(&c.Config.NoBuild, "no-build", false, "skip konnectivity if it is not built yet instead of building it")
@@ -37,8 +38,8 @@ func parseTunnel(args []string, stderr io.Writer) (*tunnelCommand, error) {
 	if err := c.parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	if c.Config.Duration <= 0 || c.Config.Warmup < 0 || c.Config.UpRuns < 1 {
-		return nil, fmt.Errorf("%w: --duration must be > 0, --warmup ≥ 0, --up-runs ≥ 1", errUsage)
+	if c.Config.Duration <= 0 || c.Config.Warmup < 0 || c.Config.UpRuns < 1 || c.Config.Rounds < 1 || c.Config.Rounds > 20 {
+		return nil, fmt.Errorf("%w: --duration must be > 0, --warmup ≥ 0, --up-runs ≥ 1, --rounds 1..20", errUsage)
 	}
 	c.Config.Targets, c.Config.Conns, c.Config.DialWorkers = targets, conns, workers
 	c.Config.Konnectivity = konnectivity.Dial
