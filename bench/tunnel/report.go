@@ -404,6 +404,17 @@ type table struct {
 	notes []string
 }
 
+// addBulkColumns adds a right-aligned column per direction and bulk connection count, headed
+// by format with the direction and the count.
+func (t *table) addBulkColumns(format string, conns []int) {
+	for _, dir := range []string{ToShoot, FromShoot} {
+		for _, n := range conns {
+			t.Header = append(t.Header, fmt.Sprintf(format, dir, n))
+			t.Left = append(t.Left, false)
+		}
+	}
+}
+
 func (rep *Report) tables() []table {
 	var out []table
 	direct := rep.target(TargetDirect)
@@ -428,12 +439,7 @@ func (rep *Report) tables() []table {
 	tp := table{title: "Bulk throughput, MB/s (10^6 bytes/s, all connections together; in parentheses: × direct). " +
 		"to-shoot: the client writes, the pod reads (counted by the pod); from-shoot: the pod writes, the client reads."}
 	tp.Header, tp.Left = []string{"target"}, []bool{true}
-	for _, dir := range []string{ToShoot, FromShoot} {
-		for _, n := range conns {
-			tp.Header = append(tp.Header, fmt.Sprintf("%s ×%d", dir, n))
-			tp.Left = append(tp.Left, false)
-		}
-	}
+	tp.addBulkColumns("%s ×%d", conns)
 	tp.Header, tp.Left = append(tp.Header, "errors"), append(tp.Left, false)
 	for _, t := range measured {
 		row := []string{t.Name}
@@ -483,15 +489,10 @@ func (rep *Report) tables() []table {
 	// CPU of the data path.
 	ct := table{title: "CPU of the data path: user and system time of the stack's own processes (seed side, shoot side, " +
 		"and the ingress for tendril and OpenVPN; not the client or the pod, which are the same for every target) per MB " +
-		"moved in the bulk runs and per dial. Unlike MB/s it hardly moves with other load on the machine. Kernel work " +
+		"moved in the bulk runs and per dial. It moves less than MB/s with other load on the machine. Kernel work " +
 		"done in softirq context (much of loopback TCP's receive side) is not counted."}
 	ct.Header, ct.Left = []string{"target"}, []bool{true}
-	for _, dir := range []string{ToShoot, FromShoot} {
-		for _, n := range conns {
-			ct.Header = append(ct.Header, fmt.Sprintf("ms/MB %s ×%d", dir, n))
-			ct.Left = append(ct.Left, false)
-		}
-	}
+	ct.addBulkColumns("ms/MB %s ×%d", conns)
 	for _, n := range rep.Settings.DialWorkers {
 		ct.Header = append(ct.Header, fmt.Sprintf("ms/dial ×%d", n))
 		ct.Left = append(ct.Left, false)
