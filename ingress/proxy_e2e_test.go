@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/internal/metrictest"
 	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -145,7 +146,7 @@ func TestProxyProtocolRoutesByDestination(t *testing.T) {
 			t.Errorf("v%d to %s: %q, %v; want %s", tc.version, tc.dst, got, err, tc.want)
 		}
 	}
-	if n := promtestConn(w, "proxy", outcomeUnknownRoute); n != 1 {
+	if n := promtestConn(t, w, "proxy", outcomeUnknownRoute); n != 1 {
 		t.Errorf("unknown_route: %v, want 1 (the unknown advertised address)", n)
 	}
 }
@@ -360,7 +361,7 @@ func TestProxyBadInput(t *testing.T) {
 		t.Errorf("garbage answered %q, want 400", firstLine(b))
 	}
 	for outcome, want := range map[string]float64{outcomeProxyTimeout: 1, outcomeBadProxyHeader: 1, outcomeHeadersTooBig: 1, outcomeBadRequest: 1} {
-		if got := promtestConn(w, "proxy", outcome); got != want {
+		if got := promtestConn(t, w, "proxy", outcome); got != want {
 			t.Errorf("%s: %v, want %v", outcome, got, want)
 		}
 	}
@@ -373,24 +374,9 @@ func firstLine(s string) string {
 	return s
 }
 
-func promtestConn(w *world, listener, outcome string) float64 {
-	var total float64
-	ms, _ := w.reg.Gather()
-	for _, mf := range ms {
-		if mf.GetName() != "tendril_ingress_connections_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["listener"] == listener && labels["outcome"] == outcome {
-				total += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return total
+func promtestConn(t *testing.T, w *world, listener, outcome string) float64 {
+	t.Helper()
+	return metrictest.Sum(t, w.reg, "tendril_ingress_connections_total", map[string]string{"listener": listener, "outcome": outcome})
 }
 
 // TestRealProxySenders puts HAProxy (send-proxy-v2) and nginx stream (proxy_protocol on) in
@@ -600,7 +586,7 @@ func TestLoadBalancerProxyHeader(t *testing.T) {
 		t.Errorf("two headers from an untrusted peer reached %q", got)
 	}
 	c.Close()
-	if n := promtestConn(untrusted, "proxy", outcomeUntrustedProxy); n != 1 {
+	if n := promtestConn(t, untrusted, "proxy", outcomeUntrustedProxy); n != 1 {
 		t.Errorf("untrusted_proxy_header: %v, want 1", n)
 	}
 	// From an untrusted peer, one header is the inner one, as without a load balancer.

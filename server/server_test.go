@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
+	"github.com/tendril-net/tendril/internal/metrictest"
 	"github.com/tendril-net/tendril/server/servertest"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
@@ -93,38 +94,15 @@ func TestConnectThroughTunnel(t *testing.T) {
 	// The tunnel's packet counters saw the payload go out and come back, in packets larger
 	// than a 1,500-byte MTU's (the tunnel's is 60,000).
 	for _, dir := range []string{"in", "out"} {
-		packets := metricValue(t, reg, "tendril_server_tunnel_packets_total", "direction", dir)
-		bytes := metricValue(t, reg, "tendril_server_tunnel_bytes_total", "direction", dir)
+		packets := metrictest.Sum(t, reg, "tendril_server_tunnel_packets_total", map[string]string{"direction": dir})
+		bytes := metrictest.Sum(t, reg, "tendril_server_tunnel_bytes_total", map[string]string{"direction": dir})
 		if bytes < float64(len(payload)) || packets == 0 || bytes/packets <= 1500 {
 			t.Errorf("tunnel %s: %.0f packets, %.0f bytes; want at least the 4 MiB payload in packets over 1,500 bytes", dir, packets, bytes)
 		}
 	}
-	if d := metricValue(t, reg, "tendril_server_tunnel_send_dropped_total", "reason", "refused"); d != 0 {
+	if d := metrictest.Sum(t, reg, "tendril_server_tunnel_send_dropped_total", map[string]string{"reason": "refused"}); d != 0 {
 		t.Errorf("%.0f packets refused", d)
 	}
-}
-
-// metricValue is the value of the one sample of family name whose label is value.
-func metricValue(t *testing.T, g prometheus.Gatherer, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue() + m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no %s{%s=%q}", name, label, value)
-	return 0
 }
 
 func TestConnectRefusals(t *testing.T) {

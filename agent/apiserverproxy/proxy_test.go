@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/tendril-net/tendril/internal/metrictest"
 	"github.com/tendril-net/tendril/internal/testnet"
 )
 
@@ -183,21 +184,7 @@ func TestConnectMode(t *testing.T) {
 // connections returns the connections counted with outcome in reg.
 func connections(t *testing.T, reg *prometheus.Registry, outcome string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "tendril_apiserver_proxy_connections_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == outcome {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return metrictest.Sum(t, reg, "tendril_apiserver_proxy_connections_total", map[string]string{"outcome": outcome})
 }
 
 // TestDrain: on shutdown the agent stops accepting, and an open connection keeps working until

@@ -269,19 +269,20 @@ func rounds[R any](n int, measure func() (R, error), fig func(*R) (figure *float
 	if n == 1 {
 		return runs[0], nil
 	}
-	var figures []float64
+	figures := make([]float64, n)
+	order := make([]int, n)
 	var errs int64
 	var first string
 	for i := range runs {
 		f, _, e, fe := fig(&runs[i])
-		figures = append(figures, *f)
+		figures[i], order[i] = *f, i
 		errs += *e
 		if first == "" {
 			first = *fe
 		}
 	}
-	slices.SortStableFunc(runs, func(a, b R) int { fa, _, _, _ := fig(&a); fb, _, _, _ := fig(&b); return cmp.Compare(*fa, *fb) })
-	median := runs[(n-1)/2]
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(figures[a], figures[b]) })
+	median := runs[order[(n-1)/2]]
 	_, all, e, fe := fig(&median)
 	*all, *e, *fe = figures, errs, first
 	return median, nil

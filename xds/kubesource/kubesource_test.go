@@ -33,6 +33,7 @@ import (
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
 	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/metrictest"
 	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/internal/testwait"
@@ -327,31 +328,6 @@ func (s *seed) waitCondition(ns, reason string) *tendrilv1alpha1.Route {
 	return route
 }
 
-// counter sums the samples of a counter or gauge family whose labels include match.
-func counter(t *testing.T, reg *prometheus.Registry, family string, match map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != family {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := match[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metric
-				}
-			}
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
-}
-
 // TestRoutesFromKubernetes drives the whole Kubernetes path against a real API server: Routes,
 // Services and EndpointSlices in two shoot namespaces → kubesource → xDS → tendril-ingress → each
 // shoot's own TLS upstream; Programmed conditions; an EndpointSlice change that sends one
@@ -385,7 +361,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	}
 	s.waitCondition(alpha, tendrilv1alpha1.ReasonProgrammed)
 	s.waitCondition(beta, tendrilv1alpha1.ReasonProgrammed)
-	if got := counter(t, s.srcReg, "tendril_kubesource_routes", map[string]string{"state": tendrilv1alpha1.ReasonProgrammed}); got != 2 {
+	if got := metrictest.Sum(t, s.srcReg, "tendril_kubesource_routes", map[string]string{"state": tendrilv1alpha1.ReasonProgrammed}); got != 2 {
 		t.Errorf("routes gauge: %v programmed, want 2", got)
 	}
 
@@ -406,9 +382,9 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	// Move alpha to a new replica: traffic follows, exactly one assignment is sent and nothing
 	// else, and the Route's status is not written (its generation did not change and it is
 	// programmed again as soon as the ingress ACKs).
-	writes := counter(t, s.srcReg, "tendril_kubesource_status_writes_total", map[string]string{"outcome": "written"})
+	writes := metrictest.Sum(t, s.srcReg, "tendril_kubesource_status_writes_total", map[string]string{"outcome": "written"})
 	sent := func(typ string) float64 {
-		return counter(t, s.xdsReg, "tendril_xds_resources_sent_total", map[string]string{"protocol": "delta", "type": typ})
+		return metrictest.Sum(t, s.xdsReg, "tendril_xds_resources_sent_total", map[string]string{"protocol": "delta", "type": typ})
 	}
 	clusters, assignments := sent("type.googleapis.com/envoy.config.cluster.v3.Cluster"), sent("type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment")
 	var es discoveryv1.EndpointSlice
@@ -436,12 +412,12 @@ func TestRoutesFromKubernetes(t *testing.T) {
 		t.Errorf("the EndpointSlice change sent %v clusters, want 0", got)
 	}
 	s.waitCondition(alpha, tendrilv1alpha1.ReasonProgrammed)
-	if got := counter(t, s.srcReg, "tendril_kubesource_status_writes_total", map[string]string{"outcome": "written"}) - writes; got != 0 {
+	if got := metrictest.Sum(t, s.srcReg, "tendril_kubesource_status_writes_total", map[string]string{"outcome": "written"}) - writes; got != 0 {
 		t.Errorf("the EndpointSlice change wrote %v statuses, want 0", got)
 	}
 
 	// A spec change (one more server name) is one status write: Programmed at the new generation.
-	writes = counter(t, s.srcReg, "tendril_kubesource_status_writes_total", map[string]string{"outcome": "written"})
+	writes = metrictest.Sum(t, s.srcReg, "tendril_kubesource_status_writes_total", map[string]string{"outcome": "written"})
 	var r tendrilv1alpha1.Route
 	must(t, s.env.Client.Get(ctx, client.ObjectKey{Namespace: beta, Name: "shoot"}, &r))
 	r.Spec.Hostnames = append(r.Spec.Hostnames, "api2.beta.test")
@@ -459,7 +435,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 	// The counter moves right after the write returns, which may be after the status is visible.
 	var written float64
 	testwait.For(t, "status write counted", func() error {
-		if written = counter(t, s.srcReg, "tendril_kubesource_status_writes_total", map[string]string{"outcome": "written"}) - writes; written < 1 {
+		if written = metrictest.Sum(t, s.srcReg, "tendril_kubesource_status_writes_total", map[string]string{"outcome": "written"}) - writes; written < 1 {
 			return errors.New("not yet")
 		}
 		return nil
