@@ -14,6 +14,19 @@
 // buffer count per stream keeps a slow or hostile stream from holding buffers that another
 // stream needs.
 //
+// Authentication: anyone who can reach the listener can attach a stream and send frames, so
+// frames alone prove nothing. A stream counts as authenticated once its owner, which reads
+// WireGuard's state, marks it so (Endpoint.MarkAuthenticated: WireGuard accepted a packet that
+// came on it). Only authenticated streams are safe from the Bind's two defences against streams
+// that hold a slot with junk: a stream not marked within Config.AuthTimeout is detached however
+// much it sends (DetachUnauthenticated), and when every slot is taken, a new stream displaces
+// the oldest stream never marked (DetachEvicted) instead of being refused. An agent's new stream
+// therefore always gets a slot, and keeps it once its first handshake has been seen; Attach is
+// refused (RefuseFull) only when every slot holds an authenticated stream.
+//
+// Lifecycle of a stream: attached (unauthenticated) → marked authenticated (at most once the
+// deadline stops; later marks only move LastAuthenticated) → detached, for one DetachReason.
+//
 // Send path: Send appends a batch as frames to the stream's pending buffer and returns; the
 // stream's writer goroutine takes everything pending and writes it in one call, so packets
 // that queue up while a write is in progress go out together (wireguard-go's netstack hands
@@ -61,6 +74,14 @@ const (
 	// a batch of 32 is already 1.9 MB.
 	DefaultBatchSize = 32
 
+	// DefaultAuthTimeout is how long a stream may go unauthenticated. An agent's first packet
+	// on a new stream is a handshake initiation, answered within milliseconds; a WireGuard
+	// under load answers it with a cookie instead and the agent retries after RekeyTimeout (5 s)
+	// plus up to 334 ms of jitter; the owner notices an accepted packet within its reading
+	// interval (tendril-server: 250 ms). 5 s + 0.334 s + 0.25 s ≈ 5.6 s, so 10 s leaves room for
+	// that one retry, and a junk sender holds a slot for at most 10 s per connection.
+	DefaultAuthTimeout = 10 * time.Second
+
 	// DefaultWriteTimeout is how long one write to a stream may make no progress before the
 	// stream is declared dead. The peer's reader only waits for its own WireGuard device, so a
 	// write stuck this long means the path is gone (a half-open TCP connection), not that the
@@ -80,7 +101,8 @@ const (
 var (
 	// ErrDetached reports a Send to an endpoint whose stream has ended.
 	ErrDetached = errors.New("bind: stream detached")
-	// ErrTooManyStreams reports an Attach beyond Config.MaxStreams.
+	// ErrTooManyStreams reports an Attach beyond Config.MaxStreams when every attached stream
+	// is authenticated (an unauthenticated one would have been evicted instead).
 	ErrTooManyStreams = errors.New("bind: too many streams")
 	// ErrUnknownEndpoint reports an endpoint string that names no attached stream.
 	ErrUnknownEndpoint = errors.New("bind: unknown endpoint")
@@ -89,9 +111,15 @@ var (
 // Config tunes a Bind. The zero value is valid: every zero field takes the default named in
 // its comment.
 type Config struct {
-	// MaxStreams bounds the streams attached at once; Attach beyond it fails. 0 means
+	// MaxStreams bounds the streams attached at once. Attach beyond it evicts the oldest
+	// unauthenticated stream, or fails when every stream is authenticated. 0 means
 	// DefaultMaxStreams.
 	MaxStreams int
+	// AuthTimeout detaches a stream that has not been marked authenticated this long after
+	// Attach (DetachUnauthenticated), whatever it sends. 0 means DefaultAuthTimeout; negative
+	// means no deadline (every stream is then trusted as long as it lives, but can still be
+	// evicted while unmarked).
+	AuthTimeout time.Duration
 	// StreamBuffers is how many received packets of one stream may wait for WireGuard.
 	// 0 means DefaultStreamBuffers. The worst-case memory of a Bind's streams is
 	// MaxStreams × (StreamBuffers × MaxFrameSize + 2 × maxPending + a 64 KiB read buffer):
@@ -107,7 +135,8 @@ type Config struct {
 	// 0 means DefaultWriteTimeout; negative means no deadline.
 	WriteTimeout time.Duration
 	// Logger receives stream lifecycle events: attach at V(1), detach with its reason at V(0)
-	// (V(1) for DetachClosed). The zero Logger discards.
+	// (V(1) for DetachClosed, DetachPruned, DetachEvicted and DetachUnauthenticated). The zero
+	// Logger discards.
 	Logger logr.Logger
 }
 
@@ -126,6 +155,14 @@ const (
 	DetachWriteError
 	// DetachClosed: Endpoint.Close or Bind.Close.
 	DetachClosed
+	// DetachUnauthenticated: not marked authenticated within AuthTimeout.
+	DetachUnauthenticated
+	// DetachEvicted: never marked authenticated, and the oldest such stream when a new one
+	// arrived with every slot taken.
+	DetachEvicted
+	// DetachPruned: Endpoint.Prune, the owner's decision that the stream is no longer used
+	// (tendril-server: no agent's endpoint, no authenticated packet for a while).
+	DetachPruned
 
 	numDetachReasons
 )
@@ -141,6 +178,34 @@ func (r DetachReason) String() string {
 	case DetachWriteError:
 		return "write-error"
 	case DetachClosed:
+		return "closed"
+	case DetachUnauthenticated:
+		return "unauthenticated"
+	case DetachEvicted:
+		return "evicted"
+	case DetachPruned:
+		return "pruned"
+	}
+	return "unknown"
+}
+
+// RefuseReason says why Attach refused a stream. Each reason has its own counter in Stats.
+type RefuseReason int
+
+const (
+	// RefuseFull: MaxStreams streams are attached and every one is authenticated.
+	RefuseFull RefuseReason = iota
+	// RefuseClosed: the Bind is not open.
+	RefuseClosed
+
+	numRefuseReasons
+)
+
+func (r RefuseReason) String() string {
+	switch r {
+	case RefuseFull:
+		return "full"
+	case RefuseClosed:
 		return "closed"
 	}
 	return "unknown"
@@ -179,8 +244,8 @@ type Stats struct {
 	StreamsActive   int
 	// StreamsDetached counts ended streams by reason (index: DetachReason).
 	StreamsDetached [numDetachReasons]uint64
-	// AttachRefused counts Attach calls refused for MaxStreams or a closed Bind.
-	AttachRefused uint64
+	// AttachRefused counts refused Attach calls by reason (index: RefuseReason).
+	AttachRefused [numRefuseReasons]uint64
 	PacketsIn     uint64
 	BytesIn       uint64
 	PacketsOut    uint64
@@ -207,7 +272,8 @@ type Bind struct {
 	nextID   uint64
 	routines sync.WaitGroup // two per stream: its reader and its writer
 
-	attached, refused    atomic.Uint64
+	attached             atomic.Uint64
+	refused              [numRefuseReasons]atomic.Uint64
 	detached             [numDetachReasons]atomic.Uint64
 	packetsIn, bytesIn   atomic.Uint64
 	packetsOut, bytesOut atomic.Uint64
@@ -233,6 +299,9 @@ func New(cfg Config) *Bind {
 	}
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.AuthTimeout == 0 {
+		cfg.AuthTimeout = DefaultAuthTimeout
 	}
 	return &Bind{cfg: cfg, log: cfg.Logger, streams: make(map[uint64]*stream)}
 }
@@ -312,19 +381,35 @@ func (b *Bind) ParseEndpoint(s string) (conn.Endpoint, error) {
 // Attach adds c as a stream and returns its endpoint; from then on the Bind owns c and closes
 // it when the stream is detached. A reader goroutine feeds c's frames into the ReceiveFunc and
 // a writer goroutine writes what Send queues, until c ends, a frame is malformed, a write
-// fails, the endpoint is closed or the Bind is closed. Attach fails with net.ErrClosed when the Bind is not open and with ErrTooManyStreams
-// beyond MaxStreams; c is closed then too.
+// fails, the endpoint is closed, the stream stays unauthenticated beyond AuthTimeout, it is
+// evicted or the Bind is closed. With MaxStreams attached, Attach evicts the oldest stream
+// never marked authenticated; it fails with ErrTooManyStreams when there is none, and with
+// net.ErrClosed when the Bind is not open; c is closed then too.
 func (b *Bind) Attach(c net.Conn) (*Endpoint, error) {
 	b.mu.Lock()
+	var victim *stream
+	if b.open && len(b.streams) >= b.cfg.MaxStreams {
+		for _, s := range b.streams {
+			if s.authAt.Load() == 0 && (victim == nil || s.ep.id < victim.ep.id) {
+				victim = s
+			}
+		}
+		if victim != nil {
+			// Its slot is the new stream's from now; detach (below, outside the lock) counts
+			// and closes it.
+			delete(b.streams, victim.ep.id)
+		}
+	}
 	if !b.open || len(b.streams) >= b.cfg.MaxStreams {
 		open := b.open
 		b.mu.Unlock()
-		b.refused.Add(1)
 		_ = c.Close()
 		if !open {
+			b.refused[RefuseClosed].Add(1)
 			return nil, fmt.Errorf("bind: attach: %w", net.ErrClosed)
 		}
-		return nil, fmt.Errorf("bind: attach %s: %w (%d)", c.RemoteAddr(), ErrTooManyStreams, b.cfg.MaxStreams)
+		b.refused[RefuseFull].Add(1)
+		return nil, fmt.Errorf("bind: attach %s: %w (%d, all authenticated)", c.RemoteAddr(), ErrTooManyStreams, b.cfg.MaxStreams)
 	}
 	b.nextID++
 	s := &stream{
@@ -343,10 +428,23 @@ func (b *Bind) Attach(c net.Conn) (*Endpoint, error) {
 	for range b.cfg.StreamBuffers {
 		s.free <- &packet{home: s}
 	}
-	s.lastRecv.Store(time.Now().UnixNano())
+	s.attachedAt = time.Now()
+	s.lastRecv.Store(s.attachedAt.UnixNano())
 	b.streams[s.ep.id] = s
 	b.routines.Add(2)
+	if b.cfg.AuthTimeout > 0 {
+		// The timer's function runs only if the stream is still unmarked; MarkAuthenticated
+		// and detach stop it. Set under b.mu, before any of them can run.
+		s.authTimer = time.AfterFunc(b.cfg.AuthTimeout, func() {
+			if s.authAt.Load() == 0 {
+				s.detach(DetachUnauthenticated, fmt.Errorf("no authenticated packet within %v", b.cfg.AuthTimeout))
+			}
+		})
+	}
 	b.mu.Unlock()
+	if victim != nil {
+		victim.detach(DetachEvicted, fmt.Errorf("unauthenticated, displaced by %s with all %d slots taken", s.ep.DstToString(), b.cfg.MaxStreams))
+	}
 
 	b.attached.Add(1)
 	b.log.V(1).Info("stream attached", "endpoint", s.ep.DstToString(), "remote", c.RemoteAddr().String())
@@ -375,7 +473,6 @@ func (b *Bind) Stats() Stats {
 	st := Stats{
 		StreamsAttached: b.attached.Load(),
 		StreamsActive:   active,
-		AttachRefused:   b.refused.Load(),
 		PacketsIn:       b.packetsIn.Load(),
 		BytesIn:         b.bytesIn.Load(),
 		PacketsOut:      b.packetsOut.Load(),
@@ -387,6 +484,9 @@ func (b *Bind) Stats() Stats {
 	}
 	for i := range st.SendDropped {
 		st.SendDropped[i] = b.sendDropped[i].Load()
+	}
+	for i := range st.AttachRefused {
+		st.AttachRefused[i] = b.refused[i].Load()
 	}
 	return st
 }
@@ -463,8 +563,14 @@ type stream struct {
 	kick     chan struct{} // capacity 1: wakes routineWrite
 
 	// lastRecv is when the last frame arrived (Unix nanoseconds; the attach time before the
-	// first), so that the owner can tell a silent stream from a live one (Endpoint.LastReceive).
+	// first). Any sender's frames move it, junk included: it says the connection moves, not who
+	// is behind it (Endpoint.LastReceive).
 	lastRecv atomic.Int64
+	// authAt is when the owner last marked the stream authenticated (Unix nanoseconds; 0:
+	// never). Only WireGuard's verdict moves it (Endpoint.MarkAuthenticated).
+	authAt     atomic.Int64
+	attachedAt time.Time
+	authTimer  *time.Timer // nil without AuthTimeout; set before the stream is published
 
 	detachOnce sync.Once
 	done       chan struct{} // closed on detach
@@ -614,8 +720,13 @@ func (s *stream) detach(reason DetachReason, err error) {
 	s.detachOnce.Do(func() {
 		b := s.bind
 		b.mu.Lock()
-		delete(b.streams, s.ep.id)
+		if b.streams[s.ep.id] == s { // an evicted stream has left the set already
+			delete(b.streams, s.ep.id)
+		}
 		b.mu.Unlock()
+		if s.authTimer != nil {
+			s.authTimer.Stop()
+		}
 		s.reason, s.err = reason, err
 		b.detached[reason].Add(1) // before done, so that whoever waits on Done sees it counted
 		close(s.done)
@@ -628,8 +739,10 @@ func (s *stream) detach(reason DetachReason, err error) {
 		if err != nil {
 			kv = append(kv, "error", err.Error())
 		}
-		// A stream closed on purpose is routine; one that ended by itself is news.
-		if reason == DetachClosed {
+		// A stream closed on purpose is routine; one that ended by itself is news. Streams
+		// that never authenticated are whoever can reach the listener, at a rate they choose:
+		// counted, logged only verbosely.
+		if reason == DetachClosed || reason == DetachPruned || reason == DetachEvicted || reason == DetachUnauthenticated {
 			b.log.V(1).Info("stream detached", kv...)
 		} else {
 			b.log.Info("stream detached", kv...)
@@ -667,6 +780,42 @@ func (e *Endpoint) Err() (DetachReason, error) {
 
 // LastReceive is when the stream's last frame arrived, or when it was attached if none has.
 func (e *Endpoint) LastReceive() time.Time { return time.Unix(0, e.s.lastRecv.Load()) }
+
+// MarkAuthenticated records that WireGuard accepted a packet that came on the stream, seen at
+// t (the owner learns it from WireGuard's state, not from the packet itself). From the first
+// mark on, the stream is safe from AuthTimeout and from eviction. A t older than the last
+// mark is ignored.
+func (e *Endpoint) MarkAuthenticated(t time.Time) {
+	n := t.UnixNano()
+	for {
+		old := e.s.authAt.Load()
+		if n <= old {
+			return
+		}
+		if e.s.authAt.CompareAndSwap(old, n) {
+			if old == 0 && e.s.authTimer != nil {
+				e.s.authTimer.Stop()
+			}
+			return
+		}
+	}
+}
+
+// LastAuthenticated is the last MarkAuthenticated time, the zero Time if the stream never was.
+func (e *Endpoint) LastAuthenticated() time.Time {
+	if n := e.s.authAt.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// Attached is when the stream was attached.
+func (e *Endpoint) Attached() time.Time { return e.s.attachedAt }
+
+// Prune detaches the stream as no longer used (DetachPruned) and closes its connection.
+func (e *Endpoint) Prune() {
+	e.s.detach(DetachPruned, nil)
+}
 
 // Close detaches the stream and closes its connection.
 func (e *Endpoint) Close() error {

@@ -269,14 +269,128 @@ func TestMaxStreams(t *testing.T) {
 	bindB, _ := openBind(t, Config{MaxStreams: 1})
 	_, b1 := tcpPair(t)
 	_, b2 := tcpPair(t)
-	if _, err := bindB.Attach(b1); err != nil {
+	ep1, err := bindB.Attach(b1)
+	if err != nil {
 		t.Fatal(err)
 	}
+	ep1.MarkAuthenticated(time.Now())
 	if _, err := bindB.Attach(b2); !errors.Is(err, ErrTooManyStreams) {
-		t.Fatalf("second stream with MaxStreams 1: got %v, want ErrTooManyStreams", err)
+		t.Fatalf("second stream with MaxStreams 1 and the first authenticated: got %v, want ErrTooManyStreams", err)
 	}
-	if st := bindB.Stats(); st.AttachRefused != 1 || st.StreamsActive != 1 {
+	if st := bindB.Stats(); st.AttachRefused[RefuseFull] != 1 || st.StreamsActive != 1 {
 		t.Fatalf("stats: %+v", st)
+	}
+}
+
+// junkSender writes a frame of junk to c every interval until the test ends, as a stranger who
+// knows only where the listener is would, to keep its stream looking alive.
+func junkSender(t *testing.T, c net.Conn, interval time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	junk, err := frame.AppendFrame(nil, []byte("junk"), frame.MaxSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			if _, err := c.Write(junk); err != nil {
+				return
+			}
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done); c.Close(); <-stopped })
+}
+
+// TestJunkStreamsCannotHoldSlots fills every slot with streams that send junk frames and never
+// authenticate: a new stream (an agent's) still attaches, displacing the oldest junk stream, and
+// once marked authenticated it is not displaced by newer junk; junk streams end at AuthTimeout
+// however often they send; each ending is counted by reason.
+func TestJunkStreamsCannotHoldSlots(t *testing.T) {
+	const slots = 4
+	bindB, recv := openBind(t, Config{MaxStreams: slots, AuthTimeout: 500 * time.Millisecond})
+	// Drain what the junk streams deliver, as WireGuard would (and drop it, as it would).
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		packets, sizes, eps := make([][]byte, 8), make([]int, 8), make([]conn.Endpoint, 8)
+		for i := range packets {
+			packets[i] = make([]byte, frame.MaxSize)
+		}
+		for {
+			if _, err := recv(packets, sizes, eps); err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { bindB.Close(); <-drained })
+
+	var junk []*Endpoint
+	for range slots {
+		a, b := tcpPair(t)
+		ep, err := bindB.Attach(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		junkSender(t, a, 50*time.Millisecond)
+		junk = append(junk, ep)
+	}
+	_, agentConn := tcpPair(t)
+	agent, err := bindB.Attach(agentConn)
+	if err != nil {
+		t.Fatalf("an agent's stream with every slot held by junk: %v", err)
+	}
+	<-junk[0].Done()
+	if reason, _ := junk[0].Err(); reason != DetachEvicted {
+		t.Fatalf("the oldest junk stream ended with %v, want evicted", reason)
+	}
+	agent.MarkAuthenticated(time.Now())
+	// More junk than there are slots: each displaces an older junk stream, never the agent's.
+	for range 2 * slots {
+		a, b := tcpPair(t)
+		if _, err := bindB.Attach(b); err != nil {
+			t.Fatal(err)
+		}
+		junkSender(t, a, 50*time.Millisecond)
+	}
+	if reason, err := agent.Err(); reason != 0 || err != nil {
+		t.Fatalf("the agent's authenticated stream ended: %v %v", reason, err)
+	}
+	// Junk streams end at AuthTimeout, although they keep sending; the agent's stays.
+	waitFor(t, "junk streams to time out", func() bool { return bindB.Stats().StreamsActive == 1 })
+	eps := bindB.Endpoints()
+	if len(eps) != 1 || eps[0] != agent {
+		t.Fatalf("attached after the deadline: %v, want only %v", eps, agent)
+	}
+	// Each of the 3 × slots junk streams ended once, evicted or timed out (which of the two
+	// depends on how fast the attaches above ran against the deadline), none was refused.
+	st := bindB.Stats()
+	if ev, un := st.StreamsDetached[DetachEvicted], st.StreamsDetached[DetachUnauthenticated]; ev+un != 3*slots || ev == 0 || st.AttachRefused[RefuseFull] != 0 {
+		t.Fatalf("evicted %d + unauthenticated %d, want %d; refused %v", ev, un, 3*slots, st.AttachRefused)
+	}
+	// With every slot authenticated, a new stream is refused, not let in at an agent's cost.
+	for range slots - 1 {
+		_, b := tcpPair(t)
+		ep, err := bindB.Attach(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep.MarkAuthenticated(time.Now())
+	}
+	_, b := tcpPair(t)
+	if _, err := bindB.Attach(b); !errors.Is(err, ErrTooManyStreams) {
+		t.Fatalf("a stream with every slot authenticated: got %v, want ErrTooManyStreams", err)
+	}
+	if st := bindB.Stats(); st.AttachRefused[RefuseFull] != 1 {
+		t.Fatalf("refused: %v", st.AttachRefused)
 	}
 }
 

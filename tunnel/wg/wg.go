@@ -109,6 +109,13 @@ type Tunnel struct {
 	kaMu sync.Mutex
 	kaOn map[Key]bool
 
+	// seen is each peer's rx_bytes at the last reading of the device's state and when it last
+	// grew (observe): WireGuard counts only packets it accepted (a consumed handshake message,
+	// a decrypted transport packet that passed the replay check), so growth means authenticated
+	// traffic, which arrived on the peer's endpoint.
+	seenMu sync.Mutex
+	seen   map[Key]rxSeen
+
 	// muted silences wireguard-go's log lines from Close on: its peer routines log their
 	// "stopped" line after the device stopped waiting for them, which would otherwise reach the
 	// Logger after Close returned.
@@ -152,7 +159,7 @@ func newTunnel(cfg Config, newStack func(netstack.Config) (innerStack, error)) (
 	if err != nil {
 		return nil, fmt.Errorf("wg: create netstack: %w", err)
 	}
-	t := &Tunnel{cfg: cfg, log: cfg.Logger, stack: st, kaOn: make(map[Key]bool)}
+	t := &Tunnel{cfg: cfg, log: cfg.Logger, stack: st, kaOn: make(map[Key]bool), seen: make(map[Key]rxSeen)}
 	t.bind = bind.New(bcfg)
 	t.dev = device.NewDevice(st, t.bind, deviceLogger(cfg.Logger, &t.muted))
 	for _, p := range cfg.Peers {
@@ -215,8 +222,17 @@ func (cfg *Config) uapi() (string, error) {
 // Attach adds c as a stream that the Tunnel now owns (the accepting side: the seed server, for
 // each agent connection). No peer is pointed at it: WireGuard assigns it to the peer whose
 // authenticated packets arrive on it, and roams that peer to it from the old stream. The
-// returned endpoint's Done is closed when the stream ends.
+// returned endpoint's Done is closed when the stream ends. The stream must carry an
+// authenticated packet within the Bind's AuthTimeout, as a reading of the device's state
+// (Peers, PruneStreams, Attach) sees it, or it is detached; until then a newer stream may evict
+// it when every slot is taken.
 func (t *Tunnel) Attach(c net.Conn) (*bind.Endpoint, error) {
+	// Record which streams carried authenticated packets since the last reading first, so
+	// that a stream whose handshake just completed is not the one evicted for c.
+	if _, err := t.Peers(); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
 	ep, err := t.bind.Attach(c)
 	if err != nil {
 		return nil, fmt.Errorf("wg: %w", err)
@@ -249,6 +265,8 @@ func (t *Tunnel) AttachPeer(c net.Conn, peer Key) (*bind.Endpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wg: attach stream for peer %s: %w", peer, err)
 	}
+	// The dialing side chose this stream for peer itself: it is trusted from the start.
+	ep.MarkAuthenticated(time.Now())
 	p.SetEndpointFromPacket(ep)
 	if err := t.startKeepalive(peer); err != nil {
 		_ = ep.Close()
@@ -424,11 +442,12 @@ func (t *Tunnel) DetachPeer(peer Key) (bool, error) {
 	return false, nil
 }
 
-// PruneStreams closes attached streams that are no peer's endpoint and have received nothing for
-// idle: streams a peer left for a newer one (an agent that reconnected while the old path
-// hung without closing) and streams that never carried a handshake for a configured key. Without
-// it such a stream would hold its place among Bind.MaxStreams until its TCP connection ends.
-// It returns how many it closed.
+// PruneStreams detaches attached streams that are no peer's endpoint and have carried no
+// authenticated packet for idle (since they were attached, if never): streams a peer left for a
+// newer one (an agent that reconnected while the old path hung without closing). Frames that
+// WireGuard did not accept do not count, so junk keeps no stream. Without it such a stream
+// would hold its place among Bind.MaxStreams until its TCP connection ends (streams that never
+// authenticated end at the Bind's AuthTimeout anyway). It returns how many it detached.
 func (t *Tunnel) PruneStreams(idle time.Duration) (int, error) {
 	ps, err := t.Peers()
 	if err != nil {
@@ -440,8 +459,12 @@ func (t *Tunnel) PruneStreams(idle time.Duration) (int, error) {
 	}
 	n := 0
 	for _, ep := range t.bind.Endpoints() {
-		if !used[ep.DstToString()] && time.Since(ep.LastReceive()) > idle {
-			_ = ep.Close()
+		last := ep.LastAuthenticated()
+		if last.IsZero() {
+			last = ep.Attached()
+		}
+		if !used[ep.DstToString()] && time.Since(last) > idle {
+			ep.Prune()
 			n++
 		}
 	}
@@ -467,6 +490,12 @@ type PeerStatus struct {
 	// Attached). Every authenticated packet of the peer arrives on it: keepalives, heartbeats,
 	// data.
 	LastReceive time.Time
+	// LastAuthenticated is when a reading of the device's state (any Peers, Attach or
+	// PruneStreams call) first found that WireGuard had accepted more of the peer's packets
+	// than at the reading before; the zero Time if none was ever seen. It lags the packet by
+	// at most the interval between readings (tendril-server reads every 250 ms), and unlike
+	// LastReceive no frame that WireGuard refused moves it.
+	LastAuthenticated time.Time
 	// LastHandshake is when the last handshake completed; the zero Time if none has. A
 	// session lives at most 180 s after it (RejectAfterTime), and a healthy peer handshakes
 	// again every 120 s while traffic flows (RekeyAfterTime).
@@ -485,18 +514,44 @@ func (t *Tunnel) Peers() ([]PeerStatus, error) {
 	if err != nil {
 		return nil, err
 	}
+	now := time.Now()
 	st := make([]PeerStatus, 0, len(t.peers))
+	t.seenMu.Lock()
+	defer t.seenMu.Unlock()
 	for _, k := range t.peers {
-		if p, ok := byKey[k]; ok {
-			if p.Endpoint != "" {
-				if ep, err := t.bind.ParseEndpoint(p.Endpoint); err == nil {
-					p.Attached, p.LastReceive = true, ep.(*bind.Endpoint).LastReceive()
-				}
-			}
-			st = append(st, p)
+		p, ok := byKey[k]
+		if !ok {
+			continue
 		}
+		var ep *bind.Endpoint
+		if p.Endpoint != "" {
+			if e, err := t.bind.ParseEndpoint(p.Endpoint); err == nil {
+				ep = e.(*bind.Endpoint)
+				p.Attached, p.LastReceive = true, ep.LastReceive()
+			}
+		}
+		// rx_bytes only grows, except that AttachPeer's reset of a peer starts it at 0 again:
+		// any other value than the last one means accepted packets.
+		prev := t.seen[k]
+		if p.RxBytes != prev.rx && p.RxBytes > 0 {
+			prev.at = now
+			// The peer's endpoint is the stream of the last packet WireGuard accepted from it.
+			if ep != nil {
+				ep.MarkAuthenticated(now)
+			}
+		}
+		prev.rx = p.RxBytes
+		t.seen[k] = prev
+		p.LastAuthenticated = prev.at
+		st = append(st, p)
 	}
 	return st, nil
+}
+
+// rxSeen is one peer's entry in Tunnel.seen.
+type rxSeen struct {
+	rx uint64
+	at time.Time
 }
 
 // Close stops the device, detaches (and closes) every stream and shuts the netstack down:

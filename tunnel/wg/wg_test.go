@@ -17,6 +17,7 @@ import (
 
 	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/tunnel/bind"
+	"github.com/tendril-net/tendril/tunnel/frame"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 )
 
@@ -426,6 +427,67 @@ func TestWrongKey(t *testing.T) {
 	}
 	if st := w.server.BindStats(); st.PacketsIn == 0 {
 		t.Fatal("no handshake initiation reached the server: the test proves nothing")
+	}
+	// Its initiations were frames, not authenticated packets: the stream never counts as one.
+	if last := w.lastServerEP.LastAuthenticated(); !last.IsZero() {
+		t.Fatalf("the wrong key's stream marked authenticated at %v", last)
+	}
+}
+
+// TestOnlyAuthenticatedTrafficKeepsAStream: the agent's stream is marked authenticated from
+// WireGuard's state (its handshake and keepalives), a stranger's stream that sends junk frames
+// is not, and PruneStreams ends the stranger's however often it sends, not the agent's.
+func TestOnlyAuthenticatedTrafficKeepsAStream(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	ps, err := w.server.Peers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps[0].LastAuthenticated.IsZero() || w.lastServerEP.LastAuthenticated().IsZero() {
+		t.Fatalf("after the handshake: peer %+v, stream last authenticated %v", ps[0], w.lastServerEP.LastAuthenticated())
+	}
+	junkConn, err := net.Dial("tcp", w.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer junkConn.Close()
+	var junk *bind.Endpoint
+	select {
+	case junk = <-w.serverEP:
+	case <-time.After(5 * time.Second):
+		t.Fatal("server did not attach the junk stream")
+	}
+	f, err := frame.AppendFrame(nil, []byte("\x04junk that is no transport packet"), frame.MaxSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := w.server.BindStats().PacketsIn
+	for range 20 {
+		if _, err := junkConn.Write(f); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		if _, err := w.server.Peers(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the junk to arrive", func() bool { return w.server.BindStats().PacketsIn >= before+20 })
+	if !junk.LastAuthenticated().IsZero() || !junk.LastReceive().After(junk.Attached()) {
+		t.Fatalf("junk stream: last authenticated %v, last receive %v, attached %v", junk.LastAuthenticated(), junk.LastReceive(), junk.Attached())
+	}
+	n, err := w.server.PruneStreams(100 * time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("pruned %d streams, want the junk one", n)
+	}
+	<-junk.Done()
+	if reason, _ := junk.Err(); reason != bind.DetachPruned {
+		t.Fatalf("junk stream ended with %v", reason)
+	}
+	if reason, err := w.lastServerEP.Err(); reason != 0 || err != nil {
+		t.Fatalf("the agent's stream ended: %v %v", reason, err)
 	}
 }
 
