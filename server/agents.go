@@ -35,9 +35,10 @@ import (
 // dead one fails.
 //
 // An agent is live while its stream is attached, its last handshake is younger than
-// HandshakeFresh, and its stream delivered something within Config.AgentTimeout. The agent
-// sends a heartbeat every second (and WireGuard keepalives), so silence for a few seconds means
-// the path is gone even when no TCP connection noticed (a proxy that stopped forwarding).
+// HandshakeFresh, and WireGuard accepted a packet of it within Config.AgentTimeout (frames it did
+// not accept do not count: wg.PeerStatus.LastAuthenticated). The agent sends a heartbeat every
+// second (and WireGuard keepalives), so silence for a few seconds means the path is gone even
+// when no TCP connection noticed (a proxy that stopped forwarding).
 
 // failoverGrace is how long the active agent may be dead before the CIDRs move. A stream that
 // broke (the ingress restarted) is usually back within a second, the agent's first backoff
@@ -68,8 +69,8 @@ type agents struct {
 // AgentStatus is one agent as the server sees it.
 type AgentStatus struct {
 	wg.PeerStatus
-	// Live: the agent's stream is attached, its handshake fresh and its stream not silent for
-	// longer than AgentTimeout.
+	// Live: the agent's stream is attached, its handshake fresh and an authenticated packet of
+	// it seen within AgentTimeout.
 	Live bool
 	// Active: the shoot's CIDRs are routed to this agent.
 	Active bool
@@ -105,7 +106,7 @@ func (s *Server) Failovers() uint64 {
 
 func (s *Server) live(p wg.PeerStatus, now time.Time) bool {
 	return p.Attached && !p.LastHandshake.IsZero() && now.Sub(p.LastHandshake) < HandshakeFresh &&
-		now.Sub(p.LastReceive) < s.cfg.AgentTimeout
+		now.Sub(p.LastAuthenticated) < s.cfg.AgentTimeout
 }
 
 // routineWatchAgents checks the agents every watchEvery until ctx ends: it moves the shoot's
@@ -120,13 +121,13 @@ func (s *Server) routineWatchAgents(ctx context.Context) error {
 		case <-tick.C:
 		}
 		s.checkAgents()
-		// A stream that is no agent's endpoint and silent for twice the agent timeout: a path
-		// its agent gave up on without the TCP connection ending, or a stream whose key never
-		// completed a handshake.
+		// A stream that is no agent's endpoint and has carried no authenticated packet for twice
+		// the agent timeout: a path its agent gave up on without the TCP connection ending.
+		// (Streams that never authenticated end at the Bind's AuthTimeout, junk or not.)
 		if n, err := s.tun.PruneStreams(2 * s.cfg.AgentTimeout); err != nil {
 			s.log.Error(err, "Pruning tunnel streams failed")
 		} else if n > 0 {
-			s.log.Info("Closed silent tunnel streams no agent uses", "streams", n)
+			s.log.Info("Closed tunnel streams no agent uses", "streams", n)
 		}
 	}
 }

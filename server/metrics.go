@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "tendril_server_agent_active", Help: "1 for the agent (by WireGuard public key) the shoot's networks are routed to, 0 for the others.",
 		}, []string{"agent"}),
 		agentLive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tendril_server_agent_live", Help: "1 while an agent's stream is attached, its handshake fresh and its heartbeats arriving.",
+			Name: "tendril_server_agent_live", Help: "1 while an agent's stream is attached, its handshake fresh and its authenticated packets (heartbeats, keepalives) arriving.",
 		}, []string{"agent"}),
 		failovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tendril_server_agent_failovers_total", Help: "Times the shoot's networks moved from a dead agent to a live one.",
@@ -55,12 +55,19 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			}
 			return age.Seconds()
 		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tendril_server_tunnel_live",
+			Help: "1 while an agent's stream is attached and WireGuard accepted a packet of it within the live window (keepalive × 2 + 1 s): what /readyz reports.",
+		}, func() float64 {
+			ok, _ := s.Ready()
+			return boolGauge(ok)
+		}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "tendril_server_tunnel_streams_total",
-			Help: "Agent streams attached since start; more than the agents means reconnects.",
+			Help: "Streams attached since start (agents' and any other sender's); more than the agents means reconnects or strangers.",
 		}, func() float64 { return float64(s.tun.BindStats().StreamsAttached) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tendril_server_tunnel_streams_active", Help: "Agent streams attached now.",
+			Name: "tendril_server_tunnel_streams_active", Help: "Streams attached now, authenticated or not.",
 		}, func() float64 { return float64(s.tun.BindStats().StreamsActive) }),
 	)
 	// The tunnel's own packets (WireGuard, encrypted, on the agents' streams): bytes over
@@ -83,6 +90,21 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Help:        "Packets for an agent not written to its stream, by reason (detached, write-error, refused).",
 			ConstLabels: prometheus.Labels{"reason": r.String()},
 		}, func() float64 { return float64(s.tun.BindStats().SendDropped[r]) }))
+	}
+	for r := range bind.DetachReason(len(bind.Stats{}.StreamsDetached)) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tendril_server_tunnel_streams_detached_total",
+			Help: "Streams ended, by reason (eof, read-error, bad-frame, write-error, closed; unauthenticated: no packet WireGuard accepted within the deadline; " +
+				"evicted: unauthenticated and displaced by a newer stream with every slot taken; pruned: no agent's any more).",
+			ConstLabels: prometheus.Labels{"reason": r.String()},
+		}, func() float64 { return float64(s.tun.BindStats().StreamsDetached[r]) }))
+	}
+	for r := range bind.RefuseReason(len(bind.Stats{}.AttachRefused)) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "tendril_server_tunnel_streams_refused_total",
+			Help:        "Streams refused at attach, by reason (full: every slot holds an authenticated stream; closed: shutting down).",
+			ConstLabels: prometheus.Labels{"reason": r.String()},
+		}, func() float64 { return float64(s.tun.BindStats().AttachRefused[r]) }))
 	}
 	return m
 }

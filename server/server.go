@@ -58,7 +58,7 @@ type Config struct {
 	// its TLS handshake and HTTP/2 preface (gRPC front-end; grpc-go's own default is 120 s). If
 	// zero, 10 s.
 	RequestTimeout time.Duration
-	// AgentTimeout is how long an agent's stream may deliver nothing before the agent counts as
+	// AgentTimeout is how long an agent may send no authenticated packet before it counts as
 	// dead and another live agent takes the shoot's CIDRs over. If zero, 5 s: agents send a
 	// heartbeat every second, so five missed ones.
 	AgentTimeout time.Duration
@@ -123,21 +123,53 @@ func (s *Server) Close() error { return s.tun.Close() }
 // Tunnel is the server's WireGuard end, for status.
 func (s *Server) Tunnel() *wg.Tunnel { return s.tun }
 
-// HandshakeFresh is how recent the last handshake must be for the tunnel to count as up:
+// HandshakeFresh is how recent the last handshake must be for an agent to count as live:
 // WireGuard rejects a session 180 s after its handshake (RejectAfterTime) and, with the agent's
 // keepalive, handshakes again every 120 s.
 const HandshakeFresh = 180 * time.Second
 
-// Ready reports whether an agent's tunnel is up: a handshake within HandshakeFresh.
+// AgentKeepalive is the WireGuard persistent keepalive of tendril-agent (agent/vpn's default):
+// an agent whose tunnel works sends an authenticated packet at least this often, whatever else
+// it sends (its heartbeats, once a second, are authenticated packets too).
+const AgentKeepalive = 10 * time.Second
+
+// TunnelLiveWindow is how recent an agent's last authenticated packet must be for the tunnel to
+// carry traffic now (Ready, tendril_server_tunnel_live): two keepalive intervals, so that a stream
+// the agent redials (its path timeout, a backoff, a handshake) does not flap readiness, plus 1 s
+// for the 250 ms between readings of WireGuard's state and the stream's delivery:
+// 2 × 10 s + 1 s = 21 s. An agent that is killed closes its stream, which ends liveness at once;
+// the window is the bound for a path that silently stopped forwarding.
+const TunnelLiveWindow = 2*AgentKeepalive + time.Second
+
+// Ready reports whether the tunnel carries traffic now: some agent's stream is attached and
+// WireGuard accepted a packet of that agent within TunnelLiveWindow. It reads WireGuard's state
+// once (a few hundred bytes per agent), so a probe may call it as often as it likes.
 func (s *Server) Ready() (bool, string) {
-	age, ok := s.handshakeAge()
-	switch {
-	case !ok:
-		return false, "no agent has completed a handshake"
-	case age > HandshakeFresh:
-		return false, fmt.Sprintf("last handshake %s ago", age.Round(time.Second))
+	peers, err := s.tun.Peers()
+	if err != nil {
+		return false, err.Error()
 	}
-	return true, ""
+	now := time.Now()
+	var last time.Time
+	attached := false
+	for _, p := range peers {
+		if p.Attached {
+			attached = true
+			if now.Sub(p.LastAuthenticated) < TunnelLiveWindow {
+				return true, ""
+			}
+		}
+		if p.LastAuthenticated.After(last) {
+			last = p.LastAuthenticated
+		}
+	}
+	switch {
+	case last.IsZero():
+		return false, "no agent has sent an authenticated packet"
+	case !attached:
+		return false, fmt.Sprintf("no agent's stream is attached (last authenticated packet %s ago)", now.Sub(last).Round(time.Second))
+	}
+	return false, fmt.Sprintf("no authenticated packet from an attached agent for %s (window %s)", now.Sub(last).Round(time.Second), TunnelLiveWindow)
 }
 
 // handshakeAge is the time since the most recent handshake of any agent.

@@ -23,6 +23,7 @@ import (
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
 	"github.com/tendril-net/tendril/internal/metrictest"
+	"github.com/tendril-net/tendril/server"
 	"github.com/tendril-net/tendril/server/servertest"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
@@ -302,5 +303,33 @@ func TestThousandConcurrentDials(t *testing.T) {
 	}
 	if failed > 0 {
 		t.Fatalf("%d of %d concurrent dials failed", failed, n)
+	}
+}
+
+// TestReadyFollowsTheTunnel: the server is ready while an agent's authenticated packets arrive
+// and stops being ready when the agent goes away, within TunnelLiveWindow (here at once: its
+// stream closes), although its handshake is seconds old, not WireGuard's 180 s.
+func TestReadyFollowsTheTunnel(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := servertest.Start(t, servertest.Options{Registry: reg})
+	r.WaitReady(t)
+	if live := metrictest.Sum(t, reg, "tendril_server_tunnel_live", nil); live != 1 {
+		t.Errorf("tendril_server_tunnel_live %v with the tunnel up, want 1", live)
+	}
+	r.Agent.Close()
+	gone := time.Now()
+	for {
+		ok, why := r.Server.Ready()
+		if !ok {
+			t.Logf("not ready %v after the agent closed: %s", time.Since(gone).Round(time.Millisecond), why)
+			break
+		}
+		if time.Since(gone) > server.TunnelLiveWindow {
+			t.Fatalf("still ready %v after the agent closed", time.Since(gone))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if live := metrictest.Sum(t, reg, "tendril_server_tunnel_live", nil); live != 0 {
+		t.Errorf("tendril_server_tunnel_live %v without an agent, want 0", live)
 	}
 }

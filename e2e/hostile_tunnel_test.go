@@ -1,0 +1,248 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tendril-net/tendril/internal/connect"
+	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/tunnel/bind"
+	"github.com/tendril-net/tendril/tunnel/frame"
+	"github.com/tendril-net/tendril/tunnel/wg"
+	"github.com/tendril-net/tendril/xds/translate"
+)
+
+// TestJunkStreamsDoNotCutTheVPN attacks a shoot's reversed VPN as anyone who knows only the
+// shoot's namespace can: streams through tendril-ingress's Reversed-VPN listener to the shoot's
+// tendril-server, more than the server has slots, each sending a frame of junk every 2 s and
+// reconnecting when closed. With the real binaries (seed, ingress, server on the host; the agent
+// in a "shoot" network namespace, a "pod" behind it), while the attack runs: the server is not
+// ready with no agent, a restarted agent with the right key gets its stream, and a seed → shoot
+// dial through tendril-server succeeds within 2 s of the agent's start.
+func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and veth pairs (run make test as root, as CI does)")
+	}
+	dir := t.TempDir()
+	// seed ⇄ shoot: 10.219.0.1/30 ⇄ .2; shoot ⇄ pod: 10.220.0.1/24 ⇄ .2.
+	shoot, pod := shootNetworks(t, "th", "10.219.0", "10.220.0")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	podCmd := exec.Command("ip", "netns", "exec", pod, self)
+	podCmd.Env = append(os.Environ(), podServeEnv+"=10.220.0.2:8080")
+	if err := podCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = podCmd.Process.Kill(); _ = podCmd.Wait() })
+
+	serverKey, _ := wg.GenerateKey()
+	agentKey, _ := wg.GenerateKey()
+	write := func(name, content string) string { return writeFile(t, dir, name, content) }
+	serverKeyFile := write("server.key", serverKey.String())
+	agentKeyFile := write("agent.key", agentKey.String())
+	serverPub := write("server.pub", serverKey.PublicKey().String())
+	agentPub := write("agent.pub", agentKey.PublicKey().String())
+	ca, caFile := shootCA(t, dir)
+	srvCert, _ := ca.Leaf("tendril-server", "127.0.0.1")
+	apiCert, _ := ca.Leaf("kube-apiserver")
+	if err := testpki.WritePair(srvCert, filepath.Join(dir, "srv.pem"), filepath.Join(dir, "srv-key.pem")); err != nil {
+		t.Fatal(err)
+	}
+
+	const ns = "shoot--e2e--hostile"
+	tunnelAddr, connectAddr, serverMetrics := freeAddr(t), freeAddr(t), freeAddr(t)
+	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.hostile.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
+	_, port, _ := net.SplitHostPort(freeAddr(t))
+	ingressTunnel := "10.219.0.1:" + port
+	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
+	start(t, "tendril-seed", "--routes", routes, "--xds-address", xdsAddr, "--metrics-address", "")
+	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--metrics-address", ingressMetrics)
+	start(t, "tendril-server", "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub,
+		"--shoot-cidrs", "10.220.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", "",
+		"--tls-cert-file", filepath.Join(dir, "srv.pem"), "--tls-key-file", filepath.Join(dir, "srv-key.pem"), "--client-ca-file", caFile,
+		"--metrics-address", serverMetrics)
+	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
+	eventually(t, "server serving", func() error { _, err := get("http://" + serverMetrics + "/healthz"); return err })
+	if body, err := get("http://" + serverMetrics + "/readyz"); err == nil {
+		t.Errorf("/readyz before any agent attached: 200 %q, want 503", body)
+	}
+
+	startAgent := func(name string) *exec.Cmd {
+		return startKillable(t, name, "ip", "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
+			"--private-key-file", agentKeyFile, "--server-public-key", "@"+serverPub, "--shoot-cidrs", "10.220.0.0/24",
+			"--seed", ingressTunnel, "--destination", translate.VPNServerWireName(ns), "--metrics-address", "")
+	}
+	clientTLS := &tls.Config{Certificates: []tls.Certificate{apiCert}, RootCAs: ca.Pool, ServerName: "tendril-server"}
+	// toPod is kube-apiserver's egress: CONNECT to the pod through tendril-server, then a request.
+	toPod := func(deadline time.Time) error {
+		c, err := tls.DialWithDialer(&net.Dialer{Deadline: deadline}, "tcp", connectAddr, clientTLS)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(deadline)
+		fmt.Fprint(c, "CONNECT 10.220.0.2:8080 HTTP/1.1\r\nHost: 10.220.0.2:8080\r\n\r\n")
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("CONNECT: %s", resp.Status)
+		}
+		fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n")
+		resp, err = http.ReadResponse(br, nil)
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if string(body) != "pod 10.220.0.2:8080" {
+			return fmt.Errorf("the pod answered %q", body)
+		}
+		return nil
+	}
+
+	agent := startAgent("tendril-agent-1")
+	eventually(t, "server ready (tunnel up)", func() error { _, err := get("http://" + serverMetrics + "/readyz"); return err })
+	eventually(t, "the pod through the tunnel", func() error { return toPod(time.Now().Add(5 * time.Second)) })
+
+	// The attack: more junk streams than the server has slots.
+	const attackers = bind.DefaultMaxStreams + 4
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var opened atomic.Int64
+	t.Cleanup(func() { stop(); wg.Wait() })
+	for range attackers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			junkStreams(ctx, ingressTunnel, translate.VPNServerWireName(ns), &opened)
+		}()
+	}
+	eventually(t, "every stream slot taken", func() error {
+		m, err := get("http://" + serverMetrics + "/metrics")
+		if err != nil {
+			return err
+		}
+		if want := fmt.Sprintf("tendril_server_tunnel_streams_active %d", bind.DefaultMaxStreams); !strings.Contains(m, want) {
+			return fmt.Errorf("want %q:\n%s", want, grepLines(m, "tendril_server_tunnel_streams"))
+		}
+		return nil
+	})
+
+	// The agent dies; its stream ends with it, and the server stops being ready within the
+	// live window (at once: the stream closed).
+	_ = agent.Process.Kill()
+	killedAt := time.Now()
+	for {
+		if _, err := get("http://" + serverMetrics + "/readyz"); err != nil {
+			break
+		}
+		if time.Since(killedAt) > server.TunnelLiveWindow+time.Second {
+			t.Fatalf("/readyz still 200 %v after the agent was killed (live window %v)", time.Since(killedAt), server.TunnelLiveWindow)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("/readyz not ready %v after the agent was killed", time.Since(killedAt).Round(time.Millisecond))
+
+	// The agent comes back while the junk streams hold every slot, and the pod answers through
+	// it within 2 s.
+	startAgent("tendril-agent-2")
+	begin := time.Now()
+	deadline := begin.Add(2 * time.Second)
+	var lastErr error
+	for {
+		// Short attempts: a dial sent before the tunnel is back loses its SYN, and TCP would
+		// retransmit it only after its 1 s initial retransmission timeout.
+		attempt := time.Now().Add(500 * time.Millisecond)
+		if attempt.After(deadline) {
+			attempt = deadline
+		}
+		if lastErr = toPod(attempt); lastErr == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			m, _ := get("http://" + serverMetrics + "/metrics")
+			t.Fatalf("no dial through the tunnel within 2 s of the agent's restart under attack: %v\n%s", lastErr, grepLines(m, "tendril_server_tunnel_streams"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the pod answered %v after the agent's restart, under attack (%d junk streams opened so far)", time.Since(begin).Round(time.Millisecond), opened.Load())
+	eventually(t, "server ready again under attack", func() error { _, err := get("http://" + serverMetrics + "/readyz"); return err })
+	// Still through it a while later: the junk does not displace the agent's stream.
+	time.Sleep(3 * time.Second)
+	if err := toPod(time.Now().Add(5 * time.Second)); err != nil {
+		t.Errorf("the pod 3 s later, under attack: %v", err)
+	}
+	m, err := get("http://" + serverMetrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("server metrics:\n%s", grepLines(m, "tendril_server_tunnel_streams"))
+	if !strings.Contains(m, `tendril_server_tunnel_streams_detached_total{reason="evicted"}`) || strings.Contains(m, `tendril_server_tunnel_streams_detached_total{reason="evicted"} 0`) {
+		t.Errorf("no eviction counted:\n%s", grepLines(m, "tendril_server_tunnel_streams"))
+	}
+}
+
+// junkStreams keeps one junk stream open to the shoot's tendril-server through the ingress's
+// Reversed-VPN listener until ctx ends: CONNECT, then a frame of 32 random bytes every 2 s; when
+// the stream is closed, a new one after 100 ms.
+func junkStreams(ctx context.Context, ingress, destination string, opened *atomic.Int64) {
+	junk := make([]byte, 32)
+	for ctx.Err() == nil {
+		d := net.Dialer{Timeout: 2 * time.Second}
+		c, err := d.DialContext(ctx, "tcp", ingress)
+		if err == nil {
+			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+			if err = connect.Open(c, "vpn-seed-server:1194", translate.ReversedVPNHeader, destination); err != nil {
+				c.Close()
+			}
+		}
+		if err == nil {
+			opened.Add(1)
+			_ = c.SetDeadline(time.Time{})
+			closed := make(chan struct{})
+			go func() { _, _ = io.Copy(io.Discard, c); close(closed) }()
+			tick := time.NewTicker(2 * time.Second)
+		send:
+			for {
+				_, _ = rand.Read(junk)
+				f, _ := frame.AppendFrame(nil, junk, frame.MaxSize)
+				if _, err := c.Write(f); err != nil {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					break send
+				case <-closed:
+					break send
+				case <-tick.C:
+				}
+			}
+			tick.Stop()
+			c.Close()
+			<-closed
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
