@@ -197,9 +197,11 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 	}
 }
 
-// checkTarget validates a dial's target: TCP to an IP:port inside the shoot's CIDRs.
-// kube-apiserver dials pod, service and node IPs; a name would need DNS inside the shoot. A
-// refusal comes with its outcome (bad_request, target_not_allowed) and a reason for the client.
+// checkTarget validates a dial's target: TCP to an IP:port inside the shoot's CIDRs, port not 0.
+// kube-apiserver dials pod, service and node IPs; a name would need DNS inside the shoot. Port 0
+// is no destination (TCP cannot connect to it; dialled through the tunnel it would only come
+// back as a failed dial after a round trip to the agent). A refusal comes with its outcome
+// (bad_request, target_port_invalid, target_not_allowed) and a reason for the client.
 func (s *Server) checkTarget(protocol, address string) (target netip.AddrPort, outcome, reason string) {
 	if protocol != "tcp" {
 		return target, outcomeBadRequest, fmt.Sprintf("protocol %q not supported (tcp only)", protocol)
@@ -209,6 +211,9 @@ func (s *Server) checkTarget(protocol, address string) (target netip.AddrPort, o
 		return target, outcomeBadRequest, fmt.Sprintf("target %q must be IP:port", address)
 	}
 	target = netip.AddrPortFrom(target.Addr().Unmap(), target.Port())
+	if target.Port() == 0 {
+		return target, outcomeBadPort, "target " + target.String() + ": port 0 is not a destination"
+	}
 	if !s.allowed(target.Addr()) {
 		return target, outcomeNotAllowed, "target " + target.String() + " is outside the shoot's networks"
 	}

@@ -285,6 +285,7 @@ const (
 	outcomeOK          = "ok"
 	outcomeBadRequest  = "bad_request"
 	outcomeNotAllowed  = "target_not_allowed"
+	outcomeBadPort     = "target_port_invalid"
 	outcomeTooMany     = "too_many_dials"
 	outcomeDialFailed  = "dial_failed"
 	outcomeDialTimeout = "dial_timeout"
@@ -310,7 +311,7 @@ func (s *Server) serveConnect(ctx context.Context, c net.Conn, track func(net.Co
 	}
 	target, outcome, reason := s.checkTarget("tcp", req.Host)
 	switch outcome {
-	case outcomeBadRequest:
+	case outcomeBadRequest, outcomeBadPort:
 		s.answer(c, outcome, http.StatusBadRequest, reason, nil)
 		return
 	case outcomeNotAllowed:

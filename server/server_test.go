@@ -306,6 +306,38 @@ func TestThousandConcurrentDials(t *testing.T) {
 	}
 }
 
+// TestPortZeroRefused: a target with port 0 is no destination. Both front-ends refuse it before
+// dialling through the tunnel (CONNECT with 400, gRPC with a dial error naming the port), and
+// count it as target_port_invalid.
+func TestPortZeroRefused(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := servertest.Start(t, servertest.Options{Registry: reg})
+	r.ServeEcho(t, 8080, "echo\n")
+	r.WaitReady(t)
+	target := netip.AddrPortFrom(agentAddr, 0).String()
+	status, c, br := connectTo(t, r, target)
+	c.Close()
+	if status != http.StatusBadRequest {
+		body, _ := io.ReadAll(br)
+		t.Errorf("CONNECT %s: %d %q, want 400", target, status, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tun, err := konnectivity.CreateSingleUseGrpcTunnel(ctx, r.GRPC, grpc.WithTransportCredentials(credentials.NewTLS(r.ClientTLS)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tun.DialContext(ctx, "tcp", target); err == nil || !strings.Contains(err.Error(), "port 0") {
+		t.Errorf("gRPC dial %s: %v, want an error naming port 0", target, err)
+	}
+	if n := metrictest.Sum(t, reg, "tendril_server_dials_total", map[string]string{"outcome": "target_port_invalid"}); n != 2 {
+		t.Errorf("target_port_invalid dials: %.0f, want 2", n)
+	}
+	if n := metrictest.Sum(t, reg, "tendril_server_dials_total", map[string]string{"outcome": "dial_failed"}); n != 0 {
+		t.Errorf("%.0f dials failed through the tunnel", n)
+	}
+}
+
 // TestReadyFollowsTheTunnel: the server is ready while an agent's authenticated packets arrive
 // and stops being ready when the agent goes away, within TunnelLiveWindow (here at once: its
 // stream closes), although its handshake is seconds old, not WireGuard's 180 s.
