@@ -28,8 +28,9 @@ import (
 )
 
 // TestJunkStreamsDoNotCutTheVPN attacks a shoot's reversed VPN as anyone who knows only the
-// shoot's namespace can: streams through tendril-ingress's Reversed-VPN listener to the shoot's
-// tendril-server, more than the server has slots, each sending a frame of junk every 2 s and
+// shoot's namespace can: streams to the shoot's tendril-server through tendril-ingress (its
+// Reversed-VPN listener, and CONNECT with X-Gardener-Destination on the proxy listener), more
+// than the server has slots, each sending a frame of junk every 2 s and
 // reconnecting when closed. With the real binaries (seed, ingress, server on the host; the agent
 // in a "shoot" network namespace, a "pod" behind it), while the attack runs: the server is not
 // ready with no agent, a restarted agent with the right key gets its stream, and a seed → shoot
@@ -71,9 +72,9 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.hostile.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	_, port, _ := net.SplitHostPort(freeAddr(t))
 	ingressTunnel := "10.219.0.1:" + port
-	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
+	xdsAddr, ingressMetrics, ingressProxy := freeAddr(t), freeAddr(t), freeAddr(t)
 	start(t, "tendril-seed", "--routes", routes, "--xds-address", xdsAddr, "--metrics-address", "")
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--metrics-address", ingressMetrics)
+	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--proxy-address", ingressProxy, "--metrics-address", ingressMetrics)
 	start(t, "tendril-server", "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub,
 		"--shoot-cidrs", "10.220.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", "",
 		"--tls-cert-file", filepath.Join(dir, "srv.pem"), "--tls-key-file", filepath.Join(dir, "srv-key.pem"), "--client-ca-file", caFile,
@@ -129,11 +130,15 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	var wg sync.WaitGroup
 	var opened atomic.Int64
 	t.Cleanup(func() { stop(); wg.Wait() })
-	for range attackers {
+	for i := range attackers {
+		addr, header := ingressTunnel, translate.ReversedVPNHeader
+		if i%2 == 1 {
+			addr, header = ingressProxy, translate.GardenerDestinationHeader
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			junkStreams(ctx, ingressTunnel, translate.VPNServerWireName(ns), &opened)
+			junkStreams(ctx, addr, header, translate.VPNServerWireName(ns), &opened)
 		}()
 	}
 	eventually(t, "every stream slot taken", func() error {
@@ -201,17 +206,17 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	}
 }
 
-// junkStreams keeps one junk stream open to the shoot's tendril-server through the ingress's
-// Reversed-VPN listener until ctx ends: CONNECT, then a frame of 32 random bytes every 2 s; when
-// the stream is closed, a new one after 100 ms.
-func junkStreams(ctx context.Context, ingress, destination string, opened *atomic.Int64) {
+// junkStreams keeps one junk stream open to the shoot's tendril-server through the ingress
+// until ctx ends: CONNECT with header naming destination, then a frame of 32 random bytes every
+// 2 s; when the stream is closed, a new one after 100 ms.
+func junkStreams(ctx context.Context, ingress, header, destination string, opened *atomic.Int64) {
 	junk := make([]byte, 32)
 	for ctx.Err() == nil {
 		d := net.Dialer{Timeout: 2 * time.Second}
 		c, err := d.DialContext(ctx, "tcp", ingress)
 		if err == nil {
 			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-			if err = connect.Open(c, "vpn-seed-server:1194", translate.ReversedVPNHeader, destination); err != nil {
+			if err = connect.Open(c, "vpn-seed-server:1194", header, destination); err != nil {
 				c.Close()
 			}
 		}

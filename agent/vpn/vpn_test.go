@@ -188,3 +188,21 @@ func eventually(t *testing.T, what string, f func() error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestKeepaliveIsTheServers: tendril-server's live window is built on the agent's persistent
+// keepalive (server.AgentKeepalive); the agent's default must be that value.
+func TestKeepaliveIsTheServers(t *testing.T) {
+	key, err := wg.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{PrivateKey: key, ServerPublicKey: key.PublicKey(), Seed: "127.0.0.1:1", Direct: true, Address: netip.MustParseAddr("fd8f:6d53:b97a:1::2"),
+		ShootCIDRs: []netip.Prefix{netip.MustParsePrefix("10.99.0.0/24")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if a.cfg.Keepalive != server.AgentKeepalive {
+		t.Errorf("agent keepalive %v, server.AgentKeepalive %v", a.cfg.Keepalive, server.AgentKeepalive)
+	}
+}

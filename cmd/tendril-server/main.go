@@ -79,7 +79,7 @@ func main() {
 		cfg.AgentAddresses = append(cfg.AgentAddresses, as...)
 		return nil
 	})
-	flag.DurationVar(&cfg.AgentTimeout, "agent-timeout", 5*time.Second, "an agent whose stream delivers nothing this long counts as dead; the shoot's networks then route to another live agent (agents heartbeat every second)")
+	flag.DurationVar(&cfg.AgentTimeout, "agent-timeout", 5*time.Second, "an agent that sends no packet WireGuard accepts for this long counts as dead; the shoot's networks then route to another live agent (agents heartbeat every second)")
 	flag.Var((*netflag.Prefixes)(&cfg.ShootCIDRs), "shoot-cidrs", "the shoot's node, pod and service networks, comma-separated: the only egress targets")
 	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", ":1194", "where agents' tunnel streams arrive (forwarded by the ingress)")
 	flag.StringVar(&cfg.ConnectAddress, "connect-address", ":9443", "egress HTTP CONNECT over mutual TLS (empty: off)")
