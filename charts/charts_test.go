@@ -49,10 +49,15 @@ var gardenerValues = map[string]any{
 		"provider":        "aws",
 		"region":          "eu-west-1",
 		"ingressDomain":   "ingress.aws-eu1.example.com",
-		"labels":          map[string]any{},
-		"annotations":     map[string]any{},
-		"protected":       false,
-		"visible":         true,
+		// The Seed's spec as gardenlet mixes it in (JSON field names); only what the chart reads.
+		"spec": map[string]any{
+			"dns":     map[string]any{"provider": map[string]any{"type": "aws-route53", "credentialsRef": map[string]any{"apiVersion": "v1", "kind": "Secret", "namespace": "garden", "name": "dns-aws"}}},
+			"ingress": map[string]any{"domain": "ingress.aws-eu1.example.com", "controller": map[string]any{"kind": "nginx"}},
+		},
+		"labels":      map[string]any{},
+		"annotations": map[string]any{},
+		"protected":   false,
+		"visible":     true,
 	},
 	"gardenlet": map[string]any{"featureGates": map[string]any{}},
 }
@@ -292,6 +297,11 @@ func checkObjects(t *testing.T, objs []client.Object) {
 			if !strings.HasPrefix(o.GetName(), "extensions.gardener.cloud:extension-tendril:") {
 				t.Errorf("%T %s: want extensions.gardener.cloud:extension-tendril:<name> (CONV-03)", o, o.GetName())
 			}
+		case *rbacv1.Role, *rbacv1.RoleBinding:
+			// The seed-level DNSRecord's rights are in garden; tendril's own in its namespace.
+			if ns := o.GetNamespace(); ns != namespace && (ns != "garden" || !strings.HasPrefix(o.GetName(), "extensions.gardener.cloud:extension-tendril:")) {
+				t.Errorf("%T %s/%s: want namespace %s, or garden with a CONV-03 name", o, ns, o.GetName(), namespace)
+			}
 		case *apiextensionsv1.CustomResourceDefinition:
 		default:
 			if o.GetNamespace() != namespace {
@@ -391,8 +401,39 @@ func checkSeed(t *testing.T, objs []client.Object, known map[string]bool) {
 			t.Errorf("--%s=%v, want %s", f, v, namespace)
 		}
 	}
-	if v := args["ingress-address"]; len(v) != 1 || v[0] != "tendril.ingress.aws-eu1.example.com" {
-		t.Errorf("--ingress-address=%v, want tendril.<gardener.seed.ingressDomain>", v)
+	// The agents dial the seed-level DNSRecord's name, outside the seed's wildcard record
+	// *.ingress.aws-eu1.example.com (gardenlet's, pointing at Istio).
+	for f, want := range map[string]string{
+		"ingress-address":      "tendril.aws-eu1.example.com",
+		"dns-record-name":      "tendril.aws-eu1.example.com",
+		"dns-provider-type":    "aws-route53",
+		"dns-secret-name":      "seed-ingress",
+		"dns-secret-namespace": "garden",
+		"ingress-service":      "tendril-ingress",
+	} {
+		if v := args[f]; len(v) != 1 || v[0] != want {
+			t.Errorf("--%s=%v, want %s", f, v, want)
+		}
+	}
+	for _, a := range args["ingress-address"] {
+		if strings.HasSuffix(a, ".ingress.aws-eu1.example.com") {
+			t.Errorf("--ingress-address=%s lies under the seed's wildcard record", a)
+		}
+	}
+	for _, s := range args["ingress-service"] {
+		find[*corev1.Service](t, objs, s)
+	}
+	dnsRole := find[*rbacv1.Role](t, objs, "extensions.gardener.cloud:extension-tendril:tendril-seed")
+	if dnsRole.Namespace != "garden" || !slices.ContainsFunc(dnsRole.Rules, func(r rbacv1.PolicyRule) bool {
+		return slices.Contains(r.APIGroups, "extensions.gardener.cloud") && slices.Contains(r.Resources, "dnsrecords") &&
+			slices.Contains(r.Verbs, "create") && slices.Contains(r.Verbs, "watch") && slices.Contains(r.Verbs, "delete")
+	}) {
+		t.Errorf("Role %s/%s: no dnsrecords rule for the seed DNS record: %+v", dnsRole.Namespace, dnsRole.Name, dnsRole.Rules)
+	}
+	binding := find[*rbacv1.RoleBinding](t, objs, dnsRole.Name)
+	if binding.Namespace != "garden" || binding.RoleRef.Name != dnsRole.Name || len(binding.Subjects) != 1 ||
+		binding.Subjects[0].Name != d.Spec.Template.Spec.ServiceAccountName || binding.Subjects[0].Namespace != namespace {
+		t.Errorf("RoleBinding %s/%s: %+v %+v", binding.Namespace, binding.Name, binding.RoleRef, binding.Subjects)
 	}
 	if d.Spec.Template.Spec.ServiceAccountName != "gardener-extension-tendril" {
 		t.Errorf("service account %q", d.Spec.Template.Spec.ServiceAccountName)
@@ -506,6 +547,51 @@ func checkPodSecurity(t *testing.T, objs []client.Object) {
 	}
 }
 
+// TestRenderDNS: the seed-level DNSRecord's flags and the agents' address for each way of
+// configuring (or not configuring) a DNS provider.
+func TestRenderDNS(t *testing.T) {
+	noProvider := map[string]any{}
+	for k, v := range gardenerValues {
+		noProvider[k] = v
+	}
+	seed := map[string]any{}
+	for k, v := range gardenerValues["seed"].(map[string]any) {
+		seed[k] = v
+	}
+	delete(seed, "spec")
+	noProvider["seed"] = seed
+	for name, tc := range map[string]struct {
+		values                   map[string]any
+		record, typ, ingressAddr string
+	}{
+		"seed provider": {withGardener(nil), "tendril.aws-eu1.example.com", "aws-route53", "tendril.aws-eu1.example.com"},
+		"no provider":   {map[string]any{"gardener": noProvider}, "", "", "tendril.ingress.aws-eu1.example.com"},
+		"explicit provider": {map[string]any{"gardener": noProvider, "dns": map[string]any{"provider": map[string]any{"type": "google-clouddns"}}},
+			"tendril.aws-eu1.example.com", "google-clouddns", "tendril.aws-eu1.example.com"},
+		"disabled": {withGardener(map[string]any{"dns": map[string]any{"enabled": false}}), "", "", "tendril.ingress.aws-eu1.example.com"},
+		"name":     {withGardener(map[string]any{"dns": map[string]any{"name": "sni.seeds.example.org"}}), "sni.seeds.example.org", "aws-route53", "sni.seeds.example.org"},
+		"ingress address wins": {withGardener(map[string]any{"ingress": map[string]any{"address": "203.0.113.7"}}),
+			"tendril.aws-eu1.example.com", "aws-route53", "203.0.113.7"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rc, err := renderer().RenderEmbeddedFS(FS, SeedChart, "tendril", namespace, tc.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := find[*appsv1.Deployment](t, decode(t, rc), "gardener-extension-tendril")
+			args := map[string]string{}
+			for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+				k, v, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+				args[k] = v
+			}
+			if args["dns-record-name"] != tc.record || args["dns-provider-type"] != tc.typ || args["ingress-address"] != tc.ingressAddr {
+				t.Errorf("--dns-record-name=%q --dns-provider-type=%q --ingress-address=%q, want %q %q %q",
+					args["dns-record-name"], args["dns-provider-type"], args["ingress-address"], tc.record, tc.typ, tc.ingressAddr)
+			}
+		})
+	}
+}
+
 func TestRenderErrors(t *testing.T) {
 	for name, tc := range map[string]struct {
 		values map[string]any
@@ -513,6 +599,8 @@ func TestRenderErrors(t *testing.T) {
 	}{
 		"engine":  {map[string]any{"gardener": gardenerValues, "ingress": map[string]any{"engine": "istio"}}, `ingress.engine "istio"`},
 		"address": {map[string]any{}, "set ingress.address"},
+		"dns name": {map[string]any{"gardener": map[string]any{"seed": map[string]any{"ingressDomain": "example.com"}},
+			"dns": map[string]any{"provider": map[string]any{"type": "aws-route53"}}}, "set dns.name"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := renderer().RenderEmbeddedFS(FS, SeedChart, "tendril", namespace, tc.values)

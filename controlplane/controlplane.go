@@ -1,6 +1,8 @@
 // Package controlplane runs tendril's seed control plane on Kubernetes in one
 // controller-runtime manager: the Extension controller (provisioning per shoot), the
-// control-plane webhook pointing kube-apiserver's egress at tendril-server, the health checks
+// control-plane webhook pointing kube-apiserver's egress at tendril-server, the seed-level
+// DNSRecord of the shared ingress and the webhook pointing tendril shoots' api.* DNSRecords at
+// it, the health checks
 // and heartbeat Gardener expects of every extension, and the xDS server the shared ingress
 // connects to, fed by the Kubernetes route source (Routes and EndpointSlices). It wires
 // components together and holds no logic of its own; cmd/tendril-seed fills its Config from
@@ -30,6 +32,7 @@ import (
 
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/egresswebhook"
+	"github.com/tendril-net/tendril/extension/ingressdns"
 	"github.com/tendril-net/tendril/internal/kubescheme"
 	"github.com/tendril-net/tendril/xds/kubesource"
 	"github.com/tendril-net/tendril/xds/server"
@@ -68,6 +71,10 @@ type Config struct {
 	WebhookPort int
 	// WebhookCertDir is where the webhook server reads its certificate (a temp default).
 	WebhookCertDir string
+	// SeedDNS is the seed-level DNSRecord of the shared ingress (disabled when its Name or
+	// Type is empty: a record written earlier is deleted). Its ServiceNamespace defaults to
+	// Extension.IngressNamespace; the DNSRecord webhook reads the same Service.
+	SeedDNS ingressdns.SeedRecord
 	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
 	LBProxyProtocol bool
 	// RouteServices are the Services Routes may name; only their EndpointSlices are cached
@@ -80,13 +87,14 @@ type Config struct {
 }
 
 // cacheOptions narrows the manager's cache to what the extension and the route source read.
-func cacheOptions(routeServices []string) (cache.Options, error) {
+func cacheOptions(routeServices []string, seedDNS ingressdns.SeedRecord) (cache.Options, error) {
 	opts := extension.CacheOptions()
 	endpointSlices, err := kubesource.CacheByObject(routeServices)
 	if err != nil {
 		return cache.Options{}, fmt.Errorf("route services: %w", err)
 	}
 	maps.Copy(opts.ByObject, endpointSlices)
+	maps.Copy(opts.ByObject, ingressdns.CacheByObject(seedDNS))
 	return opts, nil
 }
 
@@ -113,8 +121,14 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
+	if cfg.SeedDNS.ServiceNamespace == "" {
+		cfg.SeedDNS.ServiceNamespace = cfg.Extension.IngressNamespace
+	}
+	if cfg.SeedDNS.Log.GetSink() == nil {
+		cfg.SeedDNS.Log = cfg.Log.WithName("seed-dns")
+	}
 	ctrl.SetLogger(cfg.Log)
-	cacheOpts, err := cacheOptions(cfg.RouteServices)
+	cacheOpts, err := cacheOptions(cfg.RouteServices, cfg.SeedDNS)
 	if err != nil {
 		return err
 	}
@@ -158,9 +172,25 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := extension.Add(ctx, mgr, cfg.Extension); err != nil {
 		return fmt.Errorf("extension controller: %w", err)
 	}
+	if err := ingressdns.AddSeedRecord(mgr, cfg.SeedDNS); err != nil {
+		return fmt.Errorf("seed DNS record controller: %w", err)
+	}
 	if cfg.WebhookPort >= 0 {
 		if cfg.Webhook.Image == "" {
 			cfg.Webhook.Image = cfg.Extension.Image // the egress relay sidecar ships in the tendril image
+		}
+		if cfg.SeedDNS.ServiceNamespace != "" {
+			metrics, err := ingressdns.NewMetrics(crmetrics.Registry)
+			if err != nil {
+				return fmt.Errorf("dnsrecord webhook metrics: %w", err)
+			}
+			wh, err := ingressdns.NewWebhook(mgr, ingressdns.WebhookOptions{
+				ServiceNamespace: cfg.SeedDNS.ServiceNamespace, ServiceName: cfg.SeedDNS.ServiceName, Metrics: metrics,
+			})
+			if err != nil {
+				return err
+			}
+			cfg.Webhook.Webhooks = append(cfg.Webhook.Webhooks, wh)
 		}
 		if err := egresswebhook.AddToManager(ctx, mgr, cfg.Webhook); err != nil {
 			return fmt.Errorf("egress webhook: %w", err)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ import (
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension"
+	"github.com/tendril-net/tendril/extension/ingressdns"
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
 	"github.com/tendril-net/tendril/internal/kubetest"
@@ -48,6 +50,7 @@ func TestControlPlane(t *testing.T) {
 	c := env.Client
 	ctx, cancel := context.WithCancel(context.Background())
 	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "extension-tendril"}}))
+	must(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "garden"}}))
 	xl, sl := listen(t, "127.0.0.1:0"), listen(t, "127.0.0.1:0")
 	// The API server's own informers watch Secrets and ConfigMaps too; the control plane's
 	// watches are what it adds to these.
@@ -64,6 +67,7 @@ func TestControlPlane(t *testing.T) {
 			WebhookPort:        -1, // the webhook has its own envtest in extension/egresswebhook
 			RouteServices:      []string{"kube-apiserver", "tendril-server"},
 			Extension:          extension.AddOptions{Config: extension.Config{Image: "example.org/tendril:test", Ingress: "ingress.example.org"}},
+			SeedDNS:            ingressdns.SeedRecord{Name: "tendril.seed.example.org", Type: "local", SecretName: "seed-ingress", ServiceNamespace: "extension-tendril"},
 			Log:                testr.New(t),
 		})
 	}()
@@ -177,6 +181,26 @@ func TestControlPlane(t *testing.T) {
 	if watches["deployments"] <= baseline["deployments"] {
 		t.Errorf("no watch on deployments counted (%v): the check above proves nothing", watches)
 	}
+
+	// The seed-level DNSRecord follows the ingress Service's load balancer (its cache is
+	// limited to garden, where it lives).
+	ingressSvc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: ingressdns.ServiceName, Namespace: "extension-tendril"},
+		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Name: "sni", Port: 443}}},
+	}
+	must(t, c.Create(ctx, ingressSvc))
+	ingressSvc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.10"}}
+	must(t, c.Status().Update(ctx, ingressSvc))
+	testwait.For(t, "seed DNS record", func() error {
+		r := &extensionsv1alpha1.DNSRecord{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "garden", Name: ingressdns.RecordName}, r); err != nil {
+			return err
+		}
+		if r.Spec.Name != "tendril.seed.example.org" || r.Spec.Type != "local" || r.Spec.RecordType != "A" || !slices.Equal(r.Spec.Values, []string{"203.0.113.10"}) {
+			return fmt.Errorf("record %+v", r.Spec)
+		}
+		return nil
+	})
 
 	var first time.Time
 	testwait.For(t, "heartbeat renewed twice", func() error {

@@ -85,6 +85,13 @@ func main() {
 		}
 		return nil
 	})
+	fs.StringVar(&k.SeedDNS.ServiceName, "ingress-service", "tendril-ingress", "Kubernetes mode: the seed ingress's LoadBalancer Service in --ingress-namespace, whose address the DNS records get")
+	fs.StringVar(&k.SeedDNS.Name, "dns-record-name", "", "Kubernetes mode: name (FQDN) of the seed-level DNSRecord for the ingress, outside the seed's *.<ingress domain> (empty: no record; one written earlier is deleted)")
+	fs.StringVar(&k.SeedDNS.Type, "dns-provider-type", "", "Kubernetes mode: DNS provider type of the seed-level DNSRecord, the seed's spec.dns.provider.type (empty: no record)")
+	fs.StringVar(&k.SeedDNS.SecretName, "dns-secret-name", "seed-ingress", "Kubernetes mode: the DNS provider's credentials for the seed-level DNSRecord (gardenlet's copy of the seed's is seed-ingress in garden)")
+	fs.StringVar(&k.SeedDNS.SecretNamespace, "dns-secret-namespace", "garden", "Kubernetes mode: namespace of --dns-secret-name")
+	fs.StringVar(&k.SeedDNS.Zone, "dns-zone", "", "Kubernetes mode: hosted zone of the seed-level DNSRecord (empty: the provider's longest matching zone)")
+	fs.Int64Var(&k.SeedDNS.TTL, "dns-ttl", 120, "Kubernetes mode: TTL in seconds of the seed-level DNSRecord")
 	fs.StringVar(&k.Webhook.Namespace, "webhook-namespace", "", "Kubernetes mode: tendril-seed's namespace, where the webhook's CA and certificate live and its Service runs (empty: self-signed, development only)")
 	fs.IntVar(&k.WebhookPort, "webhook-port", 10250, "Kubernetes mode: port of the control-plane webhook server (-1: off)")
 	fs.StringVar(&k.WebhookCertDir, "webhook-cert-dir", "", "Kubernetes mode: directory for the webhook server's certificate (default: a temp dir)")

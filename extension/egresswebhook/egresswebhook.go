@@ -153,6 +153,10 @@ type Options struct {
 	// shoots with egress grpc runs /tendril-egress-relay from it. Empty: such shoots'
 	// kube-apiserver Deployments are refused with the reason (HTTP CONNECT needs no image).
 	Image string
+	// Webhooks are tendril's other seed webhooks (e.g. ingressdns's): served by the same
+	// server and registered in the same MutatingWebhookConfiguration with the same
+	// certificates, which one registration owns (two would overwrite each other's).
+	Webhooks []*extensionswebhook.Webhook
 }
 
 // AddToManager registers the webhook with mgr's webhook server (which must be a
@@ -179,12 +183,15 @@ func AddToManager(ctx context.Context, mgr manager.Manager, opts Options) error 
 	if err != nil {
 		return fmt.Errorf("egress webhook: %w", err)
 	}
-	srv.Register(wh.Path, wh.Webhook)
+	webhooks := append([]*extensionswebhook.Webhook{wh}, opts.Webhooks...)
+	for _, w := range webhooks {
+		srv.Register(w.Path, w.Webhook)
+	}
 	port := srv.Options.Port
 	if opts.Mode == ModeService && opts.ServicePort > 0 {
 		port = opts.ServicePort
 	}
-	seed, _, err := extensionswebhook.BuildWebhookConfigs([]*extensionswebhook.Webhook{wh}, mgr.GetClient(),
+	seed, _, err := extensionswebhook.BuildWebhookConfigs(webhooks, mgr.GetClient(),
 		opts.Namespace, Name, false, port, opts.Mode, opts.URL, nil, false)
 	if err != nil {
 		return fmt.Errorf("egress webhook configuration: %w", err)

@@ -30,10 +30,49 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{ include "tendril.xdsService" . }}.{{ .Release.Namespace }}.svc:{{ .Values.ports.xds }}
 {{- end -}}
 
-{{/* The address the shoot agents dial: ingress.address, else tendril.<seed ingress domain>. */}}
+{{/* The DNS provider type of the seed-level DNSRecord: dns.provider.type, else the seed's
+spec.dns.provider.type; empty when dns is disabled or no provider is known. */}}
+{{- define "tendril.dnsProviderType" -}}
+{{- if .Values.dns.enabled -}}
+{{ .Values.dns.provider.type | default (dig "spec" "dns" "provider" "type" "" .Values.gardener.seed) }}
+{{- end -}}
+{{- end -}}
+
+{{/* The seed-level DNSRecord's name, when the record is enabled: dns.name, else
+tendril.<ingress domain without its first label> (outside the seed's wildcard record). */}}
+{{- define "tendril.dnsRecordName" -}}
+{{- if include "tendril.dnsProviderType" . -}}
+{{- if .Values.dns.name -}}
+{{ .Values.dns.name }}
+{{- else -}}
+{{- $labels := splitList "." (.Values.gardener.seed.ingressDomain | default "") -}}
+{{- if lt (len $labels) 3 -}}
+{{ fail (printf "tendril-seed: set dns.name: no default from gardener.seed.ingressDomain %q (want at least three labels, the first dropped)" (.Values.gardener.seed.ingressDomain | default "")) }}
+{{- end -}}
+tendril.{{ rest $labels | join "." }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* tendril-seed's flags for the seed-level DNSRecord; without a name and type it deletes the
+record it wrote earlier. */}}
+{{- define "tendril.dnsArgs" -}}
+- --dns-record-name={{ include "tendril.dnsRecordName" . }}
+- --dns-provider-type={{ include "tendril.dnsProviderType" . }}
+- --dns-secret-name={{ .Values.dns.provider.secretName }}
+- --dns-secret-namespace={{ .Values.dns.provider.secretNamespace }}
+- --dns-zone={{ .Values.dns.zone }}
+- --dns-ttl={{ .Values.dns.ttl }}
+- --ingress-service={{ include "tendril.ingressName" . }}
+{{- end -}}
+
+{{/* The address the shoot agents dial: ingress.address, else the seed-level DNSRecord's name,
+else tendril.<seed ingress domain>. */}}
 {{- define "tendril.ingressAddress" -}}
 {{- if .Values.ingress.address -}}
 {{ .Values.ingress.address }}
+{{- else if include "tendril.dnsRecordName" . -}}
+{{ include "tendril.dnsRecordName" . }}
 {{- else if .Values.gardener.seed.ingressDomain -}}
 tendril.{{ .Values.gardener.seed.ingressDomain }}
 {{- else -}}
