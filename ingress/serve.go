@@ -254,6 +254,9 @@ func readProxyHeader(d *downstream, allowWithout bool) (*proxyproto.Header, stri
 		if !allowWithout {
 			return nil, outcomeNoProxyHeader, err
 		}
+		// No header came: its allowance is taken back, so the bytes already buffered count
+		// against what follows (a CONNECT request stops at the same limit on every listener).
+		d.limit.N -= maxProxyHeader
 		return nil, "", nil
 	case err != nil:
 		if isTimeout(err) {
