@@ -97,7 +97,6 @@ const (
 	outcomeProxied        = "proxied"
 	outcomeNoListener     = "no_listener"
 	outcomeNoChain        = "no_filter_chain"
-	outcomeOverloaded     = "overloaded"
 	outcomeBadHello       = "bad_client_hello"
 	outcomeHelloTimeout   = "client_hello_timeout"
 	outcomeNotTLS         = "not_tls"
@@ -154,19 +153,24 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 	}
 	d := &downstream{c: c, r: c, local: addrPort(c.LocalAddr()), source: addrPort(c.RemoteAddr())}
 	d.trustedPeer = in.trusted(d.source.Addr())
-	if in.pending.Add(1) > int64(in.cfg.MaxPending) {
-		in.pending.Add(-1)
-		s.refuse(d, "", outcomeOverloaded, nil)
+	p, victim, outcome := in.pending.admit(s.name, c, d.source.Addr())
+	if victim != nil {
+		s.evict(victim)
+	}
+	if p == nil {
+		s.refuse(d, "", outcome, fmt.Errorf("%d connections of this source are in their handshake", in.cfg.MaxPendingPerSource))
 		return
 	}
 	chain, outcome, err := listenerFilters(lc, d)
-	in.pending.Add(-1)
-	if outcome != "" {
-		s.refuse(d, "", outcome, err)
+	if chain != nil && chain.http != nil && outcome == "" {
+		s.serveConnect(ctx, d, chain.http, p) // still pending while its request arrives
 		return
 	}
-	if chain.http != nil {
-		s.serveConnect(ctx, d, chain.http)
+	if !in.pending.release(p) {
+		return // evicted meanwhile: closed and counted
+	}
+	if outcome != "" {
+		s.refuse(d, "", outcome, err)
 		return
 	}
 	// The configuration current now picks the route: the listener filters may have taken a
@@ -190,6 +194,14 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 	defer release()
 	defer s.untrack(up)
 	s.pipe(d, up, cl.name, d.hello, chain.tcp.idleTimeout)
+}
+
+// evict closes a pending connection another one displaced, and counts it on its own listener.
+func (s *server) evict(victim *pendingConn) {
+	victim.c.Close()
+	s.in.metrics.conn(victim.listener, "", outcomePendingEvicted)
+	s.in.refusals.log("Connection refused", "listener", victim.listener, "remote", victim.c.RemoteAddr().String(), "reason", outcomePendingEvicted,
+		"error", fmt.Sprintf("%q", "the oldest of the pending connections, closed for a new one"))
 }
 
 // listenerFilters runs the listener filters and returns the chain, or the outcome that refuses the
