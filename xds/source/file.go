@@ -206,15 +206,6 @@ type File struct {
 // rejected.
 type Publish func([]model.Shoot) error
 
-// Load reads and parses the file once.
-func (f *File) Load(ctx context.Context) ([]model.Shoot, error) {
-	data, err := readBounded(f.Path)
-	if err != nil {
-		return nil, err
-	}
-	return f.parse(ctx, data)
-}
-
 // Run loads the file, publishes it, and republishes after each change until ctx ends. The first
 // load must succeed: starting without routes because of a typo would look like a healthy ingress
 // refusing every shoot. Later bad versions are logged, counted and skipped.

@@ -144,3 +144,55 @@ func waitCond(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestFileHalfWritten rewrites a two-shoot route file in place in two writes, the second 1.5
+// settle times after the first: a read between them sees a valid file with only the first shoot.
+// A reload needs two identical reads a settle time apart, so that set is never published.
+func TestFileHalfWritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "routes.yaml")
+	full := routeYAML("shoot--a--one", "shoot--a--two")
+	half := routeYAML("shoot--a--one") // a prefix of full
+	if full[:len(half)] != half {
+		t.Fatal("the one-shoot file is not a prefix of the two-shoot one")
+	}
+	if err := os.WriteFile(path, []byte(full), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const settle = 40 * time.Millisecond
+	got := make(chan int, 100)
+	f := &File{Path: path, Log: testr.New(t), Settle: settle}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx, func(s []model.Shoot) error { got <- len(s); return nil }) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	if n := <-got; n != 2 {
+		t.Fatalf("first load: %d shoots", n)
+	}
+	for range 10 {
+		fh, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fh.WriteString(half); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(settle * 3 / 2)
+		if _, err := fh.WriteString(full[len(half):]); err != nil {
+			t.Fatal(err)
+		}
+		fh.Close()
+		select {
+		case n := <-got:
+			if n != 2 {
+				t.Fatalf("published %d shoots from a half-written file", n)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the complete file was not published within 10 s")
+		}
+	}
+}
