@@ -30,16 +30,22 @@ func connectOfSize(t *testing.T, header, value string, size int) string {
 }
 
 // TestConnectHeaderLimitOnBothListeners sends CONNECT requests of exactly the header limit and
-// one byte more to the proxy listener (which reads an optional PROXY header first) and to the
-// tunnel listener (which does not): both accept the first and answer 431 to the second. The
-// proxy listener used to keep the PROXY header's allowance when none came and took ~20 KB.
+// one byte more to the proxy listener (which reads an optional PROXY header first), to it after a
+// PROXY header, and to the tunnel listener (which reads none): each accepts the first and answers
+// 431 to the second. The proxy listener used to keep the PROXY header's 4 KiB allowance whether a
+// header came or not, and took ~20 KB of request.
 func TestConnectHeaderLimitOnBothListeners(t *testing.T) {
 	t.Parallel()
 	w, _ := inClusterWorld(t)
 	const limit = translate.MaxRequestHeadersKB << 10
-	for _, tc := range []struct{ listener, addr, header string }{
-		{"proxy", w.proxy, translate.GardenerDestinationHeader},
-		{"tunnel", w.tunnel, translate.ReversedVPNHeader},
+	for _, tc := range []struct {
+		listener, addr, header string
+		prefix                 []byte
+	}{
+		{"proxy", w.proxy, translate.GardenerDestinationHeader, nil},
+		// Any destination port but 443 leads to the CONNECT chain.
+		{"proxy", w.proxy, translate.GardenerDestinationHeader, proxyHeader(t, "10.250.0.7:40000", "240.0.0.1:8443")},
+		{"tunnel", w.tunnel, translate.ReversedVPNHeader, nil},
 	} {
 		for _, size := range []int{limit, limit + 1} {
 			c, err := net.DialTimeout("tcp", tc.addr, 5*time.Second)
@@ -47,7 +53,8 @@ func TestConnectHeaderLimitOnBothListeners(t *testing.T) {
 				t.Fatal(err)
 			}
 			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-			if _, err := io.WriteString(c, connectOfSize(t, tc.header, translate.VPNServerWireName("shoot--t--alpha"), size)); err != nil {
+			req := append(append([]byte{}, tc.prefix...), connectOfSize(t, tc.header, translate.VPNServerWireName("shoot--t--alpha"), size)...)
+			if _, err := c.Write(req); err != nil {
 				t.Fatal(err)
 			}
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -60,11 +67,13 @@ func TestConnectHeaderLimitOnBothListeners(t *testing.T) {
 				want = http.StatusRequestHeaderFieldsTooLarge
 			}
 			if resp.StatusCode != want {
-				t.Errorf("%s, %d bytes of request (limit %d): %s, want %d", tc.listener, size, limit, resp.Status, want)
+				t.Errorf("%s (%d bytes of PROXY header), %d bytes of request (limit %d): %s, want %d", tc.listener, len(tc.prefix), size, limit, resp.Status, want)
 			}
 		}
-		if got := promtestConn(t, w, tc.listener, outcomeHeadersTooBig); got != 1 {
-			t.Errorf("%s: %s %v, want 1", tc.listener, outcomeHeadersTooBig, got)
+	}
+	for listener, want := range map[string]float64{"proxy": 2, "tunnel": 1} {
+		if got := promtestConn(t, w, listener, outcomeHeadersTooBig); got != want {
+			t.Errorf("%s: %s %v, want %v", listener, outcomeHeadersTooBig, got, want)
 		}
 	}
 }

@@ -231,11 +231,14 @@ func listenerFilters(lc *listenerConfig, d *downstream) (*chainConfig, string, e
 		if h != nil && lc.lbProxyProtocol && !d.trustedPeer {
 			// Only a load balancer may put its header in front of another one; from anyone
 			// else a second header is an attempt to choose both addresses.
-			d.limit.N += maxProxyHeader
-			if next, _ := d.br.Peek(1); len(next) == 1 && (next[0] == proxyproto.SIGV1[0] || next[0] == proxyproto.SIGV2[0]) {
-				if h2, _ := proxyproto.Read(d.br); h2 != nil {
-					return nil, outcomeUntrustedProxy, fmt.Errorf("two PROXY headers from %v, which is not a trusted proxy", d.c.RemoteAddr())
+			var h2 *proxyproto.Header
+			withHeaderAllowance(d, func() {
+				if next, _ := d.br.Peek(1); len(next) == 1 && (next[0] == proxyproto.SIGV1[0] || next[0] == proxyproto.SIGV2[0]) {
+					h2, _ = proxyproto.Read(d.br)
 				}
+			})
+			if h2 != nil {
+				return nil, outcomeUntrustedProxy, fmt.Errorf("two PROXY headers from %v, which is not a trusted proxy", d.c.RemoteAddr())
 			}
 		}
 	}
@@ -256,19 +259,35 @@ func listenerFilters(lc *listenerConfig, d *downstream) (*chainConfig, string, e
 	return chain, "", nil
 }
 
+// readProxyHeaderCounted reads a PROXY header within an allowance of maxProxyHeader bytes and
+// leaves the read limit raised by exactly the bytes the header took: nothing when there was none.
+// The bytes read past the header stay buffered and count against what follows, so a CONNECT
+// request stops at the same limit with or without a PROXY header, on every listener.
+func readProxyHeaderCounted(d *downstream) (h *proxyproto.Header, err error) {
+	withHeaderAllowance(d, func() { h, err = proxyproto.Read(d.br) })
+	return h, err
+}
+
+// withHeaderAllowance runs read, which reads from d.br, with maxProxyHeader more bytes allowed,
+// and then leaves the limit raised by exactly the bytes read consumed (bytes it only peeked at
+// stay buffered and count against what follows).
+func withHeaderAllowance(d *downstream, read func()) {
+	d.limit.N += maxProxyHeader
+	before := d.limit.N + int64(d.br.Buffered())
+	read()
+	consumed := before - d.limit.N - int64(d.br.Buffered())
+	d.limit.N += consumed - maxProxyHeader
+}
+
 // readProxyHeader reads one PROXY header (optional when allowWithout) and makes its addresses
 // the connection's. A LOCAL header (the sender's own health check) keeps the connection's.
 func readProxyHeader(d *downstream, allowWithout bool) (*proxyproto.Header, string, error) {
-	d.limit.N += maxProxyHeader
-	h, err := proxyproto.Read(d.br)
+	h, err := readProxyHeaderCounted(d)
 	switch {
 	case errors.Is(err, proxyproto.ErrNoProxyProtocol):
 		if !allowWithout {
 			return nil, outcomeNoProxyHeader, err
 		}
-		// No header came: its allowance is taken back, so the bytes already buffered count
-		// against what follows (a CONNECT request stops at the same limit on every listener).
-		d.limit.N -= maxProxyHeader
 		return nil, "", nil
 	case err != nil:
 		if isTimeout(err) {
