@@ -241,38 +241,67 @@ func TestPendingSet(t *testing.T) {
 // connections through to the shoot. It logs the good client's success rate and requires every
 // attempt to succeed. Not parallel: it needs ~12,000 of the 20,000 file descriptors.
 //
-//	go test -count=1 -v -run TestGoodClientsDuringOneSourceFlood ./ingress/
+//	go test -count=1 -v -run 'TestGoodClientsDuring' ./ingress/
 func TestGoodClientsDuringOneSourceFlood(t *testing.T) {
+	measureFlood(t, []string{"127.0.0.2"}, 10050)
+}
+
+// TestGoodClientsDuringManySourceFlood is the same measurement with 12 sources (127.0.0.20–31),
+// each within its own limit, holding 6,000 half-finished ClientHellos together (more than the
+// SNI listener's 5,000) and keeping on opening more: the listener evicts its oldest pending
+// connections. Not parallel: ~14,000 file descriptors.
+func TestGoodClientsDuringManySourceFlood(t *testing.T) {
+	var sources []string
+	for i := range 12 {
+		sources = append(sources, fmt.Sprintf("127.0.0.%d", 20+i))
+	}
+	measureFlood(t, sources, 500)
+}
+
+// measureFlood floods the SNI listener of an ingress with the default limits from sources, each
+// holding perSource half-finished ClientHellos and then opening more (each source keeps its last
+// 2,000 new ones open), while a good client from 127.0.0.1 makes 200 SNI connections. It logs the
+// good client's success rate and requires every attempt to succeed.
+func measureFlood(t *testing.T, sources []string, perSource int) {
+	const attempts, churnKept = 200, 2000
 	w := newWorld(t)
 	w.addShoot("shoot--t--alpha", "api.alpha.test")
 	hello := captureHello(t, "api.alpha.test")
-	const held, attempts = 10050, 200
-	floodFrom(t, "127.0.0.2", w.sni, hello[:20], held)
-	handled(t, w, held)
+	for _, src := range sources {
+		floodFrom(t, src, w.sni, hello[:20], perSource)
+	}
+	handled(t, w, len(sources)*perSource)
 
-	// The source keeps dialing while the good client works: each new connection is refused at
-	// once, and the flooder closes it.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var more int
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
-		for {
+		var kept []net.Conn
+		defer func() {
+			for _, c := range kept {
+				c.Close()
+			}
+		}()
+		for i := 0; ; i++ {
 			select {
 			case <-stop:
 				return
 			default:
 			}
+			d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(sources[i%len(sources)])}}
 			c, err := d.Dial("tcp", w.sni)
 			if err != nil {
 				time.Sleep(time.Millisecond)
 				continue
 			}
 			_, _ = c.Write(hello[:20])
-			c.Close()
 			more++
+			if kept = append(kept, c); len(kept) > churnKept {
+				kept[0].Close()
+				kept = kept[1:]
+			}
 		}
 	}()
 	ok := 0
@@ -283,9 +312,11 @@ func TestGoodClientsDuringOneSourceFlood(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	refused := metrictest.Sum(t, w.reg, "tendril_ingress_connections_total", map[string]string{"outcome": outcomePendingSource})
-	t.Logf("good client from 127.0.0.1: %d of %d SNI connections proxied (%.1f%%) while 127.0.0.2 held %d half-open ClientHellos and opened %d more; %d pending, %.0f refused for their source",
-		ok, attempts, 100*float64(ok)/attempts, held, more, w.in.pending.count(), refused)
+	count := func(outcome string) float64 {
+		return metrictest.Sum(t, w.reg, "tendril_ingress_connections_total", map[string]string{"outcome": outcome})
+	}
+	t.Logf("good client from 127.0.0.1: %d of %d SNI connections proxied (%.1f%%) while %d source(s) held %d half-open ClientHellos and opened %d more; %d pending, %.0f refused for their source, %.0f evicted",
+		ok, attempts, 100*float64(ok)/attempts, len(sources), len(sources)*perSource, more, w.in.pending.count(), count(outcomePendingSource), count(outcomePendingEvicted))
 	if ok != attempts {
 		t.Errorf("%d of %d good connections failed during the flood", attempts-ok, attempts)
 	}
