@@ -42,11 +42,19 @@ type Config struct {
 	// behind an inner one is refused. A listener with such a filter is refused (NACK) while this
 	// is empty.
 	TrustedProxies []netip.Prefix
-	// MaxPending bounds connections still waiting for their ClientHello; beyond it new
-	// connections are closed at once (counted as "overloaded"), so a flood of slow clients costs a
-	// bounded amount of memory. If zero, 10,000 (≈ 10,000 × 16 KiB worst-case hello buffers =
-	// 160 MiB).
+	// MaxPending bounds connections still in their handshake (PROXY header, ClientHello,
+	// CONNECT request) across all listeners, so a flood of slow clients costs a bounded amount
+	// of memory. At the limit a new connection evicts the oldest pending one of the fullest
+	// listener (counted as "pending_evicted"). If zero, DefaultMaxPending (10,000 × 16 KiB
+	// worst-case buffers = 160 MiB).
 	MaxPending int
+	// MaxPendingPerListener bounds one listener's pending connections; at the limit a new
+	// connection evicts the listener's oldest pending one. If zero, DefaultMaxPendingPerListener.
+	MaxPendingPerListener int
+	// MaxPendingPerSource bounds the pending connections of one source address (an IPv6 /64)
+	// across all listeners; beyond it its new connections are refused (counted as
+	// "pending_source_limit"). Trusted proxies are exempt. If zero, DefaultMaxPendingPerSource.
+	MaxPendingPerSource int
 }
 
 // Ingress serves the listeners of the configuration it is given.
@@ -59,14 +67,20 @@ type Ingress struct {
 	// active counts connections per cluster across configurations, for the circuit breaker.
 	activeMu sync.Mutex
 	active   map[string]*atomic.Int64
-	pending  atomic.Int64
+	pending  *pendingSet
 	refusals *rateLimitedLog
 }
 
 // New returns an Ingress with an empty configuration.
 func New(cfg Config) *Ingress {
 	if cfg.MaxPending == 0 {
-		cfg.MaxPending = 10000
+		cfg.MaxPending = DefaultMaxPending
+	}
+	if cfg.MaxPendingPerListener == 0 {
+		cfg.MaxPendingPerListener = DefaultMaxPendingPerListener
+	}
+	if cfg.MaxPendingPerSource == 0 {
+		cfg.MaxPendingPerSource = DefaultMaxPendingPerSource
 	}
 	in := &Ingress{
 		cfg:      cfg,
@@ -75,6 +89,7 @@ func New(cfg Config) *Ingress {
 		active:   make(map[string]*atomic.Int64),
 		refusals: newRateLimitedLog(cfg.Log, 10, time.Second),
 	}
+	in.pending = newPendingSet(cfg.MaxPending, cfg.MaxPendingPerListener, cfg.MaxPendingPerSource, in.trusted)
 	in.current.Store(&config{
 		listeners: map[string]*listenerConfig{},
 		clusters:  map[string]*clusterConfig{},

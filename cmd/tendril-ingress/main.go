@@ -32,10 +32,14 @@ type Config struct {
 	TunnelAddress  string
 	MetricsAddress string
 	// Profiling serves the Go profiler on the metrics address.
-	Profiling      bool
-	MaxPending     int
-	TrustedProxies []netip.Prefix
-	Log            logr.Logger
+	Profiling bool
+	// MaxPending, MaxPendingPerListener and MaxPendingPerSource bound the connections in
+	// their handshake (ingress.Config); zero means the default.
+	MaxPending            int
+	MaxPendingPerListener int
+	MaxPendingPerSource   int
+	TrustedProxies        []netip.Prefix
+	Log                   logr.Logger
 }
 
 func main() {
@@ -47,7 +51,9 @@ func main() {
 	flag.StringVar(&cfg.ProxyAddress, "proxy-address", "", "address of the PROXY-protocol and X-Gardener-Destination CONNECT listener (xDS listener \"proxy\"); empty: not served")
 	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", "", "address of the Reversed-VPN CONNECT listener (xDS listener \"tunnel\"); empty: not served")
 	flag.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:18081", "address for /metrics, /healthz and /readyz (empty: off)")
-	flag.IntVar(&cfg.MaxPending, "max-pending", 10000, "connections allowed to wait for their ClientHello at once")
+	flag.IntVar(&cfg.MaxPending, "max-pending", ingress.DefaultMaxPending, "connections allowed in their handshake (PROXY header, ClientHello, CONNECT request) at once, across all listeners; at the limit the oldest is closed for a new one")
+	flag.IntVar(&cfg.MaxPendingPerListener, "max-pending-per-listener", ingress.DefaultMaxPendingPerListener, "connections allowed in their handshake at once on one listener; at the limit the listener's oldest is closed for a new one")
+	flag.IntVar(&cfg.MaxPendingPerSource, "max-pending-per-source", ingress.DefaultMaxPendingPerSource, "connections of one source address (IPv6: one /64) allowed in their handshake at once, across all listeners; beyond it the source's new connections are refused (--trusted-proxy-cidr peers are exempt)")
 	flag.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
 	flag.Func("trusted-proxy-cidr", "CIDR of the load balancers whose own PROXY header is believed (with tendril-seed --lb-proxy-protocol); repeatable", func(v string) error {
 		p, err := netip.ParsePrefix(v)
@@ -86,8 +92,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(listeners) == 0 {
 		return errors.New("no listener address given (--sni-address, --proxy-address, --tunnel-address)")
 	}
+	if cfg.MaxPending < 0 || cfg.MaxPendingPerListener < 0 || cfg.MaxPendingPerSource < 0 {
+		return errors.New("--max-pending, --max-pending-per-listener and --max-pending-per-source must not be negative (0: the default)")
+	}
 	reg := probe.NewRegistry()
-	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending, TrustedProxies: cfg.TrustedProxies})
+	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending,
+		MaxPendingPerListener: cfg.MaxPendingPerListener, MaxPendingPerSource: cfg.MaxPendingPerSource, TrustedProxies: cfg.TrustedProxies})
 
 	g, ctx := errgroup.WithContext(ctx)
 	if cfg.MetricsAddress != "" {
