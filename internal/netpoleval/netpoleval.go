@@ -72,8 +72,8 @@ func (e Endpoint) isPod() bool { return e.Namespace != "" }
 // Verdict says whether a connection is admitted and which policies decided each side.
 type Verdict struct {
 	Allowed bool
-	// Egress and Ingress describe each side: "not isolated", "allowed by <policies>" or
-	// "denied (isolated by <policies>)".
+	// Egress and Ingress describe each side: "outside the cluster", "not isolated",
+	// "allowed by <policies>" or "denied (…)".
 	Egress, Ingress string
 }
 
@@ -133,8 +133,7 @@ func side(policies []networkingv1.NetworkPolicy, self, peer Endpoint, protocol c
 		slices.Sort(allowing)
 		return "allowed by " + strings.Join(allowing, ","), true, nil
 	default:
-		slices.Sort(isolating)
-		return "denied (isolated by " + strings.Join(isolating, ",") + ")", false, nil
+		return fmt.Sprintf("denied (%d policies select it, none admits)", len(isolating)), false, nil
 	}
 }
 
