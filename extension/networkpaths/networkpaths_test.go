@@ -183,6 +183,20 @@ func prometheusPod(ns string) corev1.PodTemplateSpec {
 	}
 }
 
+// seedPrometheusPod is the seed's Prometheus in garden with the pod labels gardenlet gives it
+// (pkg/gardenlet/controller/seed/seed components.go, newSeedPrometheus AdditionalPodLabels).
+func seedPrometheusPod() corev1.PodTemplateSpec {
+	prefix := resourcesv1alpha1.NetworkPolicyLabelKeyPrefix + "to-"
+	return corev1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{
+			"app": "prometheus", "role": "monitoring", "name": "seed",
+			prefix + v1beta1constants.LabelNetworkPolicySeedScrapeTargets:                                                                     v1beta1constants.LabelNetworkPolicyAllowed,
+			prefix + v1beta1constants.LabelNetworkPolicyExtensionsNamespaceAlias + "-" + v1beta1constants.LabelNetworkPolicySeedScrapeTargets: v1beta1constants.LabelNetworkPolicyAllowed,
+		}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "prometheus", Image: "prometheus:test"}}},
+	}
+}
+
 func shootValues(ns string, mode tendrilv1alpha1.EgressMode) manifest.Values {
 	return manifest.Values{
 		Namespace: ns, Image: "tendril:test", Egress: mode, IngressNamespace: extNS,
@@ -306,6 +320,7 @@ const (
 	serverB   = "B tendril-server"
 	promA     = "A prometheus"
 	promB     = "B prometheus"
+	promSeed  = "seed prometheus (garden)"
 	agent     = "tendril-agent"
 	vpnShoot  = "vpn-shoot"
 	metricsSv = "metrics-server (from-seed)"
@@ -328,6 +343,8 @@ func seedPaths() []path {
 		p(kasB, serverB, 8090, true, "egress, gRPC (relay sidecar)"),
 		p(promA, serverA, 9090, true, "metrics"),
 		p(promB, serverB, 9090, true, "metrics"),
+		p(promSeed, seed, 8080, true, "metrics"),
+		p(promSeed, ingress, 18081, true, "metrics"),
 
 		p(kasA, serverB, 9443, false, "cross-shoot"),
 		p(kasA, serverB, 8090, false, "cross-shoot"),
@@ -344,6 +361,8 @@ func seedPaths() []path {
 		p(seed, serverA, 1194, false, "only the ingress reaches the tunnel"),
 		p(world, serverA, 1194, false, "only through the ingress"),
 		p(world, seed, 18000, false, "xDS is the ingress's only"),
+		p(promSeed, seed, 18000, false, "xDS is the ingress's only"),
+		p(promSeed, serverA, 9090, false, "the shoot's Prometheus scrapes it"),
 	}
 }
 
@@ -456,6 +475,7 @@ func TestNetworkPaths(t *testing.T) {
 		k.pod(s.kas, s.ns, "kube-apiserver-0", kas.Spec.Template)
 		k.pod(s.prom, s.ns, "prometheus-shoot-0", prometheusPod(s.ns))
 	}
+	k.pod(promSeed, v1beta1constants.GardenNamespace, "prometheus-seed-0", seedPrometheusPod())
 	k.pods[world] = netpoleval.External(world, netip.MustParseAddr("203.0.113.10"))
 	k.pods[seedAPI] = netpoleval.External(seedAPI, netip.MustParseAddr("10.250.0.10"))
 
