@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	"github.com/gardener/gardener/pkg/chartrenderer"
+	gardenerutils "github.com/gardener/gardener/pkg/utils/gardener"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -25,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/version"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/pod-security-admission/api"
@@ -32,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -317,9 +321,14 @@ func checkObjects(t *testing.T, objs []client.Object) {
 				continue
 			}
 			for _, p := range x.Spec.Ports {
+				// Numbers only: Gardener's resource manager names its NetworkPolicies and the
+				// pod labels it selects after the target port, and the labels carry numbers.
+				if p.TargetPort.Type != intstr.Int {
+					t.Errorf("Service %s port %s: target %q is a name; GRM would select pods labelled …-tcp-%s", x.Name, p.Name, p.TargetPort.String(), p.TargetPort.String())
+					continue
+				}
 				if !slices.ContainsFunc(ds[0].Spec.Template.Spec.Containers, func(c corev1.Container) bool {
-					_, ok := containerPorts(c)[p.TargetPort.StrVal]
-					return ok
+					return slices.Contains(slices.Collect(maps.Values(containerPorts(c))), p.TargetPort.IntVal)
 				}) {
 					t.Errorf("Service %s port %s: target %q is no container port of %s", x.Name, p.Name, p.TargetPort.String(), ds[0].Name)
 				}
@@ -510,7 +519,29 @@ func checkIngress(t *testing.T, objs []client.Object, known map[string]bool) {
 	default:
 		t.Errorf("ingress container %s", c.Name)
 	}
+	// The labels Gardener's resource manager selects (docs/network-paths.md proves the paths):
+	// tendril-xds in this namespace, every shoot's kube-apiserver and tendril-server tunnel port
+	// (alias all-shoots), and nothing more of tendril-server.
+	podLabels := d.Spec.Template.Labels
+	for _, key := range []string{
+		gardenerutils.NetworkPolicyLabel("tendril-xds", xdsSvc.Spec.Ports[0].TargetPort.IntVal),
+		"networking.resources.gardener.cloud/to-all-shoots-kube-apiserver-tcp-443",
+		manifest.IngressLabelToServerTunnel(),
+		v1beta1constants.LabelNetworkPolicyToDNS,
+	} {
+		if podLabels[key] != v1beta1constants.LabelNetworkPolicyAllowed {
+			t.Errorf("ingress pods lack %s=allowed: %v", key, podLabels)
+		}
+	}
+	for key := range podLabels {
+		if strings.Contains(key, manifest.ServerName) && key != manifest.IngressLabelToServerTunnel() {
+			t.Errorf("ingress pods may reach more of tendril-server than its tunnel port: %s", key)
+		}
+	}
 	svc := find[*corev1.Service](t, objs, "tendril-ingress")
+	if want := `[{"protocol":"TCP","port":443},{"protocol":"TCP","port":8443},{"protocol":"TCP","port":8132}]`; svc.Annotations["networking.resources.gardener.cloud/from-world-to-ports"] != want {
+		t.Errorf("ingress Service from-world-to-ports %q, want %s", svc.Annotations["networking.resources.gardener.cloud/from-world-to-ports"], want)
+	}
 	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
 		t.Errorf("ingress Service type %s", svc.Spec.Type)
 	}
