@@ -195,6 +195,7 @@ func TestExtension(t *testing.T) {
 	t.Run("reconcile", func(t *testing.T) { testReconcile(t, env.Client) })
 	t.Run("invalid provider config", func(t *testing.T) { testInvalidProviderConfig(t, env.Client) })
 	t.Run("health", func(t *testing.T) { testHealth(t, env.Client) })
+	t.Run("hibernation", func(t *testing.T) { testHibernation(t, env.Client) })
 	t.Run("force delete", func(t *testing.T) { testForceDelete(t, env.Client) })
 }
 
@@ -694,4 +695,72 @@ func mapsEqualBytes(a, b map[string][]byte) bool {
 		}
 	}
 	return true
+}
+
+// testHibernation takes an awake shoot through hibernation and back by changing only its
+// Cluster, as gardenlet does: it writes no operation annotation, because gardenlet skips
+// BeforeKubeAPIServer extensions while a shoot hibernates. tendril-server goes to zero and the
+// Route is withdrawn once the shoot is hibernated; both return as soon as wake-up starts.
+func testHibernation(t *testing.T, c client.Client) {
+	ctx := context.Background()
+	ns := "shoot--local--eta"
+	shoot(t, c, ns, false)
+	start := time.Now().Add(-time.Second)
+	ext := newExtension(ns, "")
+	must(t, c.Create(ctx, ext))
+	waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
+	waitSeedSide(t, c, ns, 1, true)
+
+	// gardenlet's order: spec first; status.isHibernated once its flow has scaled the
+	// control plane down.
+	setHibernation(t, c, ns, true, false)
+	setHibernation(t, c, ns, true, true)
+	waitSeedSide(t, c, ns, 0, false)
+
+	// Wake-up: spec first; tendril comes back before kube-apiserver does.
+	setHibernation(t, c, ns, false, true)
+	waitSeedSide(t, c, ns, 1, true)
+	setHibernation(t, c, ns, false, false)
+	waitSeedSide(t, c, ns, 1, true)
+}
+
+// setHibernation writes the shoot's spec.hibernation.enabled and status.isHibernated into
+// its Cluster.
+func setHibernation(t *testing.T, c client.Client, ns string, enabled, hibernated bool) {
+	t.Helper()
+	ctx := context.Background()
+	cluster := &extensionsv1alpha1.Cluster{}
+	must(t, c.Get(ctx, client.ObjectKey{Name: ns}, cluster))
+	var sh gardencorev1beta1.Shoot
+	must(t, json.Unmarshal(cluster.Spec.Shoot.Raw, &sh))
+	sh.Spec.Hibernation = &gardencorev1beta1.Hibernation{Enabled: ptr.To(enabled)}
+	sh.Status.IsHibernated = hibernated
+	raw, err := json.Marshal(&sh)
+	must(t, err)
+	patch := client.MergeFrom(cluster.DeepCopy())
+	cluster.Spec.Shoot.Raw = raw
+	must(t, c.Patch(ctx, cluster, patch))
+}
+
+// waitSeedSide waits until tendril-server has replicas and the Route exists or not.
+func waitSeedSide(t *testing.T, c client.Client, ns string, replicas int32, route bool) {
+	t.Helper()
+	ctx := context.Background()
+	testwait.For(t, fmt.Sprintf("%s: tendril-server replicas %d, route %v", ns, replicas, route), func() error {
+		d := &appsv1.Deployment{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, d); err != nil {
+			return err
+		}
+		if got := ptr.Deref(d.Spec.Replicas, 1); got != replicas {
+			return fmt.Errorf("replicas %d", got)
+		}
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.RouteName}, &tendrilv1alpha1.Route{})
+		switch {
+		case route && err != nil:
+			return fmt.Errorf("route: %w", err)
+		case !route && !apierrors.IsNotFound(err):
+			return fmt.Errorf("route still there (%v)", err)
+		}
+		return nil
+	})
 }
