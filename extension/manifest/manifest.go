@@ -188,10 +188,7 @@ func secretVolume(name, secret string) corev1.Volume {
 }
 
 // probes are the liveness and readiness probes of a tendril process serving /healthz and
-// /readyz on port (host "" is the pod IP). tendril-server's /readyz means "an agent's tunnel
-// is up": as a readiness probe it would take the server out of its Service, so the agent
-// could never reach it to bring the tunnel up. Its readiness is therefore /healthz, and the
-// tunnel is judged by the extension's health check instead (readyz says so for the agent).
+// /readyz on port (host "" is the pod IP).
 func probes(host string, port int32, readyPath string) (live, ready *corev1.Probe) {
 	get := func(path string) *corev1.Probe {
 		return &corev1.Probe{
@@ -222,7 +219,11 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 		"--client-ca-file=" + pathCA + "/bundle.crt",
 		"--metrics-address=:" + strconv.Itoa(PortMetrics),
 	}
-	live, ready := probes("", PortMetrics, "/healthz")
+	// Readiness is /readyz, "an agent's tunnel is up": kubelet carries the tunnel's state to
+	// the pod's Ready condition, which the extension's health check reads. The Service
+	// publishes not-ready addresses, so a server without a tunnel stays reachable for the
+	// agent that brings it up.
+	live, ready := probes("", PortMetrics, "/readyz")
 	labels := serverLabels()
 	podLabels := map[string]string{
 		v1beta1constants.LabelApp:                   ServerName,
@@ -235,7 +236,13 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 		Spec: appsv1.DeploymentSpec{
 			Replicas:             &replicas,
 			RevisionHistoryLimit: ptr.To[int32](2),
-			Selector:             &metav1.LabelSelector{MatchLabels: labels},
+			// Recreate: the new pod becomes Ready only once the one agent's tunnel moves to it,
+			// which happens when the old pod is gone; a rolling update with maxUnavailable 0
+			// would wait for that readiness forever. One server at a time also keeps
+			// kube-apiserver's egress (which reaches not-ready pods too, see the Service) off a
+			// pod that has no tunnel.
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
 					Labels: podLabels,
@@ -309,6 +316,9 @@ func ServerService(v Values) *corev1.Service {
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeClusterIP,
 			Selector: serverLabels(),
+			// The pod is Ready only with a tunnel (/readyz); its endpoints must be published
+			// before that, or the agent could never reach it to bring the tunnel up.
+			PublishNotReadyAddresses: true,
 			Ports: []corev1.ServicePort{
 				port("tunnel", PortTunnel), port("connect", PortConnect),
 				port("grpc", PortGRPC), port("metrics", PortMetrics),
