@@ -309,7 +309,7 @@ func (in *Ingress) drain(servers []*server, served <-chan struct{}) {
 		delay := time.NewTimer(in.cfg.DrainDelay)
 		select {
 		case <-delay.C:
-		case <-served: // a listener failed meanwhile (not expected: serve returns only once closed)
+		case <-served: // every listener was closed under it: nothing left to wait for
 			delay.Stop()
 		}
 	}
