@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	"github.com/gardener/gardener/pkg/chartrenderer"
@@ -244,6 +245,7 @@ func TestRender(t *testing.T) {
 			checkObjects(t, objs)
 			checkSeed(t, objs, flags["tendril-seed"])
 			checkIngress(t, objs, flags["tendril-ingress"])
+			checkIngressPDB(t, objs)
 			checkPodSecurity(t, objs)
 		})
 	}
@@ -513,6 +515,7 @@ func checkIngress(t *testing.T, objs []client.Object, known map[string]bool) {
 		if v := args["node-id"]; len(v) != 1 || v[0] != "$(POD_NAME)" {
 			t.Errorf("--node-id=%v, want the pod name", v)
 		}
+		checkDrain(t, d, args)
 	case "envoy":
 		cm := find[*corev1.ConfigMap](t, objs, "tendril-ingress-envoy")
 		checkEnvoyBootstrap(t, cm.Data["envoy.yaml"], xdsAddr, ports["metrics"])
@@ -554,6 +557,52 @@ func checkIngress(t *testing.T, objs []client.Object, known map[string]bool) {
 	}
 	if svc.Annotations["service.beta.kubernetes.io/aws-load-balancer-type"] != "nlb" {
 		t.Errorf("ingress Service on an aws seed: annotations %v", svc.Annotations)
+	}
+}
+
+// checkDrain: the pod's grace period covers tendril-ingress's drain (--drain-delay, then
+// --drain-timeout) with time to exit before SIGKILL, and the ingress PodDisruptionBudget lets
+// one replica at a time go while another serves.
+func checkDrain(t *testing.T, d *appsv1.Deployment, args map[string][]string) {
+	t.Helper()
+	var drain time.Duration
+	for _, f := range []string{"drain-delay", "drain-timeout"} {
+		v := args[f]
+		if len(v) != 1 {
+			t.Errorf("--%s=%v: the chart sets it", f, v)
+			continue
+		}
+		dur, err := time.ParseDuration(v[0])
+		if err != nil {
+			t.Errorf("--%s=%s: %v", f, v[0], err)
+		}
+		drain += dur
+	}
+	const margin = 5 * time.Second // the process's exit after the drain, with room to spare
+	grace := 30 * time.Second      // unset: Kubernetes's default
+	if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	}
+	if grace < drain+margin {
+		t.Errorf("terminationGracePeriodSeconds %v: the drain takes up to %v, want at least %v more", grace, drain, margin)
+	}
+}
+
+// checkIngressPDB: with several ingress replicas evictions take one at a time (it drains while
+// the others serve); a single replica may be evicted, so it never blocks a node's drain.
+func checkIngressPDB(t *testing.T, objs []client.Object) {
+	t.Helper()
+	d := find[*appsv1.Deployment](t, objs, "tendril-ingress")
+	pdb := find[*policyv1.PodDisruptionBudget](t, objs, "tendril-ingress")
+	replicas := int32(1)
+	if d.Spec.Replicas != nil {
+		replicas = *d.Spec.Replicas
+	}
+	if pdb.Spec.MinAvailable != nil || pdb.Spec.MaxUnavailable == nil {
+		t.Fatalf("ingress PodDisruptionBudget: want maxUnavailable, got %+v", pdb.Spec)
+	}
+	if n := pdb.Spec.MaxUnavailable.IntValue(); n < 1 || (replicas > 1 && int32(n) >= replicas) {
+		t.Errorf("ingress PodDisruptionBudget maxUnavailable %d with %d replicas: want 1 up to replicas-1", n, replicas)
 	}
 }
 

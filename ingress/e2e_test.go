@@ -47,6 +47,9 @@ type world struct {
 	upstreams map[string]*upstream
 	mu        sync.Mutex
 	shoots    map[string]model.Shoot
+	// stop ends the ingress's Serve (it drains as cfg says); served is closed when Serve returns.
+	stop   context.CancelFunc
+	served chan struct{}
 }
 
 func newWorld(t *testing.T) *world {
@@ -74,6 +77,8 @@ func newWorldConfig(t *testing.T, opts translate.Options, cfg Config) *world {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	ictx, stop := context.WithCancel(ctx)
+	w.stop, w.served = stop, make(chan struct{})
 	xl := listen(t)
 	lns := map[string]net.Listener{"sni": listen(t), "proxy": listen(t), "tunnel": listen(t)}
 	addrs := map[string]string{}
@@ -93,7 +98,8 @@ func newWorldConfig(t *testing.T, opts translate.Options, cfg Config) *world {
 	}()
 	go func() {
 		defer wg.Done()
-		err := w.in.Serve(ctx, lns, xdsclient.Config{Address: xl.Addr().String(), NodeID: t.Name(), MinBackoff: 10 * time.Millisecond})
+		defer close(w.served)
+		err := w.in.Serve(ictx, lns, xdsclient.Config{Address: xl.Addr().String(), NodeID: t.Name(), MinBackoff: 10 * time.Millisecond})
 		if err != nil {
 			t.Error(err)
 		}

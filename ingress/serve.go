@@ -24,24 +24,17 @@ type server struct {
 	name string
 	l    net.Listener
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	mu sync.Mutex
+	// conns holds the open connections, downstream (true) and upstream (false); it is made with
+	// the server and is nil once closeAll has closed them.
+	conns map[net.Conn]bool
 	wg    sync.WaitGroup
 }
 
-// serve accepts until ctx ends, then closes the listener and every connection it accepted and
-// waits for their goroutines.
+// serve accepts until the listener is closed (stopAccepting) or ctx ends, and returns once the
+// connections it accepted have ended. When ctx ends it closes the listener and every connection.
 func (s *server) serve(ctx context.Context) error {
-	s.conns = make(map[net.Conn]struct{})
-	stop := context.AfterFunc(ctx, func() {
-		s.l.Close()
-		s.mu.Lock()
-		for c := range s.conns {
-			c.Close()
-		}
-		s.conns = nil // from now on track refuses, so a late upstream dial is closed at once
-		s.mu.Unlock()
-	})
+	stop := context.AfterFunc(ctx, func() { s.closeAll() })
 	defer stop()
 	defer s.wg.Wait()
 	var delay time.Duration
@@ -62,7 +55,7 @@ func (s *server) serve(ctx context.Context) error {
 			}
 		}
 		delay = 0
-		if !s.track(c) {
+		if !s.track(c, true) {
 			c.Close()
 			return nil
 		}
@@ -75,13 +68,48 @@ func (s *server) serve(ctx context.Context) error {
 	}
 }
 
-func (s *server) track(c net.Conn) bool {
+// stopAccepting closes the listener: the kernel refuses new connections from now on, and the
+// accept loop ends.
+func (s *server) stopAccepting() { _ = s.l.Close() }
+
+// closeAll closes the listener and every open connection, and returns how many of those were
+// downstream (clients') connections. From then on track refuses, so a late upstream dial is
+// closed at once.
+func (s *server) closeAll() int {
+	_ = s.l.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for c, downstream := range s.conns {
+		c.Close()
+		if downstream {
+			n++
+		}
+	}
+	s.conns = nil
+	return n
+}
+
+// downstreams reports how many clients' connections are open.
+func (s *server) downstreams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, downstream := range s.conns {
+		if downstream {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *server) track(c net.Conn, downstream bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conns == nil {
 		return false
 	}
-	s.conns[c] = struct{}{}
+	s.conns[c] = downstream
 	return true
 }
 
@@ -354,7 +382,7 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 		up, err = (&net.Dialer{}).DialContext(dctx, "tcp", ep.String())
 		cancel()
 		if err == nil {
-			if !s.track(up) {
+			if !s.track(up, false) {
 				release()
 				up.Close()
 				return nil, nil, outcomeDialFailed, net.ErrClosed
