@@ -42,16 +42,7 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	dir := t.TempDir()
 	// seed ⇄ shoot: 10.219.0.1/30 ⇄ .2; shoot ⇄ pod: 10.220.0.1/24 ⇄ .2.
 	shoot, pod := shootNetworks(t, "th", "10.219.0", "10.220.0")
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	podCmd := exec.Command("ip", "netns", "exec", pod, self)
-	podCmd.Env = append(os.Environ(), podServeEnv+"=10.220.0.2:8080")
-	if err := podCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = podCmd.Process.Kill(); _ = podCmd.Wait() })
+	startPod(t, pod, "10.220.0.2:8080")
 
 	serverKey, _ := wg.GenerateKey()
 	agentKey, _ := wg.GenerateKey()

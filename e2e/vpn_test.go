@@ -56,6 +56,22 @@ func init() {
 	os.Exit(1)
 }
 
+// startPod runs the test binary as the HTTP "pod" on addr inside network namespace netns until
+// the test ends.
+func startPod(t *testing.T, netns, addr string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("ip", "netns", "exec", netns, self)
+	cmd.Env = append(os.Environ(), podServeEnv+"="+addr)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+}
+
 // TestReversedVPN runs the reversed VPN with the real binaries: tendril-seed, tendril-ingress,
 // tendril-server on the host (the seed); tendril-agent vpn in a "shoot" network namespace that
 // reaches the seed only through the ingress's tunnel port; a "pod" HTTP server in a third
@@ -75,16 +91,7 @@ func TestReversedVPN(t *testing.T) {
 	// seed ⇄ shoot: 10.215.0.1/30 ⇄ .2; shoot ⇄ pod: 10.216.0.1/24 ⇄ .2 (the "pod network").
 	shoot, pod := shootNetworks(t, "tv", "10.215.0", "10.216.0")
 
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	podCmd := exec.Command("ip", "netns", "exec", pod, self)
-	podCmd.Env = append(os.Environ(), podServeEnv+"=10.216.0.2:8080")
-	if err := podCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = podCmd.Process.Kill(); _ = podCmd.Wait() })
+	startPod(t, pod, "10.216.0.2:8080")
 
 	// Keys and certificates, as the extension would put them into Secrets.
 	serverKey, _ := wg.GenerateKey()

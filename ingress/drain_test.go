@@ -17,6 +17,7 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -42,41 +43,25 @@ func startHoldingUpstream(t *testing.T, w *world, host string) *holdingUpstream 
 	l := listen(t)
 	u := &holdingUpstream{addr: netip.MustParseAddrPort(l.Addr().String()), release: map[string]chan struct{}{}, done: make(chan struct{})}
 	tl := tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := tl.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				line, err := bufio.NewReader(c).ReadString('\n')
-				f := strings.Fields(line)
-				if err != nil || len(f) != 2 || f[0] != "hold" {
-					return
-				}
-				if _, err := io.WriteString(c, "held\n"); err != nil {
-					return
-				}
-				select {
-				case <-u.ch(f[1]):
-				case <-u.done:
-					return
-				}
-				_, _ = io.Copy(c, io.LimitReader(pattern(), holdBytes))
-			}()
+	testnet.Serve(t, tl, func(c net.Conn) {
+		line, err := bufio.NewReader(c).ReadString('\n')
+		f := strings.Fields(line)
+		if err != nil || len(f) != 2 || f[0] != "hold" {
+			return
 		}
-	}()
-	t.Cleanup(func() {
-		close(u.done)
-		l.Close()
-		wg.Wait()
+		if _, err := io.WriteString(c, "held\n"); err != nil {
+			return
+		}
+		select {
+		case <-u.ch(f[1]):
+		case <-u.done:
+			return
+		}
+		_, _ = io.Copy(c, io.LimitReader(pattern(), holdBytes))
 	})
+	// Cleanups run last-registered first: held handlers are let go before Serve's cleanup
+	// closes the listener and waits for them.
+	t.Cleanup(func() { close(u.done) })
 	w.route(model.Shoot{Name: "shoot--t--hold", Hosts: []string{host}, APIServer: u.addr})
 	return u
 }
