@@ -10,20 +10,33 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
 
 	"github.com/gardener/gardener/extensions/pkg/controller/heartbeat"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -51,7 +64,8 @@ type Config struct {
 	MetricsAddress string
 	// HealthAddress serves /healthz and /readyz ("0" disables; ":8081" when empty).
 	HealthAddress string
-	// LeaderElection makes only one replica run the controllers; every replica serves xDS.
+	// LeaderElection makes only one replica run the controllers and serve xDS
+	// (docs/design-notes/programmed.md); the others keep their route set current to take over.
 	LeaderElection bool
 	// LeaderElectionID and LeaderElectionNamespace name the election's Lease.
 	LeaderElectionID        string
@@ -77,9 +91,20 @@ type Config struct {
 	SeedDNS ingressdns.SeedRecord
 	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
 	LBProxyProtocol bool
+	// XDSService, when its Name is set, is the Service the ingress reaches xDS through: a
+	// Service without a selector whose EndpointSlice (named <Name>-leader) the leader points
+	// at XDSEndpointIP and the port it serves xDS on, once it does. Its Namespace defaults to
+	// LeaderElectionNamespace.
+	XDSService    types.NamespacedName
+	XDSEndpointIP netip.Addr
 	// RouteServices are the Services Routes may name; only their EndpointSlices are cached
 	// (kubesource.Config.Services). Empty: every EndpointSlice of the seed.
 	RouteServices []string
+	// Registry receives the metrics; nil means controller-runtime's, which the manager serves.
+	Registry prometheus.Registerer
+	// SkipControllerNameValidation lets several control planes run in one process (tests):
+	// controller-runtime refuses a controller name used before in the process.
+	SkipControllerNameValidation bool
 	// Log is the logger; the zero value discards.
 	Log logr.Logger
 	// Clock is for the heartbeat; nil means the real clock.
@@ -87,8 +112,12 @@ type Config struct {
 }
 
 // cacheOptions narrows the manager's cache to what the extension and the route source read.
-func cacheOptions(routeServices []string, seedDNS ingressdns.SeedRecord) (cache.Options, error) {
+func cacheOptions(routeServices []string, seedDNS ingressdns.SeedRecord, ingress types.NamespacedName) (cache.Options, error) {
 	opts := extension.CacheOptions()
+	if len(routeServices) > 0 && ingress.Name != "" {
+		// The ingress Service's EndpointSlices name the ingress replicas (kubesource.Config.Ingress).
+		routeServices = append(slices.Clone(routeServices), ingress.Name)
+	}
 	endpointSlices, err := kubesource.CacheByObject(routeServices)
 	if err != nil {
 		return cache.Options{}, fmt.Errorf("route services: %w", err)
@@ -127,8 +156,22 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.SeedDNS.Log.GetSink() == nil {
 		cfg.SeedDNS.Log = cfg.Log.WithName("seed-dns")
 	}
+	if cfg.Registry == nil {
+		cfg.Registry = crmetrics.Registry
+	}
+	if cfg.XDSService.Name != "" {
+		cfg.XDSService.Namespace = cmp.Or(cfg.XDSService.Namespace, cfg.LeaderElectionNamespace)
+		if cfg.XDSService.Namespace == "" || !cfg.XDSEndpointIP.IsValid() {
+			return fmt.Errorf("xDS Service %s: needs a namespace and the address of this replica", cfg.XDSService.Name)
+		}
+	}
+	// The ingress replicas that must acknowledge a route: the Pods behind the ingress Service.
+	var ingress types.NamespacedName
+	if cfg.SeedDNS.ServiceNamespace != "" {
+		ingress = types.NamespacedName{Namespace: cfg.SeedDNS.ServiceNamespace, Name: cmp.Or(cfg.SeedDNS.ServiceName, ingressdns.ServiceName)}
+	}
 	ctrl.SetLogger(cfg.Log)
-	cacheOpts, err := cacheOptions(cfg.RouteServices, cfg.SeedDNS)
+	cacheOpts, err := cacheOptions(cfg.RouteServices, cfg.SeedDNS, ingress)
 	if err != nil {
 		return err
 	}
@@ -146,6 +189,7 @@ func Run(ctx context.Context, cfg Config) error {
 		// Release the lease on shutdown so a rolling update hands over without waiting
 		// for the lease to expire.
 		LeaderElectionReleaseOnCancel: true,
+		Controller:                    config.Controller{SkipNameValidation: ptr.To(cfg.SkipControllerNameValidation)},
 	})
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
@@ -155,17 +199,20 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	xs := server.New(server.Config{
 		Log:      cfg.Log.WithName("xds"),
-		Registry: crmetrics.Registry.(prometheus.Registerer),
+		Registry: cfg.Registry,
 		Options:  translate.Options{LBProxyProtocol: cfg.LBProxyProtocol},
 	})
-	if err := mgr.Add(xdsRunnable{xs: xs, address: cfg.XDSAddress, listener: cfg.XDSListener, log: cfg.Log}); err != nil {
+	if err := mgr.Add(xdsRunnable{
+		xs: xs, address: cfg.XDSAddress, listener: cfg.XDSListener, log: cfg.Log.WithName("xds"),
+		client: mgr.GetClient(), reader: mgr.GetAPIReader(), service: cfg.XDSService, ip: cfg.XDSEndpointIP,
+	}); err != nil {
 		return err
 	}
-	// The route source runs on every replica (each serves its own ingress connections);
-	// only the leader writes the Routes' status.
+	// The route source runs on every replica, so that a new leader serves the current route
+	// set at once; only the leader serves it and writes the Routes' status.
 	if err := kubesource.Add(mgr, kubesource.Config{
-		Server: xs, Log: cfg.Log.WithName("routes"), Registry: crmetrics.Registry.(prometheus.Registerer),
-		Services: cfg.RouteServices,
+		Server: xs, Log: cfg.Log.WithName("routes"), Registry: cfg.Registry,
+		Services: cfg.RouteServices, Ingress: ingress,
 	}); err != nil {
 		return fmt.Errorf("route source: %w", err)
 	}
@@ -180,7 +227,7 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.Webhook.Image = cfg.Extension.Image // the egress relay sidecar ships in the tendril image
 		}
 		if cfg.SeedDNS.ServiceNamespace != "" {
-			metrics, err := ingressdns.NewMetrics(crmetrics.Registry)
+			metrics, err := ingressdns.NewMetrics(cfg.Registry)
 			if err != nil {
 				return fmt.Errorf("dnsrecord webhook metrics: %w", err)
 			}
@@ -212,16 +259,24 @@ func Run(ctx context.Context, cfg Config) error {
 	return mgr.Start(ctx)
 }
 
-// xdsRunnable serves xDS on every replica, leader or not: each ingress replica may connect
-// to any control-plane replica.
+// xdsRunnable serves xDS on the leader only: the Routes' Programmed condition is what the
+// ingress replicas connected to the leader acknowledged, so every replica must be connected
+// there (docs/design-notes/programmed.md). A replica that is not leading does not listen: a
+// data plane that reaches it is refused at once and tries again, keeping what it serves.
 type xdsRunnable struct {
 	xs       *server.Server
 	address  string
 	listener net.Listener
 	log      logr.Logger
+	// client writes and reader reads the xDS Service's EndpointSlice (service; none when its
+	// Name is empty), pointed at ip and the port served.
+	client  client.Client
+	reader  client.Reader
+	service types.NamespacedName
+	ip      netip.Addr
 }
 
-func (r xdsRunnable) NeedLeaderElection() bool { return false }
+func (r xdsRunnable) NeedLeaderElection() bool { return true }
 
 func (r xdsRunnable) Start(ctx context.Context) error {
 	l := r.listener
@@ -231,6 +286,86 @@ func (r xdsRunnable) Start(ctx context.Context) error {
 			return fmt.Errorf("xDS listener: %w", err)
 		}
 	}
-	r.log.Info("Serving xDS", "address", l.Addr().String())
+	r.log.Info("Leading: serving xDS", "address", l.Addr().String())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if r.service.Name != "" {
+		// Pointed here only once this replica listens, so the Service never leads to a leader
+		// that refuses.
+		_, portStr, err := net.SplitHostPort(l.Addr().String())
+		if err != nil {
+			l.Close()
+			return fmt.Errorf("xDS listener address: %w", err)
+		}
+		port, err := strconv.ParseUint(portStr, 10, 16)
+		if err != nil {
+			l.Close()
+			return fmt.Errorf("xDS listener port %q: %w", portStr, err)
+		}
+		wg.Go(func() { r.publish(ctx, int32(port)) })
+	}
 	return r.xs.Serve(ctx, l)
+}
+
+// xdsPortName is the name of the xDS Service's port (charts/tendril-seed/templates/services.yaml):
+// kube-proxy matches an EndpointSlice port to the Service port of the same name.
+const xdsPortName = "xds"
+
+// publishRetry is the wait before a failed EndpointSlice write is tried again.
+const publishRetry = time.Second
+
+// publish points the xDS Service's EndpointSlice at this replica, trying until it succeeds or
+// ctx ends: a leader no data plane can reach programs nothing.
+func (r xdsRunnable) publish(ctx context.Context, port int32) {
+	for {
+		err := r.writeSlice(ctx, port)
+		if err == nil {
+			r.log.Info("xDS Service points here", "service", r.service, "address", netip.AddrPortFrom(r.ip, uint16(port)).String())
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Error(err, "Pointing the xDS Service at this replica, retrying", "service", r.service)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(publishRetry):
+		}
+	}
+}
+
+func (r xdsRunnable) writeSlice(ctx context.Context, port int32) error {
+	want := discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: r.service.Namespace,
+			Name:      r.service.Name + "-leader",
+			Labels: map[string]string{
+				discoveryv1.LabelServiceName: r.service.Name,
+				// Not the endpoint-slice controller's own value, which it would take back.
+				discoveryv1.LabelManagedBy: "tendril-seed",
+			},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{
+			Addresses:  []string{r.ip.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+		}},
+		Ports: []discoveryv1.EndpointPort{{Name: ptr.To(xdsPortName), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
+	}
+	if r.ip.Is6() && !r.ip.Is4In6() {
+		want.AddressType = discoveryv1.AddressTypeIPv6
+	}
+	var cur discoveryv1.EndpointSlice
+	// Read from the API server: the manager's cache holds only the route Services' slices.
+	switch err := r.reader.Get(ctx, client.ObjectKeyFromObject(&want), &cur); {
+	case apierrors.IsNotFound(err):
+		return r.client.Create(ctx, &want)
+	case err != nil:
+		return err
+	}
+	cur.Labels, cur.AddressType, cur.Endpoints, cur.Ports = want.Labels, want.AddressType, want.Endpoints, want.Ports
+	// An update with the resourceVersion read: a conflict (the old leader wrote meanwhile) is
+	// retried.
+	return r.client.Update(ctx, &cur)
 }

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
@@ -61,9 +62,15 @@ func main() {
 	// Kubernetes mode; flag names follow Gardener's extensions (--kubeconfig is registered by
 	// controller-runtime and read through ctrl.GetConfig).
 	fs.StringVar(&k.HealthAddress, "health-bind-address", ":8081", "Kubernetes mode: address for /healthz and /readyz (0: off)")
-	fs.BoolVar(&k.LeaderElection, "leader-election", true, "Kubernetes mode: run the controllers on one replica only (every replica serves xDS)")
+	fs.BoolVar(&k.LeaderElection, "leader-election", true, "Kubernetes mode: run the controllers and serve xDS on one replica only (the others keep the routes current to take over)")
 	fs.StringVar(&k.LeaderElectionID, "leader-election-id", "tendril-seed-leader-election", "Kubernetes mode: name of the leader election Lease")
 	fs.StringVar(&k.LeaderElectionNamespace, "leader-election-namespace", "", "Kubernetes mode: namespace of the leader election Lease (default: the pod's)")
+	fs.StringVar(&k.XDSService.Name, "xds-service", "", "Kubernetes mode: Service without a selector in --leader-election-namespace that the ingress reaches xDS through; the leader points its EndpointSlice <name>-leader at --xds-endpoint-ip (empty: none)")
+	fs.Func("xds-endpoint-ip", "Kubernetes mode: this replica's Pod IP, for --xds-service", func(v string) error {
+		ip, err := netip.ParseAddr(v)
+		k.XDSEndpointIP = ip.Unmap()
+		return err
+	})
 	fs.StringVar(&k.HeartbeatNamespace, "heartbeat-namespace", "", "Kubernetes mode: namespace of the gardener-extension-heartbeat Lease, the extension's own (empty: no heartbeat)")
 	fs.Func("heartbeat-renew-interval-seconds", "Kubernetes mode: heartbeat renewal period (default 30)", func(v string) error {
 		n, err := strconv.ParseInt(v, 10, 32)
