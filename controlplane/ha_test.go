@@ -282,6 +282,7 @@ func TestHighAvailability(t *testing.T) {
 	if probes.Load() < 20 {
 		t.Errorf("only %d probes during the failover", probes.Load())
 	}
+	t.Logf("%d SNI probes through the two replicas during the failover, %d failed", probes.Load(), failures.Load())
 }
 
 // programmed is the Route tendril in ns's Programmed condition, if it is about its generation.
