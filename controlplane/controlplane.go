@@ -16,9 +16,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"net/netip"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -26,8 +24,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -91,12 +87,11 @@ type Config struct {
 	SeedDNS ingressdns.SeedRecord
 	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
 	LBProxyProtocol bool
-	// XDSService, when its Name is set, is the Service the ingress reaches xDS through: a
-	// Service without a selector whose EndpointSlice (named <Name>-leader) the leader points
-	// at XDSEndpointIP and the port it serves xDS on, once it does. Its Namespace defaults to
-	// LeaderElectionNamespace.
-	XDSService    types.NamespacedName
-	XDSEndpointIP netip.Addr
+	// Pod, when its Name is set, is this replica's Pod. The leader, once it serves xDS, labels
+	// it XDSLeaderLabel=true and takes the label off every other Pod of its namespace, so that
+	// the xDS Service, which selects the label, leads to the leader only. Its Namespace defaults
+	// to LeaderElectionNamespace.
+	Pod types.NamespacedName
 	// RouteServices are the Services Routes may name; only their EndpointSlices are cached
 	// (kubesource.Config.Services). Empty: every EndpointSlice of the seed.
 	RouteServices []string
@@ -159,10 +154,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Registry == nil {
 		cfg.Registry = crmetrics.Registry
 	}
-	if cfg.XDSService.Name != "" {
-		cfg.XDSService.Namespace = cmp.Or(cfg.XDSService.Namespace, cfg.LeaderElectionNamespace)
-		if cfg.XDSService.Namespace == "" || !cfg.XDSEndpointIP.IsValid() {
-			return fmt.Errorf("xDS Service %s: needs a namespace and the address of this replica", cfg.XDSService.Name)
+	if cfg.Pod.Name != "" {
+		if cfg.Pod.Namespace = cmp.Or(cfg.Pod.Namespace, cfg.LeaderElectionNamespace); cfg.Pod.Namespace == "" {
+			return fmt.Errorf("pod %s: no namespace", cfg.Pod.Name)
 		}
 	}
 	// The ingress replicas that must acknowledge a route: the Pods behind the ingress Service.
@@ -204,7 +198,7 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	if err := mgr.Add(xdsRunnable{
 		xs: xs, address: cfg.XDSAddress, listener: cfg.XDSListener, log: cfg.Log.WithName("xds"),
-		client: mgr.GetClient(), reader: mgr.GetAPIReader(), service: cfg.XDSService, ip: cfg.XDSEndpointIP,
+		client: mgr.GetClient(), reader: mgr.GetAPIReader(), pod: cfg.Pod,
 	}); err != nil {
 		return err
 	}
@@ -259,6 +253,10 @@ func Run(ctx context.Context, cfg Config) error {
 	return mgr.Start(ctx)
 }
 
+// XDSLeaderLabel marks the Pod of the replica that serves xDS: the xDS Service selects it
+// (charts/tendril-seed/templates/services.yaml).
+const XDSLeaderLabel = "tendril.gardener.cloud/xds-leader"
+
 // xdsRunnable serves xDS on the leader only: the Routes' Programmed condition is what the
 // ingress replicas connected to the leader acknowledged, so every replica must be connected
 // there (docs/design-notes/programmed.md). A replica that is not leading does not listen: a
@@ -268,12 +266,11 @@ type xdsRunnable struct {
 	address  string
 	listener net.Listener
 	log      logr.Logger
-	// client writes and reader reads the xDS Service's EndpointSlice (service; none when its
-	// Name is empty), pointed at ip and the port served.
-	client  client.Client
-	reader  client.Reader
-	service types.NamespacedName
-	ip      netip.Addr
+	// client writes and reader reads the Pods: pod is labelled XDSLeaderLabel, the others of
+	// its namespace not (nothing when its Name is empty).
+	client client.Client
+	reader client.Reader
+	pod    types.NamespacedName
 }
 
 func (r xdsRunnable) NeedLeaderElection() bool { return true }
@@ -289,83 +286,61 @@ func (r xdsRunnable) Start(ctx context.Context) error {
 	r.log.Info("Leading: serving xDS", "address", l.Addr().String())
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	if r.service.Name != "" {
-		// Pointed here only once this replica listens, so the Service never leads to a leader
+	if r.pod.Name != "" {
+		// Labelled only once this replica listens, so the Service never leads to a leader
 		// that refuses.
-		_, portStr, err := net.SplitHostPort(l.Addr().String())
-		if err != nil {
-			l.Close()
-			return fmt.Errorf("xDS listener address: %w", err)
-		}
-		port, err := strconv.ParseUint(portStr, 10, 16)
-		if err != nil {
-			l.Close()
-			return fmt.Errorf("xDS listener port %q: %w", portStr, err)
-		}
-		wg.Go(func() { r.publish(ctx, int32(port)) })
+		wg.Go(func() { r.label(ctx) })
 	}
 	return r.xs.Serve(ctx, l)
 }
 
-// xdsPortName is the name of the xDS Service's port (charts/tendril-seed/templates/services.yaml):
-// kube-proxy matches an EndpointSlice port to the Service port of the same name.
-const xdsPortName = "xds"
+// labelRetry is the wait before a failed label write is tried again.
+const labelRetry = time.Second
 
-// publishRetry is the wait before a failed EndpointSlice write is tried again.
-const publishRetry = time.Second
-
-// publish points the xDS Service's EndpointSlice at this replica, trying until it succeeds or
-// ctx ends: a leader no data plane can reach programs nothing.
-func (r xdsRunnable) publish(ctx context.Context, port int32) {
+// label makes this replica's Pod the only one labelled XDSLeaderLabel, trying until it succeeds
+// or ctx ends: a leader no data plane can reach programs nothing. A Pod keeps its labels across
+// container restarts, so an earlier leader's Pod can still carry it.
+func (r xdsRunnable) label(ctx context.Context) {
 	for {
-		err := r.writeSlice(ctx, port)
+		err := r.labelOnce(ctx)
 		if err == nil {
-			r.log.Info("xDS Service points here", "service", r.service, "address", netip.AddrPortFrom(r.ip, uint16(port)).String())
+			r.log.Info("The xDS Service leads here", "pod", r.pod)
 			return
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		r.log.Error(err, "Pointing the xDS Service at this replica, retrying", "service", r.service)
+		r.log.Error(err, "Labelling this replica's Pod as the xDS leader, retrying", "pod", r.pod)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(publishRetry):
+		case <-time.After(labelRetry):
 		}
 	}
 }
 
-func (r xdsRunnable) writeSlice(ctx context.Context, port int32) error {
-	want := discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: r.service.Namespace,
-			Name:      r.service.Name + "-leader",
-			Labels: map[string]string{
-				discoveryv1.LabelServiceName: r.service.Name,
-				// Not the endpoint-slice controller's own value, which it would take back.
-				discoveryv1.LabelManagedBy: "tendril-seed",
-			},
-		},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints: []discoveryv1.Endpoint{{
-			Addresses:  []string{r.ip.String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
-		}},
-		Ports: []discoveryv1.EndpointPort{{Name: ptr.To(xdsPortName), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
+func (r xdsRunnable) labelOnce(ctx context.Context) error {
+	set := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, XDSLeaderLabel))
+	// This Pod first, then the others: the Service never selects no Pod meanwhile.
+	self := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: r.pod.Namespace, Name: r.pod.Name}}
+	if err := r.client.Patch(ctx, self, client.RawPatch(types.MergePatchType, set)); err != nil {
+		return fmt.Errorf("label pod %s: %w", r.pod, err)
 	}
-	if r.ip.Is6() && !r.ip.Is4In6() {
-		want.AddressType = discoveryv1.AddressTypeIPv6
+	var pods corev1.PodList
+	// From the API server: the manager's cache holds no Pods of this namespace.
+	if err := r.reader.List(ctx, &pods, client.InNamespace(r.pod.Namespace), client.HasLabels{XDSLeaderLabel}); err != nil {
+		return fmt.Errorf("list pods labelled %s: %w", XDSLeaderLabel, err)
 	}
-	var cur discoveryv1.EndpointSlice
-	// Read from the API server: the manager's cache holds only the route Services' slices.
-	switch err := r.reader.Get(ctx, client.ObjectKeyFromObject(&want), &cur); {
-	case apierrors.IsNotFound(err):
-		return r.client.Create(ctx, &want)
-	case err != nil:
-		return err
+	unset := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, XDSLeaderLabel))
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Name == r.pod.Name {
+			continue
+		}
+		if err := r.client.Patch(ctx, p, client.RawPatch(types.MergePatchType, unset)); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("unlabel pod %s: %w", p.Name, err)
+		}
+		r.log.Info("Took the xDS leader label off an earlier leader's Pod", "pod", p.Name)
 	}
-	cur.Labels, cur.AddressType, cur.Endpoints, cur.Ports = want.Labels, want.AddressType, want.Endpoints, want.Ports
-	// An update with the resourceVersion read: a conflict (the old leader wrote meanwhile) is
-	// retried.
-	return r.client.Update(ctx, &cur)
+	return nil
 }

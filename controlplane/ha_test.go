@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,8 +39,9 @@ import (
 // replicas on one API server. The ingress Service names both replicas, so a route is
 // Programmed only once both acknowledged it: while one replica is held at the instance that
 // is not leading (refused there), the route is served by the other yet not Programmed. The
-// leader points the xDS Service at itself; when it stops, the other instance takes over,
-// points the Service at itself, both replicas reconnect, and the new leader writes status.
+// leader labels its Pod, which the xDS Service selects; when it stops, the other instance
+// takes over, moves the label to its own Pod, both replicas reconnect, and the new leader
+// writes status.
 // Throughout the failover both replicas route the shoot by SNI without a single failure.
 func TestHighAvailability(t *testing.T) {
 	env := kubetest.Start(t)
@@ -102,25 +102,28 @@ func TestHighAvailability(t *testing.T) {
 
 	// Two control-plane instances, as two tendril-seed Pods would run.
 	type instance struct {
-		addr   string
-		cancel context.CancelFunc
-		done   chan error
+		pod, addr string
+		cancel    context.CancelFunc
+		done      chan error
 	}
-	xdsService := types.NamespacedName{Namespace: sys, Name: "tendril-xds"}
 	start := func(name string) *instance {
+		// Its Pod, which the leader labels (no kubelet runs it: it stays Pending).
+		must(t, c.Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: sys, Name: name},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "tendril-seed", Image: "example.org/tendril:test"}}},
+		}))
 		// An address, not a listener: an instance listens only while it leads. The port is
 		// one just free.
 		l := listen(t, netip.AddrPortFrom(hostIP, 0).String())
 		addr := l.Addr().String()
 		l.Close()
 		ictx, cancel := context.WithCancel(context.Background())
-		in := &instance{addr: addr, cancel: cancel, done: make(chan error, 1)}
+		in := &instance{pod: name, addr: addr, cancel: cancel, done: make(chan error, 1)}
 		go func() {
 			in.done <- controlplane.Run(ictx, controlplane.Config{
 				REST:                         env.Config,
 				XDSAddress:                   addr,
-				XDSService:                   xdsService,
-				XDSEndpointIP:                hostIP,
+				Pod:                          types.NamespacedName{Name: name},
 				MetricsAddress:               "0",
 				HealthAddress:                "0",
 				LeaderElection:               true,
@@ -144,23 +147,26 @@ func TestHighAvailability(t *testing.T) {
 	}
 	cps := []*instance{start("cp-a"), start("cp-b")}
 
-	// The xDS Service as kube-proxy implements it: each new connection goes to the endpoint
-	// of its EndpointSlice at that moment. pinned overrides it for one ingress replica.
+	// The xDS Service as kube-proxy implements it: each new connection goes to a Pod the
+	// Service selects at that moment (the one labelled as the xDS leader). pinned overrides it
+	// for one ingress replica.
+	addrOf := map[string]string{cps[0].pod: cps[0].addr, cps[1].pod: cps[1].addr}
 	leader := func() (string, error) {
-		var sl discoveryv1.EndpointSlice
-		if err := c.Get(ctx, client.ObjectKey{Namespace: sys, Name: "tendril-xds-leader"}, &sl); err != nil {
+		var pods corev1.PodList
+		if err := c.List(ctx, &pods, client.InNamespace(sys), client.MatchingLabels{controlplane.XDSLeaderLabel: "true"}); err != nil {
 			return "", err
 		}
-		if len(sl.Endpoints) != 1 || len(sl.Endpoints[0].Addresses) != 1 || len(sl.Ports) != 1 || sl.Ports[0].Port == nil {
-			return "", fmt.Errorf("xDS EndpointSlice %+v", sl)
+		if len(pods.Items) != 1 {
+			var names []string
+			for _, p := range pods.Items {
+				names = append(names, p.Name)
+			}
+			return "", fmt.Errorf("pods labelled as the xDS leader: %v", names)
 		}
-		if sl.Labels[discoveryv1.LabelServiceName] != xdsService.Name || ptr.Deref(sl.Ports[0].Name, "") != "xds" {
-			return "", fmt.Errorf("xDS EndpointSlice labels %v, ports %+v", sl.Labels, sl.Ports)
-		}
-		return net.JoinHostPort(sl.Endpoints[0].Addresses[0], strconv.Itoa(int(*sl.Ports[0].Port))), nil
+		return addrOf[pods.Items[0].Name], nil
 	}
 	var first string
-	testwait.For(t, "the leader points the xDS Service at itself", func() (err error) {
+	testwait.For(t, "the leader labels its Pod", func() (err error) {
 		first, err = leader()
 		return err
 	})
@@ -173,7 +179,7 @@ func TestHighAvailability(t *testing.T) {
 		}
 	}
 	if lead == nil {
-		t.Fatalf("the xDS Service points at %s, neither instance (%s, %s)", first, cps[0].addr, cps[1].addr)
+		t.Fatalf("the xDS Service leads to %q, neither instance (%s, %s)", first, cps[0].addr, cps[1].addr)
 	}
 	if conn, err := net.Dial("tcp", other.addr); err == nil {
 		conn.Close()
@@ -254,13 +260,14 @@ func TestHighAvailability(t *testing.T) {
 		t.Errorf("stopping the leader: %v", err)
 	}
 	lead.done <- nil // for its cleanup
+	// Its Pod stays, labelled, as after a container restart: the new leader takes the label off.
 	testwait.For(t, "the other instance takes over the xDS Service", func() error {
 		addr, err := leader()
 		if err != nil {
 			return err
 		}
 		if addr != other.addr {
-			return fmt.Errorf("the xDS Service points at %s, not %s", addr, other.addr)
+			return fmt.Errorf("the xDS Service leads to %s, not %s", addr, other.addr)
 		}
 		return nil
 	})

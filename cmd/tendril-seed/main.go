@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
@@ -65,12 +64,7 @@ func main() {
 	fs.BoolVar(&k.LeaderElection, "leader-election", true, "Kubernetes mode: run the controllers and serve xDS on one replica only (the others keep the routes current to take over)")
 	fs.StringVar(&k.LeaderElectionID, "leader-election-id", "tendril-seed-leader-election", "Kubernetes mode: name of the leader election Lease")
 	fs.StringVar(&k.LeaderElectionNamespace, "leader-election-namespace", "", "Kubernetes mode: namespace of the leader election Lease (default: the pod's)")
-	fs.StringVar(&k.XDSService.Name, "xds-service", "", "Kubernetes mode: Service without a selector in --leader-election-namespace that the ingress reaches xDS through; the leader points its EndpointSlice <name>-leader at --xds-endpoint-ip (empty: none)")
-	fs.Func("xds-endpoint-ip", "Kubernetes mode: this replica's Pod IP, for --xds-service", func(v string) error {
-		ip, err := netip.ParseAddr(v)
-		k.XDSEndpointIP = ip.Unmap()
-		return err
-	})
+	fs.StringVar(&k.Pod.Name, "pod-name", "", "Kubernetes mode: this replica's Pod in --leader-election-namespace; the leader labels it "+controlplane.XDSLeaderLabel+"=true (and no other Pod) for the xDS Service to select (empty: no label)")
 	fs.StringVar(&k.HeartbeatNamespace, "heartbeat-namespace", "", "Kubernetes mode: namespace of the gardener-extension-heartbeat Lease, the extension's own (empty: no heartbeat)")
 	fs.Func("heartbeat-renew-interval-seconds", "Kubernetes mode: heartbeat renewal period (default 30)", func(v string) error {
 		n, err := strconv.ParseInt(v, 10, 32)
