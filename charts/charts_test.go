@@ -15,9 +15,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	"github.com/gardener/gardener/pkg/chartrenderer"
+	gardenerutils "github.com/gardener/gardener/pkg/utils/gardener"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -26,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/version"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/pod-security-admission/api"
@@ -34,6 +37,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tendril-net/tendril/controlplane"
+	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -242,6 +246,7 @@ func TestRender(t *testing.T) {
 			checkObjects(t, objs)
 			checkSeed(t, objs, flags["tendril-seed"])
 			checkIngress(t, objs, flags["tendril-ingress"])
+			checkIngressPDB(t, objs)
 			checkPodSecurity(t, objs)
 		})
 	}
@@ -332,9 +337,14 @@ func checkObjects(t *testing.T, objs []client.Object) {
 				continue
 			}
 			for _, p := range x.Spec.Ports {
+				// Numbers only: Gardener's resource manager names its NetworkPolicies and the
+				// pod labels it selects after the target port, and the labels carry numbers.
+				if p.TargetPort.Type != intstr.Int {
+					t.Errorf("Service %s port %s: target %q is a name; GRM would select pods labelled …-tcp-%s", x.Name, p.Name, p.TargetPort.String(), p.TargetPort.String())
+					continue
+				}
 				if !slices.ContainsFunc(ds[0].Spec.Template.Spec.Containers, func(c corev1.Container) bool {
-					_, ok := containerPorts(c)[p.TargetPort.StrVal]
-					return ok
+					return slices.Contains(slices.Collect(maps.Values(containerPorts(c))), p.TargetPort.IntVal)
 				}) {
 					t.Errorf("Service %s port %s: target %q is no container port of %s", x.Name, p.Name, p.TargetPort.String(), ds[0].Name)
 				}
@@ -519,13 +529,36 @@ func checkIngress(t *testing.T, objs []client.Object, known map[string]bool) {
 		if v := args["node-id"]; len(v) != 1 || v[0] != "$(POD_NAME)" {
 			t.Errorf("--node-id=%v, want the pod name", v)
 		}
+		checkDrain(t, d, args)
 	case "envoy":
 		cm := find[*corev1.ConfigMap](t, objs, "tendril-ingress-envoy")
 		checkEnvoyBootstrap(t, cm.Data["envoy.yaml"], xdsAddr, ports["metrics"])
 	default:
 		t.Errorf("ingress container %s", c.Name)
 	}
+	// The labels Gardener's resource manager selects (docs/network-paths.md proves the paths):
+	// tendril-xds in this namespace, every shoot's kube-apiserver and tendril-server tunnel port
+	// (alias all-shoots), and nothing more of tendril-server.
+	podLabels := d.Spec.Template.Labels
+	for _, key := range []string{
+		gardenerutils.NetworkPolicyLabel("tendril-xds", xdsSvc.Spec.Ports[0].TargetPort.IntVal),
+		"networking.resources.gardener.cloud/to-all-shoots-kube-apiserver-tcp-443",
+		manifest.IngressLabelToServerTunnel(),
+		v1beta1constants.LabelNetworkPolicyToDNS,
+	} {
+		if podLabels[key] != v1beta1constants.LabelNetworkPolicyAllowed {
+			t.Errorf("ingress pods lack %s=allowed: %v", key, podLabels)
+		}
+	}
+	for key := range podLabels {
+		if strings.Contains(key, manifest.ServerName) && key != manifest.IngressLabelToServerTunnel() {
+			t.Errorf("ingress pods may reach more of tendril-server than its tunnel port: %s", key)
+		}
+	}
 	svc := find[*corev1.Service](t, objs, "tendril-ingress")
+	if want := `[{"protocol":"TCP","port":443},{"protocol":"TCP","port":8443},{"protocol":"TCP","port":8132}]`; svc.Annotations["networking.resources.gardener.cloud/from-world-to-ports"] != want {
+		t.Errorf("ingress Service from-world-to-ports %q, want %s", svc.Annotations["networking.resources.gardener.cloud/from-world-to-ports"], want)
+	}
 	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
 		t.Errorf("ingress Service type %s", svc.Spec.Type)
 	}
@@ -538,6 +571,52 @@ func checkIngress(t *testing.T, objs []client.Object, known map[string]bool) {
 	}
 	if svc.Annotations["service.beta.kubernetes.io/aws-load-balancer-type"] != "nlb" {
 		t.Errorf("ingress Service on an aws seed: annotations %v", svc.Annotations)
+	}
+}
+
+// checkDrain: the pod's grace period covers tendril-ingress's drain (--drain-delay, then
+// --drain-timeout) with time to exit before SIGKILL, and the ingress PodDisruptionBudget lets
+// one replica at a time go while another serves.
+func checkDrain(t *testing.T, d *appsv1.Deployment, args map[string][]string) {
+	t.Helper()
+	var drain time.Duration
+	for _, f := range []string{"drain-delay", "drain-timeout"} {
+		v := args[f]
+		if len(v) != 1 {
+			t.Errorf("--%s=%v: the chart sets it", f, v)
+			continue
+		}
+		dur, err := time.ParseDuration(v[0])
+		if err != nil {
+			t.Errorf("--%s=%s: %v", f, v[0], err)
+		}
+		drain += dur
+	}
+	const margin = 5 * time.Second // the process's exit after the drain, with room to spare
+	grace := 30 * time.Second      // unset: Kubernetes's default
+	if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	}
+	if grace < drain+margin {
+		t.Errorf("terminationGracePeriodSeconds %v: the drain takes up to %v, want at least %v more", grace, drain, margin)
+	}
+}
+
+// checkIngressPDB: with several ingress replicas evictions take one at a time (it drains while
+// the others serve); a single replica may be evicted, so it never blocks a node's drain.
+func checkIngressPDB(t *testing.T, objs []client.Object) {
+	t.Helper()
+	d := find[*appsv1.Deployment](t, objs, "tendril-ingress")
+	pdb := find[*policyv1.PodDisruptionBudget](t, objs, "tendril-ingress")
+	replicas := int32(1)
+	if d.Spec.Replicas != nil {
+		replicas = *d.Spec.Replicas
+	}
+	if pdb.Spec.MinAvailable != nil || pdb.Spec.MaxUnavailable == nil {
+		t.Fatalf("ingress PodDisruptionBudget: want maxUnavailable, got %+v", pdb.Spec)
+	}
+	if n := pdb.Spec.MaxUnavailable.IntValue(); n < 1 || (replicas > 1 && int32(n) >= replicas) {
+		t.Errorf("ingress PodDisruptionBudget maxUnavailable %d with %d replicas: want 1 up to replicas-1", n, replicas)
 	}
 }
 

@@ -7,9 +7,11 @@ import (
 	extensionscontroller "github.com/gardener/gardener/extensions/pkg/controller"
 	genericextension "github.com/gardener/gardener/extensions/pkg/controller/extension"
 	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
+	gardenerextensions "github.com/gardener/gardener/pkg/extensions"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -45,7 +47,10 @@ func Add(ctx context.Context, mgr manager.Manager, opts AddOptions) error {
 		Type:              Type,
 		ControllerOptions: controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles},
 		Predicates:        genericextension.DefaultPredicates(ctx, mgr, opts.IgnoreOperationAnnotation),
-		WatchBuilder:      extensionscontroller.NewWatchBuilder(func(c controller.Controller) error { return watchDrift(mgr, c) }),
+		WatchBuilder: extensionscontroller.NewWatchBuilder(
+			func(c controller.Controller) error { return watchDrift(mgr, c) },
+			func(c controller.Controller) error { return watchHibernation(mgr, c) },
+		),
 	})
 }
 
@@ -65,17 +70,7 @@ func watchDrift(mgr manager.Manager, c controller.Controller) error {
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
 	toExtension := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-		list := &extensionsv1alpha1.ExtensionList{}
-		if err := mgr.GetClient().List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
-			return nil
-		}
-		var reqs []reconcile.Request
-		for _, e := range list.Items {
-			if e.Spec.Type == Type && e.DeletionTimestamp == nil {
-				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&e)})
-			}
-		}
-		return reqs
+		return extensionsIn(ctx, mgr.GetClient(), o.GetNamespace())
 	})
 	for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &networkingv1.NetworkPolicy{}, &tendrilv1alpha1.Route{}} {
 		if err := c.Watch(source.Kind[client.Object](mgr.GetCache(), obj, toExtension, ours, drift)); err != nil {
@@ -83,4 +78,62 @@ func watchDrift(mgr manager.Manager, c controller.Controller) error {
 		}
 	}
 	return nil
+}
+
+// extensionsIn lists the tendril Extensions of a shoot namespace that are not being deleted.
+func extensionsIn(ctx context.Context, c client.Reader, namespace string) []reconcile.Request {
+	list := &extensionsv1alpha1.ExtensionList{}
+	if err := c.List(ctx, list, client.InNamespace(namespace)); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, e := range list.Items {
+		if e.Spec.Type == Type && e.DeletionTimestamp == nil {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&e)})
+		}
+	}
+	return reqs
+}
+
+// watchHibernation reconciles a shoot when its Cluster's hibernation changes. The
+// registration says reconcile: BeforeKubeAPIServer, and gardenlet skips that step of its flow
+// while a shoot hibernates (gardener's pkg/gardenlet/controller/shoot/shoot/
+// reconciler_reconcile.go): without this watch tendril-server and the Route would stay up for
+// every hibernated shoot, and on wake-up nothing would be asked of tendril before
+// kube-apiserver came back. Only a change of spec.hibernation.enabled or
+// status.isHibernated counts, not every Cluster update gardenlet writes.
+func watchHibernation(mgr manager.Manager, c controller.Controller) error {
+	changed := predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			oldEnabled, oldDone, okOld := hibernation(e.ObjectOld)
+			newEnabled, newDone, okNew := hibernation(e.ObjectNew)
+			return okOld && okNew && (oldEnabled != newEnabled || oldDone != newDone)
+		},
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+	// A Cluster is named after its shoot namespace.
+	toExtension := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		return extensionsIn(ctx, mgr.GetClient(), o.GetName())
+	})
+	if err := c.Watch(source.Kind[client.Object](mgr.GetCache(), &extensionsv1alpha1.Cluster{}, toExtension, changed)); err != nil {
+		return fmt.Errorf("watch clusters: %w", err)
+	}
+	return nil
+}
+
+// hibernation reads spec.hibernation.enabled and status.isHibernated of a Cluster's shoot;
+// ok is false when the object is no Cluster or its shoot does not decode.
+func hibernation(o client.Object) (enabled, hibernated, ok bool) {
+	cl, isCluster := o.(*extensionsv1alpha1.Cluster)
+	if !isCluster {
+		return false, false, false
+	}
+	shoot, err := gardenerextensions.ShootFromCluster(cl)
+	if err != nil || shoot == nil {
+		return false, false, false
+	}
+	enabled = shoot.Spec.Hibernation != nil && ptr.Deref(shoot.Spec.Hibernation.Enabled, false)
+	return enabled, shoot.Status.IsHibernated, true
 }

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	v1beta1helper "github.com/gardener/gardener/pkg/api/core/v1beta1/helper"
 	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
@@ -40,15 +40,9 @@ import (
 	"github.com/tendril-net/tendril/internal/testwait"
 )
 
-// tunnelState stands in for tendril-server's /readyz, which the production probe reads
-// through the API server's pod proxy: envtest runs no kubelet, so there are no pods to ask.
-type tunnelState struct{ up atomic.Bool }
-
-func (s *tunnelState) TunnelUp(context.Context, string) (bool, string, error) {
-	return s.up.Load(), "readyz: no handshake", nil
-}
-
-var tunnel tunnelState
+// healthGrace is the tests' RolloutGrace: long enough to see Progressing on a loaded
+// machine (one sync per second), short enough to wait for False.
+const healthGrace = 8 * time.Second
 
 // startController runs the Extension controller against a real API server until the test ends;
 // its secrets manager runs on clk (nil: the real clock).
@@ -70,7 +64,7 @@ func startController(t *testing.T, env *kubetest.Env, clk clock.Clock) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := extension.AddHealthCheck(mgr, extension.HealthOptions{SyncPeriod: time.Second, TunnelProbe: &tunnel}); err != nil {
+	if err := extension.AddHealthCheck(mgr, extension.HealthOptions{SyncPeriod: time.Second, RolloutGrace: healthGrace}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -195,6 +189,7 @@ func TestExtension(t *testing.T) {
 	t.Run("reconcile", func(t *testing.T) { testReconcile(t, env.Client) })
 	t.Run("invalid provider config", func(t *testing.T) { testInvalidProviderConfig(t, env.Client) })
 	t.Run("health", func(t *testing.T) { testHealth(t, env.Client) })
+	t.Run("hibernation", func(t *testing.T) { testHibernation(t, env.Client) })
 	t.Run("force delete", func(t *testing.T) { testForceDelete(t, env.Client) })
 }
 
@@ -267,7 +262,11 @@ func testReconcile(t *testing.T, c client.Client) {
 	if !slices.Equal(ports, []int32{1194, 9443, 8090, 9090}) {
 		t.Errorf("tendril-server service ports %v", ports)
 	}
-	must(t, c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: manifest.ServerName}, &networkingv1.NetworkPolicy{}))
+	// No hand-written NetworkPolicy: Gardener's resource manager derives tendril-server's from
+	// the Service (extension/networkpaths proves the paths).
+	if err := c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: manifest.ServerName}, &networkingv1.NetworkPolicy{}); !apierrors.IsNotFound(err) {
+		t.Errorf("NetworkPolicy %s: %v, want none", manifest.ServerName, err)
+	}
 
 	// Route.
 	route := &tendrilv1alpha1.Route{}
@@ -288,6 +287,7 @@ func testReconcile(t *testing.T, c client.Client) {
 	shootYAML := managedResourceData(t, c, mr)
 	for _, want := range []string{
 		"kind: Deployment", "name: tendril-agent", "kind: DaemonSet", "name: tendril-apiserver-proxy",
+		"kind: NetworkPolicy", "name: " + manifest.AgentFromSeedPolicyName, "name: " + manifest.AgentPolicyName,
 		"--advertised-address=240.0.0.10", "--seed=ingress.seed.example.org:8132",
 		"--destination=outbound|1194||vpn-seed-server." + alpha + ".svc.cluster.local",
 		"--server-public-key=" + string(serverKey.Data[extension.DataKeyPublicKey]),
@@ -444,10 +444,13 @@ func mapsEqual(a, b map[string]string) bool {
 	return true
 }
 
-// testHealth: ControlPlaneHealthy follows the tendril-server Deployment and the tunnel, and
-// SystemComponentsHealthy the shoot ManagedResource; deleting the Deployment flips the
-// condition to False and a reconcile brings it back. The Deployment's and ManagedResource's
-// status are written here as kube-controller-manager and the resource manager would.
+// testHealth: ControlPlaneHealthy follows tendril-server's Ready pods — Ready means a live
+// tunnel, since the readiness probe is /readyz — and SystemComponentsHealthy the shoot
+// ManagedResource. Tunnel down: Progressing, False once the grace has passed, True again
+// when it is back; a deleted Deployment comes back through the drift watch and is not
+// healthy until its pod is Ready (a Deployment missing or scaled to zero, False at once,
+// is in health_test.go: the drift watch undoes both too fast to watch here). The Deployment's and ManagedResource's status are written here as
+// kube-controller-manager (from kubelet's probe results) and the resource manager would.
 func testHealth(t *testing.T, c client.Client) {
 	ctx := context.Background()
 	ns := "shoot--local--delta"
@@ -456,38 +459,56 @@ func testHealth(t *testing.T, c client.Client) {
 	ext := newExtension(ns, "")
 	must(t, c.Create(ctx, ext))
 	ext = waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
-	tunnel.up.Store(true)
-	markDeploymentAvailable(t, c, ns)
+	setServerReady(t, c, ns, 1)
 	markManagedResourceHealthy(t, c, ns)
 	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionTrue)
 	waitCondition(t, c, ext, gardencorev1beta1.ShootSystemComponentsHealthy, gardencorev1beta1.ConditionTrue)
 
-	tunnel.up.Store(false)
+	// The agent's tunnel drops: /readyz fails, the pod is not Ready.
+	down := time.Now()
+	setServerReady(t, c, ns, 0)
 	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionProgressing)
-	tunnel.up.Store(true)
+	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionFalse)
+	if since := time.Since(down); since < healthGrace {
+		t.Errorf("ControlPlaneHealthy False %v after the tunnel dropped, before the grace of %v", since, healthGrace)
+	}
+	setServerReady(t, c, ns, 1)
 	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionTrue)
 
-	must(t, c.Delete(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: manifest.ServerName}}))
-	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionFalse)
-
-	time.Sleep(1100 * time.Millisecond) // lastUpdateTime has one-second resolution
-	again := time.Now().Truncate(time.Second)
-	must(t, c.Get(ctx, client.ObjectKeyFromObject(ext), ext))
-	patch := client.MergeFrom(ext.DeepCopy())
-	metav1.SetMetaDataAnnotation(&ext.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationReconcile)
-	must(t, c.Patch(ctx, ext, patch))
-	waitSucceeded(t, c, client.ObjectKeyFromObject(ext), again)
-	markDeploymentAvailable(t, c, ns)
+	// Deleted: the drift watch puts a new Deployment back at once, whose pod has no tunnel yet.
+	old := &appsv1.Deployment{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, old))
+	must(t, c.Delete(ctx, old))
+	testwait.For(t, "tendril-server re-created", func() error {
+		d := &appsv1.Deployment{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(old), d); err != nil {
+			return err
+		}
+		if d.UID == old.UID {
+			return fmt.Errorf("still the deleted one")
+		}
+		return nil
+	})
+	// Progressing, or False if a check ran while it was gone (False stays until True).
+	waitConditionNot(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionTrue)
+	setServerReady(t, c, ns, 1)
 	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionTrue)
 }
 
-func markDeploymentAvailable(t *testing.T, c client.Client, ns string) {
+// setServerReady writes the tendril-server Deployment's status as kube-controller-manager
+// would with ready of its one pod Ready. The strategy is Recreate, so a not-ready pod makes
+// the Deployment unavailable.
+func setServerReady(t *testing.T, c client.Client, ns string, ready int32) {
 	t.Helper()
 	d := &appsv1.Deployment{}
 	must(t, c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, d))
+	avail := appsv1.DeploymentCondition{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"}
+	if ready == 0 {
+		avail.Status, avail.Reason = corev1.ConditionFalse, "MinimumReplicasUnavailable"
+	}
 	d.Status = appsv1.DeploymentStatus{
-		ObservedGeneration: d.Generation, Replicas: 1, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1,
-		Conditions: []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"}},
+		ObservedGeneration: d.Generation, Replicas: 1, UpdatedReplicas: 1, ReadyReplicas: ready, AvailableReplicas: ready, UnavailableReplicas: 1 - ready,
+		Conditions: []appsv1.DeploymentCondition{avail},
 	}
 	must(t, c.Status().Update(context.Background(), d))
 }
@@ -522,6 +543,22 @@ func waitCondition(t *testing.T, c client.Client, ext *extensionsv1alpha1.Extens
 			}
 		}
 		return fmt.Errorf("no %s condition in %v", typ, e.Status.Conditions)
+	})
+}
+
+// waitConditionNot waits until the Extension has the condition with any status but unwanted.
+func waitConditionNot(t *testing.T, c client.Client, ext client.Object, typ gardencorev1beta1.ConditionType, unwanted gardencorev1beta1.ConditionStatus) {
+	t.Helper()
+	testwait.For(t, fmt.Sprintf("%s not %s", typ, unwanted), func() error {
+		_, e, err := lastOp(c, client.ObjectKeyFromObject(ext))
+		if e == nil {
+			return err
+		}
+		cond := v1beta1helper.GetCondition(e.Status.Conditions, typ)
+		if cond == nil || cond.Status == unwanted {
+			return fmt.Errorf("%s: %v", typ, cond)
+		}
+		return nil
 	})
 }
 
@@ -694,4 +731,72 @@ func mapsEqualBytes(a, b map[string][]byte) bool {
 		}
 	}
 	return true
+}
+
+// testHibernation takes an awake shoot through hibernation and back by changing only its
+// Cluster, as gardenlet does: it writes no operation annotation, because gardenlet skips
+// BeforeKubeAPIServer extensions while a shoot hibernates. tendril-server goes to zero and the
+// Route is withdrawn once the shoot is hibernated; both return as soon as wake-up starts.
+func testHibernation(t *testing.T, c client.Client) {
+	ctx := context.Background()
+	ns := "shoot--local--eta"
+	shoot(t, c, ns, false)
+	start := time.Now().Add(-time.Second)
+	ext := newExtension(ns, "")
+	must(t, c.Create(ctx, ext))
+	waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
+	waitSeedSide(t, c, ns, 1, true)
+
+	// gardenlet's order: spec first; status.isHibernated once its flow has scaled the
+	// control plane down.
+	setHibernation(t, c, ns, true, false)
+	setHibernation(t, c, ns, true, true)
+	waitSeedSide(t, c, ns, 0, false)
+
+	// Wake-up: spec first; tendril comes back before kube-apiserver does.
+	setHibernation(t, c, ns, false, true)
+	waitSeedSide(t, c, ns, 1, true)
+	setHibernation(t, c, ns, false, false)
+	waitSeedSide(t, c, ns, 1, true)
+}
+
+// setHibernation writes the shoot's spec.hibernation.enabled and status.isHibernated into
+// its Cluster.
+func setHibernation(t *testing.T, c client.Client, ns string, enabled, hibernated bool) {
+	t.Helper()
+	ctx := context.Background()
+	cluster := &extensionsv1alpha1.Cluster{}
+	must(t, c.Get(ctx, client.ObjectKey{Name: ns}, cluster))
+	var sh gardencorev1beta1.Shoot
+	must(t, json.Unmarshal(cluster.Spec.Shoot.Raw, &sh))
+	sh.Spec.Hibernation = &gardencorev1beta1.Hibernation{Enabled: ptr.To(enabled)}
+	sh.Status.IsHibernated = hibernated
+	raw, err := json.Marshal(&sh)
+	must(t, err)
+	patch := client.MergeFrom(cluster.DeepCopy())
+	cluster.Spec.Shoot.Raw = raw
+	must(t, c.Patch(ctx, cluster, patch))
+}
+
+// waitSeedSide waits until tendril-server has replicas and the Route exists or not.
+func waitSeedSide(t *testing.T, c client.Client, ns string, replicas int32, route bool) {
+	t.Helper()
+	ctx := context.Background()
+	testwait.For(t, fmt.Sprintf("%s: tendril-server replicas %d, route %v", ns, replicas, route), func() error {
+		d := &appsv1.Deployment{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, d); err != nil {
+			return err
+		}
+		if got := ptr.Deref(d.Spec.Replicas, 1); got != replicas {
+			return fmt.Errorf("replicas %d", got)
+		}
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.RouteName}, &tendrilv1alpha1.Route{})
+		switch {
+		case route && err != nil:
+			return fmt.Errorf("route: %w", err)
+		case !route && !apierrors.IsNotFound(err):
+			return fmt.Errorf("route still there (%v)", err)
+		}
+		return nil
+	})
 }

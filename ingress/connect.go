@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -17,8 +16,12 @@ import (
 // upstream is connected; everything else gets its status and the connection is closed.
 // Status codes (design.md): missing or malformed header 400 (the route's direct response),
 // unknown cluster 503, dial failure 502, dial timeout 504.
-func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectConfig) {
-	req, r := readRequest(d, hc, &s.in.pending)
+// The connection counts as pending (p) until its request is read.
+func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectConfig, p *pendingConn) {
+	req, r := readRequest(d, hc)
+	if !s.in.pending.release(p) {
+		return // evicted while its request arrived: closed and counted
+	}
 	if r != nil {
 		if r.status == 0 {
 			s.refuse(d, "", r.outcome, r.err) // closed before a request: nothing to answer
@@ -73,9 +76,8 @@ type refusal struct {
 	err     error
 }
 
-// readRequest reads one request within the chain's time and size limits, counting it as
-// pending while it arrives.
-func readRequest(d *downstream, hc *connectConfig, pending *atomic.Int64) (*http.Request, *refusal) {
+// readRequest reads one request within the chain's time and size limits.
+func readRequest(d *downstream, hc *connectConfig) (*http.Request, *refusal) {
 	if d.limit == nil {
 		d.limit = &io.LimitedReader{R: d.c}
 		d.br = bufio.NewReaderSize(d.limit, 4096)
@@ -84,9 +86,7 @@ func readRequest(d *downstream, hc *connectConfig, pending *atomic.Int64) (*http
 	// the tunnel's bytes are spliced from the connection itself, past this limit.
 	d.limit.N += int64(hc.maxHeaderBytes)
 	_ = d.c.SetReadDeadline(time.Now().Add(hc.headersTimeout))
-	pending.Add(1)
 	req, err := http.ReadRequest(d.br)
-	pending.Add(-1)
 	_ = d.c.SetReadDeadline(time.Time{})
 	switch {
 	case err == nil:

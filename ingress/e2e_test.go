@@ -47,6 +47,9 @@ type world struct {
 	upstreams map[string]*upstream
 	mu        sync.Mutex
 	shoots    map[string]model.Shoot
+	// stop ends the ingress's Serve (it drains as cfg says); served is closed when Serve returns.
+	stop   context.CancelFunc
+	served chan struct{}
 }
 
 func newWorld(t *testing.T) *world {
@@ -56,6 +59,13 @@ func newWorld(t *testing.T) *world {
 
 // newWorldWith is newWorld for a seed with opts and an ingress trusting trusted.
 func newWorldWith(t *testing.T, opts translate.Options, trusted []netip.Prefix) *world {
+	t.Helper()
+	return newWorldConfig(t, opts, Config{TrustedProxies: trusted})
+}
+
+// newWorldConfig is newWorld for a seed with opts and an ingress with cfg (its listeners, log
+// and registry are the world's).
+func newWorldConfig(t *testing.T, opts translate.Options, cfg Config) *world {
 	t.Helper()
 	ca, err := testpki.NewCA("tendril test CA")
 	if err != nil {
@@ -67,6 +77,8 @@ func newWorldWith(t *testing.T, opts translate.Options, trusted []netip.Prefix) 
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	ictx, stop := context.WithCancel(ctx)
+	w.stop, w.served = stop, make(chan struct{})
 	xl := listen(t)
 	lns := map[string]net.Listener{"sni": listen(t), "proxy": listen(t), "tunnel": listen(t)}
 	addrs := map[string]string{}
@@ -74,7 +86,8 @@ func newWorldWith(t *testing.T, opts translate.Options, trusted []netip.Prefix) 
 		addrs[n] = l.Addr().String()
 	}
 	w.sni, w.proxy, w.tunnel = addrs["sni"], addrs["proxy"], addrs["tunnel"]
-	w.in = New(Config{Listeners: addrs, Log: testr.New(t).WithName("ingress"), Registry: w.reg, TrustedProxies: trusted})
+	cfg.Listeners, cfg.Log, cfg.Registry = addrs, testr.New(t).WithName("ingress"), w.reg
+	w.in = New(cfg)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -85,7 +98,8 @@ func newWorldWith(t *testing.T, opts translate.Options, trusted []netip.Prefix) 
 	}()
 	go func() {
 		defer wg.Done()
-		err := w.in.Serve(ctx, lns, xdsclient.Config{Address: xl.Addr().String(), NodeID: t.Name(), MinBackoff: 10 * time.Millisecond})
+		defer close(w.served)
+		err := w.in.Serve(ictx, lns, xdsclient.Config{Address: xl.Addr().String(), NodeID: t.Name(), MinBackoff: 10 * time.Millisecond})
 		if err != nil {
 			t.Error(err)
 		}
@@ -475,8 +489,11 @@ func TestSlowHellos(t *testing.T) {
 			c.Close()
 		}
 	}()
+	// The slow clients come from 127.0.0.2, the good ones from 127.0.0.1: 1,000 is one source's
+	// whole pending limit (DefaultMaxPendingPerSource).
+	slow := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
 	for range n {
-		c, err := net.Dial("tcp", w.sni)
+		c, err := slow.Dial("tcp", w.sni)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -513,7 +530,7 @@ func TestSlowHellos(t *testing.T) {
 	if got := w.connections(outcomeHelloTimeout); got != n {
 		t.Errorf("client_hello_timeout connections: %v, want %d", got, n)
 	}
-	waitFor(t, "pending count back to zero", func() bool { return w.in.pending.Load() == 0 })
+	waitFor(t, "pending count back to zero", func() bool { return w.in.pending.count() == 0 })
 }
 
 func isReset(err error) bool {

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,8 +78,7 @@ func FuzzProxyListener(f *testing.F) {
 			}
 			return
 		}
-		var pending atomic.Int64
-		req, r := readRequest(d, chain.http, &pending)
+		req, r := readRequest(d, chain.http)
 		if r != nil {
 			if r.outcome == "" {
 				t.Fatalf("request refused without an outcome: %v", r.err)

@@ -42,11 +42,29 @@ type Config struct {
 	// behind an inner one is refused. A listener with such a filter is refused (NACK) while this
 	// is empty.
 	TrustedProxies []netip.Prefix
-	// MaxPending bounds connections still waiting for their ClientHello; beyond it new
-	// connections are closed at once (counted as "overloaded"), so a flood of slow clients costs a
-	// bounded amount of memory. If zero, 10,000 (≈ 10,000 × 16 KiB worst-case hello buffers =
-	// 160 MiB).
+	// MaxPending bounds connections still in their handshake (PROXY header, ClientHello,
+	// CONNECT request) across all listeners, so a flood of slow clients costs a bounded amount
+	// of memory. At the limit a new connection evicts the oldest pending one of the fullest
+	// listener (counted as "pending_evicted"). If zero, DefaultMaxPending (10,000 × 16 KiB
+	// worst-case buffers = 160 MiB).
 	MaxPending int
+	// MaxPendingPerListener bounds one listener's pending connections; at the limit a new
+	// connection evicts the listener's oldest pending one. If zero, DefaultMaxPendingPerListener.
+	MaxPendingPerListener int
+	// MaxPendingPerSource bounds the pending connections of one source address (an IPv6 /64)
+	// across all listeners; beyond it its new connections are refused (counted as
+	// "pending_source_limit"). Trusted proxies are exempt. If zero, DefaultMaxPendingPerSource.
+	MaxPendingPerSource int
+	// DrainDelay is how long the ingress goes on accepting, while its readiness already fails,
+	// once Serve's context ends: the time a load balancer needs to notice and stop sending new
+	// connections (Envoy's and Contour's shutdown managers wait the same way before draining).
+	// Connections accepted meanwhile are proxied and drained like the others. If zero, the
+	// listeners close at once.
+	DrainDelay time.Duration
+	// DrainTimeout is how long established connections may go on after the listeners close;
+	// then the rest are closed (counted by listener) and Serve returns. Serve returns as soon as
+	// the last one ends by itself. If zero, they are closed at once.
+	DrainTimeout time.Duration
 }
 
 // Ingress serves the listeners of the configuration it is given.
@@ -56,17 +74,25 @@ type Ingress struct {
 	metrics *metrics
 	current atomic.Pointer[config]
 	ready   atomic.Bool
+	// draining is set once Serve's context has ended: readiness fails from then on.
+	draining atomic.Bool
 	// active counts connections per cluster across configurations, for the circuit breaker.
 	activeMu sync.Mutex
 	active   map[string]*atomic.Int64
-	pending  atomic.Int64
+	pending  *pendingSet
 	refusals *rateLimitedLog
 }
 
 // New returns an Ingress with an empty configuration.
 func New(cfg Config) *Ingress {
 	if cfg.MaxPending == 0 {
-		cfg.MaxPending = 10000
+		cfg.MaxPending = DefaultMaxPending
+	}
+	if cfg.MaxPendingPerListener == 0 {
+		cfg.MaxPendingPerListener = DefaultMaxPendingPerListener
+	}
+	if cfg.MaxPendingPerSource == 0 {
+		cfg.MaxPendingPerSource = DefaultMaxPendingPerSource
 	}
 	in := &Ingress{
 		cfg:      cfg,
@@ -75,6 +101,7 @@ func New(cfg Config) *Ingress {
 		active:   make(map[string]*atomic.Int64),
 		refusals: newRateLimitedLog(cfg.Log, 10, time.Second),
 	}
+	in.pending = newPendingSet(cfg.MaxPending, cfg.MaxPendingPerListener, cfg.MaxPendingPerSource, in.trusted)
 	in.current.Store(&config{
 		listeners: map[string]*listenerConfig{},
 		clusters:  map[string]*clusterConfig{},
@@ -87,8 +114,13 @@ func New(cfg Config) *Ingress {
 // listeners, so a listener never points at a cluster that is about to arrive.
 var Types = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType}
 
-// Ready reports whether a first configuration with listeners has been applied.
-func (in *Ingress) Ready() bool { return in.ready.Load() }
+// Ready reports whether a first configuration with listeners has been applied and the ingress is
+// not draining.
+func (in *Ingress) Ready() bool { return in.ready.Load() && !in.draining.Load() }
+
+// Draining reports whether the ingress is shutting down: its readiness fails, and its listeners
+// close (after DrainDelay) while established connections finish (within DrainTimeout).
+func (in *Ingress) Draining() bool { return in.draining.Load() }
 
 // Apply applies one xDS response: it builds the new configuration for its type and swaps it in,
 // or returns an error and keeps the current one. It is an xdsclient.Handler.
@@ -199,11 +231,14 @@ func (in *Ingress) Run(ctx context.Context, xds xdsclient.Config) error {
 	return in.Serve(ctx, lns, xds)
 }
 
-// Serve is Run with the listeners already bound (tests bind 127.0.0.1:0).
+// Serve is Run with the listeners already bound (tests bind 127.0.0.1:0). When ctx ends, Serve
+// drains (drain) and returns once the last connection has ended or been closed. The xDS client
+// runs until then, so a connection accepted during DrainDelay is routed with the current
+// configuration. An error of the xDS client ends everything at once, without a drain.
 func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds xdsclient.Config) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
+	// stopCtx ends the xDS client and every connection: after the drain, or on an error.
+	stopCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
 	errc := make(chan error, len(lns)+1)
 	if xds.Types == nil {
 		xds.Types = Types
@@ -211,30 +246,98 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	if xds.Log.GetSink() == nil {
 		xds.Log = in.log.WithName("xds")
 	}
+	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		errc <- xdsclient.Run(ctx, xds, in.Apply)
+		errc <- xdsclient.Run(stopCtx, xds, in.Apply)
 	}()
+	// served ends once every listener is closed and its connections have ended.
+	var served sync.WaitGroup
+	servers := make([]*server, 0, len(lns))
 	for name, l := range lns {
-		s := &server{in: in, name: name, l: l}
-		wg.Add(1)
+		s := &server{in: in, name: name, l: l, conns: map[net.Conn]bool{}}
+		servers = append(servers, s)
+		served.Add(1)
 		go func() {
-			defer wg.Done()
-			errc <- s.serve(ctx)
+			defer served.Done()
+			errc <- s.serve(stopCtx)
 		}()
 	}
+	allServed := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		served.Wait()
+		close(allServed)
+	}()
 	var first error
 	select {
 	case <-ctx.Done():
+		in.drain(servers, allServed)
 	case first = <-errc:
-		cancel()
 	}
+	stop()
 	wg.Wait()
 	if first != nil && !errors.Is(first, context.Canceled) {
 		return first
 	}
 	return nil
+}
+
+// drain shuts the ingress down without dropping what it can finish: readiness fails at once;
+// after DrainDelay the listeners close (new connections are refused by the kernel from then on);
+// established connections, and those still in their handshake, go on for up to DrainTimeout;
+// then the rest are closed and counted by listener. It returns when served is closed (every
+// connection has ended) or the rest have been closed.
+//
+// Why a delay before closing: a load balancer (kube-proxy syncing a terminating pod's endpoint
+// away, a cloud load balancer's health check) keeps sending new connections for a while after
+// the pod is told to stop. Closed listeners would refuse (RST) those, and connections in the
+// accept queue are reset when the listener closes; a listener that stays open while readiness
+// fails takes them until the load balancer has noticed.
+func (in *Ingress) drain(servers []*server, served <-chan struct{}) {
+	in.draining.Store(true)
+	start := time.Now()
+	open := map[string]int{}
+	for _, s := range servers {
+		open[s.name] = s.downstreams()
+		in.metrics.drainClosed.WithLabelValues(s.name).Add(0) // the series exists before a drain closes any
+	}
+	in.log.Info("Draining", "delay", in.cfg.DrainDelay.String(), "timeout", in.cfg.DrainTimeout.String(), "open", open)
+	if in.cfg.DrainDelay > 0 {
+		delay := time.NewTimer(in.cfg.DrainDelay)
+		select {
+		case <-delay.C:
+		case <-served: // every listener was closed under it: nothing left to wait for
+			delay.Stop()
+		}
+	}
+	for _, s := range servers {
+		s.stopAccepting()
+	}
+	if in.cfg.DrainDelay > 0 {
+		for _, s := range servers {
+			open[s.name] = s.downstreams()
+		}
+		in.log.Info("Listeners closed", "open", open)
+	}
+	timeout := time.NewTimer(in.cfg.DrainTimeout)
+	defer timeout.Stop()
+	closed := map[string]int{}
+	for _, s := range servers {
+		closed[s.name] = 0
+	}
+	select {
+	case <-served:
+	case <-timeout.C:
+		for _, s := range servers {
+			n := s.closeAll()
+			closed[s.name] = n
+			in.metrics.drainClosed.WithLabelValues(s.name).Add(float64(n))
+		}
+	}
+	in.log.Info("Drained", "took", time.Since(start).Round(time.Millisecond).String(), "closed", closed)
 }
 
 // trusted reports whether a is one of the trusted load balancers.

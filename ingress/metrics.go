@@ -16,6 +16,7 @@ type metrics struct {
 	xdsUpdates   *prometheus.CounterVec
 	xdsResources *prometheus.GaugeVec
 	xdsVersion   *prometheus.GaugeVec
+	drainClosed  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -42,9 +43,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		xdsVersion: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tendril_ingress_xds_version_info", Help: "The server's version of each type as last applied (value always 1).",
 		}, []string{"type", "version"}),
+		drainClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_ingress_drain_closed_connections_total",
+			Help: "Client connections still open at the end of the shutdown drain (--drain-timeout) and closed then, by listener.",
+		}, []string{"listener"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.connections, m.active, m.bytes, m.retries, m.xdsUpdates, m.xdsResources, m.xdsVersion)
+		reg.MustRegister(m.connections, m.active, m.bytes, m.retries, m.xdsUpdates, m.xdsResources, m.xdsVersion, m.drainClosed)
 	}
 	return m
 }

@@ -47,7 +47,13 @@ func inClusterWorldWith(t *testing.T, trusted []netip.Prefix) *world {
 // servers that prefix their name), and a third shoot without either.
 func inClusterWorld(t *testing.T) (*world, map[string]string) {
 	t.Helper()
-	w := newWorld(t)
+	return inClusterWorldConfig(t, Config{})
+}
+
+// inClusterWorldConfig is inClusterWorld with an ingress configured by cfg.
+func inClusterWorldConfig(t *testing.T, cfg Config) (*world, map[string]string) {
+	t.Helper()
+	w := newWorldConfig(t, translate.Options{}, cfg)
 	vpn := map[string]string{}
 	for i, n := range []string{"alpha", "beta"} {
 		name := "shoot--t--" + n

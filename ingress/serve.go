@@ -24,24 +24,17 @@ type server struct {
 	name string
 	l    net.Listener
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	mu sync.Mutex
+	// conns holds the open connections, downstream (true) and upstream (false); it is made with
+	// the server and is nil once closeAll has closed them.
+	conns map[net.Conn]bool
 	wg    sync.WaitGroup
 }
 
-// serve accepts until ctx ends, then closes the listener and every connection it accepted and
-// waits for their goroutines.
+// serve accepts until the listener is closed (stopAccepting) or ctx ends, and returns once the
+// connections it accepted have ended. When ctx ends it closes the listener and every connection.
 func (s *server) serve(ctx context.Context) error {
-	s.conns = make(map[net.Conn]struct{})
-	stop := context.AfterFunc(ctx, func() {
-		s.l.Close()
-		s.mu.Lock()
-		for c := range s.conns {
-			c.Close()
-		}
-		s.conns = nil // from now on track refuses, so a late upstream dial is closed at once
-		s.mu.Unlock()
-	})
+	stop := context.AfterFunc(ctx, func() { s.closeAll() })
 	defer stop()
 	defer s.wg.Wait()
 	var delay time.Duration
@@ -62,7 +55,7 @@ func (s *server) serve(ctx context.Context) error {
 			}
 		}
 		delay = 0
-		if !s.track(c) {
+		if !s.track(c, true) {
 			c.Close()
 			return nil
 		}
@@ -75,13 +68,48 @@ func (s *server) serve(ctx context.Context) error {
 	}
 }
 
-func (s *server) track(c net.Conn) bool {
+// stopAccepting closes the listener: the kernel refuses new connections from now on, and the
+// accept loop ends.
+func (s *server) stopAccepting() { _ = s.l.Close() }
+
+// closeAll closes the listener and every open connection, and returns how many of those were
+// downstream (clients') connections. From then on track refuses, so a late upstream dial is
+// closed at once.
+func (s *server) closeAll() int {
+	_ = s.l.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for c, downstream := range s.conns {
+		c.Close()
+		if downstream {
+			n++
+		}
+	}
+	s.conns = nil
+	return n
+}
+
+// downstreams reports how many clients' connections are open.
+func (s *server) downstreams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, downstream := range s.conns {
+		if downstream {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *server) track(c net.Conn, downstream bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conns == nil {
 		return false
 	}
-	s.conns[c] = struct{}{}
+	s.conns[c] = downstream
 	return true
 }
 
@@ -97,7 +125,6 @@ const (
 	outcomeProxied        = "proxied"
 	outcomeNoListener     = "no_listener"
 	outcomeNoChain        = "no_filter_chain"
-	outcomeOverloaded     = "overloaded"
 	outcomeBadHello       = "bad_client_hello"
 	outcomeHelloTimeout   = "client_hello_timeout"
 	outcomeNotTLS         = "not_tls"
@@ -154,19 +181,24 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 	}
 	d := &downstream{c: c, r: c, local: addrPort(c.LocalAddr()), source: addrPort(c.RemoteAddr())}
 	d.trustedPeer = in.trusted(d.source.Addr())
-	if in.pending.Add(1) > int64(in.cfg.MaxPending) {
-		in.pending.Add(-1)
-		s.refuse(d, "", outcomeOverloaded, nil)
+	p, victim, outcome := in.pending.admit(s.name, c, d.source.Addr())
+	if victim != nil {
+		s.evict(victim)
+	}
+	if p == nil {
+		s.refuse(d, "", outcome, fmt.Errorf("%d connections of this source are in their handshake", in.cfg.MaxPendingPerSource))
 		return
 	}
 	chain, outcome, err := listenerFilters(lc, d)
-	in.pending.Add(-1)
-	if outcome != "" {
-		s.refuse(d, "", outcome, err)
+	if chain != nil && chain.http != nil && outcome == "" {
+		s.serveConnect(ctx, d, chain.http, p) // still pending while its request arrives
 		return
 	}
-	if chain.http != nil {
-		s.serveConnect(ctx, d, chain.http)
+	if !in.pending.release(p) {
+		return // evicted meanwhile: closed and counted
+	}
+	if outcome != "" {
+		s.refuse(d, "", outcome, err)
 		return
 	}
 	// The configuration current now picks the route: the listener filters may have taken a
@@ -190,6 +222,14 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 	defer release()
 	defer s.untrack(up)
 	s.pipe(d, up, cl.name, d.hello, chain.tcp.idleTimeout)
+}
+
+// evict closes a pending connection another one displaced, and counts it on its own listener.
+func (s *server) evict(victim *pendingConn) {
+	victim.c.Close()
+	s.in.metrics.conn(victim.listener, "", outcomePendingEvicted)
+	s.in.refusals.log("Connection refused", "listener", victim.listener, "remote", victim.c.RemoteAddr().String(), "reason", outcomePendingEvicted,
+		"error", fmt.Sprintf("%q", "the oldest of the pending connections, closed for a new one"))
 }
 
 // listenerFilters runs the listener filters and returns the chain, or the outcome that refuses the
@@ -219,11 +259,14 @@ func listenerFilters(lc *listenerConfig, d *downstream) (*chainConfig, string, e
 		if h != nil && lc.lbProxyProtocol && !d.trustedPeer {
 			// Only a load balancer may put its header in front of another one; from anyone
 			// else a second header is an attempt to choose both addresses.
-			d.limit.N += maxProxyHeader
-			if next, _ := d.br.Peek(1); len(next) == 1 && (next[0] == proxyproto.SIGV1[0] || next[0] == proxyproto.SIGV2[0]) {
-				if h2, _ := proxyproto.Read(d.br); h2 != nil {
-					return nil, outcomeUntrustedProxy, fmt.Errorf("two PROXY headers from %v, which is not a trusted proxy", d.c.RemoteAddr())
+			var h2 *proxyproto.Header
+			withHeaderAllowance(d, func() {
+				if next, _ := d.br.Peek(1); len(next) == 1 && (next[0] == proxyproto.SIGV1[0] || next[0] == proxyproto.SIGV2[0]) {
+					h2, _ = proxyproto.Read(d.br)
 				}
+			})
+			if h2 != nil {
+				return nil, outcomeUntrustedProxy, fmt.Errorf("two PROXY headers from %v, which is not a trusted proxy", d.c.RemoteAddr())
 			}
 		}
 	}
@@ -244,11 +287,30 @@ func listenerFilters(lc *listenerConfig, d *downstream) (*chainConfig, string, e
 	return chain, "", nil
 }
 
+// readProxyHeaderCounted reads a PROXY header within an allowance of maxProxyHeader bytes and
+// leaves the read limit raised by exactly the bytes the header took: nothing when there was none.
+// The bytes read past the header stay buffered and count against what follows, so a CONNECT
+// request stops at the same limit with or without a PROXY header, on every listener.
+func readProxyHeaderCounted(d *downstream) (h *proxyproto.Header, err error) {
+	withHeaderAllowance(d, func() { h, err = proxyproto.Read(d.br) })
+	return h, err
+}
+
+// withHeaderAllowance runs read, which reads from d.br, with maxProxyHeader more bytes allowed,
+// and then leaves the limit raised by exactly the bytes read consumed (bytes it only peeked at
+// stay buffered and count against what follows).
+func withHeaderAllowance(d *downstream, read func()) {
+	d.limit.N += maxProxyHeader
+	before := d.limit.N + int64(d.br.Buffered())
+	read()
+	consumed := before - d.limit.N - int64(d.br.Buffered())
+	d.limit.N += consumed - maxProxyHeader
+}
+
 // readProxyHeader reads one PROXY header (optional when allowWithout) and makes its addresses
 // the connection's. A LOCAL header (the sender's own health check) keeps the connection's.
 func readProxyHeader(d *downstream, allowWithout bool) (*proxyproto.Header, string, error) {
-	d.limit.N += maxProxyHeader
-	h, err := proxyproto.Read(d.br)
+	h, err := readProxyHeaderCounted(d)
 	switch {
 	case errors.Is(err, proxyproto.ErrNoProxyProtocol):
 		if !allowWithout {
@@ -320,7 +382,7 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 		up, err = (&net.Dialer{}).DialContext(dctx, "tcp", ep.String())
 		cancel()
 		if err == nil {
-			if !s.track(up) {
+			if !s.track(up, false) {
 				release()
 				up.Close()
 				return nil, nil, outcomeDialFailed, net.ErrClosed

@@ -3,10 +3,11 @@
 // in-process, tendril-ingress on loopback, and shoots that each have their own real
 // kube-apiserver. It creates the seed objects Gardener would (namespace, Cluster, the
 // kube-apiserver Service with its EndpointSlice, the Extension) and then plays kubelet,
-// kube-proxy, the endpoint-slice controller and the resource manager for what the extension
-// declared: it starts tendril-server from the extension's Deployment (args and mounted
-// secrets taken from it), publishes its EndpointSlice, applies the ManagedResource's objects
-// to the shoot's API server and starts tendril-agent from the Deployment it reads back there.
+// kube-proxy and the endpoint-slice controller for what the extension declared: it starts
+// tendril-server from the extension's Deployment (args and mounted secrets taken from it) and
+// publishes its EndpointSlice; Gardener's own resource manager controllers (one per shoot, as
+// on a seed) apply the ManagedResource's objects to the shoot's API server, and the runner
+// starts tendril-agent from the Deployment it reads back there.
 // It checks every path and reports per shoot; it is a developer tool, not part of a seed.
 package localseed
 
@@ -242,6 +243,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	for _, sh := range s.shoots {
 		if err := s.createShoot(ctx, sh); err != nil {
 			return rep, fmt.Errorf("%s: %w", sh.namespace, err)
+		}
+		if err := s.startGRM(ctx, sh); err != nil {
+			return rep, fmt.Errorf("%s: resource manager: %w", sh.namespace, err)
 		}
 	}
 	// Play kubelet for every shoot at once: each waits for its own extension's objects.

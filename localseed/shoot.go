@@ -12,8 +12,10 @@ import (
 	"strings"
 	"time"
 
+	v1beta1helper "github.com/gardener/gardener/pkg/api/core/v1beta1/helper"
+	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
 	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
-	"github.com/gardener/gardener/pkg/utils/managedresources"
+	resourcesv1alpha1 "github.com/gardener/gardener/pkg/apis/resources/v1alpha1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -30,6 +32,7 @@ import (
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/internal/shootgrm"
 	"github.com/tendril-net/tendril/internal/testpki"
 )
 
@@ -184,8 +187,8 @@ func (s *seed) createShoot(ctx context.Context, sh *shoot) error {
 	return nil
 }
 
-// runShoot plays kubelet, endpoint-slice controller and resource manager for what the
-// extension declared for the shoot.
+// runShoot plays kubelet and endpoint-slice controller for what the extension declared for
+// the shoot; Gardener's resource manager does its own part (startGRM).
 func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -217,20 +220,21 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 		return err
 	}
 
-	// The shoot side: the ManagedResource's objects applied to the shoot's API server, then
-	// tendril-agent as the Deployment there says.
-	var objs []client.Object
+	// The shoot side: Gardener's resource manager (started for this shoot in Run) applies the
+	// ManagedResource's objects to the shoot's API server; tendril-agent then runs as the
+	// Deployment there says.
 	if err := poll(ctx, func() error {
-		var err error
-		objs, err = managedresources.GetObjects(ctx, s.client, sh.namespace, manifest.ManagedResourceName)
-		return err
-	}); err != nil {
-		return fmt.Errorf("wait for the ManagedResource: %w", err)
-	}
-	for _, o := range objs {
-		if err := apply(ctx, sh.client, o); err != nil {
-			return fmt.Errorf("apply %T %s to the shoot: %w", o, o.GetName(), err)
+		mr := &resourcesv1alpha1.ManagedResource{}
+		if err := s.client.Get(ctx, client.ObjectKey{Namespace: sh.namespace, Name: manifest.ManagedResourceName}, mr); err != nil {
+			return err
 		}
+		c := v1beta1helper.GetCondition(mr.Status.Conditions, resourcesv1alpha1.ResourcesApplied)
+		if c == nil || c.Status != gardencorev1beta1.ConditionTrue || mr.Status.ObservedGeneration != mr.Generation {
+			return fmt.Errorf("ResourcesApplied: %v", c)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("wait for the resource manager to apply the ManagedResource: %w", err)
 	}
 	agent := &appsv1.Deployment{}
 	if err := sh.client.Get(ctx, client.ObjectKey{Namespace: manifest.ShootNamespace, Name: manifest.AgentName}, agent); err != nil {
@@ -270,7 +274,9 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 type pod struct {
 	binary string
 	args   []string
-	// ports are the allocated ports by container port name; mounts the directories by volume.
+	// ports are the allocated ports by container port name and by number (a Service's
+	// targetPort may give either: tendril-server's are numbers, as Gardener's resource manager
+	// names its NetworkPolicies after them); mounts the directories by volume.
 	ports  map[string]int
 	mounts map[string]string
 }
@@ -331,6 +337,7 @@ func (s *seed) materialize(ctx context.Context, c client.Client, namespace strin
 				}
 				_, ps, _ := net.SplitHostPort(addr)
 				p.ports[portNames[port]], _ = strconv.Atoi(ps)
+				p.ports[port] = p.ports[portNames[port]]
 				v = addr
 			}
 			a = k + "=" + v
@@ -456,4 +463,25 @@ func waitHTTP(ctx context.Context, url string) error {
 		}
 		return nil
 	})
+}
+
+// startGRM runs Gardener's resource manager controllers for the shoot (seed namespace →
+// shoot API server), as gardenlet deploys one into every shoot namespace; they run until ctx
+// ends, and the cleanup waits for them.
+func (s *seed) startGRM(ctx context.Context, sh *shoot) error {
+	mgr, err := shootgrm.New(ctx, shootgrm.Config{
+		Seed: s.rest, Shoot: sh.rest, Namespace: sh.namespace, ClusterID: "local",
+		Logger: s.log.WithName("resource-manager").WithValues("namespace", sh.namespace),
+	})
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	s.addCleanup(func() {
+		if err := <-done; err != nil {
+			s.log.Error(err, "resource manager", "namespace", sh.namespace)
+		}
+	})
+	return nil
 }

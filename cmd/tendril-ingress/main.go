@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
@@ -32,10 +33,17 @@ type Config struct {
 	TunnelAddress  string
 	MetricsAddress string
 	// Profiling serves the Go profiler on the metrics address.
-	Profiling      bool
-	MaxPending     int
-	TrustedProxies []netip.Prefix
-	Log            logr.Logger
+	Profiling bool
+	// MaxPending, MaxPendingPerListener and MaxPendingPerSource bound the connections in
+	// their handshake (ingress.Config); zero means the default.
+	MaxPending            int
+	MaxPendingPerListener int
+	MaxPendingPerSource   int
+	TrustedProxies        []netip.Prefix
+	// DrainDelay and DrainTimeout shape the shutdown (ingress.Config); zero: none.
+	DrainDelay   time.Duration
+	DrainTimeout time.Duration
+	Log          logr.Logger
 }
 
 func main() {
@@ -47,7 +55,9 @@ func main() {
 	flag.StringVar(&cfg.ProxyAddress, "proxy-address", "", "address of the PROXY-protocol and X-Gardener-Destination CONNECT listener (xDS listener \"proxy\"); empty: not served")
 	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", "", "address of the Reversed-VPN CONNECT listener (xDS listener \"tunnel\"); empty: not served")
 	flag.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:18081", "address for /metrics, /healthz and /readyz (empty: off)")
-	flag.IntVar(&cfg.MaxPending, "max-pending", 10000, "connections allowed to wait for their ClientHello at once")
+	flag.IntVar(&cfg.MaxPending, "max-pending", ingress.DefaultMaxPending, "connections allowed in their handshake (PROXY header, ClientHello, CONNECT request) at once, across all listeners; at the limit the oldest is closed for a new one")
+	flag.IntVar(&cfg.MaxPendingPerListener, "max-pending-per-listener", ingress.DefaultMaxPendingPerListener, "connections allowed in their handshake at once on one listener; at the limit the listener's oldest is closed for a new one")
+	flag.IntVar(&cfg.MaxPendingPerSource, "max-pending-per-source", ingress.DefaultMaxPendingPerSource, "connections of one source address (IPv6: one /64) allowed in their handshake at once, across all listeners; beyond it the source's new connections are refused (--trusted-proxy-cidr peers are exempt)")
 	flag.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
 	flag.Func("trusted-proxy-cidr", "CIDR of the load balancers whose own PROXY header is believed (with tendril-seed --lb-proxy-protocol); repeatable", func(v string) error {
 		p, err := netip.ParsePrefix(v)
@@ -57,6 +67,10 @@ func main() {
 		cfg.TrustedProxies = append(cfg.TrustedProxies, p)
 		return nil
 	})
+	// --drain-timeout's default is the chart's. --drain-delay's is 0, so a replica outside
+	// Kubernetes (and the tests) stops at once; the chart sets the delay its load balancer needs.
+	flag.DurationVar(&cfg.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, how long established connections may go on after the listeners close; the rest are then closed (0: at once)")
+	flag.DurationVar(&cfg.DrainDelay, "drain-delay", 0, "on SIGTERM, how long to go on accepting new connections while /readyz already fails, for the load balancer to notice (the chart sets 5s); 0: close the listeners at once")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -69,13 +83,24 @@ func main() {
 	cfg.Log = logging.New(os.Stderr, verbosity).WithName("tendril-ingress")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal starts the drain; a second one (an impatient ^C) kills at once, as the
+	// default action does once the handler is gone.
+	context.AfterFunc(ctx, stop)
 	if err := Run(ctx, cfg); err != nil {
 		cfg.Log.Error(err, "Exiting")
 		os.Exit(1)
 	}
 }
 
-// Run serves until ctx ends.
+// DefaultDrainTimeout is --drain-timeout's default, the chart's ingress.drain.timeoutSeconds: as
+// long as the chart's Envoy drains (--drain-time-s 45), time for requests and transfers in flight
+// to finish. kubectl watches, exec sessions and VPN tunnels do not end by themselves; they are
+// closed at its end and reconnect through another replica, so a longer drain would only slow a
+// rollout (one replica at a time) without saving them.
+const DefaultDrainTimeout = 45 * time.Second
+
+// Run serves until ctx ends, then drains (ingress.Config.DrainDelay, DrainTimeout) and returns.
+// The probes are served through the drain, so /readyz reports it and /metrics can be scraped.
 func Run(ctx context.Context, cfg Config) error {
 	listeners := map[string]string{}
 	for name, addr := range map[string]string{"sni": cfg.SNIAddress, "proxy": cfg.ProxyAddress, "tunnel": cfg.TunnelAddress} {
@@ -86,25 +111,41 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(listeners) == 0 {
 		return errors.New("no listener address given (--sni-address, --proxy-address, --tunnel-address)")
 	}
+	if cfg.MaxPending < 0 || cfg.MaxPendingPerListener < 0 || cfg.MaxPendingPerSource < 0 {
+		return errors.New("--max-pending, --max-pending-per-listener and --max-pending-per-source must not be negative (0: the default)")
+	}
+	if cfg.DrainDelay < 0 || cfg.DrainTimeout < 0 {
+		return errors.New("--drain-delay and --drain-timeout must not be negative")
+	}
 	reg := probe.NewRegistry()
-	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending, TrustedProxies: cfg.TrustedProxies})
+	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending,
+		MaxPendingPerListener: cfg.MaxPendingPerListener, MaxPendingPerSource: cfg.MaxPendingPerSource, TrustedProxies: cfg.TrustedProxies,
+		DrainDelay: cfg.DrainDelay, DrainTimeout: cfg.DrainTimeout})
 
-	g, ctx := errgroup.WithContext(ctx)
+	// The probes outlive ctx until the ingress has drained; a failure of either ends ingress's
+	// context (through the group's), which drains it too.
+	probeCtx, stopProbes := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopProbes()
+	g, gctx := errgroup.WithContext(ctx)
 	if cfg.MetricsAddress != "" {
 		ml, err := net.Listen("tcp", cfg.MetricsAddress)
 		if err != nil {
 			return fmt.Errorf("metrics listener: %w", err)
 		}
 		ready := func() (bool, string) {
-			if in.Ready() {
+			switch {
+			case in.Draining():
+				return false, "draining: shutting down"
+			case in.Ready():
 				return true, ""
 			}
 			return false, "no configuration applied yet"
 		}
-		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, ready, cfg.Profiling)) })
+		g.Go(func() error { return probe.Serve(probeCtx, ml, probe.Handler(reg, ready, cfg.Profiling)) })
 	}
 	g.Go(func() error {
-		return in.Run(ctx, xdsclient.Config{Address: cfg.XDSAddress, NodeID: cfg.NodeID})
+		defer stopProbes()
+		return in.Run(gctx, xdsclient.Config{Address: cfg.XDSAddress, NodeID: cfg.NodeID})
 	})
 	return g.Wait()
 }

@@ -75,7 +75,7 @@ func main() {
 	fs.IntVar(&k.Extension.MaxConcurrentReconciles, "max-concurrent-reconciles", 5, "Kubernetes mode: shoots reconciled at once")
 	fs.StringVar(&k.Extension.Image, "image", "", "Kubernetes mode: the tendril image the shoots' tendril-server and agents run")
 	fs.StringVar(&k.Extension.Ingress, "ingress-address", "", "Kubernetes mode: the seed ingress's host name or IP the shoot agents dial")
-	fs.StringVar(&k.Extension.IngressNamespace, "ingress-namespace", "garden", "Kubernetes mode: namespace of the seed ingress pods (NetworkPolicy peer)")
+	fs.StringVar(&k.Extension.IngressNamespace, "ingress-namespace", "garden", "Kubernetes mode: namespace of the seed ingress pods (tendril-server's Service selects it for Gardener's NetworkPolicies)")
 	k.RouteServices = []string{manifest.KubeAPIServerName, manifest.ServerName}
 	fs.Func("route-services", fmt.Sprintf("Kubernetes mode: comma-separated Services that Routes may name; only their EndpointSlices are watched (empty: every EndpointSlice of the seed) (default %q)", strings.Join(k.RouteServices, ",")), func(v string) error {
 		k.RouteServices = nil

@@ -1,5 +1,5 @@
 // Package manifest builds the Kubernetes objects tendril deploys for one shoot: the seed-side
-// tendril-server Deployment, Service and NetworkPolicy, the shoot-side agents (delivered in a
+// tendril-server Deployment and Service, the shoot-side agents (delivered in a
 // ManagedResource), and the Route the xDS control plane reads. The builders are pure functions
 // of Values — the extension's actuator and the charts' tests use the same ones, so there is one
 // source of truth for what a shoot gets. It reads no cluster and writes nothing.
@@ -12,12 +12,15 @@ import (
 	"strings"
 
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
+	resourcesv1alpha1 "github.com/gardener/gardener/pkg/apis/resources/v1alpha1"
+	gardenerutils "github.com/gardener/gardener/pkg/utils/gardener"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/utils/ptr"
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
@@ -77,16 +80,18 @@ type Values struct {
 	Ingress string
 	// APIServerProxy deploys the apiserver-proxy DaemonSet.
 	APIServerProxy bool
-	// Egress is kube-apiserver's egress front-end (used by the webhook; recorded here so the
-	// NetworkPolicy opens only that port).
+	// Egress is kube-apiserver's egress front-end (used by the webhook, which labels
+	// kube-apiserver for that port only).
 	Egress tendrilv1alpha1.EgressMode
 	// Tunnel holds the WireGuard identities and inner addresses.
 	Tunnel Tunnel
 	// Secrets names the secrets-manager Secrets in the shoot namespace.
 	Secrets SecretNames
-	// IngressNamespace is where the seed ingress runs; its pods may reach the tunnel port.
+	// IngressNamespace is where the seed ingress runs (default garden); tendril-server's
+	// Service selects it for GRM's cross-namespace policies.
 	IngressNamespace string
-	// IngressPodLabels select the seed ingress pods.
+	// IngressPodLabels is no longer read: GRM selects the ingress pods by their
+	// networking.resources.gardener.cloud/to-… label (IngressLabelToServerTunnel).
 	IngressPodLabels map[string]string
 }
 
@@ -183,10 +188,7 @@ func secretVolume(name, secret string) corev1.Volume {
 }
 
 // probes are the liveness and readiness probes of a tendril process serving /healthz and
-// /readyz on port (host "" is the pod IP). tendril-server's /readyz means "an agent's tunnel
-// is up": as a readiness probe it would take the server out of its Service, so the agent
-// could never reach it to bring the tunnel up. Its readiness is therefore /healthz, and the
-// tunnel is judged by the extension's health check instead (readyz says so for the agent).
+// /readyz on port (host "" is the pod IP).
 func probes(host string, port int32, readyPath string) (live, ready *corev1.Probe) {
 	get := func(path string) *corev1.Probe {
 		return &corev1.Probe{
@@ -217,7 +219,11 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 		"--client-ca-file=" + pathCA + "/bundle.crt",
 		"--metrics-address=:" + strconv.Itoa(PortMetrics),
 	}
-	live, ready := probes("", PortMetrics, "/healthz")
+	// Readiness is /readyz, "an agent's tunnel is up": kubelet carries the tunnel's state to
+	// the pod's Ready condition, which the extension's health check reads. The Service
+	// publishes not-ready addresses, so a server without a tunnel stays reachable for the
+	// agent that brings it up.
+	live, ready := probes("", PortMetrics, "/readyz")
 	labels := serverLabels()
 	podLabels := map[string]string{
 		v1beta1constants.LabelApp:                   ServerName,
@@ -230,7 +236,13 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 		Spec: appsv1.DeploymentSpec{
 			Replicas:             &replicas,
 			RevisionHistoryLimit: ptr.To[int32](2),
-			Selector:             &metav1.LabelSelector{MatchLabels: labels},
+			// Recreate: the new pod becomes Ready only once the one agent's tunnel moves to it,
+			// which happens when the old pod is gone; a rolling update with maxUnavailable 0
+			// would wait for that readiness forever. One server at a time also keeps
+			// kube-apiserver's egress (which reaches not-ready pods too, see the Service) off a
+			// pod that has no tunnel.
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{
 					Labels: podLabels,
@@ -278,69 +290,59 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 	}
 }
 
-// ServerService exposes tendril-server's ports inside the seed.
+// ServerService exposes tendril-server's ports inside the seed and tells Gardener's
+// resource manager (GRM) which NetworkPolicies to derive (Gardener's model: gardenlet puts
+// deny-all into every shoot and extension namespace; GRM turns Service ports and the
+// networking.resources.gardener.cloud annotations into allowing policies):
+//   - same namespace, port p: pods labelled networking.resources.gardener.cloud/to-tendril-server-tcp-<p>
+//     (the egress webhook labels kube-apiserver for the one egress port of its mode). GRM names
+//     the label after the *target* port, so target ports are numbers, never names;
+//   - the ingress namespace (namespace-selectors), port p: pods there labelled
+//     …/to-all-shoots-tendril-server-tcp-<p> (alias all-shoots, as Gardener's kube-apiserver
+//     Service); the chart gives the ingress pods only the tunnel port's label. Only the one
+//     namespace is selected, not every extension namespace;
+//   - metrics: the shoot's Prometheus (…/to-all-scrape-targets), Gardener's scrape-target
+//     annotation, as for its own control-plane components.
+//
+// Shoot namespaces are never selected, so one shoot's kube-apiserver has no path to another
+// shoot's tendril-server.
 func ServerService(v Values) *corev1.Service {
 	port := func(name string, p int32) corev1.ServicePort {
-		return corev1.ServicePort{Name: name, Port: p, TargetPort: intstr.FromString(name), Protocol: corev1.ProtocolTCP}
+		return corev1.ServicePort{Name: name, Port: p, TargetPort: intstr.FromInt32(p), Protocol: corev1.ProtocolTCP}
 	}
-	return &corev1.Service{
+	svc := &corev1.Service{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 		ObjectMeta: metav1.ObjectMeta{Name: ServerName, Namespace: v.Namespace, Labels: serverLabels()},
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeClusterIP,
 			Selector: serverLabels(),
+			// The pod is Ready only with a tunnel (/readyz); its endpoints must be published
+			// before that, or the agent could never reach it to bring the tunnel up.
+			PublishNotReadyAddresses: true,
 			Ports: []corev1.ServicePort{
 				port("tunnel", PortTunnel), port("connect", PortConnect),
 				port("grpc", PortGRPC), port("metrics", PortMetrics),
 			},
 		},
 	}
-}
-
-// ServerNetworkPolicy lets only the seed ingress reach the tunnel port and only the shoot's
-// kube-apiserver reach the egress front-end it uses. The shoot namespace denies everything
-// else by default (Gardener's NetworkPolicies); metrics are scraped by Prometheus through
-// Gardener's own scrape policies.
-func ServerNetworkPolicy(v Values) *networkingv1.NetworkPolicy {
-	tcp := corev1.ProtocolTCP
-	egressPort := int32(PortConnect)
-	if v.Egress == tendrilv1alpha1.EgressGRPC {
-		egressPort = PortGRPC
-	}
 	ingressNS := v.IngressNamespace
 	if ingressNS == "" {
-		ingressNS = "garden"
+		ingressNS = v1beta1constants.GardenNamespace
 	}
-	ingressPods := v.IngressPodLabels
-	if len(ingressPods) == 0 {
-		ingressPods = map[string]string{v1beta1constants.LabelApp: "tendril-ingress"}
-	}
-	return &networkingv1.NetworkPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: ServerName, Namespace: v.Namespace, Labels: serverLabels()},
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: serverLabels()},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-			Ingress: []networkingv1.NetworkPolicyIngressRule{
-				{
-					From: []networkingv1.NetworkPolicyPeer{{
-						NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: ingressNS}},
-						PodSelector:       &metav1.LabelSelector{MatchLabels: ingressPods},
-					}},
-					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: ptr.To(intstr.FromInt32(PortTunnel))}},
-				},
-				{
-					From: []networkingv1.NetworkPolicyPeer{{
-						PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
-							v1beta1constants.LabelApp:  v1beta1constants.LabelKubernetes,
-							v1beta1constants.LabelRole: v1beta1constants.LabelAPIServer,
-						}},
-					}},
-					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: ptr.To(intstr.FromInt32(egressPort))}},
-				},
-			},
-		},
-	}
+	metrics := networkingv1.NetworkPolicyPort{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(PortMetrics))}
+	// Both only marshal fixed values; an error would be a programming error.
+	utilruntime.Must(gardenerutils.InjectNetworkPolicyAnnotationsForScrapeTargets(svc, metrics))
+	utilruntime.Must(gardenerutils.InjectNetworkPolicyNamespaceSelectors(svc, metav1.LabelSelector{
+		MatchLabels: map[string]string{corev1.LabelMetadataName: ingressNS},
+	}))
+	metav1.SetMetaDataAnnotation(&svc.ObjectMeta, resourcesv1alpha1.NetworkingPodLabelSelectorNamespaceAlias, v1beta1constants.LabelNetworkPolicyShootNamespaceAlias)
+	return svc
+}
+
+// IngressLabelToServerTunnel is the pod label the seed ingress needs to reach every shoot's
+// tendril-server tunnel port (GRM's key for ServerService's namespace selector and alias).
+func IngressLabelToServerTunnel() string {
+	return resourcesv1alpha1.NetworkPolicyLabelKeyPrefix + "to-" + v1beta1constants.LabelNetworkPolicyShootNamespaceAlias + "-" + ServerName + "-tcp-" + strconv.Itoa(PortTunnel)
 }
 
 // Route is the shoot's ingress route.

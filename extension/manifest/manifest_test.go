@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	resourcesv1alpha1 "github.com/gardener/gardener/pkg/apis/resources/v1alpha1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -102,5 +104,40 @@ func TestHostPort(t *testing.T) {
 		if got := hostPort(in, PortIngressTunnel); got != want {
 			t.Errorf("hostPort(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestServerServiceForGRM: Gardener's resource manager names the pod label it selects after the
+// Service's target port, so every target port must be the container port's number (the egress
+// webhook labels kube-apiserver …/to-tendril-server-tcp-9443 and -8090; the chart labels the
+// ingress …/to-all-shoots-tendril-server-tcp-1194).
+func TestServerServiceForGRM(t *testing.T) {
+	v := testValues()
+	v.IngressNamespace = "extension-tendril-abcde"
+	svc := ServerService(v)
+	container := map[int32]bool{}
+	for _, p := range ServerDeployment(v).Spec.Template.Spec.Containers[0].Ports {
+		container[p.ContainerPort] = true
+	}
+	for _, p := range svc.Spec.Ports {
+		if p.TargetPort.Type != intstr.Int || !container[p.TargetPort.IntVal] || p.TargetPort.IntVal != p.Port {
+			t.Errorf("port %s: target %s, want the container port's number %d", p.Name, p.TargetPort.String(), p.Port)
+		}
+	}
+	want := map[string]string{
+		resourcesv1alpha1.NetworkingNamespaceSelectors:                              `[{"matchLabels":{"kubernetes.io/metadata.name":"extension-tendril-abcde"}}]`,
+		resourcesv1alpha1.NetworkingPodLabelSelectorNamespaceAlias:                  "all-shoots",
+		"networking.resources.gardener.cloud/from-all-scrape-targets-allowed-ports": `[{"protocol":"TCP","port":9090}]`,
+	}
+	for k, w := range want {
+		if got := svc.Annotations[k]; got != w {
+			t.Errorf("annotation %s = %q, want %q", k, got, w)
+		}
+	}
+	if got := IngressLabelToServerTunnel(); got != "networking.resources.gardener.cloud/to-all-shoots-tendril-server-tcp-1194" {
+		t.Errorf("IngressLabelToServerTunnel() = %s", got)
+	}
+	if got := ServerService(Values{Namespace: "x"}).Annotations[resourcesv1alpha1.NetworkingNamespaceSelectors]; !strings.Contains(got, `"garden"`) {
+		t.Errorf("default ingress namespace: selectors %s, want garden", got)
 	}
 }

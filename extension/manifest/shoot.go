@@ -7,6 +7,7 @@ import (
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -136,9 +137,60 @@ func APIServerProxyDaemonSet(v Values) *appsv1.DaemonSet {
 	}
 }
 
+// Names of the agent's NetworkPolicies in the shoot's kube-system, beside Gardener's
+// gardener.cloud--allow-vpn and gardener.cloud--allow-from-seed of vpn-shoot.
+const (
+	AgentFromSeedPolicyName = "gardener.cloud--allow-from-tendril-agent"
+	AgentPolicyName         = "gardener.cloud--allow-tendril-agent"
+)
+
+// AgentFromSeedNetworkPolicy admits the agent wherever Gardener's gardener.cloud--allow-from-seed
+// admits vpn-shoot: into every kube-system pod labelled networking.gardener.cloud/from-seed=allowed
+// (metrics-server, node-exporter, blackbox-exporter, …), all ports. vpn-shoot masquerades the
+// seed's traffic to its own pod IP; the userspace agent dials from its pod IP as well, so
+// without this, kubectl top, HPA and seed-side scraping break under any NetworkPolicy CNI.
+// (gardener pkg/component/networking/vpn/shoot: the same selector and shape.)
+func AgentFromSeedNetworkPolicy() *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: AgentFromSeedPolicyName, Namespace: ShootNamespace, Labels: agentLabels(),
+			Annotations: map[string]string{v1beta1constants.GardenerDescription: "Allows ingress from the control plane " +
+				"(through tendril-agent) to pods labeled with '" + v1beta1constants.LabelNetworkPolicyShootFromSeed + "=" +
+				v1beta1constants.LabelNetworkPolicyAllowed + "'."},
+		},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{
+				v1beta1constants.LabelNetworkPolicyShootFromSeed: v1beta1constants.LabelNetworkPolicyAllowed,
+			}},
+			Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: agentLabels()}}}}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+		},
+	}
+}
+
+// AgentNetworkPolicy lets the agent dial anything: the seed ingress and, for the seed, any
+// shoot pod, node or Service (Gardener's gardener.cloud--allow-vpn does the same for
+// vpn-shoot). It admits no ingress: the agent only dials out.
+func AgentNetworkPolicy() *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: AgentPolicyName, Namespace: ShootNamespace, Labels: agentLabels(),
+			Annotations: map[string]string{v1beta1constants.GardenerDescription: "Allows tendril-agent to reach the seed " +
+				"ingress and, for the control plane, the shoot's pods, nodes and services."},
+		},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: agentLabels()},
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+		},
+	}
+}
+
 // ShootObjects are the objects of the shoot's ManagedResource.
 func ShootObjects(v Values) []client.Object {
-	objs := []client.Object{AgentSecret(v), AgentDeployment(v)}
+	objs := []client.Object{AgentSecret(v), AgentDeployment(v), AgentFromSeedNetworkPolicy(), AgentNetworkPolicy()}
 	if v.APIServerProxy {
 		objs = append(objs, APIServerProxyDaemonSet(v))
 	}
@@ -146,9 +198,10 @@ func ShootObjects(v Values) []client.Object {
 }
 
 // SeedObjects are the objects in the shoot namespace of the seed (without the Route, which
-// is withdrawn while hibernated).
+// is withdrawn while hibernated). There is no NetworkPolicy: GRM derives tendril-server's from
+// its Service (ServerService).
 func SeedObjects(v Values) []client.Object {
-	return []client.Object{ServerDeployment(v), ServerService(v), ServerNetworkPolicy(v)}
+	return []client.Object{ServerDeployment(v), ServerService(v)}
 }
 
 func hostPort(host string, port int) string {

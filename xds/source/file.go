@@ -29,8 +29,14 @@ import (
 
 // RouteFile is the route file's format.
 type RouteFile struct {
+	// Shoots must be present and a list: "shoots: []" serves no shoot. A file without it (empty,
+	// only whitespace or comments, or "shoots:" alone) is refused with ErrNoShoots, because that
+	// is what a file being rewritten in place looks like between its truncation and its write.
 	Shoots []RouteEntry `json:"shoots"`
 }
+
+// ErrNoShoots refuses a route file without a "shoots" list.
+var ErrNoShoots = errors.New(`no "shoots" list: an empty or partly written file is refused (write "shoots: []" to serve no shoot)`)
 
 // RouteEntry is one shoot in the route file. Upstream addresses may name hosts; they are
 // resolved when the file is loaded.
@@ -91,6 +97,11 @@ func ParseRoutes(ctx context.Context, data []byte, r Resolver) ([]model.Shoot, e
 	var f RouteFile
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
 		return nil, fmt.Errorf("decode routes: %w", err)
+	}
+	if f.Shoots == nil {
+		// Decoding leaves the slice nil when the key is missing or null; "shoots: []" makes it
+		// empty and non-nil.
+		return nil, ErrNoShoots
 	}
 	ctx, cancel := context.WithTimeout(ctx, ResolveTimeout)
 	defer cancel()
@@ -181,8 +192,11 @@ type File struct {
 	Resolver Resolver
 	// Log receives load errors and reloads. The zero value discards them.
 	Log logr.Logger
-	// Settle is how long the file must be quiet after an event before it is read, so that an
-	// editor's or a ConfigMap's multi-step write is read once, complete. If zero, 100 ms.
+	// Settle is the debounce: the file must be quiet for this long after an event before it is
+	// read, and then read again this long later with the same content before it is parsed, so
+	// that an editor's, a ConfigMap's or a shell redirection's multi-step write is read once,
+	// complete. A reload thus comes 2 × Settle after the last write at the earliest. If zero,
+	// 100 ms.
 	Settle time.Duration
 	// Registry receives the load counter. If nil, it is not registered.
 	Registry prometheus.Registerer
@@ -192,25 +206,13 @@ type File struct {
 // rejected.
 type Publish func([]model.Shoot) error
 
-// Load reads and parses the file once.
-func (f *File) Load(ctx context.Context) ([]model.Shoot, error) {
-	data, err := readBounded(f.Path)
-	if err != nil {
-		return nil, err
-	}
-	shoots, err := ParseRoutes(ctx, data, f.Resolver)
-	if err != nil {
-		return nil, fmt.Errorf("route file %s: %w", f.Path, err)
-	}
-	return shoots, nil
-}
-
 // Run loads the file, publishes it, and republishes after each change until ctx ends. The first
 // load must succeed: starting without routes because of a typo would look like a healthy ingress
-// refusing every shoot. Later bad versions are logged and skipped.
+// refusing every shoot. Later bad versions are logged, counted and skipped.
 func (f *File) Run(ctx context.Context, publish Publish) error {
 	loads := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tendril_route_file_loads_total", Help: "Route file loads, by outcome (applied, rejected).",
+		Name: "tendril_route_file_loads_total",
+		Help: "Route file loads, by outcome: applied, rejected (invalid), no_shoots (empty or without a shoots list), unsettled (changed between two reads a settle time apart; read again).",
 	}, []string{"outcome"})
 	if f.Registry != nil {
 		if err := f.Registry.Register(loads); err != nil {
@@ -228,8 +230,12 @@ func (f *File) Run(ctx context.Context, publish Publish) error {
 	if err := w.Add(filepath.Dir(f.Path)); err != nil {
 		return fmt.Errorf("watch route file: %w", err)
 	}
+	settle := f.Settle
+	if settle == 0 {
+		settle = 100 * time.Millisecond
+	}
 
-	shoots, err := f.Load(ctx)
+	shoots, err := f.loadSettled(ctx, settle, loads)
 	if err != nil {
 		return err
 	}
@@ -238,12 +244,11 @@ func (f *File) Run(ctx context.Context, publish Publish) error {
 	}
 	loads.WithLabelValues("applied").Inc()
 	f.Log.Info("Routes loaded", "path", f.Path, "shoots", len(shoots))
-	settle := f.Settle
-	if settle == 0 {
-		settle = 100 * time.Millisecond
-	}
 	timer := time.NewTimer(0)
 	<-timer.C
+	// read is the content read when the timer last fired after quiet, waiting to be confirmed by
+	// an identical second read; nil when the next firing is a first read.
+	var read []byte
 	for {
 		select {
 		case <-ctx.Done():
@@ -257,15 +262,35 @@ func (f *File) Run(ctx context.Context, publish Publish) error {
 			// unchanged file again resolves its host names again, which is wanted, and the xDS
 			// server turns an unchanged set into no update at all.
 			if filepath.Clean(ev.Name) == filepath.Clean(f.Path) || filepath.Base(ev.Name) == "..data" {
+				read = nil
 				timer.Reset(settle)
 			}
 		case <-timer.C:
-			shoots, err := f.Load(ctx)
+			data, err := readBounded(f.Path)
+			if err == nil && (read == nil || !bytes.Equal(data, read)) {
+				// A first read, or the file changed since the last one without an event we
+				// saw: read again after another settle time.
+				if read != nil {
+					loads.WithLabelValues("unsettled").Inc()
+				}
+				read = data
+				timer.Reset(settle)
+				continue
+			}
+			read = nil
+			var shoots []model.Shoot
+			if err == nil {
+				shoots, err = f.parse(ctx, data)
+			}
 			if err == nil {
 				err = publish(shoots)
 			}
 			if err != nil {
-				loads.WithLabelValues("rejected").Inc()
+				outcome := "rejected"
+				if errors.Is(err, ErrNoShoots) {
+					outcome = "no_shoots"
+				}
+				loads.WithLabelValues(outcome).Inc()
 				f.Log.Error(err, "Route file rejected, keeping the last good routes", "path", f.Path)
 				continue
 			}
@@ -273,6 +298,39 @@ func (f *File) Run(ctx context.Context, publish Publish) error {
 			f.Log.Info("Routes reloaded", "path", f.Path, "shoots", len(shoots))
 		}
 	}
+}
+
+// loadSettled is the first load: the file is read until two reads settle apart agree, so a file
+// being written as tendril-seed starts is read complete.
+func (f *File) loadSettled(ctx context.Context, settle time.Duration, loads *prometheus.CounterVec) ([]model.Shoot, error) {
+	data, err := readBounded(f.Path)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(settle):
+		}
+		again, err := readBounded(f.Path)
+		if err != nil {
+			return nil, err
+		}
+		if bytes.Equal(again, data) {
+			return f.parse(ctx, data)
+		}
+		loads.WithLabelValues("unsettled").Inc()
+		data = again
+	}
+}
+
+func (f *File) parse(ctx context.Context, data []byte) ([]model.Shoot, error) {
+	shoots, err := ParseRoutes(ctx, data, f.Resolver)
+	if err != nil {
+		return nil, fmt.Errorf("route file %s: %w", f.Path, err)
+	}
+	return shoots, nil
 }
 
 func readBounded(path string) ([]byte, error) {

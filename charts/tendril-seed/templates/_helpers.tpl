@@ -11,8 +11,6 @@ app.kubernetes.io/name: tendril-seed
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* app: tendril-ingress is what the per-shoot NetworkPolicy of tendril-server admits
-(extension/manifest ServerNetworkPolicy). */}}
 {{- define "tendril.ingressLabels" -}}
 app: tendril-ingress
 app.kubernetes.io/name: tendril-ingress
@@ -100,6 +98,23 @@ capabilities:
   - ALL
 seccompProfile:
   type: RuntimeDefault
+{{- end -}}
+
+{{/* The ingress pods' labels for Gardener's NetworkPolicies (gardenlet's deny-all, GRM's policies
+derived from Services): DNS; tendril-xds's port in this namespace; in every shoot namespace
+(alias all-shoots) kube-apiserver's 443 (its Service selects extension namespaces) and
+tendril-server's tunnel port 1194 (its Service selects this namespace, extension/manifest
+ServerService). Nothing else: no other tendril-server port. */}}
+{{- define "tendril.ingressNetworkLabels" -}}
+networking.gardener.cloud/to-dns: allowed
+networking.resources.gardener.cloud/to-{{ include "tendril.xdsService" . }}-tcp-{{ .Values.ports.xds }}: allowed
+networking.resources.gardener.cloud/to-all-shoots-kube-apiserver-tcp-443: allowed
+networking.resources.gardener.cloud/to-all-shoots-tendril-server-tcp-1194: allowed
+{{- end -}}
+
+{{/* The ingress's metrics port: Envoy's stats listener or tendril-ingress's. */}}
+{{- define "tendril.ingressMetricsPort" -}}
+{{- if eq (include "tendril.engine" .) "envoy" -}}{{ .Values.ingress.envoy.statsPort }}{{- else -}}{{ .Values.ingress.metricsPort }}{{- end -}}
 {{- end -}}
 
 {{/* Labels gardenlet's seed NetworkPolicies look for: DNS and the seed's API server. */}}
