@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -317,7 +318,20 @@ func checkObjects(t *testing.T, objs []client.Object) {
 		}
 		switch x := o.(type) {
 		case *corev1.Service:
-			ds := selects(x.Spec.Selector)
+			sel := x.Spec.Selector
+			if _, ok := sel[controlplane.XDSLeaderLabel]; ok {
+				// The label is the leader's, set on its Pod at run time (--pod-name).
+				sel = maps.Clone(sel)
+				delete(sel, controlplane.XDSLeaderLabel)
+				for _, d := range selects(sel) {
+					if !slices.ContainsFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool {
+						return slices.Contains(c.Args, "--pod-name=$(POD_NAME)")
+					}) {
+						t.Errorf("Service %s selects the xDS leader label, which no container of %s sets (--pod-name)", x.Name, d.Name)
+					}
+				}
+			}
+			ds := selects(sel)
 			if len(ds) != 1 {
 				t.Errorf("Service %s selects %d Deployments", x.Name, len(ds))
 				continue

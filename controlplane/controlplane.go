@@ -10,20 +10,29 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/gardener/gardener/extensions/pkg/controller/heartbeat"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -51,7 +60,8 @@ type Config struct {
 	MetricsAddress string
 	// HealthAddress serves /healthz and /readyz ("0" disables; ":8081" when empty).
 	HealthAddress string
-	// LeaderElection makes only one replica run the controllers; every replica serves xDS.
+	// LeaderElection makes only one replica run the controllers and serve xDS
+	// (docs/design-notes/programmed.md); the others keep their route set current to take over.
 	LeaderElection bool
 	// LeaderElectionID and LeaderElectionNamespace name the election's Lease.
 	LeaderElectionID        string
@@ -77,9 +87,19 @@ type Config struct {
 	SeedDNS ingressdns.SeedRecord
 	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
 	LBProxyProtocol bool
+	// Pod, when its Name is set, is this replica's Pod. The leader, once it serves xDS, labels
+	// it XDSLeaderLabel=true and takes the label off every other Pod of its namespace, so that
+	// the xDS Service, which selects the label, leads to the leader only. Its Namespace defaults
+	// to LeaderElectionNamespace.
+	Pod types.NamespacedName
 	// RouteServices are the Services Routes may name; only their EndpointSlices are cached
 	// (kubesource.Config.Services). Empty: every EndpointSlice of the seed.
 	RouteServices []string
+	// Registry receives the metrics; nil means controller-runtime's, which the manager serves.
+	Registry prometheus.Registerer
+	// SkipControllerNameValidation lets several control planes run in one process (tests):
+	// controller-runtime refuses a controller name used before in the process.
+	SkipControllerNameValidation bool
 	// Log is the logger; the zero value discards.
 	Log logr.Logger
 	// Clock is for the heartbeat; nil means the real clock.
@@ -87,8 +107,12 @@ type Config struct {
 }
 
 // cacheOptions narrows the manager's cache to what the extension and the route source read.
-func cacheOptions(routeServices []string, seedDNS ingressdns.SeedRecord) (cache.Options, error) {
+func cacheOptions(routeServices []string, seedDNS ingressdns.SeedRecord, ingress types.NamespacedName) (cache.Options, error) {
 	opts := extension.CacheOptions()
+	if len(routeServices) > 0 && ingress.Name != "" {
+		// The ingress Service's EndpointSlices name the ingress replicas (kubesource.Config.Ingress).
+		routeServices = append(slices.Clone(routeServices), ingress.Name)
+	}
 	endpointSlices, err := kubesource.CacheByObject(routeServices)
 	if err != nil {
 		return cache.Options{}, fmt.Errorf("route services: %w", err)
@@ -127,8 +151,21 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.SeedDNS.Log.GetSink() == nil {
 		cfg.SeedDNS.Log = cfg.Log.WithName("seed-dns")
 	}
+	if cfg.Registry == nil {
+		cfg.Registry = crmetrics.Registry
+	}
+	if cfg.Pod.Name != "" {
+		if cfg.Pod.Namespace = cmp.Or(cfg.Pod.Namespace, cfg.LeaderElectionNamespace); cfg.Pod.Namespace == "" {
+			return fmt.Errorf("pod %s: no namespace", cfg.Pod.Name)
+		}
+	}
+	// The ingress replicas that must acknowledge a route: the Pods behind the ingress Service.
+	var ingress types.NamespacedName
+	if cfg.SeedDNS.ServiceNamespace != "" {
+		ingress = types.NamespacedName{Namespace: cfg.SeedDNS.ServiceNamespace, Name: cmp.Or(cfg.SeedDNS.ServiceName, ingressdns.ServiceName)}
+	}
 	ctrl.SetLogger(cfg.Log)
-	cacheOpts, err := cacheOptions(cfg.RouteServices, cfg.SeedDNS)
+	cacheOpts, err := cacheOptions(cfg.RouteServices, cfg.SeedDNS, ingress)
 	if err != nil {
 		return err
 	}
@@ -146,6 +183,7 @@ func Run(ctx context.Context, cfg Config) error {
 		// Release the lease on shutdown so a rolling update hands over without waiting
 		// for the lease to expire.
 		LeaderElectionReleaseOnCancel: true,
+		Controller:                    config.Controller{SkipNameValidation: ptr.To(cfg.SkipControllerNameValidation)},
 	})
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
@@ -155,17 +193,20 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	xs := server.New(server.Config{
 		Log:      cfg.Log.WithName("xds"),
-		Registry: crmetrics.Registry.(prometheus.Registerer),
+		Registry: cfg.Registry,
 		Options:  translate.Options{LBProxyProtocol: cfg.LBProxyProtocol},
 	})
-	if err := mgr.Add(xdsRunnable{xs: xs, address: cfg.XDSAddress, listener: cfg.XDSListener, log: cfg.Log}); err != nil {
+	if err := mgr.Add(xdsRunnable{
+		xs: xs, address: cfg.XDSAddress, listener: cfg.XDSListener, log: cfg.Log.WithName("xds"),
+		client: mgr.GetClient(), reader: mgr.GetAPIReader(), pod: cfg.Pod,
+	}); err != nil {
 		return err
 	}
-	// The route source runs on every replica (each serves its own ingress connections);
-	// only the leader writes the Routes' status.
+	// The route source runs on every replica, so that a new leader serves the current route
+	// set at once; only the leader serves it and writes the Routes' status.
 	if err := kubesource.Add(mgr, kubesource.Config{
-		Server: xs, Log: cfg.Log.WithName("routes"), Registry: crmetrics.Registry.(prometheus.Registerer),
-		Services: cfg.RouteServices,
+		Server: xs, Log: cfg.Log.WithName("routes"), Registry: cfg.Registry,
+		Services: cfg.RouteServices, Ingress: ingress,
 	}); err != nil {
 		return fmt.Errorf("route source: %w", err)
 	}
@@ -180,7 +221,7 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.Webhook.Image = cfg.Extension.Image // the egress relay sidecar ships in the tendril image
 		}
 		if cfg.SeedDNS.ServiceNamespace != "" {
-			metrics, err := ingressdns.NewMetrics(crmetrics.Registry)
+			metrics, err := ingressdns.NewMetrics(cfg.Registry)
 			if err != nil {
 				return fmt.Errorf("dnsrecord webhook metrics: %w", err)
 			}
@@ -212,16 +253,27 @@ func Run(ctx context.Context, cfg Config) error {
 	return mgr.Start(ctx)
 }
 
-// xdsRunnable serves xDS on every replica, leader or not: each ingress replica may connect
-// to any control-plane replica.
+// XDSLeaderLabel marks the Pod of the replica that serves xDS: the xDS Service selects it
+// (charts/tendril-seed/templates/services.yaml).
+const XDSLeaderLabel = "tendril.gardener.cloud/xds-leader"
+
+// xdsRunnable serves xDS on the leader only: the Routes' Programmed condition is what the
+// ingress replicas connected to the leader acknowledged, so every replica must be connected
+// there (docs/design-notes/programmed.md). A replica that is not leading does not listen: a
+// data plane that reaches it is refused at once and tries again, keeping what it serves.
 type xdsRunnable struct {
 	xs       *server.Server
 	address  string
 	listener net.Listener
 	log      logr.Logger
+	// client writes and reader reads the Pods: pod is labelled XDSLeaderLabel, the others of
+	// its namespace not (nothing when its Name is empty).
+	client client.Client
+	reader client.Reader
+	pod    types.NamespacedName
 }
 
-func (r xdsRunnable) NeedLeaderElection() bool { return false }
+func (r xdsRunnable) NeedLeaderElection() bool { return true }
 
 func (r xdsRunnable) Start(ctx context.Context) error {
 	l := r.listener
@@ -231,6 +283,64 @@ func (r xdsRunnable) Start(ctx context.Context) error {
 			return fmt.Errorf("xDS listener: %w", err)
 		}
 	}
-	r.log.Info("Serving xDS", "address", l.Addr().String())
+	r.log.Info("Leading: serving xDS", "address", l.Addr().String())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if r.pod.Name != "" {
+		// Labelled only once this replica listens, so the Service never leads to a leader
+		// that refuses.
+		wg.Go(func() { r.label(ctx) })
+	}
 	return r.xs.Serve(ctx, l)
+}
+
+// labelRetry is the wait before a failed label write is tried again.
+const labelRetry = time.Second
+
+// label makes this replica's Pod the only one labelled XDSLeaderLabel, trying until it succeeds
+// or ctx ends: a leader no data plane can reach programs nothing. A Pod keeps its labels across
+// container restarts, so an earlier leader's Pod can still carry it.
+func (r xdsRunnable) label(ctx context.Context) {
+	for {
+		err := r.labelOnce(ctx)
+		if err == nil {
+			r.log.Info("The xDS Service leads here", "pod", r.pod)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Error(err, "Labelling this replica's Pod as the xDS leader, retrying", "pod", r.pod)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(labelRetry):
+		}
+	}
+}
+
+func (r xdsRunnable) labelOnce(ctx context.Context) error {
+	set := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, XDSLeaderLabel))
+	// This Pod first, then the others: the Service never selects no Pod meanwhile.
+	self := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: r.pod.Namespace, Name: r.pod.Name}}
+	if err := r.client.Patch(ctx, self, client.RawPatch(types.MergePatchType, set)); err != nil {
+		return fmt.Errorf("label pod %s: %w", r.pod, err)
+	}
+	var pods corev1.PodList
+	// From the API server: the manager's cache holds no Pods of this namespace.
+	if err := r.reader.List(ctx, &pods, client.InNamespace(r.pod.Namespace), client.HasLabels{XDSLeaderLabel}); err != nil {
+		return fmt.Errorf("list pods labelled %s: %w", XDSLeaderLabel, err)
+	}
+	unset := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, XDSLeaderLabel))
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Name == r.pod.Name {
+			continue
+		}
+		if err := r.client.Patch(ctx, p, client.RawPatch(types.MergePatchType, unset)); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("unlabel pod %s: %w", p.Name, err)
+		}
+		r.log.Info("Took the xDS leader label off an earlier leader's Pod", "pod", p.Name)
+	}
+	return nil
 }

@@ -61,9 +61,10 @@ func main() {
 	// Kubernetes mode; flag names follow Gardener's extensions (--kubeconfig is registered by
 	// controller-runtime and read through ctrl.GetConfig).
 	fs.StringVar(&k.HealthAddress, "health-bind-address", ":8081", "Kubernetes mode: address for /healthz and /readyz (0: off)")
-	fs.BoolVar(&k.LeaderElection, "leader-election", true, "Kubernetes mode: run the controllers on one replica only (every replica serves xDS)")
+	fs.BoolVar(&k.LeaderElection, "leader-election", true, "Kubernetes mode: run the controllers and serve xDS on one replica only (the others keep the routes current to take over)")
 	fs.StringVar(&k.LeaderElectionID, "leader-election-id", "tendril-seed-leader-election", "Kubernetes mode: name of the leader election Lease")
 	fs.StringVar(&k.LeaderElectionNamespace, "leader-election-namespace", "", "Kubernetes mode: namespace of the leader election Lease (default: the pod's)")
+	fs.StringVar(&k.Pod.Name, "pod-name", "", "Kubernetes mode: this replica's Pod in --leader-election-namespace; the leader labels it "+controlplane.XDSLeaderLabel+"=true (and no other Pod) for the xDS Service to select (empty: no label)")
 	fs.StringVar(&k.HeartbeatNamespace, "heartbeat-namespace", "", "Kubernetes mode: namespace of the gardener-extension-heartbeat Lease, the extension's own (empty: no heartbeat)")
 	fs.Func("heartbeat-renew-interval-seconds", "Kubernetes mode: heartbeat renewal period (default 30)", func(v string) error {
 		n, err := strconv.ParseInt(v, 10, 32)

@@ -44,6 +44,7 @@ import (
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/charts"
+	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension/egresswebhook"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/internal/kubetest"
@@ -444,7 +445,13 @@ func TestNetworkPaths(t *testing.T) {
 			if actor == "" {
 				t.Fatalf("chart Deployment %s: which actor?", o.Name)
 			}
-			k.pod(actor, extNS, o.Name+"-0", o.Spec.Template)
+			tmpl := *o.Spec.Template.DeepCopy()
+			if actor == seed {
+				// The replica that serves xDS carries the leader label (controlplane.XDSLeaderLabel),
+				// which tendril-xds selects.
+				tmpl.Labels[controlplane.XDSLeaderLabel] = "true"
+			}
+			k.pod(actor, extNS, o.Name+"-0", tmpl)
 		}
 	}
 	// Two shoots: tendril-server (extension/manifest), Gardener's kube-apiserver Service

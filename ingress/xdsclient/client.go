@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -77,6 +78,13 @@ func Run(ctx context.Context, cfg Config, h Handler) error {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
+		// gRPC's own connection backoff (1 s growing to 120 s) would override the client's: a
+		// stream cannot open while the connection backs off, so after a control-plane failover
+		// a replica could wait minutes for the new leader. Bound it by the client's.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: minB, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxB},
+			MinConnectTimeout: 20 * time.Second, // gRPC's default
+		}),
 	}, cfg.DialOptions...)
 	conn, err := grpc.NewClient(cfg.Address, opts...)
 	if err != nil {

@@ -136,3 +136,55 @@ func TestAckNackAndResume(t *testing.T) {
 		t.Fatal("the NACKed resource is reported as held")
 	}
 }
+
+// TestReconnectsAtItsOwnPace: while the server is away (here: a port that accepts and closes
+// at once, as a control-plane replica that is not leading, reached through a Service, looks),
+// the client tries again at its own backoff, at most MaxBackoff apart. gRPC's connection
+// backoff alone (1 s growing to 120 s) would hold a replica away from a new leader for
+// minutes after a failover.
+func TestReconnectsAtItsOwnPace(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempts := make(chan struct{}, 100)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+			select {
+			case attempts <- struct{}{}:
+			default:
+			}
+		}
+	})
+	defer func() {
+		l.Close()
+		wg.Wait()
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{Address: l.Addr().String(), NodeID: "n1", Types: []string{resourcev3.ListenerType}, Log: testr.New(t), MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, func(Update) error { return nil })
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	// 12 attempts: at most 12 × 50 ms apart with the client's backoff; gRPC's own would space
+	// them 1 s, 1.6 s, 2.6 s, … (about 3 minutes in all).
+	deadline := time.After(60 * time.Second)
+	for n := range 12 {
+		select {
+		case <-attempts:
+		case <-deadline:
+			t.Fatalf("%d connection attempts within 60 s", n)
+		}
+	}
+}

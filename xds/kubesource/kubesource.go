@@ -64,6 +64,17 @@ type Config struct {
 	// hold only their EndpointSlices (CacheByObject), and a Route naming another Service reports
 	// NoEndpoints saying so. Empty: any Service.
 	Services []string
+	// Ingress is the shared ingress's Service. The Pods behind its ready endpoints are the
+	// ingress replicas that serve traffic, and a route is Programmed only once each of them
+	// (its xDS node ID is its Pod name) acknowledged it (server.SetExpectedNodes). The manager's
+	// cache must hold its EndpointSlices. Zero: the connected replicas only.
+	Ingress types.NamespacedName
+	// ReconnectGrace holds Pending writes back for this long after the source starts leading:
+	// the ingress replicas reconnect to a new leader after a failover, and until they have,
+	// their routes are not lost but unconfirmed. Without it, a failover would write Pending and
+	// then Programmed again to every Route. If zero, 30 s (tendril-ingress retries at most
+	// every 10 s, Envoy's ADS backs off up to 30 s).
+	ReconnectGrace time.Duration
 }
 
 // CacheByObject narrows a manager's cache to the EndpointSlices of the named Services (nil for
@@ -81,9 +92,9 @@ func CacheByObject(services []string) (map[client.Object]cache.ByObject, error) 
 	return map[client.Object]cache.ByObject{&discoveryv1.EndpointSlice{}: {Label: labels.NewSelector().Add(*req)}}, nil
 }
 
-// Add adds the source to mgr. It runs on every replica (each serves xDS) and writes Route
-// status only once mgr has been elected leader. It also adds the readiness check "routes", which
-// passes once the first route set was published. mgr's scheme must know core/v1, discovery/v1
+// Add adds the source to mgr. It runs on every replica (so that a new leader serves the current
+// routes at once) and writes Route status only once mgr has been elected leader. It also adds
+// the readiness check "routes", which passes once the first route set was published. mgr's scheme must know core/v1, discovery/v1
 // and tendril's v1alpha1.
 func Add(mgr manager.Manager, cfg Config) error {
 	s, err := New(cfg, mgr.GetCache(), mgr.GetClient(), mgr.Elected())
@@ -128,6 +139,8 @@ type Source struct {
 	reasons map[types.NamespacedName]string // the condition reason of every route, for metrics
 	writer  *statusWriter
 	leading bool
+	// graceUntil is when Pending may be written after the source started leading.
+	graceUntil time.Time
 
 	published atomic.Bool // the first route set was applied
 }
@@ -154,6 +167,7 @@ func New(cfg Config, c cache.Cache, w client.Client, elected <-chan struct{}) (*
 	cfg.Quiet = cmp.Or(cfg.Quiet, 100*time.Millisecond)
 	cfg.MaxDelay = cmp.Or(cfg.MaxDelay, 500*time.Millisecond)
 	cfg.PendingDelay = cmp.Or(cfg.PendingDelay, 2*time.Second)
+	cfg.ReconnectGrace = cmp.Or(cfg.ReconnectGrace, 30*time.Second)
 	m, err := newMetrics(cfg.Registry)
 	if err != nil {
 		return nil, err
@@ -168,7 +182,8 @@ func New(cfg Config, c cache.Cache, w client.Client, elected <-chan struct{}) (*
 	}, nil
 }
 
-// NeedLeaderElection is false: every replica serves xDS. Status writes wait for the election.
+// NeedLeaderElection is false: every replica keeps its route set current. Status writes wait for
+// the election.
 func (s *Source) NeedLeaderElection() bool { return false }
 
 // Start runs the source until ctx ends.
@@ -259,6 +274,7 @@ func (s *Source) Start(ctx context.Context) error {
 		case <-elected:
 			elected = nil
 			s.leading = true
+			s.graceUntil = time.Now().Add(s.cfg.ReconnectGrace)
 			s.log.Info("Leading: writing Route status")
 			due = s.conditions(nil)
 		case <-s.changed:
@@ -349,6 +365,16 @@ func (s *Source) rebuild(ctx context.Context, dirty map[string]bool) error {
 			return err
 		}
 	}
+	if s.cfg.Ingress.Name != "" && (dirty[s.cfg.Ingress.Namespace] || !s.published.Load()) {
+		nodes, err := s.ingressReplicas(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		s.cfg.Server.SetExpectedNodes(nodes)
+	}
 	set := s.resolveClaims()
 	if _, err := s.cfg.Server.Apply(set); err != nil {
 		// resolveClaims admits only a valid set; a refusal here is a bug, and the server keeps
@@ -362,6 +388,26 @@ func (s *Source) rebuild(ctx context.Context, dirty map[string]bool) error {
 	s.metrics.buildDuration.Observe(time.Since(start).Seconds())
 	s.log.V(1).Info("Routes published", "namespaces", len(dirty), "shoots", len(set))
 	return nil
+}
+
+// ingressReplicas are the names of the Pods behind the ingress Service's ready endpoints. A Pod
+// that is not ready serves no traffic (tendril-ingress and Envoy are ready once configured and
+// stay so while the control plane is away); it counts only while it is connected.
+func (s *Source) ingressReplicas(ctx context.Context) ([]string, error) {
+	var list discoveryv1.EndpointSliceList
+	if err := s.cache.List(ctx, &list, client.InNamespace(s.cfg.Ingress.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: s.cfg.Ingress.Name}); err != nil {
+		return nil, fmt.Errorf("kubesource: list EndpointSlices of the ingress %s: %w", s.cfg.Ingress, err)
+	}
+	var pods []string
+	for _, sl := range list.Items {
+		for _, e := range sl.Endpoints {
+			if ref := e.TargetRef; ptrOr(e.Conditions.Ready, true) && ref != nil && ref.Kind == "Pod" && ref.Name != "" {
+				pods = append(pods, ref.Name)
+			}
+		}
+	}
+	slices.Sort(pods)
+	return slices.Compact(pods), nil
 }
 
 // readNamespace rebuilds the routes of one namespace from the cache.
@@ -599,7 +645,11 @@ func (s *Source) conditions(shoots []string) time.Time {
 				p = pendingSince{at: now, generation: r.obj.Generation, shoot: r.shoot}
 				s.pending[key] = p
 			}
-			if at := p.at.Add(s.cfg.PendingDelay); now.Before(at) {
+			at := p.at.Add(s.cfg.PendingDelay)
+			if s.leading && at.Before(s.graceUntil) {
+				at = s.graceUntil
+			}
+			if now.Before(at) {
 				if due.IsZero() || at.Before(due) {
 					due = at
 				}
@@ -647,7 +697,7 @@ func (s *Source) condition(r *route) metav1.Condition {
 	}
 	switch st.State {
 	case server.StateProgrammed:
-		c.Status, c.Reason, c.Message = metav1.ConditionTrue, tendrilv1alpha1.ReasonProgrammed, "Every connected ingress replica acknowledged the route."
+		c.Status, c.Reason, c.Message = metav1.ConditionTrue, tendrilv1alpha1.ReasonProgrammed, "Every ingress replica acknowledged the route."
 	case server.StateRejected:
 		c.Reason, c.Message = tendrilv1alpha1.ReasonRejected, "An ingress replica rejected the route: "+st.Detail
 	default:

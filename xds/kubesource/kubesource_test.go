@@ -68,6 +68,12 @@ func (s *seed) ingressStatus(ns string) xdsserver.State { return s.xds.ShootStat
 // routes nothing acknowledges), otherwise with one and a long pending delay.
 func startSeed(t *testing.T, pendingDelay time.Duration) *seed {
 	t.Helper()
+	return startSeedGrace(t, pendingDelay, pendingDelay)
+}
+
+// startSeedGrace is startSeed with Config.ReconnectGrace set to grace.
+func startSeedGrace(t *testing.T, pendingDelay, grace time.Duration) *seed {
+	t.Helper()
 	hostIP, hostIP6 := hostAddrs(t)
 	env := kubetest.Start(t)
 	ca, err := testpki.NewCA("kubesource test CA")
@@ -102,7 +108,7 @@ func startSeed(t *testing.T, pendingDelay time.Duration) *seed {
 		// which the test counts.
 		pendingDelay = time.Minute
 	}
-	if err := kubesource.Add(mgr, kubesource.Config{Server: xs, Log: testr.NewWithOptions(t, testr.Options{Verbosity: 1}).WithName("kubesource"), Registry: s.srcReg, PendingDelay: pendingDelay, Services: watched}); err != nil {
+	if err := kubesource.Add(mgr, kubesource.Config{Server: xs, Log: testr.NewWithOptions(t, testr.Options{Verbosity: 1}).WithName("kubesource"), Registry: s.srcReg, PendingDelay: pendingDelay, ReconnectGrace: grace, Services: watched}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -525,6 +531,24 @@ func TestPendingWithoutIngress(t *testing.T) {
 	s.waitCondition("shoot--t--alpha", tendrilv1alpha1.ReasonPending)
 	if _, c, _ := s.condition("shoot--t--alpha"); c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "ingress replicas") {
 		t.Errorf("condition %+v, want False waiting for the ingress replicas", c)
+	}
+}
+
+// TestPendingAfterReconnectGrace: a source that has just started leading writes Pending only
+// once the ingress replicas had ReconnectGrace to come back, not after PendingDelay.
+func TestPendingAfterReconnectGrace(t *testing.T) {
+	const grace = 4 * time.Second
+	s := startSeedGrace(t, 100*time.Millisecond, grace)
+	s.shoot("shoot--t--alpha", "api.alpha.test", s.upstream("alpha-0", "api.alpha.test"))
+	r := s.waitCondition("shoot--t--alpha", tendrilv1alpha1.ReasonPending)
+	_, c, err := s.condition("shoot--t--alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The manager leads from its start, before the Route was created; the condition's time has
+	// a resolution of one second.
+	if d := c.LastTransitionTime.Sub(r.CreationTimestamp.Time); d < grace-time.Second {
+		t.Errorf("Pending written %v after the Route was created, within the grace of %v", d, grace)
 	}
 }
 

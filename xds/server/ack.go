@@ -19,9 +19,11 @@ const (
 	// StateUnknown: the shoot is not in the applied route set.
 	StateUnknown State = iota
 	// StatePending: a connected data plane has not yet acknowledged the shoot's current
-	// resources, or none is connected.
+	// resources, an expected one (SetExpectedNodes) is not connected and synced, or none is
+	// connected.
 	StatePending
-	// StateProgrammed: every connected data plane holds the shoot's current resources.
+	// StateProgrammed: every connected data plane, and every expected one, holds the shoot's
+	// current resources.
 	StateProgrammed
 	// StateRejected: a data plane refused (NACKed) a response carrying the shoot's current
 	// resources; it keeps serving what it had before.
@@ -56,6 +58,8 @@ type ShootStatus struct {
 	Model model.Shoot
 	// Clients is the number of synced delta clients counted.
 	Clients int
+	// Missing are the expected nodes (SetExpectedNodes) with no synced stream, sorted.
+	Missing []string
 	// Detail says which client refused the resources and why (StateRejected only).
 	Detail string
 }
@@ -68,6 +72,9 @@ type acks struct {
 	states  map[string]State
 	changed map[string]bool
 	notify  chan struct{}
+	// expected are the node IDs that must hold a shoot for it to be programmed, besides every
+	// synced client (SetExpectedNodes); empty: the synced clients only.
+	expected map[string]bool
 }
 
 func newAcks() acks {
@@ -187,6 +194,25 @@ func (s *Server) TakeStatusChanges() []ShootStatus {
 	return out
 }
 
+// SetExpectedNodes names the data planes that serve traffic (their xDS node IDs): a shoot is
+// programmed only once each of them has a synced stream holding its current resources, besides
+// every other synced client. Without it, a replica that is reconnecting, or connected to
+// another control-plane instance, would simply not be counted, and a shoot could be reported
+// programmed that it does not hold. nil or empty: only the connected clients count.
+func (s *Server) SetExpectedNodes(nodes []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		want[n] = true
+	}
+	if maps.Equal(want, s.acks.expected) {
+		return
+	}
+	s.acks.expected = want
+	s.evaluateAll()
+}
+
 // ShootStatus returns the current status of one shoot.
 func (s *Server) ShootStatus(name string) ShootStatus {
 	s.mu.Lock()
@@ -202,6 +228,11 @@ func (s *Server) status(name string) ShootStatus {
 	}
 	st := ShootStatus{Name: name, Model: sh}
 	pending := false
+	// synced are the nodes with a synced stream, collected only when some are expected.
+	var synced map[string]bool
+	if len(s.acks.expected) > 0 {
+		synced = make(map[string]bool, len(s.acks.expected))
+	}
 	// Streams in a fixed order, so that the detail of a shoot two clients refused is stable.
 	for _, id := range slices.Sorted(maps.Keys(s.acks.streams)) {
 		c := s.acks.streams[id]
@@ -209,6 +240,9 @@ func (s *Server) status(name string) ShootStatus {
 			continue
 		}
 		st.Clients++
+		if synced != nil {
+			synced[c.node] = true
+		}
 		for i, names := range s.owned[name] {
 			t := Types[i]
 			for _, n := range names {
@@ -226,10 +260,16 @@ func (s *Server) status(name string) ShootStatus {
 			}
 		}
 	}
+	for n := range s.acks.expected {
+		if !synced[n] {
+			st.Missing = append(st.Missing, n)
+		}
+	}
+	slices.Sort(st.Missing)
 	switch {
 	case st.Detail != "":
 		st.State = StateRejected
-	case pending || st.Clients == 0:
+	case pending || st.Clients == 0 || len(st.Missing) > 0:
 		st.State = StatePending
 	default:
 		st.State = StateProgrammed

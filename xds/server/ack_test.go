@@ -241,6 +241,47 @@ func TestShootStatus(t *testing.T) {
 	c1.close()
 }
 
+// TestExpectedNodes: a shoot is programmed only once every expected node has a synced stream
+// holding it; a connected client that is not expected still counts, and forgetting the
+// expected set falls back to the connected clients.
+func TestExpectedNodes(t *testing.T) {
+	s := server.New(server.Config{Log: testr.New(t)})
+	set := shoots(3)
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	a := set[1].Name
+	addr := startServer(t, s)
+	s.SetExpectedNodes([]string{"ingress-1", "ingress-2"})
+	newAckClient(t, addr, "ingress-1")
+	waitFor(t, "ingress-1 synced", func() bool { return s.ShootStatus(a).Clients == 1 })
+	st := s.ShootStatus(a)
+	if st.State != server.StatePending || !slices.Equal(st.Missing, []string{"ingress-2"}) {
+		t.Fatalf("one of two expected replicas synced: %+v, want pending, ingress-2 missing", st)
+	}
+	s.TakeStatusChanges()
+
+	c2 := newAckClient(t, addr, "ingress-2")
+	st = waitState(t, s, a, server.StateProgrammed)
+	if st.Clients != 2 || len(st.Missing) != 0 {
+		t.Fatalf("both synced: %+v", st)
+	}
+	if ch := s.TakeStatusChanges(); len(ch) != len(set) {
+		t.Fatalf("the last expected replica syncing changed %d statuses, want %d", len(ch), len(set))
+	}
+
+	// ingress-2 goes away (its connection breaks, or it moves to another instance): pending
+	// again while it is expected, programmed once it no longer is.
+	c2.close()
+	waitState(t, s, a, server.StatePending)
+	s.SetExpectedNodes([]string{"ingress-1"})
+	waitState(t, s, a, server.StateProgrammed)
+	s.SetExpectedNodes(nil)
+	if st := s.ShootStatus(a); st.State != server.StateProgrammed || st.Clients != 1 {
+		t.Fatalf("no expected set: %+v, want programmed by the connected client", st)
+	}
+}
+
 var errBad = badError("cluster does not parse")
 
 type badError string

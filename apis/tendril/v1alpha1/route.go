@@ -4,13 +4,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// ConditionProgrammed is true once every connected ingress replica has acknowledged the
-// resources generated from the Route's current generation.
+// ConditionProgrammed is true once every ingress replica (each Pod behind a ready endpoint of
+// the ingress Service, and any other connected one) has acknowledged the resources generated
+// from the Route's current generation.
 const ConditionProgrammed = "Programmed"
 
 // Reasons of the Programmed condition.
 const (
-	// ReasonProgrammed: all connected ingress replicas ACKed the route's resources.
+	// ReasonProgrammed: every ingress replica ACKed the route's resources.
 	ReasonProgrammed = "Programmed"
 	// ReasonPending: the control plane has the route but not every replica has ACKed it yet.
 	ReasonPending = "Pending"
