@@ -459,13 +459,21 @@ func checkSeed(t *testing.T, objs []client.Object, known map[string]bool) {
 		{"resources.gardener.cloud", "managedresources"},
 		{"tendril.extensions.gardener.cloud", "routes"}, {"tendril.extensions.gardener.cloud", "routes/status"},
 		{"apps", "deployments"}, {"", "services"}, {"networking.k8s.io", "networkpolicies"}, {"", "secrets"},
-		{"", "configmaps"}, {"discovery.k8s.io", "endpointslices"}, {"", "pods"}, {"", "pods/proxy"},
+		{"", "configmaps"}, {"discovery.k8s.io", "endpointslices"},
 		{"", "events"}, {"", "namespaces"}, {"admissionregistration.k8s.io", "mutatingwebhookconfigurations"},
 	} {
 		if !slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool {
 			return slices.Contains(r.APIGroups, need[0]) && slices.Contains(r.Resources, need[1])
 		}) {
 			t.Errorf("ClusterRole: no rule for %s %s", need[0], need[1])
+		}
+	}
+	// Nothing reads pods since the pod-proxy tunnel probe went: least privilege.
+	for _, r := range role.Rules {
+		for _, res := range r.Resources {
+			if res == "pods" || strings.HasPrefix(res, "pods/") {
+				t.Errorf("ClusterRole: rule for %s, which nothing reads", res)
+			}
 		}
 	}
 	lease := find[*rbacv1.Role](t, objs, "gardener-extension-tendril")
