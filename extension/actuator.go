@@ -55,9 +55,9 @@ type Config struct {
 	Image string
 	// Ingress is the seed ingress's address (host name or IP) the shoot agents dial.
 	Ingress string
-	// IngressNamespace and IngressPodLabels select the seed ingress pods for the NetworkPolicy.
+	// IngressNamespace is where the seed ingress runs: tendril-server's Service admits its pods
+	// (GRM's cross-namespace policies, by the ingress pods' to-… label).
 	IngressNamespace string
-	IngressPodLabels map[string]string
 	// Clock is used by the secrets manager; nil means the real clock.
 	Clock clock.Clock
 }
@@ -190,7 +190,6 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 			ServerWireGuard: names[SecretNameServerWireGuard],
 		},
 		IngressNamespace: a.cfg.IngressNamespace,
-		IngressPodLabels: a.cfg.IngressPodLabels,
 	}
 	return v, sm, nil
 }
