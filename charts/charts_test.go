@@ -473,7 +473,7 @@ func checkSeed(t *testing.T, objs []client.Object, known map[string]bool) {
 		{"resources.gardener.cloud", "managedresources"},
 		{"tendril.extensions.gardener.cloud", "routes"}, {"tendril.extensions.gardener.cloud", "routes/status"},
 		{"apps", "deployments"}, {"", "services"}, {"networking.k8s.io", "networkpolicies"}, {"", "secrets"},
-		{"", "configmaps"}, {"discovery.k8s.io", "endpointslices"}, {"", "pods"}, {"", "pods/proxy"},
+		{"", "configmaps"}, {"discovery.k8s.io", "endpointslices"},
 		{"", "events"}, {"", "namespaces"}, {"admissionregistration.k8s.io", "mutatingwebhookconfigurations"},
 	} {
 		if !slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool {
@@ -482,9 +482,24 @@ func checkSeed(t *testing.T, objs []client.Object, known map[string]bool) {
 			t.Errorf("ClusterRole: no rule for %s %s", need[0], need[1])
 		}
 	}
+	// Nothing reads pods since the pod-proxy tunnel probe went: least privilege.
+	for _, r := range role.Rules {
+		for _, res := range r.Resources {
+			if res == "pods" || strings.HasPrefix(res, "pods/") {
+				t.Errorf("ClusterRole: rule for %s, which nothing reads", res)
+			}
+		}
+	}
 	lease := find[*rbacv1.Role](t, objs, "gardener-extension-tendril")
 	if len(lease.Rules) == 0 || !slices.Contains(lease.Rules[0].Resources, "leases") {
 		t.Errorf("Role: no leases rule")
+	}
+	// The xDS leader lists its namespace's Pods (an uncached read) and moves
+	// controlplane.XDSLeaderLabel onto its own.
+	if !slices.ContainsFunc(lease.Rules, func(r rbacv1.PolicyRule) bool {
+		return slices.Contains(r.Resources, "pods") && slices.Contains(r.Verbs, "list") && slices.Contains(r.Verbs, "patch")
+	}) {
+		t.Errorf("Role: no rule to list and patch the Pods of its namespace (the xDS leader label)")
 	}
 	find[*apiextensionsv1.CustomResourceDefinition](t, objs, "routes.tendril.extensions.gardener.cloud")
 }

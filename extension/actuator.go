@@ -20,10 +20,12 @@ import (
 	extensionssecretsmanager "github.com/gardener/gardener/extensions/pkg/util/secret/manager"
 	v1beta1helper "github.com/gardener/gardener/pkg/api/core/v1beta1/helper"
 	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
+	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
 	"github.com/gardener/gardener/pkg/utils/managedresources"
 	secretsmanager "github.com/gardener/gardener/pkg/utils/secrets/manager"
 	"github.com/go-logr/logr"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -55,9 +57,9 @@ type Config struct {
 	Image string
 	// Ingress is the seed ingress's address (host name or IP) the shoot agents dial.
 	Ingress string
-	// IngressNamespace and IngressPodLabels select the seed ingress pods for the NetworkPolicy.
+	// IngressNamespace is where the seed ingress runs: tendril-server's Service admits its pods
+	// (GRM's cross-namespace policies, by the ingress pods' to-… label).
 	IngressNamespace string
-	IngressPodLabels map[string]string
 	// Clock is used by the secrets manager; nil means the real clock.
 	Clock clock.Clock
 }
@@ -117,6 +119,9 @@ func (a *actuator) Reconcile(ctx context.Context, log logr.Logger, ext *extensio
 		if err := a.apply(ctx, obj); err != nil {
 			return err
 		}
+	}
+	if err := a.deleteLegacyServerPolicy(ctx, v.Namespace); err != nil {
+		return err
 	}
 	if err := a.deployShoot(ctx, v); err != nil {
 		return err
@@ -190,7 +195,6 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 			ServerWireGuard: names[SecretNameServerWireGuard],
 		},
 		IngressNamespace: a.cfg.IngressNamespace,
-		IngressPodLabels: a.cfg.IngressPodLabels,
 	}
 	return v, sm, nil
 }
@@ -281,6 +285,34 @@ func (a *actuator) delete(ctx context.Context, log logr.Logger, ext *extensionsv
 		return fmt.Errorf("secrets manager: %w", err)
 	}
 	return sm.Cleanup(ctx)
+}
+
+// legacyServerPolicyName is the NetworkPolicy extension/manifest used to write for
+// tendril-server (ingress pods to the tunnel port); Gardener's resource manager now derives
+// tendril-server's policies from its Service, and seeds upgraded from then still carry it.
+const legacyServerPolicyName = manifest.ServerName
+
+// deleteLegacyServerPolicy deletes the old hand-written tendril-server NetworkPolicy in ns, if
+// it is there and carries tendril-server's labels (a policy of that name written by someone
+// else stays). The resource manager's policies have other names (ingress-to-tendril-server-…).
+func (a *actuator) deleteLegacyServerPolicy(ctx context.Context, ns string) error {
+	// The uncached reader: the cache watches no NetworkPolicies, and one read per reconcile does
+	// not justify watching every policy of the seed.
+	np := &networkingv1.NetworkPolicy{}
+	if err := a.reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: legacyServerPolicyName}, np); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("read the old %s NetworkPolicy: %w", legacyServerPolicyName, err)
+	}
+	if np.Labels[v1beta1constants.LabelApp] != manifest.ServerName {
+		return nil
+	}
+	// The UID precondition: delete only the policy just read.
+	if err := a.client.Delete(ctx, np, client.Preconditions{UID: &np.UID}); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("delete the old %s NetworkPolicy: %w", legacyServerPolicyName, err)
+	}
+	return nil
 }
 
 func (a *actuator) deleteSeedObjects(ctx context.Context, ns string, withRoute bool) error {

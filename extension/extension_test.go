@@ -199,6 +199,19 @@ func testReconcile(t *testing.T, c client.Client) {
 	alpha, beta := "shoot--local--alpha", "shoot--local--beta"
 	shoot(t, c, alpha, false)
 	shoot(t, c, beta, true)
+	// A seed upgraded from a version whose extension wrote tendril-server's NetworkPolicy by
+	// hand still has it (alpha); a policy of that name not tendril's stays (beta).
+	legacy := func(ns string, labels map[string]string) *networkingv1.NetworkPolicy {
+		return &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: manifest.ServerName, Namespace: ns, Labels: labels},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{v1beta1constants.LabelApp: manifest.ServerName}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			},
+		}
+	}
+	must(t, c.Create(ctx, legacy(alpha, map[string]string{v1beta1constants.LabelApp: manifest.ServerName})))
+	must(t, c.Create(ctx, legacy(beta, map[string]string{"owner": "someone-else"})))
 	start := time.Now().Add(-time.Second)
 	must(t, c.Create(ctx, newExtension(alpha, `{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true}}`)))
 	must(t, c.Create(ctx, newExtension(beta, "")))
@@ -263,9 +276,12 @@ func testReconcile(t *testing.T, c client.Client) {
 		t.Errorf("tendril-server service ports %v", ports)
 	}
 	// No hand-written NetworkPolicy: Gardener's resource manager derives tendril-server's from
-	// the Service (extension/networkpaths proves the paths).
+	// the Service (extension/networkpaths proves the paths); the old one is deleted.
 	if err := c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: manifest.ServerName}, &networkingv1.NetworkPolicy{}); !apierrors.IsNotFound(err) {
-		t.Errorf("NetworkPolicy %s: %v, want none", manifest.ServerName, err)
+		t.Errorf("NetworkPolicy %s: %v, want none (the old one deleted)", manifest.ServerName, err)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: beta, Name: manifest.ServerName}, &networkingv1.NetworkPolicy{}); err != nil {
+		t.Errorf("NetworkPolicy %s not tendril's: %v, want it left alone", manifest.ServerName, err)
 	}
 
 	// Route.

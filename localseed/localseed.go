@@ -8,7 +8,9 @@
 // publishes its EndpointSlice; Gardener's own resource manager controllers (one per shoot, as
 // on a seed) apply the ManagedResource's objects to the shoot's API server, and the runner
 // starts tendril-agent from the Deployment it reads back there.
-// It checks every path and reports per shoot; it is a developer tool, not part of a seed.
+// It checks every path and reports per shoot, and judges the network paths as
+// extension/networkpaths does (Gardener's NetworkPolicy controllers over its own objects, the
+// chart's standing in ExtensionNamespace); it is a developer tool, not part of a seed.
 package localseed
 
 import (
@@ -32,6 +34,7 @@ import (
 	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/manifest"
+	"github.com/tendril-net/tendril/extension/networkpaths"
 	"github.com/tendril-net/tendril/internal/kubescheme"
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/logging"
@@ -62,10 +65,18 @@ type Config struct {
 // Report is the outcome of one round of checks.
 type Report struct {
 	Shoots []ShootReport
+	// Paths is every network path's verdict under Gardener's NetworkPolicy controllers (judged
+	// once at start-up; nil with fewer than two shoots), PathsErr why they could not be judged.
+	Paths    *networkpaths.Result
+	PathsErr error
 }
 
-// OK tells whether every check of every shoot passed.
+// OK tells whether every check of every shoot passed and every network path came out as
+// wanted: no intended path denied, no cross-shoot path allowed.
 func (r Report) OK() bool {
+	if r.PathsErr != nil || (r.Paths != nil && !r.Paths.OK()) {
+		return false
+	}
 	for _, s := range r.Shoots {
 		for _, c := range s.Checks {
 			if c.Err != nil {
@@ -103,6 +114,9 @@ type seed struct {
 	cleanMu  sync.Mutex
 	cleanups []func()
 	shoots   []*shoot
+	// paths and pathsErr are the network paths' judgement (Report.Paths).
+	paths    *networkpaths.Result
+	pathsErr error
 	log      logr.Logger
 	logFile  *os.File
 }
@@ -222,7 +236,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			MetricsAddress: "0",
 			HealthAddress:  "0",
 			WebhookPort:    -1,
-			Extension:      extension.AddOptions{Config: extension.Config{Image: "tendril-local", Ingress: "127.0.0.1"}},
+			Extension:      extension.AddOptions{Config: extension.Config{Image: "tendril-local", Ingress: "127.0.0.1", IngressNamespace: ExtensionNamespace}},
 			RouteServices:  []string{manifest.KubeAPIServerName, manifest.ServerName}, // tendril-seed's default
 			Log:            s.log.WithName("controlplane"),
 		})
@@ -272,7 +286,22 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	default:
 	}
 
+	// Gardener's NetworkPolicy controllers work while the checks run; the table comes after.
+	var settle func() (networkpaths.Result, error)
+	if len(s.shoots) >= 2 {
+		if settle, err = s.startPaths(ctx); err != nil {
+			return rep, fmt.Errorf("network paths: %w", err)
+		}
+	}
 	rep = s.check(ctx, true)
+	if settle != nil {
+		r, err := settle()
+		s.paths, s.pathsErr = &r, err
+		s.printPaths(r, err)
+		rep.Paths, rep.PathsErr = s.paths, s.pathsErr
+	} else {
+		s.printf("\nnetwork paths: judged for two shoots or more, not %d\n", len(s.shoots))
+	}
 	s.printf("\nready after %v:\n", since(start))
 	s.printReport(rep)
 	if cfg.Once {
@@ -295,6 +324,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			if ctx.Err() != nil {
 				continue // interrupted mid-round: the next select stops
 			}
+			r.Paths, r.PathsErr = s.paths, s.pathsErr
 			rep = r
 			s.printStatus(rep)
 		}

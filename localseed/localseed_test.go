@@ -3,11 +3,14 @@ package localseed_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/tendril-net/tendril/extension/networkpaths"
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/localseed"
 )
@@ -63,6 +66,50 @@ func TestLocalSeed(t *testing.T) {
 			if !names[want] {
 				t.Errorf("%s: check %s missing", s.Namespace, want)
 			}
+		}
+	}
+	// The network paths: Gardener's NetworkPolicy controllers over the local seed's objects,
+	// judged and printed as docs/network-paths.md's table.
+	if rep.PathsErr != nil || rep.Paths == nil {
+		t.Fatalf("network paths not judged: %v", rep.PathsErr)
+	}
+	if !rep.Paths.OK() {
+		t.Errorf("network paths: %q", rep.Paths.Problems)
+	}
+	for _, row := range []string{
+		"| tendril-ingress | alpha tendril-server | 1194 | agent alpha's tunnel | allowed |",
+		"| alpha kube-apiserver (httpConnect) | alpha tendril-server | 9443 | egress, HTTP CONNECT | allowed |",
+		"| beta kube-apiserver (grpc) | beta tendril-server | 8090 | egress, gRPC (relay sidecar) | allowed |",
+		"| alpha kube-apiserver (httpConnect) | beta tendril-server | 9443 | cross-shoot | denied |",
+	} {
+		if !strings.Contains(out.String(), row) {
+			t.Errorf("output lacks the path row %q", row)
+		}
+	}
+	if !rep.OK() {
+		t.Errorf("report not OK: --once would exit 1")
+	}
+}
+
+// TestReportPaths: a path that is not as wanted fails the report (tendril-local --once exits 1)
+// even when every shoot's checks pass.
+func TestReportPaths(t *testing.T) {
+	shoots := []localseed.ShootReport{{Namespace: "shoot--local--alpha", Checks: []localseed.Check{{Name: localseed.CheckRoute}}}}
+	good := networkpaths.Result{Rows: []string{"| a | b | 1 | x | allowed | … | … |"}}
+	for _, c := range []struct {
+		name string
+		rep  localseed.Report
+		want bool
+	}{
+		{"paths as wanted", localseed.Report{Shoots: shoots, Paths: &good}, true},
+		{"no paths judged (one shoot)", localseed.Report{Shoots: shoots}, true},
+		{"cross-shoot path allowed", localseed.Report{Shoots: shoots, Paths: &networkpaths.Result{
+			Rows: good.Rows, Problems: []string{"alpha kube-apiserver → beta tendril-server :9443: allowed, want denied"},
+		}}, false},
+		{"paths not judged", localseed.Report{Shoots: shoots, PathsErr: errors.New("no API server")}, false},
+	} {
+		if got := c.rep.OK(); got != c.want {
+			t.Errorf("%s: OK() = %v, want %v", c.name, got, c.want)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package localseed
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -29,8 +30,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/manifest"
+	"github.com/tendril-net/tendril/extension/networkpaths"
 	"github.com/tendril-net/tendril/internal/kubescheme"
 	"github.com/tendril-net/tendril/internal/shootgrm"
 	"github.com/tendril-net/tendril/internal/testpki"
@@ -56,6 +59,8 @@ type shoot struct {
 	// caFile and client are tendril-server's CA bundle and kube-apiserver's client pair.
 	caFile, clientCert, clientKey string
 	agentMetrics                  string
+	// serverTemplate is tendril-server's pod template, as the extension's Deployment says.
+	serverTemplate corev1.PodTemplateSpec
 	// netns is the shoot's node namespace (root only); advertised and inCluster are
 	// kube-apiserver's advertised address and the kubeconfig that dials it in there.
 	netns, advertised, inCluster string
@@ -146,13 +151,28 @@ func (s *seed) createShoot(ctx context.Context, sh *shoot) error {
 		"spec":{"dns":{"domain":%q},"networking":{"nodes":%q,"pods":"100.64.0.0/12","services":"100.104.0.0/13"}}}`,
 		sh.name, sh.name+"."+Domain, sh.nodes.String())
 	port := int32(sh.apiAddr.Port())
-	var providerConfig *runtime.RawExtension
+	pc := tendrilv1alpha1.ProviderConfig{
+		TypeMeta: metav1.TypeMeta{APIVersion: tendrilv1alpha1.SchemeGroupVersion.String(), Kind: "ProviderConfig"},
+		Egress:   sh.egressMode(),
+	}
 	if s.netns {
 		// apiserver-proxy holds the advertised address on a dummy link: only in a namespace.
-		providerConfig = &runtime.RawExtension{Raw: []byte(`{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true}}`)}
+		pc.APIServerProxy = &tendrilv1alpha1.APIServerProxy{Enabled: true}
+	}
+	raw, err := json.Marshal(pc)
+	if err != nil {
+		return err
+	}
+	providerConfig := &runtime.RawExtension{Raw: raw}
+	// The namespace as gardenlet labels it, and Gardener's kube-apiserver Service
+	// (apiserverexposure: the annotations its resource manager derives policies from).
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: sh.namespace, Labels: networkpaths.ShootNamespaceLabels()}}); err != nil {
+		return fmt.Errorf("create namespace: %w", err)
+	}
+	if err := networkpaths.DeployKubeAPIServerService(ctx, c, sh.namespace); err != nil {
+		return err
 	}
 	objs := []client.Object{
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: sh.namespace, Labels: map[string]string{"gardener.cloud/role": "shoot"}}},
 		&extensionsv1alpha1.Cluster{
 			ObjectMeta: metav1.ObjectMeta{Name: sh.namespace},
 			Spec: extensionsv1alpha1.ClusterSpec{
@@ -160,12 +180,6 @@ func (s *seed) createShoot(ctx context.Context, sh *shoot) error {
 				Seed:         &runtime.RawExtension{Raw: []byte(`{"apiVersion":"core.gardener.cloud/v1beta1","kind":"Seed"}`)},
 				Shoot:        runtime.RawExtension{Raw: []byte(shootJSON)},
 			},
-		},
-		&corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: manifest.KubeAPIServerName, Namespace: sh.namespace},
-			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{
-				Name: manifest.KubeAPIServerName, Port: manifest.PortKubeAPIServer, Protocol: corev1.ProtocolTCP,
-			}}},
 		},
 		&discoveryv1.EndpointSlice{
 			ObjectMeta: metav1.ObjectMeta{Namespace: sh.namespace, Name: manifest.KubeAPIServerName,
@@ -199,6 +213,7 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 	}); err != nil {
 		return fmt.Errorf("wait for the tendril-server Deployment: %w", err)
 	}
+	sh.serverTemplate = dep.Spec.Template
 	pod, err := s.materialize(ctx, s.client, sh.namespace, dep.Spec.Template.Spec, filepath.Join(sh.dir, manifest.ServerName), s.hostIP.String())
 	if err != nil {
 		return fmt.Errorf("tendril-server: %w", err)

@@ -1,9 +1,10 @@
 // Command tendril-local runs the local seed for `make run` (package localseed): a seed API
 // server with tendril's control plane and tendril-ingress, and two shoots with their own
 // kube-apiservers, tendril-server and tendril-agent started from the objects the extension
-// created. It checks every path per shoot, prints how to reach the shoots, and keeps running
-// with a status line per shoot until interrupted (--once: check, report, exit 0 or 1),
-// stopping everything it started.
+// created. It checks every path per shoot, prints the network-path table (Gardener's
+// NetworkPolicy controllers over its objects) and how to reach the shoots, and keeps running
+// with a status line per shoot until interrupted (--once: check, report, exit 0 or 1; 1 also
+// when a wanted path is denied or a cross-shoot path allowed), stopping everything it started.
 package main
 
 import (
@@ -42,7 +43,7 @@ func main() {
 		os.Exit(1)
 	}
 	if cfg.Once && !rep.OK() {
-		fmt.Fprintln(os.Stderr, "tendril-local: a check failed")
+		fmt.Fprintln(os.Stderr, "tendril-local: a check or a network path failed")
 		os.Exit(1)
 	}
 }

@@ -90,9 +90,6 @@ type Values struct {
 	// IngressNamespace is where the seed ingress runs (default garden); tendril-server's
 	// Service selects it for GRM's cross-namespace policies.
 	IngressNamespace string
-	// IngressPodLabels is no longer read: GRM selects the ingress pods by their
-	// networking.resources.gardener.cloud/to-… label (IngressLabelToServerTunnel).
-	IngressPodLabels map[string]string
 }
 
 // Tunnel is the non-secret tunnel state (kept in the Extension's status.state) plus the keys.
