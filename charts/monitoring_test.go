@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -303,5 +304,65 @@ func TestMonitoring(t *testing.T) {
 		if e := ex[owner(n)]; e == nil || e.labels[n] == nil {
 			t.Errorf("scrape allow list: %s is not exported by %q", n, owner(n))
 		}
+	}
+}
+
+// TestMetricsDoc: docs/metrics.md's table lists every metric the four binaries' exporters
+// declare, with the binary and labels they declare, and no metric of theirs that they do not.
+func TestMetricsDoc(t *testing.T) {
+	ex := exporters(t)
+	raw, err := os.ReadFile(filepath.Join("..", "docs", "metrics.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("^\\| `(tendril_[a-z0-9_]+)` \\| ([a-z]+) \\|([^|]*)\\| ([^|]+) \\| [^|]+ \\|$")
+	documented := map[string]bool{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		m := row.FindStringSubmatch(line)
+		if m == nil {
+			t.Errorf("docs/metrics.md: row %q is not | `metric` | type | labels | binary | meaning |", line)
+			continue
+		}
+		name, binary := m[1], strings.TrimSpace(m[4])
+		documented[name] = true
+		e := ex[owner(name)]
+		if e == nil {
+			continue // a binary this test does not build (egress relay, apiserver-proxy, route file, DNSRecord webhook)
+		}
+		if !strings.HasPrefix(binary, owner(name)) {
+			t.Errorf("docs/metrics.md: %s in %q, exported by %s", name, binary, owner(name))
+		}
+		if e.labels[name] == nil {
+			t.Errorf("docs/metrics.md: %s is not exported by %s", name, owner(name))
+			continue
+		}
+		var labels []string
+		for _, l := range strings.Split(m[3], ",") {
+			if l = strings.Trim(strings.TrimSpace(l), "`"); l != "" {
+				labels = append(labels, l)
+			}
+		}
+		slices.Sort(labels)
+		if want := slices.Sorted(maps.Keys(e.labels[name])); !slices.Equal(labels, want) {
+			t.Errorf("docs/metrics.md: %s labels %v, exported with %v", name, labels, want)
+		}
+	}
+	missing := map[string]string{}
+	for binary, e := range ex {
+		for name := range e.labels {
+			base := name
+			for _, s := range []string{"_bucket", "_sum", "_count"} {
+				base = strings.TrimSuffix(base, s)
+			}
+			if !documented[base] {
+				missing[base] = binary
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(missing)) {
+		t.Errorf("docs/metrics.md lacks %s (%s)", name, missing[name])
 	}
 }
