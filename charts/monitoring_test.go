@@ -178,6 +178,8 @@ var (
 	selectorRE = regexp.MustCompile(`\b(tendril_[a-z0-9_]+)\{([^}]*)\}`)
 	matcherRE  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)`)
 	groupingRE = regexp.MustCompile(`\b(?:by|without)\s*\(([^)]*)\)`)
+	// label_replace(v, "dst", ...) adds the label dst.
+	replaceRE = regexp.MustCompile(`label_replace\(.*?,\s*"([a-zA-Z_][a-zA-Z0-9_]*)"`)
 )
 
 // checkExpr reports every metric of expr its binary does not export, and every label a
@@ -214,6 +216,9 @@ func checkExpr(t *testing.T, where, expr string, ex map[string]*exporter, scrape
 			}
 		}
 	}
+	for _, m := range replaceRE.FindAllStringSubmatch(expr, -1) {
+		all[m[1]] = true
+	}
 	for _, g := range groupingRE.FindAllStringSubmatch(expr, -1) {
 		for _, l := range strings.Split(g[1], ",") {
 			if l = strings.TrimSpace(l); l != "" && !all[l] {
@@ -244,6 +249,23 @@ func promtoolCheck(t *testing.T, name string, groups []monitoringv1.RuleGroup) s
 	return path
 }
 
+// promtoolTest runs the unit tests testdata/rules/<name>.test.yaml against the rules file
+// promtoolCheck wrote: each alert fires when it should, with its labels and annotations.
+func promtoolTest(t *testing.T, name, rules string) {
+	t.Helper()
+	tests, err := os.ReadFile(filepath.Join("testdata", "rules", name+".test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(filepath.Dir(rules), name+".test.yaml")
+	if err := os.WriteFile(path, tests, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("promtool", "test", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules testdata/rules/%s.test.yaml: %v\n%s", name, err, out)
+	}
+}
+
 // TestMonitoring: every rule and dashboard expression parses and checks with promtool, and
 // every metric and label it names is exported by the binary that owns it; the shoot
 // Prometheus's scrape allow lists keep every metric the shoot rules use.
@@ -252,7 +274,7 @@ func TestMonitoring(t *testing.T) {
 
 	// Seed: the chart's PrometheusRule and dashboard.
 	seedRule := find[*monitoringv1.PrometheusRule](t, decode(t, render(t, nil)), "seed-tendril")
-	promtoolCheck(t, "seed", seedRule.Spec.Groups)
+	promtoolTest(t, "seed", promtoolCheck(t, "seed", seedRule.Spec.Groups))
 	for _, g := range seedRule.Spec.Groups {
 		for _, r := range g.Rules {
 			checkExpr(t, "seed rule "+r.Alert, r.Expr.String(), ex)
@@ -288,7 +310,7 @@ func TestMonitoring(t *testing.T) {
 
 	// Shoot: the extension's PrometheusRule, whose series carry the ScrapeConfigs' job label.
 	shootRule := manifest.PrometheusRule(manifest.Values{Namespace: "shoot--dev--alpha"})
-	promtoolCheck(t, "shoot", shootRule.Spec.Groups)
+	promtoolTest(t, "shoot", promtoolCheck(t, "shoot", shootRule.Spec.Groups))
 	kept := append(slices.Clone(manifest.ServerMetrics), manifest.AgentMetrics...)
 	for _, g := range shootRule.Spec.Groups {
 		for _, r := range g.Rules {
