@@ -282,8 +282,9 @@ func TestMonitoring(t *testing.T) {
 	}
 	var dash struct {
 		Panels []struct {
-			Title   string
-			Targets []struct{ Expr string }
+			Title, Type string
+			Datasource  string
+			Targets     []struct{ Expr string }
 		}
 	}
 	raw, err := FS.ReadFile(SeedChart + "/dashboards/tendril.json")
@@ -296,6 +297,10 @@ func TestMonitoring(t *testing.T) {
 	// promtool checks expressions only inside rules: each panel query becomes a recording rule.
 	dashGroup := monitoringv1.RuleGroup{Name: "dashboard"}
 	for _, p := range dash.Panels {
+		// The seed Prometheus's data source in Gardener's seed Plutono.
+		if p.Type != "row" && p.Datasource != "prometheus-seed" {
+			t.Errorf("dashboard panel %q: data source %q, want prometheus-seed", p.Title, p.Datasource)
+		}
 		for _, tg := range p.Targets {
 			checkExpr(t, fmt.Sprintf("dashboard panel %q", p.Title), tg.Expr, ex)
 			dashGroup.Rules = append(dashGroup.Rules, monitoringv1.Rule{
