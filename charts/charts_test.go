@@ -20,6 +20,7 @@ import (
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	"github.com/gardener/gardener/pkg/chartrenderer"
 	gardenerutils "github.com/gardener/gardener/pkg/utils/gardener"
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -117,6 +118,9 @@ var codecs = func() serializer.CodecFactory {
 		panic(err)
 	}
 	if err := apiextensionsv1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := monitoringv1.AddToScheme(s); err != nil {
 		panic(err)
 	}
 	return serializer.NewCodecFactory(s, serializer.EnableStrict)
@@ -310,6 +314,19 @@ func checkObjects(t *testing.T, objs []client.Object) {
 				t.Errorf("%T %s/%s: want namespace %s, or garden with a CONV-03 name", o, ns, o.GetName(), namespace)
 			}
 		case *apiextensionsv1.CustomResourceDefinition:
+		case *monitoringv1.PrometheusRule:
+			// Gardener's seed monitoring reads contributions in garden (docs/extensions/logging-and-monitoring.md).
+			if o.GetNamespace() != "garden" || o.GetLabels()["prometheus"] != "seed" {
+				t.Errorf("PrometheusRule %s/%s labels %v: want garden and prometheus=seed", o.GetNamespace(), o.GetName(), o.GetLabels())
+			}
+		case *corev1.ConfigMap:
+			if o.GetLabels()["dashboard.monitoring.gardener.cloud/seed"] == "true" {
+				if o.GetNamespace() != "garden" {
+					t.Errorf("dashboard ConfigMap %s in %q, want garden", o.GetName(), o.GetNamespace())
+				}
+			} else if o.GetNamespace() != namespace {
+				t.Errorf("%T %s: namespace %q, want %q", o, o.GetName(), o.GetNamespace(), namespace)
+			}
 		default:
 			if o.GetNamespace() != namespace {
 				t.Errorf("%T %s: namespace %q, want %q", o, o.GetName(), o.GetNamespace(), namespace)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +18,8 @@ import (
 	"github.com/gardener/gardener/pkg/utils/managedresources"
 	secretsmanager "github.com/gardener/gardener/pkg/utils/secrets/manager"
 	"github.com/go-logr/logr/testr"
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	monitoringv1alpha1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1alpha1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -284,6 +287,43 @@ func testReconcile(t *testing.T, c client.Client) {
 		t.Errorf("NetworkPolicy %s not tendril's: %v, want it left alone", manifest.ServerName, err)
 	}
 
+	// Monitoring: the shoot's Prometheus (prometheus=shoot) scrapes tendril-server through its
+	// Service and the agent through the shoot's kube-apiserver pod proxy, and loads the rules.
+	scrapes := &monitoringv1alpha1.ScrapeConfigList{}
+	must(t, c.List(ctx, scrapes, client.InNamespace(alpha), client.MatchingLabels{"prometheus": "shoot"}))
+	jobs := map[string]string{}
+	for _, sc := range scrapes.Items {
+		for _, r := range sc.Spec.RelabelConfigs {
+			if r.TargetLabel == "job" && r.Replacement != nil {
+				jobs[sc.Name] = *r.Replacement
+			}
+		}
+		if sc.Name == "shoot-"+manifest.AgentName {
+			if len(sc.Spec.KubernetesSDConfigs) != 1 || ptr.Deref(sc.Spec.KubernetesSDConfigs[0].APIServer, "") != "https://kube-apiserver" {
+				t.Errorf("agent scrape config does not discover through the shoot's kube-apiserver: %+v", sc.Spec.KubernetesSDConfigs)
+			}
+			if !slices.ContainsFunc(sc.Spec.RelabelConfigs, func(r monitoringv1.RelabelConfig) bool {
+				return r.TargetLabel == "__metrics_path__" && ptr.Deref(r.Replacement, "") == "/api/v1/namespaces/kube-system/pods/${1}:${2}/proxy/metrics"
+			}) {
+				t.Errorf("agent scrape config does not go through the pod proxy: %+v", sc.Spec.RelabelConfigs)
+			}
+		}
+	}
+	if want := map[string]string{"shoot-" + manifest.ServerName: manifest.JobServer, "shoot-" + manifest.AgentName: manifest.JobAgent}; !maps.Equal(jobs, want) {
+		t.Errorf("scrape configs (name: job) %v, want %v", jobs, want)
+	}
+	rule := &monitoringv1.PrometheusRule{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: "shoot-tendril"}, rule))
+	var alerts []string
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g.Rules {
+			alerts = append(alerts, r.Alert)
+		}
+	}
+	if rule.Labels["prometheus"] != "shoot" || !slices.Contains(alerts, "TendrilTunnelDown") || !slices.Contains(alerts, "TendrilEgressDialsFailing") {
+		t.Errorf("PrometheusRule labels %v alerts %v", rule.Labels, alerts)
+	}
+
 	// Route.
 	route := &tendrilv1alpha1.Route{}
 	must(t, c.Get(ctx, client.ObjectKey{Namespace: alpha, Name: manifest.RouteName}, route))
@@ -430,6 +470,9 @@ func versions(t *testing.T, c client.Client, ns string) map[string]string {
 	add("Service", &corev1.ServiceList{}, byApp)
 	add("NetworkPolicy", &networkingv1.NetworkPolicyList{}, byApp)
 	add("Route", &tendrilv1alpha1.RouteList{})
+	byPrometheus := client.MatchingLabels{"prometheus": "shoot"}
+	add("ScrapeConfig", &monitoringv1alpha1.ScrapeConfigList{}, byPrometheus)
+	add("PrometheusRule", &monitoringv1.PrometheusRuleList{}, byPrometheus)
 	add("ManagedResource", &resourcesv1alpha1.ManagedResourceList{})
 	add("Secret", &corev1.SecretList{}, client.MatchingLabels{secretsmanager.LabelKeyManagerIdentity: extension.SecretsManagerIdentity})
 	add("Secret", &corev1.SecretList{}, client.MatchingLabels{"resources.gardener.cloud/garbage-collectable-reference": "true"})

@@ -199,9 +199,10 @@ func ShootObjects(v Values) []client.Object {
 
 // SeedObjects are the objects in the shoot namespace of the seed (without the Route, which
 // is withdrawn while hibernated). There is no NetworkPolicy: GRM derives tendril-server's from
-// its Service (ServerService).
+// its Service (ServerService). The monitoring objects stay while hibernated, as Gardener's
+// vpn-seed-server's do: with no server pod there is no series, so no alert fires.
 func SeedObjects(v Values) []client.Object {
-	return []client.Object{ServerDeployment(v), ServerService(v)}
+	return []client.Object{ServerDeployment(v), ServerService(v), ServerScrapeConfig(v), AgentScrapeConfig(v), PrometheusRule(v)}
 }
 
 func hostPort(host string, port int) string {

@@ -12,7 +12,7 @@ func CRDDirectory() string {
 	return filepath.Join(RepoRoot(), "charts", "tendril-seed", "crds")
 }
 
-// InstallGardenerCRDs installs Gardener's extension CRDs and ManagedResource into the API
+// InstallGardenerCRDs installs Gardener's extension CRDs, ManagedResource and prometheus-operator's CRDs into the API
 // server c talks to, as Start does, for callers without a testing.T (the local seed).
 func InstallGardenerCRDs(ctx context.Context, c client.Client) error {
 	return installGardenerCRDs(ctx, c)

@@ -22,6 +22,7 @@ import (
 	"github.com/gardener/gardener/pkg/component/crddeployer"
 	extensionscrds "github.com/gardener/gardener/pkg/component/extensions/crds"
 	"github.com/gardener/gardener/pkg/component/gardener/resourcemanager"
+	"github.com/gardener/gardener/pkg/component/observability/monitoring/prometheusoperator"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -129,10 +130,16 @@ func installGardenerCRDs(ctx context.Context, c client.Client) error {
 	if err != nil {
 		return err
 	}
+	// prometheus-operator's CRDs, as every Gardener seed has them (gardenlet deploys the
+	// operator): the extension applies ScrapeConfigs and a PrometheusRule per shoot.
+	mon, err := prometheusoperator.NewCRDs(c)
+	if err != nil {
+		return err
+	}
 	for _, d := range []interface {
 		Deploy(context.Context) error
 		Wait(context.Context) error
-	}{ext, mr} {
+	}{ext, mr, mon} {
 		if err := d.Deploy(ctx); err != nil {
 			return err
 		}

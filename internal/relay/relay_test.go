@@ -62,6 +62,10 @@ func TestHalfClose(t *testing.T) {
 
 func TestIdleTimeout(t *testing.T) {
 	client, server, done := relayed(t, 100*time.Millisecond)
+	// The relay's idle clock starts when it copies the byte, which is after this write and
+	// before the server reads it: timing from the write bounds the idle time from below (timing
+	// from the read did not, and failed on a loaded machine).
+	start := time.Now()
 	if _, err := client.Write([]byte("x")); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +73,6 @@ func TestIdleTimeout(t *testing.T) {
 	if _, err := io.ReadFull(server, buf); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
