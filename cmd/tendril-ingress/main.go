@@ -19,6 +19,7 @@ import (
 
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
 )
@@ -58,7 +59,12 @@ func main() {
 		return nil
 	})
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
+	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *version {
+		fmt.Println(buildinfo.String("tendril-ingress"))
+		return
+	}
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "tendril-ingress: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)

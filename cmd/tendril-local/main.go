@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/localseed"
 )
 
@@ -32,7 +33,12 @@ func main() {
 	flag.StringVar(&shoots, "shoots", "alpha,beta", "shoot names (project local)")
 	flag.BoolVar(&cfg.Once, "once", false, "run the checks once and exit: 0 when all pass, 1 otherwise")
 	flag.DurationVar(&cfg.StatusInterval, "status-interval", 10*time.Second, "how often to print the status lines")
+	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *version {
+		fmt.Println(buildinfo.String("tendril-local"))
+		return
+	}
 	cfg.Shoots = strings.Split(shoots, ",")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
