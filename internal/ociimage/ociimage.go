@@ -53,7 +53,6 @@ const (
 	LabelSource   = "org.opencontainers.image.source"
 	LabelRevision = "org.opencontainers.image.revision"
 	LabelVersion  = "org.opencontainers.image.version"
-	LabelCreated  = "org.opencontainers.image.created"
 	LabelTitle    = "org.opencontainers.image.title"
 	// AnnotationRefName names the image in the OCI layout's index.json (its tag).
 	AnnotationRefName = "org.opencontainers.image.ref.name"
@@ -156,7 +155,6 @@ func Build(cfg Config) (v1.Image, error) {
 			LabelSource:   source,
 			LabelRevision: cfg.Revision,
 			LabelVersion:  version,
-			LabelCreated:  created.Format(time.RFC3339),
 			LabelTitle:    "tendril",
 		},
 	}

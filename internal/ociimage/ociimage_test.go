@@ -106,7 +106,6 @@ func TestBuildConfig(t *testing.T) {
 		LabelSource:   DefaultSource,
 		LabelRevision: "0123456789abcdef0123456789abcdef01234567",
 		LabelVersion:  "v9.8.7",
-		LabelCreated:  "2026-11-26T19:03:50Z",
 		LabelTitle:    "tendril",
 	}
 	if got, _ := json.Marshal(c.Labels); string(got) != string(must(json.Marshal(want))) {
