@@ -23,29 +23,38 @@ const (
 	epoch    = "1795719830"
 )
 
-// TestImage builds tendril-egress-relay as make build does (the smallest binary: the image
-// holds whatever it is given), makes the image twice, then reads the OCI layout by the spec's
-// rules alone (not through go-containerregistry), unpacks the layer and runs the binary from it.
+// TestImage builds every binary as make build does, makes the image twice, then reads the OCI
+// layout by the spec's rules alone (not through go-containerregistry), unpacks the layer and
+// runs each binary from it with --version, as the image's user.
 func TestImage(t *testing.T) {
 	bin := t.TempDir()
-	// GO_BUILD_FLAGS of the Makefile.
+	// GO_BUILD_FLAGS of the Makefile. After make build (make test runs it first) only the
+	// linker has work left.
 	const pkg = "github.com/tendril-net/tendril/internal/buildinfo"
 	build := exec.Command("go", "build", "-trimpath", "-buildvcs=false",
 		"-ldflags", "-X "+pkg+".Version="+version+" -X "+pkg+".Revision="+revision,
-		"-o", bin+"/", "../../cmd/tendril-egress-relay")
+		"-o", bin+"/", "../../cmd/...")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)
 	}
-	binary := filepath.Join(bin, "tendril-egress-relay")
+	cmds, err := os.ReadDir("../../cmd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var binaries, names []string
+	for _, c := range cmds {
+		binaries = append(binaries, filepath.Join(bin, c.Name()))
+		names = append(names, c.Name())
+	}
 
 	var digests []string
 	var tarballs [][]byte
 	outs := []string{t.TempDir(), t.TempDir()}
 	for _, out := range outs {
 		var stdout, stderr bytes.Buffer
-		err := run([]string{"--out", out, "--version", version, "--revision", revision, "--source-date-epoch", epoch,
-			"--entrypoint", "tendril-egress-relay", binary}, &stdout, &stderr)
+		args := []string{"--out", out, "--version", version, "--revision", revision, "--source-date-epoch", epoch}
+		err := run(append(args, binaries...), &stdout, &stderr)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, stderr.String())
 		}
@@ -123,7 +132,7 @@ func TestImage(t *testing.T) {
 	if config.Architecture != runtime.GOARCH || config.OS != "linux" || config.Created != "2026-11-26T19:03:50Z" {
 		t.Errorf("config: %s/%s created %s", config.OS, config.Architecture, config.Created)
 	}
-	if c.User != "65532:65532" || strings.Join(c.Entrypoint, " ") != "/tendril-egress-relay" || c.Cmd != nil {
+	if c.User != "65532:65532" || strings.Join(c.Entrypoint, " ") != "/tendril-seed" || c.Cmd != nil {
 		t.Errorf("config: user %q entrypoint %q cmd %q", c.User, c.Entrypoint, c.Cmd)
 	}
 	for k, v := range map[string]string{
@@ -144,7 +153,7 @@ func TestImage(t *testing.T) {
 	}
 	h := sha256.New()
 	tr := tar.NewReader(io.TeeReader(zr, h))
-	var names []string
+	var entries []string
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -153,7 +162,7 @@ func TestImage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		names = append(names, hdr.Name)
+		entries = append(entries, hdr.Name)
 		p := filepath.Join(root, hdr.Name)
 		switch hdr.Typeflag {
 		case tar.TypeDir:
@@ -176,27 +185,32 @@ func TestImage(t *testing.T) {
 	if diffID := "sha256:" + hex.EncodeToString(h.Sum(nil)); len(config.RootFS.DiffIDs) != 1 || config.RootFS.DiffIDs[0] != diffID {
 		t.Errorf("diff_ids %q, the layer's is %s", config.RootFS.DiffIDs, diffID)
 	}
-	if strings.Join(names, " ") != "tmp/ tendril-egress-relay" {
-		t.Errorf("layer holds %q", names)
+	if want := "tmp/ " + strings.Join(names, " "); strings.Join(entries, " ") != want {
+		t.Errorf("layer holds %q, want %s", entries, want)
 	}
 
-	// Run it as the image's user where the test can switch to it.
-	cmd := exec.Command(filepath.Join(root, "tendril-egress-relay"), "--version")
+	// Run each as the image's user where the test can switch to it.
 	if os.Geteuid() == 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65532, Gid: 65532}}
-		// t.TempDir's directories are root's 0700; the user must reach the binary.
+		// t.TempDir's directories are root's 0700; the user must reach the binaries.
 		for d := root; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
 			if err := os.Chmod(d, 0o755); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	b, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s --version: %v\n%s", cmd.Path, err, b)
-	}
-	if want := "tendril-egress-relay " + version + " (revision " + revision + ", go"; !strings.HasPrefix(string(b), want) {
-		t.Errorf("--version printed %q, want %q…", b, want)
+	for _, name := range names {
+		cmd := exec.Command(filepath.Join(root, name), "--version")
+		if os.Geteuid() == 0 {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65532, Gid: 65532}}
+		}
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("%s --version: %v\n%s", name, err, b)
+			continue
+		}
+		if want := name + " " + version + " (revision " + revision + ", go"; !strings.HasPrefix(string(b), want) {
+			t.Errorf("%s --version printed %q, want %q…", name, b, want)
+		}
 	}
 }
 
