@@ -1,6 +1,6 @@
 # The tendril image for those who build with Docker: `make image` builds the same image without
 # a Docker engine (hack/image) and is what the chart pins by digest. Both give: an empty base,
-# every binary at /<name> (root's, mode 0555), /tmp (1777), user 65532:65532, entrypoint
+# the binaries the seed and the shoots run at /<name> (root's, mode 0555), /tmp (1777), user 65532:65532, entrypoint
 # /tendril-seed, the OCI labels source, revision and version. The digests differ (Docker records
 # its own history and timestamps); the files and the config's user, entrypoint and labels do not.
 #
@@ -15,10 +15,10 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-# GO_BUILD_FLAGS of the Makefile.
+# GO_BUILD_FLAGS and IMAGE_BINARIES of the Makefile.
 RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
       -ldflags "-X github.com/tendril-net/tendril/internal/buildinfo.Version=${VERSION} -X github.com/tendril-net/tendril/internal/buildinfo.Revision=${REVISION}" \
-      -o /rootfs/ ./cmd/... && \
+      -o /rootfs/ ./cmd/tendril-agent ./cmd/tendril-egress-relay ./cmd/tendril-ingress ./cmd/tendril-seed ./cmd/tendril-server && \
     chmod 0555 /rootfs/tendril-* && \
     mkdir -m 1777 /rootfs/tmp
 

@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/google/go-containerregistry/pkg/v1/validate"
 )
 
 // tinyBinary builds a small static program for linux/goarch into dir/name.
@@ -301,6 +302,14 @@ func TestWrite(t *testing.T) {
 		}
 		idx, err := layout.ImageIndexFromPath(oci)
 		if err != nil {
+			t.Fatal(err)
+		}
+		// go-containerregistry's check of what was written: every digest, size and diff_id agrees.
+		written, err := idx.Image(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := validate.Image(written); err != nil {
 			t.Fatal(err)
 		}
 		im, err := idx.IndexManifest()
