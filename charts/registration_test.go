@@ -34,7 +34,19 @@ const registrationHeader = `# ControllerDeployment + ControllerRegistration for 
 
 // registration renders the example for a chart archive.
 func registration(rawChart []byte) ([]byte, error) {
-	values, err := json.Marshal(map[string]any{"image": "ghcr.io/tendril-net/tendril:v0.1.0"})
+	// The image as the chart's defaults name it (make image-pin writes imageDigest there).
+	b, err := FS.ReadFile(SeedChart + "/values.yaml")
+	if err != nil {
+		return nil, err
+	}
+	var image struct {
+		Image       string `json:"image"`
+		ImageDigest string `json:"imageDigest"`
+	}
+	if err := yaml.Unmarshal(b, &image); err != nil {
+		return nil, err
+	}
+	values, err := json.Marshal(image)
 	if err != nil {
 		return nil, err
 	}

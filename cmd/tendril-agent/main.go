@@ -19,6 +19,7 @@ import (
 
 	"github.com/tendril-net/tendril/agent/apiserverproxy"
 	"github.com/tendril-net/tendril/agent/vpn"
+	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/netflag"
 	"github.com/tendril-net/tendril/internal/probe"
@@ -30,12 +31,17 @@ const usage = `usage: tendril-agent <mode> [flags]
 modes:
   vpn               keep the reversed VPN to the seed up and serve the seed's connections into the shoot
   apiserver-proxy   forward in-cluster connections to kube-apiserver's advertised address to the seed ingress
+  --version         print the version and exit
 `
 
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
+	}
+	if os.Args[1] == "--version" || os.Args[1] == "-version" {
+		fmt.Println(buildinfo.String("tendril-agent"))
+		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

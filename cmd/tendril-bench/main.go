@@ -31,6 +31,7 @@ import (
 	"github.com/tendril-net/tendril/bench/incluster"
 	"github.com/tendril-net/tendril/bench/sni"
 	"github.com/tendril-net/tendril/bench/xdsbench"
+	"github.com/tendril-net/tendril/internal/buildinfo"
 )
 
 const usage = `usage: tendril-bench <mode> [flags]
@@ -51,6 +52,7 @@ modes:
            bytes per change, full build time, control plane and ingress RSS
   plot     PNG plots from --json-file reports: TTFB vs concurrency (--rate), xDS ACK latency vs shoots
            (--xds), tunnel throughput per target (--tunnel)
+  --version  print the version and exit
 
 sni, proxy and connect measure new TLS connections per second with time to
 first byte, and bulk throughput, and take the same flags. tunnel measures
@@ -133,6 +135,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runPlot(args[2:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
+		return nil
+	case "--version", "-version":
+		fmt.Fprintln(stdout, buildinfo.String("tendril-bench"))
 		return nil
 	}
 	fmt.Fprint(stderr, usage)

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/egressrelay"
+	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
 )
@@ -38,6 +39,10 @@ func main() {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
+		if errors.Is(err, errVersion) {
+			fmt.Println(buildinfo.String("tendril-egress-relay"))
+			os.Exit(0)
+		}
 		fmt.Fprintln(os.Stderr, "tendril-egress-relay:", err)
 		os.Exit(2)
 	}
@@ -48,6 +53,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// errVersion is parse's answer to --version, like flag.ErrHelp to -h.
+var errVersion = errors.New("version requested")
 
 func parse(args []string) (Config, error) {
 	var cfg Config
@@ -67,8 +75,12 @@ func parse(args []string) (Config, error) {
 	flags.DurationVar(&cfg.Relay.DrainTimeout, "drain-timeout", 30*time.Second, "how long relayed connections may continue after SIGTERM")
 	flags.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:16913", "address for /metrics, /healthz and /readyz (empty: off); loopback, as the relay shares kube-apiserver's pod")
 	flags.IntVar(&verbosity, "v", 0, "log verbosity")
+	version := flags.Bool("version", false, "print the version and exit")
 	if err := flags.Parse(args); err != nil {
 		return cfg, err
+	}
+	if *version {
+		return cfg, errVersion
 	}
 	if flags.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", flags.Args())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -24,6 +25,9 @@ func TestParse(t *testing.T) {
 	if r.Socket != "/s/relay.sock" || r.Server != "tendril-server.ns.svc:8090" || r.SocketMode != 0o660 || r.MaxConnections != 7 ||
 		r.CertFile != "c" || r.KeyFile != "k" || r.CAFile != "ca" || cfg.MetricsAddress != "127.0.0.1:16913" {
 		t.Errorf("config %+v", cfg)
+	}
+	if _, err := parse([]string{"--version"}); !errors.Is(err, errVersion) {
+		t.Errorf("--version: %v, want errVersion", err)
 	}
 	for _, args := range [][]string{{"--socket-mode=rw"}, {"--socket-mode=01777"}, {"extra"}} {
 		if _, err := parse(args); err == nil {

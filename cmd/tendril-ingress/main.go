@@ -20,6 +20,7 @@ import (
 
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
 )
@@ -72,7 +73,12 @@ func main() {
 	flag.DurationVar(&cfg.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, how long established connections may go on after the listeners close; the rest are then closed (0: at once)")
 	flag.DurationVar(&cfg.DrainDelay, "drain-delay", 0, "on SIGTERM, how long to go on accepting new connections while /readyz already fails, for the load balancer to notice (the chart sets 5s); 0: close the listeners at once")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
+	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *version {
+		fmt.Println(buildinfo.String("tendril-ingress"))
+		return
+	}
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "tendril-ingress: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)

@@ -17,23 +17,32 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/localseed"
 )
 
 func main() {
 	var cfg localseed.Config
 	var shoots string
-	flag.StringVar(&cfg.BinDir, "bin-dir", "bin", "directory holding tendril-ingress, tendril-server and tendril-agent")
-	flag.StringVar(&cfg.Dir, "dir", "", "working directory for certificates, kubeconfigs, secrets and logs (default: a new temporary directory, removed at the end)")
-	flag.StringVar(&cfg.SNIAddress, "sni-address", "127.0.0.1:9443", "ingress SNI listener (kubectl reaches the shoots here)")
-	flag.StringVar(&cfg.ProxyAddress, "proxy-address", "127.0.0.1:9444", "ingress PROXY listener")
-	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", "127.0.0.1:9132", "ingress tunnel listener (the agents dial it)")
-	flag.StringVar(&cfg.XDSAddress, "xds-address", "127.0.0.1:18000", "xDS server address")
-	flag.StringVar(&cfg.IngressMetrics, "ingress-metrics-address", "127.0.0.1:18081", "tendril-ingress metrics and probes")
-	flag.StringVar(&shoots, "shoots", "alpha,beta", "shoot names (project local)")
-	flag.BoolVar(&cfg.Once, "once", false, "run the checks once and exit: 0 when all pass, 1 otherwise")
-	flag.DurationVar(&cfg.StatusInterval, "status-interval", 10*time.Second, "how often to print the status lines")
-	flag.Parse()
+	// Our own flag set: a dependency of Gardener's (VictoriaMetrics' buildinfo) registers
+	// -version on the global one.
+	fs := flag.NewFlagSet("tendril-local", flag.ExitOnError)
+	fs.StringVar(&cfg.BinDir, "bin-dir", "bin", "directory holding tendril-ingress, tendril-server and tendril-agent")
+	fs.StringVar(&cfg.Dir, "dir", "", "working directory for certificates, kubeconfigs, secrets and logs (default: a new temporary directory, removed at the end)")
+	fs.StringVar(&cfg.SNIAddress, "sni-address", "127.0.0.1:9443", "ingress SNI listener (kubectl reaches the shoots here)")
+	fs.StringVar(&cfg.ProxyAddress, "proxy-address", "127.0.0.1:9444", "ingress PROXY listener")
+	fs.StringVar(&cfg.TunnelAddress, "tunnel-address", "127.0.0.1:9132", "ingress tunnel listener (the agents dial it)")
+	fs.StringVar(&cfg.XDSAddress, "xds-address", "127.0.0.1:18000", "xDS server address")
+	fs.StringVar(&cfg.IngressMetrics, "ingress-metrics-address", "127.0.0.1:18081", "tendril-ingress metrics and probes")
+	fs.StringVar(&shoots, "shoots", "alpha,beta", "shoot names (project local)")
+	fs.BoolVar(&cfg.Once, "once", false, "run the checks once and exit: 0 when all pass, 1 otherwise")
+	fs.DurationVar(&cfg.StatusInterval, "status-interval", 10*time.Second, "how often to print the status lines")
+	version := fs.Bool("version", false, "print the version and exit")
+	_ = fs.Parse(os.Args[1:]) // ExitOnError
+	if *version {
+		fmt.Println(buildinfo.String("tendril-local"))
+		return
+	}
 	cfg.Shoots = strings.Split(shoots, ",")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension/manifest"
+	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
 	"github.com/tendril-net/tendril/xds/model"
@@ -97,7 +98,12 @@ func main() {
 	fs.IntVar(&k.WebhookPort, "webhook-port", 10250, "Kubernetes mode: port of the control-plane webhook server (-1: off)")
 	fs.StringVar(&k.WebhookCertDir, "webhook-cert-dir", "", "Kubernetes mode: directory for the webhook server's certificate (default: a temp dir)")
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")
+	version := fs.Bool("version", false, "print the version and exit")
 	_ = fs.Parse(os.Args[1:]) // ExitOnError
+	if *version {
+		fmt.Println(buildinfo.String("tendril-seed"))
+		return
+	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "tendril-seed: unexpected arguments %q\n", fs.Args())
 		os.Exit(2)

@@ -78,6 +78,19 @@ tendril.{{ .Values.gardener.seed.ingressDomain }}
 {{- end -}}
 {{- end -}}
 
+{{/* The tendril image: image pinned to imageDigest when that is set (repository@sha256:…, the
+tag dropped: the digest alone names the manifest, and a tag beside it would only mislead). */}}
+{{- define "tendril.image" -}}
+{{- with .Values.imageDigest -}}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .) -}}
+{{ fail (printf "tendril-seed: imageDigest %q: want sha256:<64 hex digits>" .) }}
+{{- end -}}
+{{ regexReplaceAll ":[^:/@]+$" $.Values.image "" }}@{{ . }}
+{{- else -}}
+{{ .Values.image }}
+{{- end -}}
+{{- end -}}
+
 {{- define "tendril.engine" -}}
 {{- $e := .Values.ingress.engine -}}
 {{- if not (has $e (list "tendril" "envoy")) -}}
