@@ -77,14 +77,14 @@ type haRig struct {
 }
 
 const (
-	haPod      = "10.218.0.2:8080"
+	haPod      = "10.222.0.2:8080"
 	haPodReply = "pod " + haPod
 )
 
 func newHARig(t *testing.T) *haRig {
 	t.Helper()
 	dir := t.TempDir()
-	shoot, pod := shootNetworks(t, "hf", "10.217.0", "10.218.0")
+	shoot, pod := shootNetworks(t, "hf", "10.221.0", "10.222.0")
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -114,11 +114,11 @@ func newHARig(t *testing.T) *haRig {
 	_, port, _ := net.SplitHostPort(freeAddr(t))
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
 	start(t, "tendril-seed", "--routes", routes, "--xds-address", xdsAddr, "--metrics-address", "")
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e-ha", "--tunnel-address", "10.217.0.1:"+port, "--metrics-address", ingressMetrics)
+	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e-ha", "--tunnel-address", "10.221.0.1:"+port, "--metrics-address", ingressMetrics)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
 
 	r.serverArgs = []string{"--private-key-file", write("server.key", serverKey.String()),
-		"--shoot-cidrs", "10.218.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", r.connectAddr, "--grpc-address", grpcAddr,
+		"--shoot-cidrs", "10.222.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", r.connectAddr, "--grpc-address", grpcAddr,
 		"--tls-cert-file", filepath.Join(dir, "srv.pem"), "--tls-key-file", filepath.Join(dir, "srv-key.pem"), "--client-ca-file", caFile,
 		"--metrics-address", r.metricsAddr}
 	for i := range 2 {
@@ -128,8 +128,8 @@ func newHARig(t *testing.T) *haRig {
 		// The extension's addresses: ::2 for agent 0, ::3 for agent 1 (the server's defaults too).
 		r.agentArgs[i] = []string{"netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
 			"--private-key-file", write(fmt.Sprintf("agent%d.key", i), k.String()), "--address", fmt.Sprintf("fd8f:6d53:b97a:1::%d", 2+i),
-			"--server-public-key", "@" + serverPub, "--shoot-cidrs", "10.218.0.0/24",
-			"--seed", "10.217.0.1:" + port, "--destination", translate.VPNServerWireName(ns), "--metrics-address", ""}
+			"--server-public-key", "@" + serverPub, "--shoot-cidrs", "10.222.0.0/24",
+			"--seed", "10.221.0.1:" + port, "--destination", translate.VPNServerWireName(ns), "--metrics-address", ""}
 	}
 	r.startServer()
 	for i := range 2 {
@@ -140,6 +140,30 @@ func newHARig(t *testing.T) *haRig {
 
 func (r *haRig) startServer() {
 	r.server = startKillable(r.t, "tendril-server", filepath.Join(binDir, "tendril-server"), r.serverArgs...)
+}
+
+// restartServer starts tendril-server again once its ports can be bound: a killed server's
+// sockets may hold its ports for a moment (a real restart is a new pod with its own address),
+// and a server that cannot listen exits.
+func (r *haRig) restartServer() {
+	r.t.Helper()
+	var addrs []string
+	for i, a := range r.serverArgs {
+		if strings.HasSuffix(a, "-address") && i+1 < len(r.serverArgs) {
+			addrs = append(addrs, r.serverArgs[i+1])
+		}
+	}
+	eventually(r.t, "tendril-server's ports free", func() error {
+		for _, a := range addrs {
+			l, err := net.Listen("tcp", a)
+			if err != nil {
+				return err
+			}
+			l.Close()
+		}
+		return nil
+	})
+	r.startServer()
 }
 
 func (r *haRig) startAgent(i int) {
@@ -490,7 +514,7 @@ func TestHAFailoverTimes(t *testing.T) {
 		results := r.dialLoop(stop)
 		time.Sleep(200 * time.Millisecond)
 		at, dead := kill(t, r.server)
-		r.startServer() // what the Deployment's controller and kubelet do, at once
+		r.restartServer() // what the Deployment's controller and kubelet do, at once
 		d := waitRecovered(fmt.Sprintf("rep %d, server", rep), at, dead, results, stop)
 		serverTimes = append(serverTimes, d)
 		close(trStop)
