@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	extensionscontroller "github.com/gardener/gardener/extensions/pkg/controller"
@@ -68,7 +69,13 @@ type Config struct {
 // persists in the ShootState and hands back on restore. Keys stay in persisted Secrets.
 type State struct {
 	ServerAddresses []netip.Addr `json:"serverAddresses"`
-	AgentAddress    netip.Addr   `json:"agentAddress"`
+	// AgentAddress is the first agent's address, the only one before agents became several;
+	// an older extension restoring this state still finds it.
+	AgentAddress netip.Addr `json:"agentAddress"`
+	// AgentAddresses is every agent address ever given to this shoot, in agent order: n
+	// agents use the first n, so a shoot that goes from two agents to one and back (or moves
+	// to another seed) gives each agent the address it had.
+	AgentAddresses []netip.Addr `json:"agentAddresses,omitempty"`
 }
 
 // deleteWait bounds how long one Delete waits for the shoot's objects to go.
@@ -108,7 +115,7 @@ func (a *actuator) Reconcile(ctx context.Context, log logr.Logger, ext *extensio
 	if err != nil {
 		return fmt.Errorf("read cluster: %w", err)
 	}
-	v, sm, err := a.values(ctx, log, ext, cluster, pc)
+	v, st, sm, err := a.values(ctx, log, ext, cluster, pc)
 	if err != nil {
 		return err
 	}
@@ -137,41 +144,59 @@ func (a *actuator) Reconcile(ctx context.Context, log logr.Logger, ext *extensio
 	if err := sm.Cleanup(ctx); err != nil {
 		return fmt.Errorf("clean up old secrets: %w", err)
 	}
-	return a.saveState(ctx, ext, State{ServerAddresses: v.Tunnel.ServerAddresses, AgentAddress: v.Tunnel.AgentAddress})
+	return a.saveState(ctx, ext, st)
 }
 
 // values gathers everything the builders need, generating secrets on the way.
-func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv1alpha1.Extension, cluster *extensionscontroller.Cluster, pc *tendrilv1alpha1.ProviderConfig) (manifest.Values, secretsmanager.Interface, error) {
+// agentCount is how many tunnel agents the shoot runs: what the providerConfig says, else
+// MaxAgents for a highly available control plane (any failure tolerance), else one.
+func agentCount(cluster *extensionscontroller.Cluster, pc *tendrilv1alpha1.ProviderConfig) int {
+	def := 1
+	if cluster.Shoot != nil && v1beta1helper.IsHAControlPlaneConfigured(cluster.Shoot) {
+		def = tendrilv1alpha1.MaxAgents
+	}
+	return pc.AgentsOr(def)
+}
+
+// values gathers everything the builders need, generating secrets on the way; the state it
+// returns is what status.state must hold afterwards.
+func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv1alpha1.Extension, cluster *extensionscontroller.Cluster, pc *tendrilv1alpha1.ProviderConfig) (manifest.Values, State, secretsmanager.Interface, error) {
 	cidrs, err := shootCIDRs(cluster)
 	if err != nil {
-		return manifest.Values{}, nil, configurationProblem(err)
+		return manifest.Values{}, State{}, nil, configurationProblem(err)
 	}
-	st, err := loadState(ext)
+	n := agentCount(cluster, pc)
+	st, err := loadState(ext, n)
 	if err != nil {
-		return manifest.Values{}, nil, err
+		return manifest.Values{}, State{}, nil, err
 	}
 	adv, err := advertisedAddress(ctx, a.reader, ext.Namespace)
 	if err != nil {
-		return manifest.Values{}, nil, err
+		return manifest.Values{}, State{}, nil, err
 	}
 	sm, err := extensionssecretsmanager.SecretsManagerForCluster(ctx, log.WithName("secretsmanager"), a.cfg.Clock, a.client, cluster, SecretsManagerIdentity, caConfigs())
 	if err != nil {
-		return manifest.Values{}, nil, fmt.Errorf("secrets manager: %w", err)
+		return manifest.Values{}, State{}, nil, fmt.Errorf("secrets manager: %w", err)
 	}
 	secrets := map[string]map[string][]byte{}
 	names := map[string]string{}
-	for _, sc := range append(caConfigs(), leafConfigs(ext.Namespace)...) {
+	for _, sc := range append(caConfigs(), leafConfigs(ext.Namespace, n)...) {
 		s, err := sm.Generate(ctx, sc.Config, sc.Options...)
 		if err != nil {
-			return manifest.Values{}, nil, fmt.Errorf("generate secret %s: %w", sc.Config.GetName(), err)
+			return manifest.Values{}, State{}, nil, fmt.Errorf("generate secret %s: %w", sc.Config.GetName(), err)
 		}
 		secrets[sc.Config.GetName()], names[sc.Config.GetName()] = s.Data, s.Name
 	}
 	caBundle, ok := sm.Get(SecretNameCA, secretsmanager.Bundle)
 	if !ok {
-		return manifest.Values{}, nil, errors.New("CA bundle secret not found in the secrets manager")
+		return manifest.Values{}, State{}, nil, errors.New("CA bundle secret not found in the secrets manager")
 	}
-	server, agent := secrets[SecretNameServerWireGuard], secrets[SecretNameAgentWireGuard]
+	server := secrets[SecretNameServerWireGuard]
+	agents := make([]manifest.Agent, n)
+	for i := range agents {
+		key := secrets[AgentWireGuardSecretName(i)]
+		agents[i] = manifest.Agent{Address: st.AgentAddresses[i], PublicKey: string(key[DataKeyPublicKey]), PrivateKey: string(key[DataKeyPrivateKey])}
+	}
 	v := manifest.Values{
 		Namespace:         ext.Namespace,
 		Image:             a.cfg.Image,
@@ -184,10 +209,8 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 		Egress:            pc.EgressOrDefault(),
 		Tunnel: manifest.Tunnel{
 			ServerAddresses: st.ServerAddresses,
-			AgentAddress:    st.AgentAddress,
 			ServerPublicKey: string(server[DataKeyPublicKey]),
-			AgentPublicKey:  string(agent[DataKeyPublicKey]),
-			AgentPrivateKey: string(agent[DataKeyPrivateKey]),
+			Agents:          agents,
 		},
 		Secrets: manifest.SecretNames{
 			ServerTLS:       names[SecretNameServerTLS],
@@ -196,7 +219,7 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 		},
 		IngressNamespace: a.cfg.IngressNamespace,
 	}
-	return v, sm, nil
+	return v, st, sm, nil
 }
 
 func (a *actuator) deployShoot(ctx context.Context, v manifest.Values) error {
@@ -212,21 +235,36 @@ func (a *actuator) deployShoot(ctx context.Context, v manifest.Values) error {
 	return nil
 }
 
-func loadState(ext *extensionsv1alpha1.Extension) (State, error) {
-	st := State{ServerAddresses: defaultServerAddresses, AgentAddress: defaultAgentAddress}
-	if ext.Status.State == nil || len(ext.Status.State.Raw) == 0 {
-		return st, nil
+// loadState reads status.state and gives it at least n agent addresses: an agent without a
+// recorded address gets the lowest one after defaultAgentAddress that no agent and no server
+// address holds.
+func loadState(ext *extensionsv1alpha1.Extension, n int) (State, error) {
+	st := State{ServerAddresses: defaultServerAddresses}
+	if ext.Status.State != nil && len(ext.Status.State.Raw) > 0 {
+		var saved State
+		if err := json.Unmarshal(ext.Status.State.Raw, &saved); err != nil {
+			return State{}, fmt.Errorf("decode status.state: %w", err)
+		}
+		if len(saved.ServerAddresses) > 0 {
+			st.ServerAddresses = saved.ServerAddresses
+		}
+		st.AgentAddresses = saved.AgentAddresses
+		// State written before agents became several holds the one agent's address only.
+		if len(st.AgentAddresses) == 0 && saved.AgentAddress.IsValid() {
+			st.AgentAddresses = []netip.Addr{saved.AgentAddress}
+		}
 	}
-	var saved State
-	if err := json.Unmarshal(ext.Status.State.Raw, &saved); err != nil {
-		return State{}, fmt.Errorf("decode status.state: %w", err)
+	taken := func(a netip.Addr) bool {
+		return slices.Contains(st.AgentAddresses, a) || slices.Contains(st.ServerAddresses, a)
 	}
-	if len(saved.ServerAddresses) > 0 {
-		st.ServerAddresses = saved.ServerAddresses
+	next := defaultAgentAddress
+	for len(st.AgentAddresses) < n {
+		for taken(next) {
+			next = next.Next()
+		}
+		st.AgentAddresses = append(st.AgentAddresses, next)
 	}
-	if saved.AgentAddress.IsValid() {
-		st.AgentAddress = saved.AgentAddress
-	}
+	st.AgentAddress = st.AgentAddresses[0]
 	return st, nil
 }
 

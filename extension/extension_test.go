@@ -1,6 +1,7 @@
 package extension_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,10 +24,12 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -82,7 +85,9 @@ func startController(t *testing.T, env *kubetest.Env, clk clock.Clock) {
 
 // shoot creates what gardenlet would have in a shoot namespace before the Extension:
 // the namespace, the Cluster, and kube-apiserver's Deployment and Service.
-func shoot(t *testing.T, c client.Client, ns string, hibernated bool) {
+// shoot creates the shoot namespace, its Cluster and kube-apiserver; mutate edits the Shoot
+// before it goes into the Cluster.
+func shoot(t *testing.T, c client.Client, ns string, hibernated bool, mutate ...func(*gardencorev1beta1.Shoot)) {
 	t.Helper()
 	ctx := context.Background()
 	// gardener.cloud/role=shoot: the generic reconciler reads the Cluster only in shoot namespaces.
@@ -106,6 +111,9 @@ func shoot(t *testing.T, c client.Client, ns string, hibernated bool) {
 				{Name: "service-account-issuer", URL: "https://issuer.example.org/" + name},
 			},
 		},
+	}
+	for _, m := range mutate {
+		m(sh)
 	}
 	raw, err := json.Marshal(sh)
 	must(t, err)
@@ -194,6 +202,171 @@ func TestExtension(t *testing.T) {
 	t.Run("health", func(t *testing.T) { testHealth(t, env.Client) })
 	t.Run("hibernation", func(t *testing.T) { testHibernation(t, env.Client) })
 	t.Run("force delete", func(t *testing.T) { testForceDelete(t, env.Client) })
+	t.Run("high availability", func(t *testing.T) { testHighAvailability(t, env.Client) })
+}
+
+// haControlPlane makes the shoot's control plane highly available (zone failure tolerance).
+func haControlPlane(sh *gardencorev1beta1.Shoot) {
+	sh.Spec.ControlPlane = &gardencorev1beta1.ControlPlane{HighAvailability: &gardencorev1beta1.HighAvailability{
+		FailureTolerance: gardencorev1beta1.FailureTolerance{Type: gardencorev1beta1.FailureToleranceTypeZone},
+	}}
+}
+
+// agentKeys are the persisted agent WireGuard key Secrets in ns by agent index.
+func agentKeys(t *testing.T, c client.Client, ns string) map[int]corev1.Secret {
+	t.Helper()
+	secrets := &corev1.SecretList{}
+	must(t, c.List(context.Background(), secrets, client.InNamespace(ns), client.MatchingLabels{secretsmanager.LabelKeyManagerIdentity: extension.SecretsManagerIdentity}))
+	keys := map[int]corev1.Secret{}
+	for _, s := range secrets.Items {
+		for i := range 3 {
+			if s.Labels[secretsmanager.LabelKeyName] == extension.AgentWireGuardSecretName(i) {
+				if s.Labels[secretsmanager.LabelKeyPersist] != "true" {
+					t.Errorf("agent key %s not persisted", s.Name)
+				}
+				keys[i] = s
+			}
+		}
+	}
+	return keys
+}
+
+// wantAgents checks that ns runs exactly the agents with these addresses, each with its own key
+// from keys, on both sides: tendril-server's peers, the shoot's Deployments and Secrets, and
+// status.state.
+func wantAgents(t *testing.T, c client.Client, ns string, ks map[int]corev1.Secret, addrs ...string) {
+	t.Helper()
+	testwait.For(t, fmt.Sprintf("%d agents", len(addrs)), func() error {
+		var pubs []string
+		for i := range addrs {
+			pubs = append(pubs, string(ks[i].Data[extension.DataKeyPublicKey]))
+		}
+		args := serverArgs(t, c, ns)
+		for _, want := range []string{"--agent-public-key=" + strings.Join(pubs, ",") + " ", "--agent-address=" + strings.Join(addrs, ",") + " "} {
+			if !strings.Contains(args, want) {
+				return fmt.Errorf("tendril-server args %q lack %q", args, want)
+			}
+		}
+		objs, err := managedresources.GetObjects(context.Background(), c, ns, manifest.ManagedResourceName)
+		if err != nil {
+			return err
+		}
+		deps, secrets, pdbs := map[string]*appsv1.Deployment{}, map[string]*corev1.Secret{}, 0
+		for _, o := range objs {
+			switch x := o.(type) {
+			case *appsv1.Deployment:
+				deps[x.Name] = x
+			case *corev1.Secret:
+				secrets[x.Name] = x
+			case *policyv1.PodDisruptionBudget:
+				pdbs++
+			}
+		}
+		if len(deps) != len(addrs) {
+			return fmt.Errorf("shoot Deployments %v, want %d agents", keys(deps), len(addrs))
+		}
+		for i, addr := range addrs {
+			d := deps[manifest.AgentObjectName(i)]
+			if d == nil {
+				return fmt.Errorf("no Deployment %s", manifest.AgentObjectName(i))
+			}
+			spec := d.Spec.Template.Spec
+			if a := strings.Join(spec.Containers[0].Args, " "); !strings.Contains(a, "--address="+addr+" ") {
+				return fmt.Errorf("%s args %q: want address %s", d.Name, a, addr)
+			}
+			sec := secrets[spec.Volumes[0].Secret.SecretName]
+			if sec == nil || !bytes.Equal(sec.Data["private-key"], ks[i].Data[extension.DataKeyPrivateKey]) {
+				return fmt.Errorf("%s mounts %s, which lacks agent %d's private key", d.Name, spec.Volumes[0].Secret.SecretName, i)
+			}
+			if (len(addrs) > 1) != (spec.Affinity != nil) {
+				return fmt.Errorf("%s affinity %+v with %d agents", d.Name, spec.Affinity, len(addrs))
+			}
+		}
+		if wantPDB := min(len(addrs)-1, 1); pdbs != wantPDB {
+			return fmt.Errorf("%d PodDisruptionBudgets, want %d", pdbs, wantPDB)
+		}
+		ext := &extensionsv1alpha1.Extension{}
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "tendril"}, ext); err != nil {
+			return err
+		}
+		var st extension.State
+		if err := json.Unmarshal(ext.Status.State.Raw, &st); err != nil {
+			return err
+		}
+		for i, addr := range addrs {
+			if i >= len(st.AgentAddresses) || st.AgentAddresses[i].String() != addr {
+				return fmt.Errorf("status.state agent addresses %v, want %v first", st.AgentAddresses, addrs)
+			}
+		}
+		return nil
+	})
+}
+
+// testHighAvailability: a shoot with an HA control plane gets two agents, each with its own
+// persisted key and address; the providerConfig overrides the count both ways; going down to
+// one agent and back up gives agent 1 its recorded address again and never touches agent 0's
+// key; an agent count out of range is a configuration problem.
+func testHighAvailability(t *testing.T, c client.Client) {
+	ctx := context.Background()
+	ha, plain := "shoot--local--iota", "shoot--local--kappa"
+	shoot(t, c, ha, false, haControlPlane)
+	shoot(t, c, plain, false)
+	start := time.Now().Add(-time.Second)
+	must(t, c.Create(ctx, newExtension(ha, "")))
+	must(t, c.Create(ctx, newExtension(plain, `{"highAvailability":{"agents":2}}`)))
+	ext := waitSucceeded(t, c, client.ObjectKey{Namespace: ha, Name: "tendril"}, start)
+	waitSucceeded(t, c, client.ObjectKey{Namespace: plain, Name: "tendril"}, start)
+
+	keys := agentKeys(t, c, ha)
+	if len(keys) != 2 || bytes.Equal(keys[0].Data[extension.DataKeyPrivateKey], keys[1].Data[extension.DataKeyPrivateKey]) {
+		t.Fatalf("agent keys %d, want two different ones", len(keys))
+	}
+	wantAgents(t, c, ha, keys, "fd8f:6d53:b97a:1::2", "fd8f:6d53:b97a:1::3")
+	wantAgents(t, c, plain, agentKeys(t, c, plain), "fd8f:6d53:b97a:1::2", "fd8f:6d53:b97a:1::3")
+
+	setConfig := func(raw string) {
+		t.Helper()
+		e := &extensionsv1alpha1.Extension{}
+		must(t, c.Get(ctx, client.ObjectKeyFromObject(ext), e))
+		patch := client.MergeFrom(e.DeepCopy())
+		e.Spec.ProviderConfig = &runtime.RawExtension{Raw: []byte(raw)}
+		// gardenlet asks for the reconciliation along with the change.
+		metav1.SetMetaDataAnnotation(&e.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationReconcile)
+		must(t, c.Patch(ctx, e, patch))
+	}
+	setConfig(`{"highAvailability":{"agents":1}}`)
+	one := agentKeys(t, c, ha)
+	wantAgents(t, c, ha, map[int]corev1.Secret{0: keys[0]}, "fd8f:6d53:b97a:1::2")
+	if !bytes.Equal(one[0].Data[extension.DataKeyPrivateKey], keys[0].Data[extension.DataKeyPrivateKey]) {
+		t.Error("agent 0's key changed when agent 1 went")
+	}
+	setConfig(`{"highAvailability":{"agents":2}}`)
+	again := agentKeys(t, c, ha)
+	testwait.For(t, "agent 1's key back", func() error {
+		again = agentKeys(t, c, ha)
+		if len(again) != 2 {
+			return fmt.Errorf("%d agent keys", len(again))
+		}
+		return nil
+	})
+	if !bytes.Equal(again[0].Data[extension.DataKeyPrivateKey], keys[0].Data[extension.DataKeyPrivateKey]) {
+		t.Error("agent 0's key changed when agent 1 came back")
+	}
+	wantAgents(t, c, ha, again, "fd8f:6d53:b97a:1::2", "fd8f:6d53:b97a:1::3")
+
+	setConfig(`{"highAvailability":{"agents":3}}`)
+	testwait.For(t, "configuration problem", func() error {
+		_, e, err := lastOp(c, client.ObjectKeyFromObject(ext))
+		if err != nil {
+			return err
+		}
+		if e.Status.LastError == nil || !slices.Contains(e.Status.LastError.Codes, gardencorev1beta1.ErrorConfigurationProblem) ||
+			!strings.Contains(e.Status.LastError.Description, "highAvailability.agents") {
+			return fmt.Errorf("lastError %+v", e.Status.LastError)
+		}
+		return nil
+	})
+	wantAgents(t, c, ha, again, "fd8f:6d53:b97a:1::2", "fd8f:6d53:b97a:1::3")
 }
 
 func testReconcile(t *testing.T, c client.Client) {
@@ -626,13 +799,18 @@ func waitConditionNot(t *testing.T, c client.Client, ext client.Object, typ gard
 // status.state kept), copy the persisted secrets, Cluster and Extension (with its state) to the
 // destination, restore there. The WireGuard keys and CA come out byte-identical, so the
 // shoot's running agent reconnects without any change in the shoot.
+// A shoot with an HA control plane does the same with both agents' keys and addresses.
 func TestMigrateRestore(t *testing.T) {
 	src, dst := kubetest.Start(t), kubetest.Start(t)
 	startController(t, src, nil)
 	startController(t, dst, nil)
+	t.Run("one agent", func(t *testing.T) { testMigrateRestore(t, src, dst, "shoot--local--epsilon") })
+	t.Run("two agents", func(t *testing.T) { testMigrateRestore(t, src, dst, "shoot--local--lambda", haControlPlane) })
+}
+
+func testMigrateRestore(t *testing.T, src, dst *kubetest.Env, ns string, mutate ...func(*gardencorev1beta1.Shoot)) {
 	ctx := context.Background()
-	ns := "shoot--local--epsilon"
-	shoot(t, src.Client, ns, false)
+	shoot(t, src.Client, ns, false, mutate...)
 	start := time.Now().Add(-time.Second)
 	ext := newExtension(ns, "")
 	must(t, src.Client.Create(ctx, ext))
@@ -666,15 +844,16 @@ func TestMigrateRestore(t *testing.T) {
 	}
 	persisted := &corev1.SecretList{}
 	must(t, src.Client.List(ctx, persisted, client.InNamespace(ns), client.MatchingLabels{secretsmanager.LabelKeyPersist: "true"}))
-	if len(persisted.Items) < 3 {
-		t.Fatalf("persisted secrets after migrate: %d, want the CA and both WireGuard keys", len(persisted.Items))
+	srcKeys := agentKeys(t, src.Client, ns)
+	if len(persisted.Items) != 2+len(srcKeys) {
+		t.Fatalf("persisted secrets after migrate: %d, want the CA, the server's and %d agents' WireGuard keys", len(persisted.Items), len(srcKeys))
 	}
 	if ext.Status.State == nil {
 		t.Fatal("no status.state after migrate")
 	}
 
 	// Restore in the destination seed, from what gardenlet carries over.
-	shoot(t, dst.Client, ns, false)
+	shoot(t, dst.Client, ns, false, mutate...)
 	for _, s := range persisted.Items {
 		cp := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: ns, Labels: s.Labels}, Type: s.Type, Data: s.Data}
 		must(t, dst.Client.Create(ctx, cp))
@@ -683,8 +862,14 @@ func TestMigrateRestore(t *testing.T) {
 	restored := newExtension(ns, "")
 	restored.Annotations = map[string]string{v1beta1constants.GardenerOperation: v1beta1constants.GardenerOperationWaitForState}
 	must(t, dst.Client.Create(ctx, restored))
-	restored.Status.State = ext.Status.State
-	must(t, dst.Client.Status().Update(ctx, restored))
+	// The health check may write the new Extension's status meanwhile: retry on conflict.
+	must(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := dst.Client.Get(ctx, client.ObjectKeyFromObject(restored), restored); err != nil {
+			return err
+		}
+		restored.Status.State = ext.Status.State
+		return dst.Client.Status().Update(ctx, restored)
+	}))
 	rpatch := client.MergeFrom(restored.DeepCopy())
 	metav1.SetMetaDataAnnotation(&restored.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationRestore)
 	must(t, dst.Client.Patch(ctx, restored, rpatch))
@@ -713,6 +898,8 @@ func TestMigrateRestore(t *testing.T) {
 			t.Errorf("persisted secret %s changed after restore", s.Name)
 		}
 	}
+	addrs := []string{"fd8f:6d53:b97a:1::2", "fd8f:6d53:b97a:1::3"}[:len(srcKeys)]
+	wantAgents(t, dst.Client, ns, srcKeys, addrs...)
 }
 
 // testForceDelete: with the Shoot marked for force deletion, deleting the Extension finishes

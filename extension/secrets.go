@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"strconv"
 	"time"
 
 	extensionssecretsmanager "github.com/gardener/gardener/extensions/pkg/util/secret/manager"
@@ -83,10 +84,22 @@ func caConfigs() []extensionssecretsmanager.SecretConfigWithOptions {
 	}}
 }
 
-// leafConfigs are everything signed by the CA plus the WireGuard keys.
-func leafConfigs(namespace string) []extensionssecretsmanager.SecretConfigWithOptions {
+// AgentWireGuardSecretName is the secrets-manager name of agent i's WireGuard key. The first
+// agent's keeps the name the one agent always had, so its key survives the shoot becoming HA.
+func AgentWireGuardSecretName(i int) string {
+	if i == 0 {
+		return SecretNameAgentWireGuard
+	}
+	return SecretNameAgentWireGuard + "-" + strconv.Itoa(i)
+}
+
+// leafConfigs are everything signed by the CA plus the WireGuard keys of the server and of
+// agents agents. A key of an agent no longer run is cleaned up with the other unused secrets:
+// an agent added again later gets a new key (in its Secret in the shoot as in tendril-server's
+// arguments) but its recorded address.
+func leafConfigs(namespace string, agents int) []extensionssecretsmanager.SecretConfigWithOptions {
 	svc := "tendril-server"
-	return []extensionssecretsmanager.SecretConfigWithOptions{
+	cfgs := []extensionssecretsmanager.SecretConfigWithOptions{
 		{
 			Config: &secretsutils.CertificateSecretConfig{
 				Name:       SecretNameServerTLS,
@@ -122,9 +135,12 @@ func leafConfigs(namespace string) []extensionssecretsmanager.SecretConfigWithOp
 			Config:  &wireGuardKeyConfig{Name: SecretNameServerWireGuard},
 			Options: []secretsmanager.GenerateOption{secretsmanager.Persist()},
 		},
-		{
-			Config:  &wireGuardKeyConfig{Name: SecretNameAgentWireGuard},
-			Options: []secretsmanager.GenerateOption{secretsmanager.Persist()},
-		},
 	}
+	for i := range agents {
+		cfgs = append(cfgs, extensionssecretsmanager.SecretConfigWithOptions{
+			Config:  &wireGuardKeyConfig{Name: AgentWireGuardSecretName(i)},
+			Options: []secretsmanager.GenerateOption{secretsmanager.Persist()},
+		})
+	}
+	return cfgs
 }

@@ -95,12 +95,21 @@ type Values struct {
 // Tunnel is the non-secret tunnel state (kept in the Extension's status.state) plus the keys.
 type Tunnel struct {
 	ServerAddresses []netip.Addr
-	AgentAddress    netip.Addr
-	// ServerPublicKey and AgentPublicKey are base64 WireGuard public keys.
+	// ServerPublicKey is the server's base64 WireGuard public key.
 	ServerPublicKey string
-	AgentPublicKey  string
-	// AgentPrivateKey is the agent's private key, delivered to the shoot in a Secret.
-	AgentPrivateKey string
+	// Agents are the shoot's tunnel agents, each its own WireGuard peer of tendril-server and
+	// its own Deployment in the shoot; more than one for a highly available control plane.
+	Agents []Agent
+}
+
+// Agent is one shoot agent's tunnel identity.
+type Agent struct {
+	// Address is the agent's inner tunnel address.
+	Address netip.Addr
+	// PublicKey is its base64 WireGuard public key.
+	PublicKey string
+	// PrivateKey is its private key, delivered to the shoot in the agent's own Secret.
+	PrivateKey string
 }
 
 // SecretNames are the Secrets tendril-server mounts (names carry the secrets manager's hashes).
@@ -126,10 +135,26 @@ func (v Values) Validate() error {
 		return fmt.Errorf("no hostnames")
 	case v.Ingress == "":
 		return fmt.Errorf("ingress address is empty")
-	case len(v.Tunnel.ServerAddresses) == 0 || !v.Tunnel.AgentAddress.IsValid():
+	case len(v.Tunnel.ServerAddresses) == 0:
 		return fmt.Errorf("tunnel addresses missing")
-	case v.Tunnel.ServerPublicKey == "" || v.Tunnel.AgentPublicKey == "" || v.Tunnel.AgentPrivateKey == "":
+	case v.Tunnel.ServerPublicKey == "":
 		return fmt.Errorf("tunnel keys missing")
+	case len(v.Tunnel.Agents) == 0:
+		return fmt.Errorf("no tunnel agents")
+	}
+	seen := map[netip.Addr]bool{}
+	for i, a := range v.Tunnel.Agents {
+		switch {
+		case !a.Address.IsValid():
+			return fmt.Errorf("agent %d: tunnel address missing", i)
+		case seen[a.Address]:
+			return fmt.Errorf("agent %d: tunnel address %s used twice", i, a.Address)
+		case a.PublicKey == "" || a.PrivateKey == "":
+			return fmt.Errorf("agent %d: tunnel keys missing", i)
+		}
+		seen[a.Address] = true
+	}
+	switch {
 	case v.Secrets.ServerTLS == "" || v.Secrets.ClientCA == "" || v.Secrets.ServerWireGuard == "":
 		return fmt.Errorf("secret names missing")
 	case v.APIServerProxy && !v.AdvertisedAddress.IsValid():
@@ -147,6 +172,23 @@ func TunnelDestination(namespace string) string {
 
 func serverLabels() map[string]string {
 	return map[string]string{v1beta1constants.LabelApp: ServerName}
+}
+
+// agentPublicKeys and agentAddresses are tendril-server's comma-separated lists, in agent order.
+func agentPublicKeys(as []Agent) string {
+	ks := make([]string, len(as))
+	for i, a := range as {
+		ks[i] = a.PublicKey
+	}
+	return strings.Join(ks, ",")
+}
+
+func agentAddresses(as []Agent) string {
+	addrs := make([]netip.Addr, len(as))
+	for i, a := range as {
+		addrs[i] = a.Address
+	}
+	return joinAddrs(addrs)
 }
 
 func joinAddrs(as []netip.Addr) string {
@@ -204,9 +246,9 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 	}
 	args := []string{
 		"--private-key-file=" + pathWireGuard + "/private-key",
-		"--agent-public-key=" + v.Tunnel.AgentPublicKey,
+		"--agent-public-key=" + agentPublicKeys(v.Tunnel.Agents),
 		"--addresses=" + joinAddrs(v.Tunnel.ServerAddresses),
-		"--agent-address=" + v.Tunnel.AgentAddress.String(),
+		"--agent-address=" + agentAddresses(v.Tunnel.Agents),
 		"--shoot-cidrs=" + joinPrefixes(v.ShootCIDRs),
 		"--tunnel-address=:" + strconv.Itoa(PortTunnel),
 		"--connect-address=:" + strconv.Itoa(PortConnect),

@@ -9,6 +9,12 @@ import (
 	"testing"
 
 	resourcesv1alpha1 "github.com/gardener/gardener/pkg/apis/resources/v1alpha1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -30,10 +36,12 @@ func testValues() Values {
 		Egress:            tendrilv1alpha1.EgressGRPC,
 		Tunnel: Tunnel{
 			ServerAddresses: []netip.Addr{netip.MustParseAddr("fd8f:6d53:b97a:1::1"), netip.MustParseAddr("198.18.0.1")},
-			AgentAddress:    netip.MustParseAddr("fd8f:6d53:b97a:1::2"),
 			ServerPublicKey: "c2VydmVyLXB1YmxpYy1rZXktMzItYnl0ZXMtbG9uZyE=",
-			AgentPublicKey:  "YWdlbnQtcHVibGljLWtleS0zMi1ieXRlcy1sb25nISE=",
-			AgentPrivateKey: "YWdlbnQtcHJpdmF0ZS1rZXktMzItYnl0ZXMtbG9uZyE=",
+			Agents: []Agent{{
+				Address:    netip.MustParseAddr("fd8f:6d53:b97a:1::2"),
+				PublicKey:  "YWdlbnQtcHVibGljLWtleS0zMi1ieXRlcy1sb25nISE=",
+				PrivateKey: "YWdlbnQtcHJpdmF0ZS1rZXktMzItYnl0ZXMtbG9uZyE=",
+			}},
 		},
 		Secrets: SecretNames{ServerTLS: "tendril-server-tls-0e15e25d", ClientCA: "ca-tendril-bundle-c6457b02", ServerWireGuard: "tendril-server-wireguard-c42257bc"},
 	}
@@ -48,11 +56,14 @@ func TestGolden(t *testing.T) {
 	}
 	hib := v
 	hib.Hibernated, hib.APIServerProxy = true, false
+	ha := haValues()
 	for name, objs := range map[string][]client.Object{
 		"seed.yaml":            append(SeedObjects(v), Route(v)),
 		"shoot.yaml":           ShootObjects(v),
 		"seed-hibernated.yaml": SeedObjects(hib),
 		"shoot-no-proxy.yaml":  ShootObjects(hib),
+		"seed-ha.yaml":         SeedObjects(ha),
+		"shoot-ha.yaml":        ShootObjects(ha),
 	} {
 		var b strings.Builder
 		for _, o := range objs {
@@ -80,6 +91,112 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+// haValues are testValues with a second agent, as for a highly available control plane.
+func haValues() Values {
+	v := testValues()
+	v.Tunnel.Agents = append(v.Tunnel.Agents, Agent{
+		Address:    netip.MustParseAddr("fd8f:6d53:b97a:1::3"),
+		PublicKey:  "YWdlbnQxLXB1YmxpYy1rZXktMzItYnl0ZXMtbG9uZyE=",
+		PrivateKey: "YWdlbnQxLXByaXZhdGUta2V5LTMyLWJ5dGVzLWxvbmc=",
+	})
+	return v
+}
+
+// TestHAAgents: each agent is its own Deployment mounting its own Secret with its own key and
+// address; tendril-server has both as peers; one PodDisruptionBudget, the NetworkPolicies and
+// the anti-affinity select both agents' pods and nothing else; no Deployment selects another's pods.
+func TestHAAgents(t *testing.T) {
+	v := haValues()
+	if err := v.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var deps []*appsv1.Deployment
+	secrets := map[string]*corev1.Secret{}
+	var pdbs []*policyv1.PodDisruptionBudget
+	var pols []*networkingv1.NetworkPolicy
+	for _, o := range ShootObjects(v) {
+		switch x := o.(type) {
+		case *appsv1.Deployment:
+			deps = append(deps, x)
+		case *corev1.Secret:
+			secrets[x.Name] = x
+		case *policyv1.PodDisruptionBudget:
+			pdbs = append(pdbs, x)
+		case *networkingv1.NetworkPolicy:
+			pols = append(pols, x)
+		}
+	}
+	if len(deps) != 2 || len(pdbs) != 1 || len(pols) != 2 {
+		t.Fatalf("%d Deployments, %d PodDisruptionBudgets, %d NetworkPolicies: want 2, 1, 2", len(deps), len(pdbs), len(pols))
+	}
+	selects := func(t *testing.T, what string, ls *metav1.LabelSelector, d *appsv1.Deployment) bool {
+		t.Helper()
+		sel, err := metav1.LabelSelectorAsSelector(ls)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return sel.Matches(labels.Set(d.Spec.Template.Labels))
+	}
+	for i, d := range deps {
+		spec := d.Spec.Template.Spec
+		args := strings.Join(spec.Containers[0].Args, " ")
+		if want := "--address=" + v.Tunnel.Agents[i].Address.String() + " "; d.Name != AgentObjectName(i) || !strings.Contains(args, want) {
+			t.Errorf("Deployment %d %s: args %q lack %q", i, d.Name, args, want)
+		}
+		s := secrets[spec.Volumes[0].Secret.SecretName]
+		if s == nil || string(s.Data["private-key"]) != v.Tunnel.Agents[i].PrivateKey {
+			t.Errorf("Deployment %s mounts secret %s, which lacks agent %d's private key", d.Name, spec.Volumes[0].Secret.SecretName, i)
+		}
+		for j, other := range deps {
+			if j != i && selects(t, d.Name, d.Spec.Selector, other) {
+				t.Errorf("Deployment %s's selector matches %s's pods", d.Name, other.Name)
+			}
+		}
+		if !selects(t, "pdb", pdbs[0].Spec.Selector, d) {
+			t.Errorf("PodDisruptionBudget does not select %s", d.Name)
+		}
+		for _, p := range pols {
+			if !selects(t, p.Name, &p.Spec.PodSelector, d) && !selects(t, p.Name, p.Spec.Ingress[0].From[0].PodSelector, d) {
+				t.Errorf("NetworkPolicy %s does not select %s", p.Name, d.Name)
+			}
+		}
+		aa := spec.Affinity.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution
+		topologies := map[string]bool{}
+		for _, term := range aa {
+			if !selects(t, "anti-affinity", term.PodAffinityTerm.LabelSelector, deps[1-i]) {
+				t.Errorf("%s's anti-affinity term %s does not select the other agent", d.Name, term.PodAffinityTerm.TopologyKey)
+			}
+			topologies[term.PodAffinityTerm.TopologyKey] = true
+		}
+		if !topologies[corev1.LabelTopologyZone] || !topologies[corev1.LabelHostname] {
+			t.Errorf("%s's anti-affinity spreads over %v, want zones and nodes", d.Name, topologies)
+		}
+	}
+	if pdbs[0].Spec.MaxUnavailable == nil || pdbs[0].Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("PodDisruptionBudget %+v: want maxUnavailable 1", pdbs[0].Spec)
+	}
+	args := strings.Join(ServerDeployment(v).Spec.Template.Spec.Containers[0].Args, " ")
+	for _, want := range []string{
+		"--agent-public-key=" + v.Tunnel.Agents[0].PublicKey + "," + v.Tunnel.Agents[1].PublicKey + " ",
+		"--agent-address=fd8f:6d53:b97a:1::2,fd8f:6d53:b97a:1::3 ",
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("tendril-server args %q lack %q", args, want)
+		}
+	}
+	// One agent: no PodDisruptionBudget, no affinity, the selector it always had.
+	for _, o := range ShootObjects(testValues()) {
+		switch x := o.(type) {
+		case *policyv1.PodDisruptionBudget:
+			t.Errorf("one agent got PodDisruptionBudget %s", x.Name)
+		case *appsv1.Deployment:
+			if x.Spec.Template.Spec.Affinity != nil {
+				t.Errorf("one agent got affinity %+v", x.Spec.Template.Spec.Affinity)
+			}
+		}
+	}
+}
+
 func TestValidate(t *testing.T) {
 	for name, mutate := range map[string]func(*Values){
 		"no namespace":          func(v *Values) { v.Namespace = "" },
@@ -87,7 +204,12 @@ func TestValidate(t *testing.T) {
 		"no cidrs":              func(v *Values) { v.ShootCIDRs = nil },
 		"no hostnames":          func(v *Values) { v.Hostnames = nil },
 		"no ingress":            func(v *Values) { v.Ingress = "" },
-		"no agent key":          func(v *Values) { v.Tunnel.AgentPublicKey = "" },
+		"no agent key":          func(v *Values) { v.Tunnel.Agents[0].PublicKey = "" },
+		"no agents":             func(v *Values) { v.Tunnel.Agents = nil },
+		"agent without address": func(v *Values) { v.Tunnel.Agents[0].Address = netip.Addr{} },
+		"agents share address": func(v *Values) {
+			v.Tunnel.Agents = append(v.Tunnel.Agents, Agent{Address: v.Tunnel.Agents[0].Address, PublicKey: "k", PrivateKey: "p"})
+		},
 		"proxy without address": func(v *Values) { v.AdvertisedAddress = netip.Addr{} },
 		"no secret names":       func(v *Values) { v.Secrets.ServerTLS = "" },
 	} {

@@ -8,8 +8,10 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -21,29 +23,95 @@ const (
 	portProxyMetrics = 16911
 )
 
-// AgentSecret carries the agent's WireGuard private key into the shoot.
-func AgentSecret(v Values) *corev1.Secret {
+// AgentObjectName names agent i's Deployment and Secret: the first keeps the name the one
+// agent always had, so a shoot that becomes highly available keeps its running agent and
+// only gains tendril-agent-1.
+func AgentObjectName(i int) string {
+	if i == 0 {
+		return AgentName
+	}
+	return AgentName + "-" + strconv.Itoa(i)
+}
+
+// AgentSecret carries agent i's WireGuard private key into the shoot.
+func AgentSecret(v Values, i int) *corev1.Secret {
 	return &corev1.Secret{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
-		ObjectMeta: metav1.ObjectMeta{Name: AgentName, Namespace: ShootNamespace, Labels: agentLabels()},
+		ObjectMeta: metav1.ObjectMeta{Name: AgentObjectName(i), Namespace: ShootNamespace, Labels: agentLabels(i)},
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{"private-key": []byte(v.Tunnel.AgentPrivateKey)},
+		Data:       map[string][]byte{"private-key": []byte(v.Tunnel.Agents[i].PrivateKey)},
 	}
 }
 
-func agentLabels() map[string]string {
-	return map[string]string{v1beta1constants.LabelApp: AgentName}
+// agentLabels are agent i's labels; each Deployment selects its own pods only (a Deployment's
+// selector is immutable, and overlapping selectors make controllers fight over pods).
+func agentLabels(i int) map[string]string {
+	return map[string]string{v1beta1constants.LabelApp: AgentObjectName(i)}
 }
 
-// AgentDeployment is `tendril-agent vpn` in the shoot's kube-system. It needs no privileges
-// and no API credentials: WireGuard runs in user space and the agent only dials out.
-func AgentDeployment(v Values) *appsv1.Deployment {
-	labels := agentLabels()
+// agentSelector selects every agent's pods, for the NetworkPolicies, the anti-affinity and the
+// PodDisruptionBudget. One agent keeps the plain label selector it always had.
+func agentSelector(n int) *metav1.LabelSelector {
+	if n <= 1 {
+		return &metav1.LabelSelector{MatchLabels: agentLabels(0)}
+	}
+	names := make([]string, n)
+	for i := range names {
+		names[i] = AgentObjectName(i)
+	}
+	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: v1beta1constants.LabelApp, Operator: metav1.LabelSelectorOpIn, Values: names,
+	}}}
+}
+
+// agentAntiAffinity spreads the agents over zones first and nodes second. Preferred, not
+// required: a shoot with one node or one zone still runs every agent (two agents on one node
+// still survive a crash or a restart of either, not the node's loss).
+func agentAntiAffinity(n int) *corev1.Affinity {
+	if n <= 1 {
+		return nil
+	}
+	term := func(weight int32, key string) corev1.WeightedPodAffinityTerm {
+		return corev1.WeightedPodAffinityTerm{Weight: weight, PodAffinityTerm: corev1.PodAffinityTerm{
+			LabelSelector: agentSelector(n), TopologyKey: key,
+		}}
+	}
+	return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{
+			term(100, corev1.LabelTopologyZone), term(50, corev1.LabelHostname),
+		},
+	}}
+}
+
+// AgentPodDisruptionBudget lets a drain evict one agent at a time, so the tunnel always has a
+// live agent to fail over to. Only with several agents: one agent's budget would have to allow
+// its eviction anyway. Unhealthy agents may always be evicted: a crash-looping agent carries no
+// tunnel and must not block a node's drain.
+func AgentPodDisruptionBudget(v Values) *policyv1.PodDisruptionBudget {
+	if len(v.Tunnel.Agents) <= 1 {
+		return nil
+	}
+	return &policyv1.PodDisruptionBudget{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "policy/v1", Kind: "PodDisruptionBudget"},
+		ObjectMeta: metav1.ObjectMeta{Name: AgentName, Namespace: ShootNamespace, Labels: agentLabels(0)},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MaxUnavailable:             ptr.To(intstr.FromInt32(1)),
+			Selector:                   agentSelector(len(v.Tunnel.Agents)),
+			UnhealthyPodEvictionPolicy: ptr.To(policyv1.AlwaysAllow),
+		},
+	}
+}
+
+// AgentDeployment is agent i, `tendril-agent vpn` in the shoot's kube-system. It needs no
+// privileges and no API credentials: WireGuard runs in user space and the agent only dials
+// out. Each agent is its own Deployment of one replica, so that each pod mounts its own key.
+func AgentDeployment(v Values, i int) *appsv1.Deployment {
+	name, labels := AgentObjectName(i), agentLabels(i)
 	args := []string{
 		"vpn",
 		"--private-key-file=" + pathWireGuard + "/private-key",
 		"--server-public-key=" + v.Tunnel.ServerPublicKey,
-		"--address=" + v.Tunnel.AgentAddress.String(),
+		"--address=" + v.Tunnel.Agents[i].Address.String(),
 		"--server-addresses=" + joinAddrs(v.Tunnel.ServerAddresses),
 		"--shoot-cidrs=" + joinPrefixes(v.ShootCIDRs),
 		"--seed=" + hostPort(v.Ingress, PortIngressTunnel),
@@ -54,7 +122,7 @@ func AgentDeployment(v Values) *appsv1.Deployment {
 	live, ready := probes("", portAgentMetrics, "/readyz")
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
-		ObjectMeta: metav1.ObjectMeta{Name: AgentName, Namespace: ShootNamespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ShootNamespace, Labels: labels},
 		Spec: appsv1.DeploymentSpec{
 			Replicas:             ptr.To[int32](1),
 			RevisionHistoryLimit: ptr.To[int32](2),
@@ -64,6 +132,7 @@ func AgentDeployment(v Values) *appsv1.Deployment {
 				Spec: corev1.PodSpec{
 					AutomountServiceAccountToken: ptr.To(false),
 					PriorityClassName:            v1beta1constants.PriorityClassNameShootSystem900,
+					Affinity:                     agentAntiAffinity(len(v.Tunnel.Agents)),
 					Containers: []corev1.Container{{
 						Name:           AgentName,
 						Image:          v.Image,
@@ -79,7 +148,7 @@ func AgentDeployment(v Values) *appsv1.Deployment {
 						SecurityContext: restricted(),
 						VolumeMounts:    []corev1.VolumeMount{{Name: "wireguard", MountPath: pathWireGuard, ReadOnly: true}},
 					}},
-					Volumes: []corev1.Volume{secretVolume("wireguard", AgentName)},
+					Volumes: []corev1.Volume{secretVolume("wireguard", name)},
 				},
 			},
 		},
@@ -150,11 +219,11 @@ const (
 // seed's traffic to its own pod IP; the userspace agent dials from its pod IP as well, so
 // without this, kubectl top, HPA and seed-side scraping break under any NetworkPolicy CNI.
 // (gardener pkg/component/networking/vpn/shoot: the same selector and shape.)
-func AgentFromSeedNetworkPolicy() *networkingv1.NetworkPolicy {
+func AgentFromSeedNetworkPolicy(n int) *networkingv1.NetworkPolicy {
 	return &networkingv1.NetworkPolicy{
 		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name: AgentFromSeedPolicyName, Namespace: ShootNamespace, Labels: agentLabels(),
+			Name: AgentFromSeedPolicyName, Namespace: ShootNamespace, Labels: agentLabels(0),
 			Annotations: map[string]string{v1beta1constants.GardenerDescription: "Allows ingress from the control plane " +
 				"(through tendril-agent) to pods labeled with '" + v1beta1constants.LabelNetworkPolicyShootFromSeed + "=" +
 				v1beta1constants.LabelNetworkPolicyAllowed + "'."},
@@ -163,7 +232,7 @@ func AgentFromSeedNetworkPolicy() *networkingv1.NetworkPolicy {
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{
 				v1beta1constants.LabelNetworkPolicyShootFromSeed: v1beta1constants.LabelNetworkPolicyAllowed,
 			}},
-			Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: agentLabels()}}}}},
+			Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: agentSelector(n)}}}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 		},
 	}
@@ -172,16 +241,16 @@ func AgentFromSeedNetworkPolicy() *networkingv1.NetworkPolicy {
 // AgentNetworkPolicy lets the agent dial anything: the seed ingress and, for the seed, any
 // shoot pod, node or Service (Gardener's gardener.cloud--allow-vpn does the same for
 // vpn-shoot). It admits no ingress: the agent only dials out.
-func AgentNetworkPolicy() *networkingv1.NetworkPolicy {
+func AgentNetworkPolicy(n int) *networkingv1.NetworkPolicy {
 	return &networkingv1.NetworkPolicy{
 		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name: AgentPolicyName, Namespace: ShootNamespace, Labels: agentLabels(),
+			Name: AgentPolicyName, Namespace: ShootNamespace, Labels: agentLabels(0),
 			Annotations: map[string]string{v1beta1constants.GardenerDescription: "Allows tendril-agent to reach the seed " +
 				"ingress and, for the control plane, the shoot's pods, nodes and services."},
 		},
 		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: agentLabels()},
+			PodSelector: *agentSelector(n),
 			Egress:      []networkingv1.NetworkPolicyEgressRule{{}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
 		},
@@ -190,7 +259,15 @@ func AgentNetworkPolicy() *networkingv1.NetworkPolicy {
 
 // ShootObjects are the objects of the shoot's ManagedResource.
 func ShootObjects(v Values) []client.Object {
-	objs := []client.Object{AgentSecret(v), AgentDeployment(v), AgentFromSeedNetworkPolicy(), AgentNetworkPolicy()}
+	n := len(v.Tunnel.Agents)
+	var objs []client.Object
+	for i := range n {
+		objs = append(objs, AgentSecret(v, i), AgentDeployment(v, i))
+	}
+	if pdb := AgentPodDisruptionBudget(v); pdb != nil {
+		objs = append(objs, pdb)
+	}
+	objs = append(objs, AgentFromSeedNetworkPolicy(n), AgentNetworkPolicy(n))
 	if v.APIServerProxy {
 		objs = append(objs, APIServerProxyDaemonSet(v))
 	}

@@ -46,6 +46,7 @@ func shootValues(ns string, mode tendrilv1alpha1.EgressMode) manifest.Values {
 	return manifest.Values{
 		Namespace: ns, Image: "tendril:test", Egress: mode, IngressNamespace: extNS,
 		Secrets: manifest.SecretNames{ServerTLS: "tls", ClientCA: "ca", ServerWireGuard: "wg"},
+		Tunnel:  manifest.Tunnel{Agents: []manifest.Agent{{}}}, // one agent (its keys do not matter here)
 	}
 }
 

@@ -44,6 +44,25 @@ type ProviderConfig struct {
 	//
 	// +optional
 	Egress EgressMode `json:"egress,omitempty"`
+
+	// HighAvailability overrides how many tunnel agents run in the shoot. Without it, a shoot
+	// whose control plane is highly available (spec.controlPlane.highAvailability) gets
+	// MaxAgents, any other one agent.
+	//
+	// +optional
+	HighAvailability *HighAvailability `json:"highAvailability,omitempty"`
+}
+
+// MaxAgents is the most tunnel agents a shoot runs: one per failure domain of a highly
+// available control plane is two (Gardener's HA control planes tolerate the loss of one zone
+// or node), and each agent costs tendril-server a WireGuard peer and a keepalive per second.
+const MaxAgents = 2
+
+// HighAvailability configures the shoot-side tunnel agents.
+type HighAvailability struct {
+	// Agents is the number of tunnel agents, each with its own WireGuard key and address:
+	// 1 or MaxAgents.
+	Agents int32 `json:"agents"`
 }
 
 // APIServerProxy configures the shoot-side apiserver-proxy agent.
@@ -63,6 +82,14 @@ func (c *ProviderConfig) EgressOrDefault() EgressMode {
 		return EgressHTTPConnect
 	}
 	return c.Egress
+}
+
+// AgentsOr is the configured number of agents, or def when the config does not say.
+func (c *ProviderConfig) AgentsOr(def int) int {
+	if c == nil || c.HighAvailability == nil {
+		return def
+	}
+	return int(c.HighAvailability.Agents)
 }
 
 // DecodeProviderConfig decodes raw strictly (unknown fields are errors, so a typo does not
@@ -98,6 +125,9 @@ func ValidateProviderConfig(c *ProviderConfig, root *field.Path) field.ErrorList
 	case "", EgressHTTPConnect, EgressGRPC:
 	default:
 		errs = append(errs, field.NotSupported(root.Child("egress"), c.Egress, []EgressMode{EgressHTTPConnect, EgressGRPC}))
+	}
+	if ha := c.HighAvailability; ha != nil && (ha.Agents < 1 || ha.Agents > MaxAgents) {
+		errs = append(errs, field.Invalid(root.Child("highAvailability", "agents"), ha.Agents, fmt.Sprintf("must be between 1 and %d", MaxAgents)))
 	}
 	return errs
 }

@@ -11,11 +11,16 @@ func TestDecodeProviderConfig(t *testing.T) {
 		wantErr    string
 		wantEgress EgressMode
 		wantProxy  bool
+		wantAgents int // AgentsOr(7): 7 means "not configured"
 	}{
 		{name: "empty is the default", raw: "", wantEgress: EgressHTTPConnect},
 		{name: "full", raw: `{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true},"egress":"httpConnect"}`, wantEgress: EgressHTTPConnect, wantProxy: true},
 		{name: "grpc", raw: `{"egress":"grpc"}`, wantEgress: EgressGRPC},
 		{name: "without type meta", raw: `{"egress":"httpConnect"}`, wantEgress: EgressHTTPConnect},
+		{name: "two agents", raw: `{"highAvailability":{"agents":2}}`, wantEgress: EgressHTTPConnect, wantAgents: 2},
+		{name: "one agent", raw: `{"highAvailability":{"agents":1}}`, wantEgress: EgressHTTPConnect, wantAgents: 1},
+		{name: "zero agents", raw: `{"highAvailability":{"agents":0}}`, wantErr: "spec.providerConfig.highAvailability.agents: Invalid value: 0: must be between 1 and 2"},
+		{name: "three agents", raw: `{"highAvailability":{"agents":3}}`, wantErr: "spec.providerConfig.highAvailability.agents: Invalid value: 3"},
 		{name: "unknown field", raw: `{"egres":"grpc"}`, wantErr: `unknown field "egres"`},
 		{name: "bad egress", raw: `{"egress":"socks"}`, wantErr: `spec.providerConfig.egress: Unsupported value: "socks"`},
 		{name: "wrong kind", raw: `{"kind":"Other"}`, wantErr: "spec.providerConfig.kind"},
@@ -36,6 +41,13 @@ func TestDecodeProviderConfig(t *testing.T) {
 			}
 			if cfg.EgressOrDefault() != tc.wantEgress || cfg.APIServerProxyEnabled() != tc.wantProxy {
 				t.Fatalf("got egress %q proxy %v", cfg.EgressOrDefault(), cfg.APIServerProxyEnabled())
+			}
+			want := tc.wantAgents
+			if want == 0 {
+				want = 7
+			}
+			if got := cfg.AgentsOr(7); got != want {
+				t.Fatalf("agents %d, want %d", got, want)
 			}
 		})
 	}
