@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 )
 
 // keeps applies a ScrapeConfig's keep relabelings to a target's meta labels as Prometheus
@@ -48,22 +50,26 @@ func TestScrapeTargets(t *testing.T) {
 		t.Errorf("tendril-server scrape keeps ports %v, want [metrics]", kept)
 	}
 
-	dep := AgentDeployment(v)
-	kept = nil
-	for _, c := range dep.Spec.Template.Spec.Containers {
-		for _, p := range c.Ports {
-			if keeps(t, AgentScrapeConfig(v).Spec.RelabelConfigs, map[string]string{
-				"__meta_kubernetes_pod_name":                  dep.Name + "-5d8f7c9b4-x2x7q",
-				"__meta_kubernetes_pod_container_name":        c.Name,
-				"__meta_kubernetes_pod_container_port_name":   p.Name,
-				"__meta_kubernetes_pod_container_port_number": strconv.Itoa(int(p.ContainerPort)),
-			}) {
-				kept = append(kept, c.Name+"/"+p.Name)
+	// Both agents of an HA shoot are scraped (AgentObjectName(1) shares the pod name prefix).
+	ha := haValues()
+	for i := range tendrilv1alpha1.MaxAgents {
+		dep := AgentDeployment(ha, i)
+		kept = nil
+		for _, c := range dep.Spec.Template.Spec.Containers {
+			for _, p := range c.Ports {
+				if keeps(t, AgentScrapeConfig(v).Spec.RelabelConfigs, map[string]string{
+					"__meta_kubernetes_pod_name":                  dep.Name + "-5d8f7c9b4-x2x7q",
+					"__meta_kubernetes_pod_container_name":        c.Name,
+					"__meta_kubernetes_pod_container_port_name":   p.Name,
+					"__meta_kubernetes_pod_container_port_number": strconv.Itoa(int(p.ContainerPort)),
+				}) {
+					kept = append(kept, c.Name+"/"+p.Name)
+				}
 			}
 		}
-	}
-	if len(kept) != 1 || kept[0] != AgentName+"/metrics" {
-		t.Errorf("agent scrape keeps %v, want [%s/metrics]", kept, AgentName)
+		if len(kept) != 1 || kept[0] != AgentName+"/metrics" {
+			t.Errorf("agent %d (%s): scrape keeps %v, want [%s/metrics]", i, dep.Name, kept, AgentName)
+		}
 	}
 	if keeps(t, AgentScrapeConfig(v).Spec.RelabelConfigs, map[string]string{
 		"__meta_kubernetes_pod_name": "vpn-shoot-0", "__meta_kubernetes_pod_container_name": AgentName,
