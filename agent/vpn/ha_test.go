@@ -64,6 +64,12 @@ type haWorld struct {
 
 func newHAWorld(t *testing.T, n int) *haWorld {
 	t.Helper()
+	return newHAWorldBackoff(t, n, 20*time.Millisecond, 200*time.Millisecond)
+}
+
+// newHAWorldBackoff is newHAWorld with the agents' reconnect backoff given.
+func newHAWorldBackoff(t *testing.T, n int, minBackoff, maxBackoff time.Duration) *haWorld {
+	t.Helper()
 	// The shoot's network is 10.99.0.0/24 in the tunnel; the agents' dialer maps it to the echo
 	// on loopback (gVisor drops packets to loopback addresses arriving on its NIC).
 	realEcho := testnet.EchoServer(t)
@@ -114,7 +120,7 @@ func newHAWorld(t *testing.T, n int) *haWorld {
 		w.proxies = append(w.proxies, p)
 		a, err := New(Config{PrivateKey: w.keys[i], ServerPublicKey: serverKey.PublicKey(), Address: haAgentAddr(i),
 			ServerAddresses: []netip.Addr{serverAddr, serverAddr4}, ShootCIDRs: shoot, Seed: p.Addr, Direct: true, Dial: dialShoot,
-			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Log: testr.New(t).WithName("agent")})
+			MinBackoff: minBackoff, MaxBackoff: maxBackoff, Log: testr.New(t).WithName("agent")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -272,6 +278,36 @@ func TestDeadPath(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestBackoffStartsOverAfterAHealthyStream: the path to the seed is reset again and again
+// (restarts of the server or the ingress), each time after the server answered heartbeats on
+// the stream; the agent comes back after its shortest backoff each time, not after a doubled
+// one. MaxBackoff is large so that the doubling would show: without the start-over the
+// seventh reset waits at least 0.2 s × 2⁶ / 2 = 6.4 s, past the 5 s deadline.
+func TestBackoffStartsOverAfterAHealthyStream(t *testing.T) {
+	w := newHAWorldBackoff(t, 1, 200*time.Millisecond, time.Minute)
+	ctx := t.Context()
+	a := w.agents[0]
+	for i := range 8 {
+		eventually(t, "a round trip", func() error { return w.roundTrip(ctx) })
+		eventually(t, "the server answers a heartbeat on this stream", func() error {
+			if n := a.echoedStreams.Load(); n < uint64(i+1) {
+				return errNotYet("%d streams echoed, want %d", n, i+1)
+			}
+			return nil
+		})
+		attached := w.srv.Tunnel().BindStats().StreamsAttached
+		w.proxies[0].Reset()
+		// A deadline, not a measurement: the start-over waits 0.1–0.2 s.
+		deadline := time.Now().Add(5 * time.Second)
+		for w.srv.Tunnel().BindStats().StreamsAttached <= attached {
+			if time.Now().After(deadline) {
+				t.Fatalf("reset %d: no new stream within 5 s (the backoff did not start over)", i+1)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 }
 
 func errNotYet(format string, args ...any) error { return fmt.Errorf(format, args...) }

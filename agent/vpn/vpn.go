@@ -71,14 +71,16 @@ type Config struct {
 
 // Agent keeps one tunnel to the seed.
 type Agent struct {
-	cfg          Config
-	tun          *wg.Tunnel
-	connected    atomic.Bool
-	echoSeen     atomic.Bool // the server has answered a heartbeat: it serves them
-	reconnects   prometheus.Counter
-	dialErrors   *prometheus.CounterVec
-	forwards     *prometheus.CounterVec
-	pathTimeouts prometheus.Counter
+	cfg       Config
+	tun       *wg.Tunnel
+	connected atomic.Bool
+	echoSeen  atomic.Bool // the server has answered a heartbeat: it serves them
+	// echoedStreams counts the streams on which the server answered a heartbeat.
+	echoedStreams atomic.Uint64
+	reconnects    prometheus.Counter
+	dialErrors    *prometheus.CounterVec
+	forwards      *prometheus.CounterVec
+	pathTimeouts  prometheus.Counter
 }
 
 // New starts the WireGuard end; Run connects it.
@@ -203,6 +205,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	backoff := a.cfg.MinBackoff
 	for ctx.Err() == nil {
 		start := time.Now()
+		echoed := false
 		c, err := a.dial(ctx)
 		if err == nil {
 			var ep *bind.Endpoint
@@ -211,7 +214,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.connected.Store(true)
 				a.reconnects.Inc()
 				a.cfg.Log.Info("Tunnel stream up", "seed", a.cfg.Seed)
-				a.watchPath(ctx, ep, start)
+				echoed = a.watchPath(ctx, ep, start)
 				if ctx.Err() == nil {
 					a.cfg.Log.Info("Tunnel stream ended", "seed", a.cfg.Seed, "after", time.Since(start).Round(time.Millisecond).String())
 				}
@@ -224,8 +227,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err != nil && ctx.Err() == nil {
 			a.cfg.Log.Info("Reaching the seed failed", "seed", a.cfg.Seed, "error", err.Error())
 		}
-		// A stream that lived a while was healthy: start the backoff over.
-		if time.Since(start) > a.cfg.MaxBackoff {
+		// A stream that lived a while, or on which the server answered a heartbeat, was
+		// healthy: start the backoff over. Without the echo case, every restart of the server
+		// or the ingress within MaxBackoff of the last doubled the wait: restarts 5 s apart
+		// found the agent 3–12 s away (e2e TestHAFailoverTimes). A server that answers and
+		// then drops the stream at once costs a reconnect every MinBackoff, each with a
+		// completed handshake: not a storm.
+		if echoed || time.Since(start) > a.cfg.MaxBackoff {
 			backoff = a.cfg.MinBackoff
 		}
 		wait := backoff/2 + rand.N(backoff/2+1) // jitter: many agents do not return in step
@@ -239,8 +247,9 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // watchPath sends heartbeats through the tunnel until the stream ends or ctx does, and ends the
-// stream when the echoes stop for PathTimeout (see Config.PathTimeout).
-func (a *Agent) watchPath(ctx context.Context, ep *bind.Endpoint, attached time.Time) {
+// stream when the echoes stop for PathTimeout (see Config.PathTimeout). It reports whether the
+// server answered a heartbeat on this stream.
+func (a *Agent) watchPath(ctx context.Context, ep *bind.Endpoint, attached time.Time) (echoed bool) {
 	var hb net.Conn
 	err := errors.New("the server has no inner address")
 	if len(a.cfg.ServerAddresses) > 0 {
@@ -254,7 +263,7 @@ func (a *Agent) watchPath(ctx context.Context, ep *bind.Endpoint, attached time.
 		case <-ep.Done():
 		case <-ctx.Done():
 		}
-		return
+		return false
 	}
 	var lastEcho atomic.Int64 // Unix nanoseconds of the last echo on this stream
 	readerDone := make(chan struct{})
@@ -265,11 +274,13 @@ func (a *Agent) watchPath(ctx context.Context, ep *bind.Endpoint, attached time.
 			if _, err := hb.Read(buf); err != nil {
 				return
 			}
-			lastEcho.Store(time.Now().UnixNano())
+			if lastEcho.Swap(time.Now().UnixNano()) == 0 {
+				a.echoedStreams.Add(1)
+			}
 			a.echoSeen.Store(true)
 		}
 	}()
-	defer func() { hb.Close(); <-readerDone }()
+	defer func() { hb.Close(); <-readerDone; echoed = lastEcho.Load() != 0 }()
 	tick := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	var seq uint64

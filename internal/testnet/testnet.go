@@ -192,6 +192,17 @@ func (p *Proxy) Cut() {
 	p.Blackhole()
 }
 
+// Reset closes every connection accepted so far, as a restarting server or ingress does; new
+// connections are accepted as before.
+func (p *Proxy) Reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns, p.holes = nil, nil
+}
+
 // copyUnlessHoled copies src to dst until either ends, discarding what it reads once hole is
 // set; at the end it closes both.
 func copyUnlessHoled(dst, src net.Conn, hole *atomic.Bool) {
