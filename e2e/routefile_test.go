@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"crypto/tls"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,21 +32,7 @@ func TestRouteFileRewrittenInPlace(t *testing.T) {
 	xdsAddr, seedMetrics, sniAddr, ingressMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	start(t, "tendril-seed", "--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics)
 	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics)
-	reach := func() error {
-		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", sniAddr, &tls.Config{ServerName: host, RootCAs: ca.Pool})
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		b, err := io.ReadAll(c)
-		if err != nil {
-			return err
-		}
-		if string(b) != host {
-			return fmt.Errorf("reached %q", b)
-		}
-		return nil
-	}
+	reach := func() error { return reachSNI(sniAddr, host, ca) }
 	eventually(t, "alpha", reach)
 
 	stop := make(chan struct{})

@@ -164,21 +164,7 @@ func TestSNIPathBinaries(t *testing.T) {
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
 	eventually(t, "seed ready", func() error { _, err := get("http://" + seedMetrics + "/readyz"); return err })
 
-	reach := func(host string) error {
-		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", sniAddr, &tls.Config{ServerName: host, RootCAs: ca.Pool})
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		b, err := io.ReadAll(c)
-		if err != nil {
-			return err
-		}
-		if string(b) != host {
-			return fmt.Errorf("reached %q", b)
-		}
-		return nil
-	}
+	reach := func(host string) error { return reachSNI(sniAddr, host, ca) }
 	refused := func(host string) error {
 		if err := reach(host); err == nil {
 			return fmt.Errorf("%s is still reachable", host)
@@ -217,6 +203,24 @@ func TestSNIPathBinaries(t *testing.T) {
 }
 
 // upstream serves TLS for host and answers every connection with the host name.
+// reachSNI opens a TLS connection with server name host through the ingress's SNI listener at
+// sniAddr and checks that the upstream behind it is host's (upstream writes its name and closes).
+func reachSNI(sniAddr, host string, ca *testpki.CA) error {
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", sniAddr, &tls.Config{ServerName: host, RootCAs: ca.Pool})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	b, err := io.ReadAll(c)
+	if err != nil {
+		return err
+	}
+	if string(b) != host {
+		return fmt.Errorf("reached %q", b)
+	}
+	return nil
+}
+
 func upstream(t *testing.T, ca *testpki.CA, host string) string {
 	t.Helper()
 	cert, err := ca.Leaf(host)

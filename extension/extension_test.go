@@ -174,6 +174,30 @@ func lastOp(c client.Client, key client.ObjectKey) (*gardencorev1beta1.LastOpera
 	return e.Status.LastOperation, e, nil
 }
 
+// migrate asks for a migration as gardenlet does (the operation annotation) and waits until
+// lastOperation says Migrate Succeeded and the annotation is gone; it returns the Extension then.
+func migrate(t *testing.T, c client.Client, ext *extensionsv1alpha1.Extension) *extensionsv1alpha1.Extension {
+	t.Helper()
+	patch := client.MergeFrom(ext.DeepCopy())
+	metav1.SetMetaDataAnnotation(&ext.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationMigrate)
+	must(t, c.Patch(context.Background(), ext, patch))
+	testwait.For(t, "migrate succeeded", func() error {
+		op, e, err := lastOp(c, client.ObjectKeyFromObject(ext))
+		if err != nil {
+			return err
+		}
+		if op.Type != gardencorev1beta1.LastOperationTypeMigrate || op.State != gardencorev1beta1.LastOperationStateSucceeded {
+			return fmt.Errorf("lastOperation %s %s: %s", op.Type, op.State, op.Description)
+		}
+		if e.Annotations[v1beta1constants.GardenerOperation] != "" {
+			return fmt.Errorf("operation annotation still set")
+		}
+		ext = e
+		return nil
+	})
+	return ext
+}
+
 func waitSucceeded(t *testing.T, c client.Client, key client.ObjectKey, after time.Time) *extensionsv1alpha1.Extension {
 	t.Helper()
 	var ext *extensionsv1alpha1.Extension
@@ -818,24 +842,7 @@ func testMigrateRestore(t *testing.T, src, dst *kubetest.Env, ns string, mutate 
 	srcArgs := serverArgs(t, src.Client, ns)
 	srcShoot := managedResourceData(t, src.Client, managedResource(t, src.Client, ns))
 
-	// Migrate.
-	patch := client.MergeFrom(ext.DeepCopy())
-	metav1.SetMetaDataAnnotation(&ext.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationMigrate)
-	must(t, src.Client.Patch(ctx, ext, patch))
-	testwait.For(t, "migrate succeeded", func() error {
-		op, e, err := lastOp(src.Client, client.ObjectKeyFromObject(ext))
-		if err != nil {
-			return err
-		}
-		if op.Type != gardencorev1beta1.LastOperationTypeMigrate || op.State != gardencorev1beta1.LastOperationStateSucceeded {
-			return fmt.Errorf("lastOperation %s %s: %s", op.Type, op.State, op.Description)
-		}
-		if e.Annotations[v1beta1constants.GardenerOperation] != "" {
-			return fmt.Errorf("operation annotation still set")
-		}
-		ext = e
-		return nil
-	})
+	ext = migrate(t, src.Client, ext)
 	left := versions(t, src.Client, ns)
 	for k := range left {
 		if !strings.HasPrefix(k, "Secret/") {

@@ -100,19 +100,7 @@ func TestShootResourcesByGRM(t *testing.T) {
 		t.Errorf("ManagedResource finalizers %v: GRM's is missing", mr.Finalizers)
 	}
 	must(t, seed.Client.Get(ctx, client.ObjectKeyFromObject(ext), ext))
-	patch := client.MergeFrom(ext.DeepCopy())
-	metav1.SetMetaDataAnnotation(&ext.ObjectMeta, v1beta1constants.GardenerOperation, v1beta1constants.GardenerOperationMigrate)
-	must(t, seed.Client.Patch(ctx, ext, patch))
-	testwait.For(t, "migrate succeeded", func() error {
-		op, _, err := lastOp(seed.Client, client.ObjectKeyFromObject(ext))
-		if err != nil {
-			return err
-		}
-		if op.Type != gardencorev1beta1.LastOperationTypeMigrate || op.State != gardencorev1beta1.LastOperationStateSucceeded {
-			return fmt.Errorf("lastOperation %s %s: %s", op.Type, op.State, op.Description)
-		}
-		return nil
-	})
+	migrate(t, seed.Client, ext)
 	if err := seed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.ManagedResourceName}, &resourcesv1alpha1.ManagedResource{}); !apierrors.IsNotFound(err) {
 		t.Errorf("ManagedResource after migrate: %v, want it gone", err)
 	}
