@@ -40,6 +40,7 @@ import (
 	"github.com/tendril-net/tendril/extension/ingressdns"
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/metrictest"
+	"github.com/tendril-net/tendril/internal/testwait"
 )
 
 // The package cannot import extension (the controlplane wires both); its copy must agree.
@@ -186,21 +187,6 @@ func startManager(ctx context.Context, t *testing.T, env *kubetest.Env, opts man
 	return stop
 }
 
-func waitFor(ctx context.Context, t *testing.T, what string, f func() error) {
-	t.Helper()
-	var err error
-	for {
-		if err = f(); err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: %v", what, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 func mustCreate(ctx context.Context, t *testing.T, c client.Client, obj client.Object) {
 	t.Helper()
 	if err := c.Create(ctx, obj); err != nil {
@@ -307,7 +293,7 @@ func TestSeedRecord(t *testing.T) {
 	// Disabled: the next tendril-seed deletes the record, and the provider its entry.
 	stop()
 	seedDNS(ingressdns.SeedRecord{Log: testr.New(t)})
-	waitFor(ctx, t, "record deleted", func() error {
+	testwait.For(t, "record deleted", func() error {
 		if err := c.Get(ctx, key, &extensionsv1alpha1.DNSRecord{}); err == nil {
 			return errors.New("record still there")
 		}
@@ -326,7 +312,7 @@ func TestSeedRecord(t *testing.T) {
 func waitRecord(ctx context.Context, t *testing.T, c client.Client, z *zone, key types.NamespacedName, typ extensionsv1alpha1.DNSRecordType, values ...string) *extensionsv1alpha1.DNSRecord {
 	t.Helper()
 	rec := &extensionsv1alpha1.DNSRecord{}
-	waitFor(ctx, t, fmt.Sprintf("record %s %q", typ, values), func() error {
+	testwait.For(t, fmt.Sprintf("record %s %q", typ, values), func() error {
 		if err := c.Get(ctx, key, rec); err != nil {
 			return err
 		}
@@ -382,7 +368,7 @@ func TestWebhook(t *testing.T) {
 	external := gardenletRecord(t, c, shoot, "s", "external", "api.s.example.org", istioIP)
 	// Retried until the webhook server has its certificate (failurePolicy Fail: nothing is
 	// stored unmutated meanwhile).
-	waitFor(ctx, t, "webhook serving", func() error { return internal.Deploy(ctx) })
+	testwait.For(t, "webhook serving", func() error { return internal.Deploy(ctx) })
 	if err := external.Deploy(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -435,7 +421,7 @@ func TestWebhook(t *testing.T) {
 		t.Errorf("no_ingress_address counted %v times", n)
 	}
 	setLB(ctx, t, c, svc, corev1.LoadBalancerIngress{IP: tendrilIP, Hostname: tendrilLB})
-	waitFor(ctx, t, "CNAME pointed at the ingress", func() error {
+	testwait.For(t, "CNAME pointed at the ingress", func() error {
 		if err := awsRec.Deploy(ctx); err != nil {
 			return err
 		}
@@ -540,7 +526,7 @@ func startWebhooks(ctx context.Context, t *testing.T, env *kubetest.Env, reg pro
 	})
 
 	var dns admissionregistrationv1.MutatingWebhook
-	waitFor(ctx, t, "webhook configuration", func() error {
+	testwait.For(t, "webhook configuration", func() error {
 		var mwc admissionregistrationv1.MutatingWebhookConfiguration
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: "gardener-extension-tendril"}, &mwc); err != nil {
 			return err
