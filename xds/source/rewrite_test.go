@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tendril-net/tendril/internal/metrictest"
+	"github.com/tendril-net/tendril/internal/testwait"
 	"github.com/tendril-net/tendril/xds/model"
 )
 
@@ -116,15 +117,21 @@ func TestFileInPlaceRewrites(t *testing.T) {
 		}
 	}
 	checkPublished()
-	waitCond(t, "an empty read refused", func() bool {
-		return metrictest.Sum(t, reg, "tendril_route_file_loads_total", map[string]string{"outcome": "no_shoots"}) > 0
+	testwait.For(t, "an empty read refused", func() error {
+		if metrictest.Sum(t, reg, "tendril_route_file_loads_total", map[string]string{"outcome": "no_shoots"}) == 0 {
+			return errors.New("no no_shoots load counted")
+		}
+		return nil
 	})
 	before := metrictest.Sum(t, reg, "tendril_route_file_loads_total", map[string]string{"outcome": "no_shoots"})
 	if err := os.Truncate(path, 0); err != nil {
 		t.Fatal(err)
 	}
-	waitCond(t, "the 0-byte file refused", func() bool {
-		return metrictest.Sum(t, reg, "tendril_route_file_loads_total", map[string]string{"outcome": "no_shoots"}) > before
+	testwait.For(t, "the 0-byte file refused", func() error {
+		if metrictest.Sum(t, reg, "tendril_route_file_loads_total", map[string]string{"outcome": "no_shoots"}) <= before {
+			return errors.New("no further no_shoots load counted")
+		}
+		return nil
 	})
 	time.Sleep(100 * time.Millisecond) // past a reload the truncation could have caused
 	checkPublished()
@@ -132,17 +139,6 @@ func TestFileInPlaceRewrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait(0)
-}
-
-func waitCond(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestFileHalfWritten rewrites a two-shoot route file in place in two writes, the second 1.5
