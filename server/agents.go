@@ -29,27 +29,42 @@ import (
 // The active agent stays active while it is live, even when another has a fresher handshake:
 // moving the CIDRs ends every connection through the previous agent (their packets now reach an
 // agent that does not know them and answers with a reset). When the active agent has been dead
-// for failoverGrace, the live agent with the freshest handshake takes over and the dead agent's
-// stream is closed, so that what WireGuard still queued for it fails at once (and an agent that
-// was merely slow reconnects). A new dial then goes to the new agent; a connection through the
-// dead one fails.
+// for a grace period (closedStreamGrace when its stream ended, failoverGrace when it went
+// silent), the live agent with the freshest handshake takes over and the dead agent's stream is
+// closed, so that what WireGuard still queued for it fails at once (and an agent that was merely
+// slow reconnects). A new dial then goes to the new agent; a connection through the dead one
+// fails.
 //
 // An agent is live while its stream is attached, its last handshake is younger than
 // HandshakeFresh, and WireGuard accepted a packet of it within Config.AgentTimeout (frames it did
 // not accept do not count: wg.PeerStatus.LastAuthenticated). The agent sends a heartbeat every
 // second (and WireGuard keepalives), so silence for a few seconds means the path is gone even
 // when no TCP connection noticed (a proxy that stopped forwarding).
+//
+// A killed agent is seen at once: its TCP connection closes, the ingress closes the stream to
+// the server, and the end of every stream triggers a check (acceptTunnel), so the grace starts
+// within milliseconds of the kill rather than at the next watchEvery.
 
-// failoverGrace is how long the active agent may be dead before the CIDRs move. A stream that
-// broke (the ingress restarted) is usually back within a second, the agent's first backoff
-// (0.2 s) plus a dial and a handshake, and the connections through the agent survive that:
-// WireGuard carries on over the new stream. Moving the CIDRs would end them. A silent path has
-// been dead for AgentTimeout already when it counts as dead.
+// closedStreamGrace is how long the active agent's stream may be gone before the CIDRs move: an
+// agent whose stream broke (an ingress replica restarted, a NAT dropped the connection) but which
+// is alive dials again, and the connections through it survive if it is back in time (WireGuard
+// carries on over the new stream; moving the CIDRs would end them). Its return takes the agent's
+// first backoff after a healthy stream (0.1–0.2 s, agent/vpn Run) plus a TCP handshake, the
+// CONNECT through the ingress and the WireGuard handshake initiation reaching the server: 2.5
+// round trips. 0.6 s covers a path of up to (0.6 s − 0.2 s) / 2.5 = 160 ms round trip, and a kill
+// costs 0.6 s plus one dial, within the goal of 1 s with room for a busy node's scheduling.
+const closedStreamGrace = 600 * time.Millisecond
+
+// failoverGrace is how long the active agent may be silent (its stream attached, nothing
+// authenticated for AgentTimeout) before the CIDRs move: the agent gives up on a silent path
+// after its PathTimeout (5 s, as AgentTimeout) and its next heartbeat tick (1 s), then dials
+// again; the grace lets that new stream arrive. The path has been dead for AgentTimeout already
+// when it counts as dead.
 const failoverGrace = time.Second
 
-// watchEvery is how often the server checks its agents: a failover happens within
-// AgentTimeout + watchEvery of the last packet from the active agent. Each check reads the
-// device's state once (a few hundred bytes per agent).
+// watchEvery is how often the server checks its agents besides the checks a stream's end
+// triggers: a silent active agent fails over within AgentTimeout + watchEvery + failoverGrace
+// of its last packet. Each check reads the device's state once (a few hundred bytes per agent).
 const watchEvery = 250 * time.Millisecond
 
 // agents tracks which agent the shoot's CIDRs are routed to.
@@ -61,6 +76,9 @@ type agents struct {
 	failovers uint64
 	// deadSince is when the active agent was first seen dead; zero while it is live.
 	deadSince time.Time
+	// check asks the watch loop for a check now (a stream ended); capacity 1, a pending ask
+	// covers later ones.
+	check chan struct{}
 	// up is closed the first time an agent is live (TunnelUp).
 	up     chan struct{}
 	upOnce sync.Once
@@ -109,18 +127,26 @@ func (s *Server) live(p wg.PeerStatus, now time.Time) bool {
 		now.Sub(p.LastAuthenticated) < s.cfg.AgentTimeout
 }
 
-// routineWatchAgents checks the agents every watchEvery until ctx ends: it moves the shoot's
-// CIDRs away from a dead active agent and closes streams no agent uses any more.
+// routineWatchAgents checks the agents every watchEvery, when a stream ends (checkAgentsSoon)
+// and when a failover grace runs out, until ctx ends: it moves the shoot's CIDRs away from a dead
+// active agent and closes streams no agent uses any more.
 func (s *Server) routineWatchAgents(ctx context.Context) error {
 	tick := time.NewTicker(watchEvery)
 	defer tick.Stop()
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+		case <-s.agents.check:
+		case <-due.C:
 		}
-		s.checkAgents()
+		if wait := s.checkAgents(); wait > 0 {
+			due.Reset(wait)
+		}
 		// A stream that is no agent's endpoint and has carried no authenticated packet for twice
 		// the agent timeout: a path its agent gave up on without the TCP connection ending.
 		// (Streams that never authenticated end at the Bind's AuthTimeout, junk or not.)
@@ -132,23 +158,33 @@ func (s *Server) routineWatchAgents(ctx context.Context) error {
 	}
 }
 
+// checkAgentsSoon makes the watch loop check the agents now rather than at its next tick.
+func (s *Server) checkAgentsSoon() {
+	select {
+	case s.agents.check <- struct{}{}:
+	default: // a check is pending already; it reads the state after this call
+	}
+}
+
 // checkAgents updates liveness and fails over if the active agent is dead and another is live.
-func (s *Server) checkAgents() {
+// It returns how long until the active agent's grace runs out if a failover is pending (another
+// agent is live), else 0.
+func (s *Server) checkAgents() time.Duration {
 	peers, err := s.tun.Peers()
 	if err != nil {
 		s.log.Error(err, "Reading the agents' state failed")
-		return
+		return 0
 	}
 	now := time.Now()
 	a := &s.agents
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var next *wg.PeerStatus
-	activeLive := false
+	activeLive, activeAttached := false, false
 	for i, p := range peers {
 		live := s.live(p, now)
 		if live != a.live[p.PublicKey] {
-			s.log.Info("Agent liveness changed", "agent", p.PublicKey.String(), "live", live, "endpoint", p.Endpoint)
+			s.log.Info("Agent liveness changed", "agent", p.PublicKey.String(), "live", live, "endpoint", p.Endpoint, "attached", p.Attached)
 		}
 		a.live[p.PublicKey] = live
 		if live {
@@ -156,7 +192,7 @@ func (s *Server) checkAgents() {
 		}
 		s.metrics.agentLive.WithLabelValues(p.PublicKey.String()).Set(boolGauge(live))
 		if p.PublicKey == a.active {
-			activeLive = live
+			activeLive, activeAttached = live, p.Attached
 		} else if live && (next == nil || p.LastHandshake.After(next.LastHandshake)) {
 			next = &peers[i]
 		}
@@ -164,17 +200,24 @@ func (s *Server) checkAgents() {
 	switch {
 	case activeLive:
 		a.deadSince = time.Time{}
-		return
+		return 0
 	case a.deadSince.IsZero():
 		a.deadSince = now
 	}
-	if next == nil || now.Sub(a.deadSince) < failoverGrace {
-		return
+	grace := failoverGrace
+	if !activeAttached {
+		grace = closedStreamGrace
 	}
-	old := a.active
+	if next == nil {
+		return 0
+	}
+	if left := grace - now.Sub(a.deadSince); left > 0 {
+		return left
+	}
+	old, deadFor := a.active, now.Sub(a.deadSince)
 	if err := s.tun.Route(next.PublicKey, s.cfg.ShootCIDRs); err != nil {
 		s.log.Error(err, "Failover failed", "from", old.String(), "to", next.PublicKey.String())
-		return
+		return watchEvery
 	}
 	a.active = next.PublicKey
 	a.deadSince = time.Time{}
@@ -188,7 +231,8 @@ func (s *Server) checkAgents() {
 		s.log.Error(err, "Closing the dead agent's stream failed", "agent", old.String())
 	}
 	s.log.Info("Failover: the shoot's networks now route to another agent", "from", old.String(), "to", next.PublicKey.String(),
-		"endpoint", next.Endpoint, "closedOldStream", closed)
+		"endpoint", next.Endpoint, "closedOldStream", closed, "deadFor", deadFor.Round(time.Millisecond).String())
+	return 0
 }
 
 // initAgents routes the shoot's CIDRs to the first configured agent, until a live one shows up.
@@ -196,6 +240,7 @@ func (s *Server) initAgents() error {
 	a := &s.agents
 	a.live = make(map[wg.Key]bool)
 	a.up = make(chan struct{})
+	a.check = make(chan struct{}, 1)
 	for _, p := range s.cfg.Tunnel.Peers {
 		a.keys = append(a.keys, p.PublicKey)
 	}

@@ -202,7 +202,15 @@ func (s *Server) ServeTunnel(ctx context.Context, l net.Listener) error {
 	return g.Wait()
 }
 
+// acceptTunnel attaches every stream accepted on l to the tunnel and asks for a check of the
+// agents when one ends: a killed agent's stream closes at once, and the failover grace starts
+// then rather than at the next watchEvery. The waiter of each stream ends with the stream or
+// with acceptTunnel.
 func (s *Server) acceptTunnel(ctx context.Context, l net.Listener) error {
+	var waiters sync.WaitGroup
+	defer waiters.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // before Wait: the waiters end with ctx
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	for {
@@ -213,11 +221,20 @@ func (s *Server) acceptTunnel(ctx context.Context, l net.Listener) error {
 			}
 			return fmt.Errorf("server: accept tunnel: %w", err)
 		}
-		if _, err := s.tun.Attach(c); err != nil {
+		ep, err := s.tun.Attach(c)
+		if err != nil {
 			s.log.Info("Tunnel stream refused", "remote", c.RemoteAddr().String(), "error", err.Error())
 			c.Close()
 			continue
 		}
+		// At most one waiter per attached stream (the Bind bounds those by MaxStreams).
+		waiters.Go(func() {
+			select {
+			case <-ep.Done():
+				s.checkAgentsSoon()
+			case <-ctx.Done():
+			}
+		})
 		s.log.V(1).Info("Tunnel stream attached", "remote", c.RemoteAddr().String())
 	}
 }

@@ -70,6 +70,13 @@ func newHAWorld(t *testing.T, n int) *haWorld {
 // newHAWorldBackoff is newHAWorld with the agents' reconnect backoff given.
 func newHAWorldBackoff(t *testing.T, n int, minBackoff, maxBackoff time.Duration) *haWorld {
 	t.Helper()
+	return newHAWorldPath(t, n, minBackoff, maxBackoff, 0)
+}
+
+// newHAWorldPath is newHAWorldBackoff with every agent's path to the server slowed to a round
+// trip of rtt (slowPath); 0 for loopback.
+func newHAWorldPath(t *testing.T, n int, minBackoff, maxBackoff, rtt time.Duration) *haWorld {
+	t.Helper()
 	// The shoot's network is 10.99.0.0/24 in the tunnel; the agents' dialer maps it to the echo
 	// on loopback (gVisor drops packets to loopback addresses arriving on its NIC).
 	realEcho := testnet.EchoServer(t)
@@ -115,8 +122,12 @@ func newHAWorldBackoff(t *testing.T, n int, minBackoff, maxBackoff time.Duration
 	wgr.Add(1)
 	go func() { defer wgr.Done(); _ = srv.ServeTunnel(ctx, tl) }()
 	t.Cleanup(func() { cancel(); wgr.Wait(); srv.Close() })
+	target := tl.Addr().String()
+	if rtt > 0 {
+		target = slowPath(t, target, rtt)
+	}
 	for i := range n {
-		p := testnet.NewProxy(t, tl.Addr().String())
+		p := testnet.NewProxy(t, target)
 		w.proxies = append(w.proxies, p)
 		a, err := New(Config{PrivateKey: w.keys[i], ServerPublicKey: serverKey.PublicKey(), Address: haAgentAddr(i),
 			ServerAddresses: []netip.Addr{serverAddr, serverAddr4}, ShootCIDRs: shoot, Seed: p.Addr, Direct: true, Dial: dialShoot,
@@ -244,6 +255,146 @@ func TestHAFailover(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// slowPath forwards TCP connections to target as a path with a round trip of rtt would: each
+// connection starts carrying data 2 × rtt after it is accepted (the TCP handshake and the
+// CONNECT through the ingress that a real agent's stream needs before its first frame), and
+// every chunk arrives rtt/2 after it was read. When either side ends, the connection ends once
+// what was in flight is delivered. It returns the listener's address.
+func slowPath(t *testing.T, target string, rtt time.Duration) string {
+	t.Helper()
+	ln := listen(t, "127.0.0.1:0")
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	// carry copies src to dst, each chunk rtt/2 late, then closes both.
+	carry := func(dst, src net.Conn) {
+		type chunk struct {
+			due time.Time
+			b   []byte
+		}
+		q := make(chan chunk, 256) // bounded: a full queue stops the reader, as a full window would
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(q)
+			for {
+				buf := make([]byte, 32<<10)
+				n, err := src.Read(buf)
+				if n > 0 {
+					q <- chunk{time.Now().Add(rtt / 2), buf[:n]}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer src.Close()
+			defer dst.Close()
+			for c := range q {
+				time.Sleep(time.Until(c.due))
+				if _, err := dst.Write(c.b); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			time.Sleep(2 * rtt)
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, up)
+			mu.Unlock()
+			carry(up, c)
+			carry(c, up)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// TestBlipDoesNotFailOver: the active agent's stream breaks (an ingress replica restarted) on a
+// path with a long round trip while the agent lives. The agent dials again with its default
+// backoff and is back before the server's grace runs out: the shoot's networks stay with it and
+// a connection through it carries on, each of several times. (Moving the networks as soon as
+// the stream closed, or after a grace shorter than the agent's return, fails this: the agent
+// returns 0.1–0.2 s + 2.5 × 100 ms after the break.)
+func TestBlipDoesNotFailOver(t *testing.T) {
+	const rtt = 100 * time.Millisecond
+	w := newHAWorldPath(t, 2, 200*time.Millisecond, 15*time.Second, rtt) // the agent's default backoff
+	ctx := t.Context()
+	var active int
+	eventually(t, "both agents live", func() error {
+		var err error
+		active, err = w.activeWhenAllLive()
+		return err
+	})
+	eventually(t, "a round trip through the active agent", func() error { return w.roundTrip(ctx) })
+	held, err := w.dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	_ = held.SetDeadline(time.Time{})
+	a := w.agents[active]
+	for i := range 3 {
+		eventually(t, "the server answers a heartbeat on this stream", func() error {
+			if n := a.echoedStreams.Load(); n < uint64(i+1) {
+				return errNotYet("%d streams echoed, want %d", n, i+1)
+			}
+			return nil
+		})
+		attached := w.srv.Tunnel().BindStats().StreamsAttached
+		w.proxies[active].Reset()
+		eventually(t, "the agent's new stream", func() error {
+			if n := w.srv.Tunnel().BindStats().StreamsAttached; n <= attached {
+				return errNotYet("no new stream yet")
+			}
+			return nil
+		})
+		// Past every grace the server has (the agent is live again well before), the networks
+		// are still with the agent that blipped.
+		time.Sleep(1500 * time.Millisecond)
+		if _, err := w.activeWhenAllLive(); err != nil {
+			t.Fatalf("blip %d: %v", i+1, err)
+		}
+		if n := w.srv.Failovers(); n != 0 {
+			t.Fatalf("blip %d: %d failovers, want none", i+1, n)
+		}
+		_ = held.SetDeadline(time.Now().Add(10 * time.Second))
+		msg := fmt.Sprintf("after blip %d", i+1)
+		if _, err := io.WriteString(held, msg); err != nil {
+			t.Fatalf("blip %d: the connection through the agent: %v", i+1, err)
+		}
+		if got, err := io.ReadAll(io.LimitReader(held, int64(len(msg)))); err != nil || string(got) != msg {
+			t.Fatalf("blip %d: the connection through the agent echoed %q, %v", i+1, got, err)
+		}
 	}
 }
 
