@@ -1,0 +1,198 @@
+package failover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// topology is the benchmark's network. The seed is this process's namespace; the shoot gets
+// one of its own, linked to the seed by a veth pair, and holds the "pod" on its loopback:
+// the seed has no route to the pod, so only a tunnel reaches it.
+//
+//	seed (host)  veth 10.235.N.1/30 ⇄ 10.235.N.2/30  shoot (agents, OpenVPN client)
+//	shoot        lo 10.236.N.2/32 (in 10.236.N.0/24)  the pod
+//
+// The OpenVPN peer adds a namespace per server (seedA, seedB), each linked to the shoot:
+//
+//	seedX        veth 10.237.N.{1,5}/30 ⇄ 10.237.N.{2,6}/30  shoot
+//
+// N is derived from the process ID, so that two runs on one machine do not collide; names
+// carry the PID, so that namespaces a killed run left behind are recognised and removed.
+type topology struct {
+	pid, n              int
+	shootNS             string
+	seedAddr, shootAddr netip.Addr   // the seed ⇄ shoot link
+	podAddr             netip.Addr   // in the shoot, on its loopback
+	podNet              netip.Prefix // the shoot's pod network (the tunnels' only target)
+	// ovpn are the OpenVPN servers' namespaces and their ends of the links to the shoot,
+	// made by addOpenVPNSeeds.
+	ovpnNS   []string
+	ovpnAddr []netip.Addr
+	ovpnPeer []netip.Addr // the shoot's end of each link
+}
+
+const nsPrefix = "tbfo-"
+
+var nsRE = regexp.MustCompile(`^` + nsPrefix + `(\d+)-`)
+
+func runIP(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// checkNetns reports why network namespaces cannot be made here.
+func checkNetns() error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root: creates network namespaces and veth pairs")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return fmt.Errorf("ip (iproute2) not found: %w", err)
+	}
+	return nil
+}
+
+// removeStale deletes namespaces of earlier runs whose process is gone.
+func removeStale(ctx context.Context) {
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		m := nsRE.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		pid, _ := strconv.Atoi(m[1])
+		if pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+			continue
+		}
+		_ = runIP(ctx, "netns", "del", e.Name())
+	}
+}
+
+func newTopology(ctx context.Context) (*topology, error) {
+	if err := checkNetns(); err != nil {
+		return nil, err
+	}
+	removeStale(ctx)
+	pid := os.Getpid()
+	n := pid%250 + 1
+	a := func(b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{10, b, c, d}) }
+	t := &topology{
+		pid: pid, n: n, shootNS: fmt.Sprintf("%s%d-shoot", nsPrefix, pid),
+		seedAddr: a(235, byte(n), 1), shootAddr: a(235, byte(n), 2),
+		podAddr: a(236, byte(n), 2), podNet: netip.PrefixFrom(a(236, byte(n), 0), 24),
+	}
+	id := strconv.Itoa(pid)
+	seedShoot, shootSeed := "tfs"+id, "tfsn"+id // veth names: at most 15 bytes
+	s := t.shootNS
+	steps := [][]string{
+		{"netns", "add", s},
+		{"link", "add", seedShoot, "type", "veth", "peer", "name", shootSeed},
+		{"link", "set", shootSeed, "netns", s},
+		{"addr", "add", netip.PrefixFrom(t.seedAddr, 30).String(), "dev", seedShoot},
+		{"link", "set", seedShoot, "up"},
+		{"-n", s, "addr", "add", netip.PrefixFrom(t.shootAddr, 30).String(), "dev", shootSeed},
+		{"-n", s, "link", "set", shootSeed, "up"},
+		{"-n", s, "link", "set", "lo", "up"},
+		// On the shoot's loopback: local to the shoot, and no dummy module needed.
+		{"-n", s, "addr", "add", netip.PrefixFrom(t.podAddr, 32).String(), "dev", "lo"},
+	}
+	for _, st := range steps {
+		if err := runIP(ctx, st...); err != nil {
+			return nil, errors.Join(err, t.close())
+		}
+	}
+	return t, nil
+}
+
+// addOpenVPNSeeds makes n namespaces for OpenVPN servers, each linked to the shoot.
+func (t *topology) addOpenVPNSeeds(ctx context.Context, n int) error {
+	id := strconv.Itoa(t.pid)
+	for i := range n {
+		ns := fmt.Sprintf("%s%d-ovpn%d", nsPrefix, t.pid, i)
+		own := netip.AddrFrom4([4]byte{10, 237, byte(t.n), byte(4*i + 1)})
+		peer := own.Next()
+		a, b := fmt.Sprintf("tfo%d%s", i, id), fmt.Sprintf("tfon%d%s", i, id)
+		steps := [][]string{
+			{"netns", "add", ns},
+			{"-n", ns, "link", "set", "lo", "up"},
+			{"-n", ns, "link", "add", a, "type", "veth", "peer", "name", b},
+			{"-n", ns, "link", "set", b, "netns", t.shootNS},
+			{"-n", ns, "addr", "add", netip.PrefixFrom(own, 30).String(), "dev", a},
+			{"-n", ns, "link", "set", a, "up"},
+			{"-n", t.shootNS, "addr", "add", netip.PrefixFrom(peer, 30).String(), "dev", b},
+			{"-n", t.shootNS, "link", "set", b, "up"},
+		}
+		t.ovpnNS = append(t.ovpnNS, ns)
+		for _, st := range steps {
+			if err := runIP(ctx, st...); err != nil {
+				return err
+			}
+		}
+		t.ovpnAddr, t.ovpnPeer = append(t.ovpnAddr, own), append(t.ovpnPeer, peer)
+	}
+	return nil
+}
+
+// close deletes the namespaces, and with them the veth pairs.
+func (t *topology) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var errs []error
+	for _, ns := range append([]string{t.shootNS}, t.ovpnNS...) {
+		if _, err := os.Stat(filepath.Join("/run/netns", ns)); err == nil {
+			errs = append(errs, runIP(ctx, "netns", "del", ns))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// netnsExec is the command prefix that runs a program in namespace ns.
+func netnsExec(ns string) []string { return []string{"ip", "netns", "exec", ns} }
+
+// inNS runs f on an OS thread that has joined namespace ns: sockets f creates belong to ns for
+// good, whichever thread later uses them. The thread returns to this process's namespace
+// afterwards, or is discarded if it cannot (as bench/tunnel does).
+func inNS(ns string, f func() error) error {
+	target, err := os.Open(filepath.Join("/run/netns", ns))
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", ns, err)
+	}
+	defer target.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			errc <- fmt.Errorf("own netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns %s: %w", ns, err)
+			return
+		}
+		ferr := f()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("setns back: %w", err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}

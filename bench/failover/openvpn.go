@@ -1,0 +1,211 @@
+package failover
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/internal/testpki"
+)
+
+// openvpnPort is where both OpenVPN servers listen, each in its own namespace.
+const openvpnPort = 1194
+
+// openvpn measures the peer: two OpenVPN servers (each in a seed namespace of its own, as two
+// vpn-seed-server pods have their own addresses) and one client in the shoot that names both
+// as remotes, in TCP mode as Gardener's vpn2 runs it. The server the client is on is killed;
+// the client finds the connection reset and moves to the next remote. A dial succeeds when it
+// reaches the pod through either server, as if kube-apiserver's path controller (Gardener's
+// HA VPN runs one client per server on the seed side and picks a working one) switched at
+// once: what is measured is the client's failover alone. The client dials the servers
+// directly, not through an ingress (vpn2's http-proxy through Istio adds a CONNECT per dial).
+func (r *runner) openvpn(ctx context.Context) (*Row, error) {
+	o := peers.OpenVPN{}
+	if err := o.Check(ctx); err != nil {
+		return nil, fmt.Errorf("failover: openvpn: %w", err)
+	}
+	row := &Row{Kind: KindOpenVPN, Stack: o.Version(ctx), Killed: "the OpenVPN server (of two) the client is on (SIGKILL), started again after the measurement",
+		Recovers: "the client (two remotes, connect-retry 1 5) finds the connection reset and connects to the other server"}
+	if err := r.topo.addOpenVPNSeeds(ctx, 2); err != nil {
+		return nil, fmt.Errorf("failover: openvpn: %w", err)
+	}
+	dir := filepath.Join(r.tmp, "openvpn")
+	ca, err := testpki.NewCA("tendril-bench failover CA")
+	if err != nil {
+		return nil, err
+	}
+	id := strconv.Itoa(r.topo.pid)
+	vpnNet := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 234, byte(r.topo.n), 0}), 24)
+	var srvArgs [2][]string
+	var clientConf string
+	for i := range 2 {
+		d := filepath.Join(dir, strconv.Itoa(i))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+		if err := ca.WriteCA(filepath.Join(d, "ca.pem")); err != nil {
+			return nil, err
+		}
+		for _, name := range []string{"server", "client"} {
+			c, err := ca.Leaf("openvpn-" + name)
+			if err != nil {
+				return nil, err
+			}
+			if err := testpki.WritePair(c, filepath.Join(d, name+".pem"), filepath.Join(d, name+"-key.pem")); err != nil {
+				return nil, err
+			}
+		}
+		listen := netip.AddrPortFrom(r.topo.ovpnAddr[i], openvpnPort).String()
+		cfg := peers.OpenVPNConfig{Dir: d, Listen: listen, Remote: listen, Network: vpnNet, ShootCIDRs: []netip.Prefix{r.topo.podNet},
+			ServerDev: "tbfs" + id, ClientDev: "tbfc" + id, ClientName: "openvpn-client"}
+		s, _, err := o.WriteOpenVPN(cfg)
+		if err != nil {
+			return nil, err
+		}
+		srvArgs[i] = append(netnsExec(r.topo.ovpnNS[i]), s...)
+		if i == 0 {
+			clientConf, err = peers.RenderOpenVPNClient(cfg)
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	// The second remote: the client tries them in order and moves on when one fails.
+	first := fmt.Sprintf("remote %s %d\n", r.topo.ovpnAddr[0], openvpnPort)
+	if !strings.Contains(clientConf, first) {
+		return nil, fmt.Errorf("failover: openvpn: no %q in the client configuration", strings.TrimSpace(first))
+	}
+	clientConf = strings.Replace(clientConf, first, first+fmt.Sprintf("remote %s %d\n", r.topo.ovpnAddr[1], openvpnPort), 1)
+	clientFile := filepath.Join(dir, "openvpn-client.conf")
+	if err := os.WriteFile(clientFile, []byte(clientConf), 0o600); err != nil {
+		return nil, err
+	}
+	bin, _ := o.Path()
+
+	var servers [2]*peers.Process
+	starts := 0
+	startServer := func(i int) error {
+		starts++
+		log := filepath.Join(dir, fmt.Sprintf("openvpn-server-%d.%d.log", i, starts))
+		p, err := peers.StartProcess(fmt.Sprintf("openvpn server %d", i), log, srvArgs[i][0], srvArgs[i][1:]...)
+		if err != nil {
+			return err
+		}
+		p.KillAtOnce = true
+		servers[i] = p
+		if err := waitProcs(ctx, 20*time.Second, logContains(log, "Initialization Sequence Completed"), p); err != nil {
+			return fmt.Errorf("failover: openvpn server %d: %w", i, err)
+		}
+		return nil
+	}
+	defer func() {
+		for _, p := range servers {
+			if p != nil {
+				_ = p.Stop()
+			}
+		}
+	}()
+	for i := range 2 {
+		if err := startServer(i); err != nil {
+			return nil, err
+		}
+	}
+	client, err := peers.StartProcess("openvpn client", filepath.Join(dir, "openvpn-client.log"),
+		netnsExec(r.topo.shootNS)[0], append(netnsExec(r.topo.shootNS)[1:], bin, "--config", clientFile)...)
+	if err != nil {
+		return nil, err
+	}
+	client.KillAtOnce = true
+	defer client.Stop()
+
+	// The pod through server i: a dial from server i's namespace, routed into its tun.
+	via := func(i int) dialFunc {
+		return func(ctx context.Context) error {
+			var c net.Conn
+			if err := inNS(r.topo.ovpnNS[i], func() (err error) {
+				c, err = (&net.Dialer{}).DialContext(ctx, "tcp", r.podAddr())
+				return err
+			}); err != nil {
+				return err
+			}
+			defer c.Close()
+			if dl, ok := ctx.Deadline(); ok {
+				_ = c.SetDeadline(dl)
+			}
+			return readGreeting(c)
+		}
+	}
+	// Either path: the first to reach the pod wins, the other is cancelled.
+	either := func(ctx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		errc := make(chan error, 2)
+		for i := range 2 {
+			go func() { errc <- via(i)(ctx) }()
+		}
+		err0 := <-errc
+		if err0 == nil {
+			cancel()
+			<-errc
+			return nil
+		}
+		err1 := <-errc
+		if err1 == nil {
+			return nil
+		}
+		return fmt.Errorf("via server 0 or 1: %w; %w", err0, err1)
+	}
+
+	active := -1
+	for i := range r.cfg.Repetitions {
+		// Which server the client is on: the one whose path reaches the pod.
+		if err := waitProcs(ctx, 60*time.Second, func() error {
+			for j := range 2 {
+				dctx, cancel := context.WithTimeout(ctx, time.Second)
+				err := via(j)(dctx)
+				cancel()
+				if err == nil {
+					active = j
+					return nil
+				}
+			}
+			return fmt.Errorf("the client is on no server yet")
+		}, client, servers[0], servers[1]); err != nil {
+			return row, fmt.Errorf("failover: openvpn: %w", err)
+		}
+		killed := active
+		d, err := measureKill(ctx, either, func() (time.Time, error) {
+			at := time.Now()
+			return at, servers[killed].Stop()
+		})
+		if err != nil {
+			return row, fmt.Errorf("openvpn server kill %d: %w", i+1, err)
+		}
+		row.Times = append(row.Times, d)
+		r.logf("openvpn server kill %d/%d: %v", i+1, r.cfg.Repetitions, d.Round(time.Millisecond))
+		if err := startServer(killed); err != nil {
+			return row, err
+		}
+	}
+	return row, nil
+}
+
+func logContains(path, text string) func() error {
+	return func() error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(b), text) {
+			return fmt.Errorf("no %q in %s yet", text, path)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,118 @@
+package failover
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tendril-net/tendril/bench/machine"
+)
+
+// Report is a run's result.
+type Report struct {
+	Machine        machine.Description `json:"machine"`
+	Started        time.Time           `json:"started"`
+	ElapsedSeconds float64             `json:"elapsed_seconds"`
+	LoadBefore     string              `json:"load_before"`
+	LoadAfter      string              `json:"load_after"`
+	CommandLine    string              `json:"command_line,omitempty"`
+	Repetitions    int                 `json:"repetitions"`
+	Rows           []Row               `json:"rows"`
+	// Partial: the run was interrupted or a kind failed; the rows hold what was measured.
+	Partial bool `json:"partial,omitempty"`
+}
+
+// Row is one kind of failure on one stack.
+type Row struct {
+	Kind     string `json:"kind"`
+	Stack    string `json:"stack"`
+	Killed   string `json:"killed"`
+	Recovers string `json:"recovers"`
+	// Times are kill → end of the first successful dial started after it, one per repetition.
+	Times []time.Duration `json:"times_ns"`
+}
+
+// P50 and Worst of the row's times (the upper median for an even count); 0 without any.
+func (r Row) P50() time.Duration {
+	s := r.sorted()
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+func (r Row) Worst() time.Duration {
+	s := r.sorted()
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)-1]
+}
+
+func (r Row) sorted() []time.Duration {
+	s := slices.Clone(r.Times)
+	slices.Sort(s)
+	return s
+}
+
+func seconds(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
+
+// WriteJSON writes the report as indented JSON.
+func (rep *Report) WriteJSON(w io.Writer) error {
+	e := json.NewEncoder(w)
+	e.SetIndent("", "  ")
+	return e.Encode(rep)
+}
+
+// WriteTable writes the report as a plain-text table.
+func (rep *Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "Failover: kill → next successful dial (%d repetitions)\n", rep.Repetitions)
+	fmt.Fprintln(tw, "kind\tstack\truns\tp50\tworst\tall")
+	for _, r := range rep.Rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Kind, r.Stack, len(r.Times), seconds(r.P50()), seconds(r.Worst()), all(r.sorted()))
+	}
+	if rep.Partial {
+		fmt.Fprintln(tw, "(partial: the run was interrupted or failed)")
+	}
+	return tw.Flush()
+}
+
+func all(ds []time.Duration) string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = fmt.Sprintf("%.2f", d.Seconds())
+	}
+	return strings.Join(out, " ")
+}
+
+// WriteMarkdown writes the report as a Markdown section.
+func (rep *Report) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	b.WriteString("## Failover (`tendril-bench failover`)\n\n")
+	m := rep.Machine
+	fmt.Fprintf(&b, "Machine: %s, %d cores (GOMAXPROCS %d), %s, %s %s. Started %s, took %.0f s; load average before %s, after %s.\n\n",
+		m.CPUModel, m.Cores, m.GOMAXPROCS, m.Kernel, m.GoVersion, m.GOOSARCH,
+		rep.Started.UTC().Format(time.RFC3339), rep.ElapsedSeconds, rep.LoadBefore, rep.LoadAfter)
+	if rep.CommandLine != "" {
+		fmt.Fprintf(&b, "```\n%s\n```\n\n", rep.CommandLine)
+	}
+	if rep.Partial {
+		b.WriteString("**Partial**: the run was interrupted or failed.\n\n")
+	}
+	b.WriteString("| killed | stack | recovers by | runs | p50 | worst |\n|---|---|---|---|---|---|\n")
+	for _, r := range rep.Rows {
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s |\n", r.Killed, r.Stack, r.Recovers, len(r.Times), seconds(r.P50()), seconds(r.Worst()))
+	}
+	b.WriteString("\n" + strings.Join([]string{
+		"Time from the SIGKILL to the end of the first dial, started after it, that got the pod's answer; a dial",
+		"starts every 20 ms, each with a 3 s deadline. Processes are the real binaries in network namespaces on",
+		"one machine (round trips of microseconds): the figures are the mechanisms' own, without a long path.",
+	}, "\n") + "\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}

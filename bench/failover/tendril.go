@@ -1,0 +1,369 @@
+package failover
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/tunnel/wg"
+	"github.com/tendril-net/tendril/xds/translate"
+)
+
+// nsTendril is the shoot's namespace name in the ingress's routes.
+const nsTendril = "shoot--bench--failover"
+
+// tendrilRig is the seed (tendril-seed with a route file, tendril-ingress, one tendril-server)
+// and a shoot with two tendril-agent processes that reach the server only through the ingress,
+// as the extension deploys them for an HA control plane.
+type tendrilRig struct {
+	r           *runner
+	dir         string
+	ingress     []*peers.Process
+	server      *peers.Process
+	serverArgs  []string
+	serverPorts []string // what the server listens on, free again before a restart
+	agents      [2]*peers.Process
+	agentArgs   [2][]string
+	agentPub    [2]string
+	metrics     string // tendril-server's /metrics
+	sock        string // tendril-server's CONNECT socket: kube-apiserver's egress
+}
+
+func (r *runner) bin(name string) string {
+	p, _ := filepath.Abs(filepath.Join(r.cfg.BinDir, name))
+	return p
+}
+
+// tendril measures the agent and server kinds asked for.
+func (r *runner) tendril(ctx context.Context) ([]Row, error) {
+	rig, err := r.startTendril(ctx)
+	if rig != nil {
+		defer rig.stop()
+	}
+	if err != nil {
+		return nil, err
+	}
+	dial := rig.dial()
+	var rows []Row
+	if r.want(KindAgent) {
+		row := Row{Kind: KindAgent, Stack: "tendril", Killed: "the active tendril-agent of two (SIGKILL)",
+			Recovers: "tendril-server moves the shoot's networks to the other agent 0.6 s after the dead one's stream ended"}
+		for i := range r.cfg.Repetitions {
+			active, err := rig.bothLive(ctx)
+			if err != nil {
+				return append(rows, row), err
+			}
+			d, err := measureKill(ctx, dial, func() (time.Time, error) {
+				at := time.Now()
+				return at, rig.kill(rig.agents[active])
+			})
+			if err != nil {
+				return append(rows, row), fmt.Errorf("agent kill %d: %w", i+1, err)
+			}
+			row.Times = append(row.Times, d)
+			r.logf("agent kill %d/%d: %v", i+1, r.cfg.Repetitions, d.Round(time.Millisecond))
+			if err := rig.startAgent(active); err != nil {
+				return append(rows, row), err
+			}
+		}
+		rows = append(rows, row)
+	}
+	if r.want(KindServer) {
+		row := Row{Kind: KindServer, Stack: "tendril", Killed: "tendril-server (SIGKILL), started again at once as kubelet would",
+			Recovers: "both agents reconnect through the ingress (backoff 0.1–0.2 s) and handshake"}
+		for i := range r.cfg.Repetitions {
+			if _, err := rig.bothLive(ctx); err != nil {
+				return append(rows, row), err
+			}
+			d, err := measureKill(ctx, dial, func() (time.Time, error) {
+				at := time.Now()
+				if err := rig.kill(rig.server); err != nil {
+					return at, err
+				}
+				return at, rig.restartServer(ctx)
+			})
+			if err != nil {
+				return append(rows, row), fmt.Errorf("server kill %d: %w", i+1, err)
+			}
+			row.Times = append(row.Times, d)
+			r.logf("server kill %d/%d: %v", i+1, r.cfg.Repetitions, d.Round(time.Millisecond))
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func (r *runner) want(kind string) bool { return slices.Contains(r.cfg.Kinds, kind) }
+
+func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
+	for _, b := range []string{"tendril-seed", "tendril-ingress", "tendril-server", "tendril-agent"} {
+		if _, err := os.Stat(r.bin(b)); err != nil {
+			return nil, fmt.Errorf("failover: %s not found (make build)", r.bin(b))
+		}
+	}
+	rig := &tendrilRig{r: r, dir: filepath.Join(r.tmp, "tendril")}
+	if err := os.MkdirAll(rig.dir, 0o755); err != nil {
+		return nil, err
+	}
+	f := func(n string) string { return filepath.Join(rig.dir, n) }
+	p, err := peers.FreePorts(5)
+	if err != nil {
+		return nil, err
+	}
+	port := func(i int) string { return strconv.Itoa(p[i]) }
+	ingressListen := net.JoinHostPort(r.topo.seedAddr.String(), port(0))
+	tunnelAddr, xdsAddr, ingressMetrics := "127.0.0.1:"+port(1), "127.0.0.1:"+port(2), "127.0.0.1:"+port(3)
+	rig.metrics, rig.sock = "127.0.0.1:"+port(4), f("connect.sock")
+	rig.serverPorts = []string{tunnelAddr, rig.metrics}
+
+	routes := fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.failover.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: %q\n", nsTendril, tunnelAddr)
+	if err := os.WriteFile(f("routes.yaml"), []byte(routes), 0o644); err != nil {
+		return nil, err
+	}
+	seed, err := peers.StartProcess("tendril-seed", f("tendril-seed.log"), r.bin("tendril-seed"),
+		"--routes", f("routes.yaml"), "--xds-address", xdsAddr, "--metrics-address", "")
+	if err != nil {
+		return rig, err
+	}
+	rig.ingress = append(rig.ingress, seed)
+	ing, err := peers.StartProcess("tendril-ingress", f("tendril-ingress.log"), r.bin("tendril-ingress"),
+		"--xds", xdsAddr, "--node-id", "bench-failover", "--tunnel-address", ingressListen, "--metrics-address", ingressMetrics)
+	if err != nil {
+		return rig, err
+	}
+	rig.ingress = append(rig.ingress, ing)
+	if err := waitProcs(ctx, 20*time.Second, httpOK("http://"+ingressMetrics+"/readyz"), rig.ingress...); err != nil {
+		return rig, fmt.Errorf("failover: tendril-ingress not ready: %w", err)
+	}
+
+	serverKey, err := wg.GenerateKey()
+	if err != nil {
+		return rig, err
+	}
+	if err := os.WriteFile(f("server.key"), []byte(serverKey.String()), 0o600); err != nil {
+		return rig, err
+	}
+	if err := os.WriteFile(f("server.pub"), []byte(serverKey.PublicKey().String()), 0o644); err != nil {
+		return rig, err
+	}
+	rig.serverArgs = []string{"--private-key-file", f("server.key"), "--shoot-cidrs", r.topo.podNet.String(),
+		"--tunnel-address", tunnelAddr, "--connect-address", "", "--grpc-address", "", "--connect-socket", rig.sock,
+		"--metrics-address", rig.metrics}
+	for i := range 2 {
+		k, err := wg.GenerateKey()
+		if err != nil {
+			return rig, err
+		}
+		keyFile := f(fmt.Sprintf("agent%d.key", i))
+		if err := os.WriteFile(keyFile, []byte(k.String()), 0o600); err != nil {
+			return rig, err
+		}
+		rig.agentPub[i] = k.PublicKey().String()
+		rig.serverArgs = append(rig.serverArgs, "--agent-public-key", rig.agentPub[i])
+		// The extension's addresses: ::2 for agent 0, ::3 for agent 1 (the server's defaults).
+		rig.agentArgs[i] = append(netnsExec(r.topo.shootNS), r.bin("tendril-agent"), "vpn",
+			"--private-key-file", keyFile, "--address", fmt.Sprintf("fd8f:6d53:b97a:1::%d", 2+i),
+			"--server-public-key", "@"+f("server.pub"), "--shoot-cidrs", r.topo.podNet.String(),
+			"--seed", ingressListen, "--destination", translate.VPNServerWireName(nsTendril), "--metrics-address", "")
+	}
+	if err := rig.startServer(ctx); err != nil {
+		return rig, err
+	}
+	for i := range 2 {
+		if err := rig.startAgent(i); err != nil {
+			return rig, err
+		}
+	}
+	return rig, nil
+}
+
+func (rig *tendrilRig) startServer(ctx context.Context) error {
+	srv, err := peers.StartProcess("tendril-server", filepath.Join(rig.dir, "tendril-server.log"), rig.r.bin("tendril-server"), rig.serverArgs...)
+	if err != nil {
+		return err
+	}
+	srv.KillAtOnce = true
+	rig.server = srv
+	if err := waitProcs(ctx, 10*time.Second, httpOK("http://"+rig.metrics+"/healthz"), srv); err != nil {
+		return fmt.Errorf("failover: tendril-server: %w", err)
+	}
+	return nil
+}
+
+// restartServer starts tendril-server again once its ports can be bound: a killed server's
+// sockets may hold them for a moment (a real restart is a new pod with its own address).
+func (rig *tendrilRig) restartServer(ctx context.Context) error {
+	if err := until(ctx, 10*time.Second, func() error {
+		for _, a := range rig.serverPorts {
+			l, err := net.Listen("tcp", a)
+			if err != nil {
+				return err
+			}
+			l.Close()
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("failover: tendril-server's ports: %w", err)
+	}
+	srv, err := peers.StartProcess("tendril-server", filepath.Join(rig.dir, "tendril-server.log"), rig.r.bin("tendril-server"), rig.serverArgs...)
+	if err != nil {
+		return err
+	}
+	srv.KillAtOnce = true
+	rig.server = srv
+	return nil
+}
+
+func (rig *tendrilRig) startAgent(i int) error {
+	a, err := peers.StartProcess(fmt.Sprintf("tendril-agent-%d", i), filepath.Join(rig.dir, fmt.Sprintf("tendril-agent-%d.log", i)),
+		rig.agentArgs[i][0], rig.agentArgs[i][1:]...)
+	if err != nil {
+		return err
+	}
+	a.KillAtOnce = true
+	rig.agents[i] = a
+	return nil
+}
+
+// kill SIGKILLs p's process group and waits until it is gone.
+func (rig *tendrilRig) kill(p *peers.Process) error { return p.Stop() }
+
+func (rig *tendrilRig) stop() {
+	for _, a := range rig.agents {
+		if a != nil {
+			_ = a.Stop()
+		}
+	}
+	if rig.server != nil {
+		_ = rig.server.Stop()
+	}
+	for i := len(rig.ingress) - 1; i >= 0; i-- {
+		_ = rig.ingress[i].Stop()
+	}
+}
+
+// bothLive waits until tendril-server reports both agents live and returns the active one.
+func (rig *tendrilRig) bothLive(ctx context.Context) (int, error) {
+	active := -1
+	err := waitProcs(ctx, 30*time.Second, func() error {
+		m, err := get("http://" + rig.metrics + "/metrics")
+		if err != nil {
+			return err
+		}
+		live, act := agentGauge(m, "tendril_server_agent_live"), agentGauge(m, "tendril_server_agent_active")
+		active = -1
+		for i, key := range rig.agentPub {
+			if live[key] != 1 {
+				return fmt.Errorf("agent %d not live", i)
+			}
+			if act[key] == 1 {
+				active = i
+			}
+		}
+		if active < 0 {
+			return errors.New("no active agent")
+		}
+		return nil
+	}, append([]*peers.Process{rig.server, rig.agents[0], rig.agents[1]}, rig.ingress...)...)
+	if err != nil {
+		return -1, fmt.Errorf("failover: both agents live: %w", err)
+	}
+	return active, nil
+}
+
+// dial is kube-apiserver's egress to the pod: HTTP CONNECT on tendril-server's Unix socket
+// (the mutual-TLS port costs a handshake per dial and measures nothing of the failover), which
+// dials through the tunnel before it answers 200; then the pod's greeting.
+func (rig *tendrilRig) dial() dialFunc {
+	pod := rig.r.podAddr()
+	return func(ctx context.Context) error {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", rig.sock)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if dl, ok := ctx.Deadline(); ok {
+			_ = c.SetDeadline(dl)
+		}
+		if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", pod, pod); err != nil {
+			return err
+		}
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("CONNECT: %s", resp.Status)
+		}
+		return readGreeting(br)
+	}
+}
+
+// agentGauge reads a per-agent gauge from a Prometheus text exposition.
+func agentGauge(metrics, name string) map[string]float64 {
+	out := map[string]float64{}
+	for l := range strings.SplitSeq(metrics, "\n") {
+		rest, ok := strings.CutPrefix(l, name+`{agent="`)
+		if !ok {
+			continue
+		}
+		key, value, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		if v, err := strconv.ParseFloat(value, 64); err == nil {
+			out[key] = v
+		}
+	}
+	return out
+}
+
+var httpClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+func get(url string) (string, error) {
+	resp, err := httpClient.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(b), nil
+}
+
+func httpOK(url string) func() error {
+	return func() error { _, err := get(url); return err }
+}
+
+// waitProcs calls f every 5 ms until it succeeds, one of procs exits, timeout passes or ctx
+// ends.
+func waitProcs(ctx context.Context, timeout time.Duration, f func() error, procs ...*peers.Process) error {
+	return until(ctx, timeout, func() error {
+		for _, p := range procs {
+			if err := p.Exited(); err != nil {
+				return fmt.Errorf("%w: %w", errExited, err)
+			}
+		}
+		return f()
+	})
+}
+
+var errExited = errors.New("a process exited")

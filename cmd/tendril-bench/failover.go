@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+
+	"github.com/tendril-net/tendril/bench/failover"
+)
+
+// failoverCommand is the configuration of "tendril-bench failover".
+type failoverCommand struct {
+	Config failover.Config
+	output
+}
+
+// The defaults keep "tendril-bench failover" at about a minute and a half: ten kills of each
+// kind, each a second or two plus the wait until the killed part is back.
+func parseFailover(args []string, stderr io.Writer) (*failoverCommand, error) {
+	c := &failoverCommand{}
+	fs := flag.NewFlagSet("tendril-bench failover", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	kinds := stringList(failover.Kinds)
+	fs.Var(&kinds, "kinds", "comma-separated kinds of failure: "+fmt.Sprint(failover.Kinds))
+	fs.IntVar(&c.Config.Repetitions, "repetitions", 10, "kills per kind (1..100)")
+	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with the tendril binaries (make build)")
+	c.addFlags(fs)
+	if err := c.parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	if c.Config.Repetitions < 1 || c.Config.Repetitions > 100 {
+		return nil, fmt.Errorf("%w: --repetitions must be 1..100", errUsage)
+	}
+	for _, k := range kinds {
+		if !slices.Contains(failover.Kinds, k) {
+			return nil, fmt.Errorf("%w: --kinds: unknown kind %q (known: %v)", errUsage, k, failover.Kinds)
+		}
+	}
+	c.Config.Kinds = kinds
+	c.Config.Progress = stderr
+	return c, nil
+}
+
+// Run runs the benchmark and prints its report, also when it was interrupted (then marked
+// partial).
+func (c *failoverCommand) Run(ctx context.Context, stdout io.Writer) error {
+	rep, err := failover.Run(ctx, c.Config)
+	return printReport(&c.output, stdout, rep, err)
+}
