@@ -1,5 +1,6 @@
 // Package failover is tendril-bench's failover mode: how long kube-apiserver's egress into a
-// shoot fails when a part of the reversed VPN dies, repeated and reported as p50 and worst
+// shoot fails when a part of the reversed VPN dies (and how long the ingress goes without a new
+// route when the control plane's xDS server dies), repeated and reported as p50 and worst
 // case per kind of failure, with OpenVPN (two servers, a client with two remotes: the shape of
 // Gardener's HA VPN) as the peer.
 //
@@ -26,13 +27,15 @@ import (
 
 // Kinds of failure, in report order.
 const (
-	KindAgent   = "agent"   // the active tendril-agent of two
-	KindServer  = "server"  // tendril-server, restarted at once
-	KindOpenVPN = "openvpn" // the OpenVPN server the client is on, of two
+	KindAgent  = "agent"  // the active tendril-agent of two
+	KindServer = "server" // tendril-server, restarted at once
+	// KindControlPlane: the tendril-seed whose xDS the ingress is connected to, of two.
+	KindControlPlane = "control-plane"
+	KindOpenVPN      = "openvpn" // the OpenVPN server the client is on, of two
 )
 
 // Kinds are all kinds, in report order.
-var Kinds = []string{KindAgent, KindServer, KindOpenVPN}
+var Kinds = []string{KindAgent, KindServer, KindControlPlane, KindOpenVPN}
 
 // Config configures a run. The zero value runs every kind 10 times with the binaries in bin/.
 type Config struct {
@@ -93,6 +96,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if slices.Contains(cfg.Kinds, KindAgent) || slices.Contains(cfg.Kinds, KindServer) {
 		rows, err := r.tendril(ctx)
 		rep.Rows = append(rep.Rows, rows...)
+		errs = append(errs, err)
+	}
+	if slices.Contains(cfg.Kinds, KindControlPlane) && ctx.Err() == nil {
+		row, err := r.controlPlane(ctx)
+		if row != nil {
+			rep.Rows = append(rep.Rows, *row)
+		}
 		errs = append(errs, err)
 	}
 	if slices.Contains(cfg.Kinds, KindOpenVPN) && ctx.Err() == nil {

@@ -26,13 +26,13 @@ func TestRowStats(t *testing.T) {
 
 func TestReport(t *testing.T) {
 	rep := &Report{CommandLine: "tendril-bench failover", Repetitions: 2, Partial: true, Rows: []Row{
-		{Kind: KindAgent, Stack: "tendril", Killed: "the agent", Recovers: "the other agent", Times: []time.Duration{600 * time.Millisecond, 900 * time.Millisecond}},
+		{Kind: KindAgent, Stack: "tendril", Killed: "the agent", Recovers: "the other agent", Times: []time.Duration{600 * time.Millisecond, 900 * time.Millisecond}, Note: "checked more"},
 	}}
 	var md, table, js bytes.Buffer
 	if err := errors.Join(rep.WriteMarkdown(&md), rep.WriteTable(&table), rep.WriteJSON(&js)); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Failover (`tendril-bench failover`)", "| the agent | tendril | the other agent | 2 | 0.90 s | 0.90 s |", "**Partial**"} {
+	for _, want := range []string{"## Failover (`tendril-bench failover`)", "| the agent | tendril | the other agent | 2 | 0.90 s | 0.90 s |", "**Partial**", "- agent: checked more"} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md.String())
 		}

@@ -34,6 +34,8 @@ type Row struct {
 	Recovers string `json:"recovers"`
 	// Times are kill → end of the first successful dial started after it, one per repetition.
 	Times []time.Duration `json:"times_ns"`
+	// Note is what else the kind checked, if anything.
+	Note string `json:"note,omitempty"`
 }
 
 // P50 and Worst of the row's times (the upper median for an even count); 0 without any.
@@ -76,6 +78,11 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	for _, r := range rep.Rows {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Kind, r.Stack, len(r.Times), seconds(r.P50()), seconds(r.Worst()), all(r.sorted()))
 	}
+	for _, r := range rep.Rows {
+		if r.Note != "" {
+			fmt.Fprintf(tw, "%s: %s\n", r.Kind, r.Note)
+		}
+	}
 	if rep.Partial {
 		fmt.Fprintln(tw, "(partial: the run was interrupted or failed)")
 	}
@@ -108,7 +115,12 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 	for _, r := range rep.Rows {
 		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s |\n", r.Killed, r.Stack, r.Recovers, len(r.Times), seconds(r.P50()), seconds(r.Worst()))
 	}
-	b.WriteString("\n" + strings.Join([]string{
+	for _, r := range rep.Rows {
+		if r.Note != "" {
+			fmt.Fprintf(&b, "\n- %s: %s", r.Kind, r.Note)
+		}
+	}
+	b.WriteString("\n\n" + strings.Join([]string{
 		"Time from the SIGKILL to the end of the first dial, started after it, that got the pod's answer; a dial",
 		"starts every 20 ms, each with a 3 s deadline. Processes are the real binaries in network namespaces on",
 		"one machine (round trips of microseconds): the figures are the mechanisms' own, without a long path.",

@@ -6,7 +6,7 @@
 //	tendril-bench proxy [flags]     PROXY v2 header routed by destination, then TLS: the same figures
 //	tendril-bench connect [flags]   CONNECT with X-Gardener-Destination, then TLS: the same figures
 //	tendril-bench tunnel [flags]    reversed VPN: throughput, dials, head-of-line, up time, memory
-//	tendril-bench failover [flags]  HA: agent, server and OpenVPN server kill → next successful dial
+//	tendril-bench failover [flags]  HA: agent, server, xDS server and OpenVPN server kill → recovery
 //	tendril-bench xds [flags]       xDS at scale: change → ACK latency, bytes per change, build time, memory
 //	tendril-bench plot [flags]      PNG plots from the JSON reports of sni, proxy, connect, xds and tunnel
 //
@@ -48,9 +48,10 @@ modes:
   tunnel   reversed VPN, seed to a pod in the shoot: direct vs tendril
            (HTTP CONNECT and konnectivity gRPC front-ends) vs OpenVPN 2.6 TCP
            vs konnectivity v0.36 (gRPC and HTTP CONNECT); needs root
-  failover kill the active tendril-agent of two, then tendril-server, then the
-           OpenVPN server of two a client with two remotes is on; kill → next
-           successful dial p50 and worst over --repetitions; needs root
+  failover kill the active tendril-agent of two, tendril-server, the tendril-seed
+           whose xDS the ingress uses, and the OpenVPN server of two a client with
+           two remotes is on; kill → next successful dial (or new route) p50 and
+           worst over --repetitions; needs root
   xds      N shoots in the xDS server with tendril-ingress replicas connected,
            then single-shoot changes: Apply → ACK of every replica p50/p99,
            bytes per change, full build time, control plane and ingress RSS
