@@ -35,6 +35,8 @@ const (
 	CheckRoute   = "route"
 	CheckKubectl = "kubectl"
 	CheckPod     = "seed→pod"
+	// CheckAgents: tendril-server sees every agent the shoot runs live (two for an HA shoot).
+	CheckAgents = "agents"
 	// CheckInCluster needs root (network namespaces); without it its detail says skipped.
 	CheckInCluster = "in-cluster"
 )
@@ -52,6 +54,7 @@ func (s *seed) check(ctx context.Context, wait bool) Report {
 			{CheckRoute, s.checkRoute},
 			{CheckKubectl, s.checkKubectl},
 			{CheckPod, s.checkPod},
+			{CheckAgents, s.checkAgents},
 			{CheckInCluster, s.checkInCluster},
 		} {
 			detail, err := retry(ctx, wait, func() (string, error) { return c.f(ctx, sh) })
@@ -154,6 +157,45 @@ func (s *seed) checkPod(ctx context.Context, sh *shoot) (string, error) {
 		return "", fmt.Errorf("pod answered %s %q, want %q", r.Status, body, want)
 	}
 	return fmt.Sprintf("CONNECT %s via tendril-server → tunnel → agent: %q in %v", sh.podAddr, strings.TrimSpace(string(body)), time.Since(start).Round(time.Millisecond)), nil
+}
+
+// checkAgents reads tendril-server's metrics: every agent the shoot runs is live, one active.
+func (s *seed) checkAgents(ctx context.Context, sh *shoot) (string, error) {
+	url := "http://" + net.JoinHostPort(s.hostIP.String(), strconv.Itoa(sh.serverPorts["metrics"])) + "/metrics"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("tendril-server's metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return "", err
+	}
+	known, live, active := 0, 0, 0
+	for l := range strings.SplitSeq(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(l, "tendril_server_agent_live{"):
+			known++
+			if strings.HasSuffix(l, " 1") {
+				live++
+			}
+		case strings.HasPrefix(l, "tendril_server_agent_active{") && strings.HasSuffix(l, " 1"):
+			active++
+		}
+	}
+	// What the extension declared for the shoot, not what this seed started.
+	want := 1
+	if sh.ha {
+		want = tendrilv1alpha1.MaxAgents
+	}
+	if known != want || live != want || active != 1 {
+		return "", fmt.Errorf("tendril-server: %d of %d agents live (%d configured), %d active; want all %d live, one active", live, known, known, active, want)
+	}
+	return fmt.Sprintf("tendril-server: %d of %d agents live, one active", live, known), nil
 }
 
 func (s *seed) printReport(rep Report) {

@@ -22,6 +22,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +55,10 @@ type Config struct {
 	SNIAddress, ProxyAddress, TunnelAddress, XDSAddress, IngressMetrics string
 	// Shoots are the shoot names (project "local").
 	Shoots []string
+	// HAShoots are those of Shoots whose providerConfig asks for two tunnel agents
+	// (highAvailability.agents: 2, as for a highly available control plane); both run, each
+	// as its Deployment says.
+	HAShoots []string
 	// Once runs the checks once and returns; otherwise Run keeps running with a status line
 	// per shoot every StatusInterval until ctx ends.
 	Once           bool
@@ -208,7 +213,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		errs[0] = err
 	}()
 	for i, name := range cfg.Shoots {
-		sh := &shoot{name: name, namespace: "shoot--local--" + name, host: "api." + name + "." + Domain, index: i}
+		sh := &shoot{name: name, namespace: "shoot--local--" + name, host: "api." + name + "." + Domain, index: i, ha: slices.Contains(cfg.HAShoots, name)}
 		s.shoots = append(s.shoots, sh)
 		wg.Add(1)
 		go func() {

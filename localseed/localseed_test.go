@@ -39,8 +39,10 @@ func TestLocalSeed(t *testing.T) {
 		BinDir: bin,
 		Dir:    t.TempDir(),
 		Shoots: []string{"alpha", "beta"},
-		Once:   true,
-		Out:    &out,
+		// beta runs two agents: both start, and tendril-server sees both live (CheckAgents).
+		HAShoots: []string{"beta"},
+		Once:     true,
+		Out:      &out,
 	})
 	t.Logf("output:\n%s", out.String())
 	if err != nil {
@@ -58,11 +60,17 @@ func TestLocalSeed(t *testing.T) {
 			}
 		}
 		for _, c := range s.Checks {
+			if want := "1 of 1 agents live"; c.Name == localseed.CheckAgents && s.Namespace == "shoot--local--beta" {
+				want = "2 of 2 agents live"
+				if !strings.Contains(c.Detail, want) {
+					t.Errorf("%s: %s: %q, want %q", s.Namespace, c.Name, c.Detail, want)
+				}
+			}
 			if c.Name == localseed.CheckInCluster && os.Geteuid() != 0 {
 				t.Logf("%s: %s: %s (run the test as root for apiserver-proxy in a node network namespace)", s.Namespace, c.Name, c.Detail)
 			}
 		}
-		for _, want := range []string{localseed.CheckRoute, localseed.CheckKubectl, localseed.CheckPod, localseed.CheckInCluster} {
+		for _, want := range []string{localseed.CheckRoute, localseed.CheckKubectl, localseed.CheckPod, localseed.CheckAgents, localseed.CheckInCluster} {
 			if !names[want] {
 				t.Errorf("%s: check %s missing", s.Namespace, want)
 			}

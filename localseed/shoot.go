@@ -43,11 +43,13 @@ import (
 type shoot struct {
 	name, namespace, host string
 	index                 int
-	dir                   string
-	rest                  *rest.Config
-	client                client.Client
-	apiAddr               netip.AddrPort
-	kubeconfig            string
+	// ha: the shoot runs tendrilv1alpha1.MaxAgents tunnel agents (Config.HAShoots).
+	ha         bool
+	dir        string
+	rest       *rest.Config
+	client     client.Client
+	apiAddr    netip.AddrPort
+	kubeconfig string
 	// podAddr is the "pod" HTTP server on the shoot side, podListener its socket (bound when the
 	// address is chosen: a port merely free at that moment may be taken before the pod serves,
 	// e.g. as another connection's local port); nodes is the shoot's node network.
@@ -58,7 +60,8 @@ type shoot struct {
 	serverPorts map[string]int
 	// caFile and client are tendril-server's CA bundle and kube-apiserver's client pair.
 	caFile, clientCert, clientKey string
-	agentMetrics                  string
+	// agentMetrics are the agents' metrics addresses, agent i's at i.
+	agentMetrics []string
 	// serverTemplate is tendril-server's pod template, as the extension's Deployment says.
 	serverTemplate corev1.PodTemplateSpec
 	// netns is the shoot's node namespace (root only); advertised and inCluster are
@@ -154,6 +157,9 @@ func (s *seed) createShoot(ctx context.Context, sh *shoot) error {
 	pc := tendrilv1alpha1.ProviderConfig{
 		TypeMeta: metav1.TypeMeta{APIVersion: tendrilv1alpha1.SchemeGroupVersion.String(), Kind: "ProviderConfig"},
 		Egress:   sh.egressMode(),
+	}
+	if sh.ha {
+		pc.HighAvailability = &tendrilv1alpha1.HighAvailability{Agents: tendrilv1alpha1.MaxAgents}
 	}
 	if s.netns {
 		// apiserver-proxy holds the advertised address on a dummy link: only in a namespace.
@@ -251,28 +257,38 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 	}); err != nil {
 		return fmt.Errorf("wait for the resource manager to apply the ManagedResource: %w", err)
 	}
-	agent := &appsv1.Deployment{}
-	if err := sh.client.Get(ctx, client.ObjectKey{Namespace: manifest.ShootNamespace, Name: manifest.AgentName}, agent); err != nil {
-		return fmt.Errorf("tendril-agent Deployment in the shoot: %w", err)
-	}
-	apod, err := s.materialize(ctx, sh.client, manifest.ShootNamespace, agent.Spec.Template.Spec, filepath.Join(sh.dir, manifest.AgentName), "127.0.0.1")
-	if err != nil {
-		return fmt.Errorf("tendril-agent: %w", err)
-	}
-	for i, a := range apod.args {
-		if strings.HasPrefix(a, "--seed=") {
-			apod.args[i] = "--seed=" + s.cfg.TunnelAddress // the ingress's tunnel listener
-		}
-	}
-	sh.agentMetrics = net.JoinHostPort("127.0.0.1", strconv.Itoa(apod.ports["metrics"]))
 	if err := s.servePod(ctx, sh); err != nil {
 		return err
 	}
-	if err := s.procs.start(manifest.AgentName+" "+sh.namespace, filepath.Join(sh.dir, "tendril-agent.log"), "", filepath.Join(s.cfg.BinDir, apod.binary), apod.args...); err != nil {
-		return err
+	// Every agent the extension declared: tendril-agent, and tendril-agent-1 for an HA shoot.
+	agents := 1
+	if sh.ha {
+		agents = tendrilv1alpha1.MaxAgents
 	}
-	if err := waitHTTP(ctx, "http://"+sh.agentMetrics+"/readyz"); err != nil {
-		return fmt.Errorf("tendril-agent's tunnel: %w", err)
+	for i := range agents {
+		name := manifest.AgentObjectName(i)
+		agent := &appsv1.Deployment{}
+		if err := sh.client.Get(ctx, client.ObjectKey{Namespace: manifest.ShootNamespace, Name: name}, agent); err != nil {
+			return fmt.Errorf("%s Deployment in the shoot: %w", name, err)
+		}
+		apod, err := s.materialize(ctx, sh.client, manifest.ShootNamespace, agent.Spec.Template.Spec, filepath.Join(sh.dir, name), "127.0.0.1")
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		for i, a := range apod.args {
+			if strings.HasPrefix(a, "--seed=") {
+				apod.args[i] = "--seed=" + s.cfg.TunnelAddress // the ingress's tunnel listener
+			}
+		}
+		sh.agentMetrics = append(sh.agentMetrics, net.JoinHostPort("127.0.0.1", strconv.Itoa(apod.ports["metrics"])))
+		if err := s.procs.start(name+" "+sh.namespace, filepath.Join(sh.dir, name+".log"), "", filepath.Join(s.cfg.BinDir, apod.binary), apod.args...); err != nil {
+			return err
+		}
+	}
+	for i, m := range sh.agentMetrics {
+		if err := waitHTTP(ctx, "http://"+m+"/readyz"); err != nil {
+			return fmt.Errorf("%s's tunnel: %w", manifest.AgentObjectName(i), err)
+		}
 	}
 	if s.netns {
 		stop, err := s.makeNode(ctx, sh)

@@ -35,6 +35,7 @@ func main() {
 	fs.StringVar(&cfg.XDSAddress, "xds-address", "127.0.0.1:18000", "xDS server address")
 	fs.StringVar(&cfg.IngressMetrics, "ingress-metrics-address", "127.0.0.1:18081", "tendril-ingress metrics and probes")
 	fs.StringVar(&shoots, "shoots", "alpha,beta", "shoot names (project local)")
+	haShoots := fs.String("ha-shoots", "", "comma-separated shoots (of --shoots) that run two tunnel agents (providerConfig highAvailability.agents: 2)")
 	fs.BoolVar(&cfg.Once, "once", false, "run the checks once and exit: 0 when all pass, 1 otherwise")
 	fs.DurationVar(&cfg.StatusInterval, "status-interval", 10*time.Second, "how often to print the status lines")
 	version := fs.Bool("version", false, "print the version and exit")
@@ -44,6 +45,9 @@ func main() {
 		return
 	}
 	cfg.Shoots = strings.Split(shoots, ",")
+	if *haShoots != "" {
+		cfg.HAShoots = strings.Split(*haShoots, ",")
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := localseed.Run(ctx, cfg)
