@@ -74,8 +74,11 @@ type agents struct {
 	active    wg.Key
 	live      map[wg.Key]bool
 	failovers uint64
-	// deadSince is when the active agent was first seen dead; zero while it is live.
-	deadSince time.Time
+	// deadSince is when the active agent was first seen dead, closedSince when it was first
+	// seen without a stream; zero while it is live (closedSince: while its stream is attached).
+	// silentFirst: it was seen dead while its stream was still attached.
+	deadSince, closedSince time.Time
+	silentFirst            bool
 	// check asks the watch loop for a check now (a stream ended); capacity 1, a pending ask
 	// covers later ones.
 	check chan struct{}
@@ -197,21 +200,23 @@ func (s *Server) checkAgents() time.Duration {
 			next = &peers[i]
 		}
 	}
-	switch {
-	case activeLive:
-		a.deadSince = time.Time{}
+	if activeLive {
+		a.deadSince, a.closedSince, a.silentFirst = time.Time{}, time.Time{}, false
 		return 0
-	case a.deadSince.IsZero():
-		a.deadSince = now
 	}
-	grace := failoverGrace
-	if !activeAttached {
-		grace = closedStreamGrace
+	if a.deadSince.IsZero() {
+		a.deadSince, a.silentFirst = now, activeAttached
+	}
+	switch {
+	case activeAttached:
+		a.closedSince = time.Time{}
+	case a.closedSince.IsZero():
+		a.closedSince = now
 	}
 	if next == nil {
 		return 0
 	}
-	if left := grace - now.Sub(a.deadSince); left > 0 {
+	if left := failoverDue(a.deadSince, a.closedSince, a.silentFirst).Sub(now); left > 0 {
 		return left
 	}
 	old, deadFor := a.active, now.Sub(a.deadSince)
@@ -220,7 +225,7 @@ func (s *Server) checkAgents() time.Duration {
 		return watchEvery
 	}
 	a.active = next.PublicKey
-	a.deadSince = time.Time{}
+	a.deadSince, a.closedSince, a.silentFirst = time.Time{}, time.Time{}, false
 	a.failovers++
 	s.metrics.failovers.Inc()
 	for _, k := range a.keys {
@@ -233,6 +238,24 @@ func (s *Server) checkAgents() time.Duration {
 	s.log.Info("Failover: the shoot's networks now route to another agent", "from", old.String(), "to", next.PublicKey.String(),
 		"endpoint", next.Endpoint, "closedOldStream", closed, "deadFor", deadFor.Round(time.Millisecond).String())
 	return 0
+}
+
+// failoverDue is when the CIDRs leave a dead active agent: closedStreamGrace after its stream
+// was first seen gone (closedSince, zero while attached), failoverGrace after it was first seen
+// dead (deadSince) if it went silent first; the later of the two when both apply. An agent that
+// gives up on a silent path closes its stream itself to dial again, and that close must not cut
+// the silent path's grace short.
+func failoverDue(deadSince, closedSince time.Time, silentFirst bool) time.Time {
+	var due time.Time
+	if !closedSince.IsZero() {
+		due = closedSince.Add(closedStreamGrace)
+	}
+	if silentFirst {
+		if d := deadSince.Add(failoverGrace); d.After(due) {
+			due = d
+		}
+	}
+	return due
 }
 
 // initAgents routes the shoot's CIDRs to the first configured agent, until a live one shows up.

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
@@ -53,6 +54,31 @@ func TestCheckAgentPrefixes(t *testing.T) {
 				if got, want := p.AllowedIPs, tc.own[i]; !slices.Equal(got, want) {
 					t.Fatalf("peer %d: %v, want %v", i, got, want)
 				}
+			}
+		})
+	}
+}
+
+func TestFailoverDue(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	for _, tc := range []struct {
+		name                   string
+		deadSince, closedSince time.Time
+		silentFirst            bool
+		want                   time.Time
+	}{
+		{"stream closed", t0, t0, false, at(closedStreamGrace)},
+		{"silent, stream attached", t0, time.Time{}, true, at(failoverGrace)},
+		// The agent gives up on the silent path 0.2 s later and closes its stream: the silent
+		// grace still holds.
+		{"silent, then closed early", t0, at(200 * time.Millisecond), true, at(failoverGrace)},
+		// Closed late in the silent grace: the closed stream's grace runs from the close.
+		{"silent, then closed late", t0, at(900 * time.Millisecond), true, at(900*time.Millisecond + closedStreamGrace)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := failoverDue(tc.deadSince, tc.closedSince, tc.silentFirst); !got.Equal(tc.want) {
+				t.Errorf("due %v after the death, want %v", got.Sub(t0), tc.want.Sub(t0))
 			}
 		})
 	}

@@ -363,6 +363,9 @@ func TestBlipDoesNotFailOver(t *testing.T) {
 	defer held.Close()
 	_ = held.SetDeadline(time.Time{})
 	a := w.agents[active]
+	// The server starts with the first agent active; if the other was live first, the networks
+	// moved to it during the bring-up: those failovers are not the blips'.
+	before := w.srv.Failovers()
 	for i := range 3 {
 		eventually(t, "the server answers a heartbeat on this stream", func() error {
 			if n := a.echoedStreams.Load(); n < uint64(i+1) {
@@ -384,7 +387,7 @@ func TestBlipDoesNotFailOver(t *testing.T) {
 		if _, err := w.activeWhenAllLive(); err != nil {
 			t.Fatalf("blip %d: %v", i+1, err)
 		}
-		if n := w.srv.Failovers(); n != 0 {
+		if n := w.srv.Failovers() - before; n != 0 {
 			t.Fatalf("blip %d: %d failovers, want none", i+1, n)
 		}
 		_ = held.SetDeadline(time.Now().Add(10 * time.Second))
