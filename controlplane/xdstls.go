@@ -103,7 +103,7 @@ func (x *xdsCerts) sync(ctx context.Context) error {
 	caValidity, certValidity := xdsCAValidity, xdsCertValidity
 	if _, err := sm.Generate(ctx, &secretsutils.CertificateSecretConfig{
 		Name: XDSSecretCA, CommonName: XDSSecretCA, CertType: secretsutils.CACert, Validity: &caValidity,
-	}, secretsmanager.Persist(), secretsmanager.Rotate(secretsmanager.KeepOld), secretsmanager.IgnoreOldSecretsAfter(xdsOldCA)); err != nil {
+	}, secretsmanager.Rotate(secretsmanager.KeepOld), secretsmanager.IgnoreOldSecretsAfter(xdsOldCA)); err != nil {
 		return fmt.Errorf("xDS CA: %w", err)
 	}
 	svc, ns := x.cfg.ServiceName, x.cfg.Namespace

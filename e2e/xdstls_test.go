@@ -1,8 +1,13 @@
 package e2e
 
 import (
+	"context"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tendril-net/tendril/internal/testpki"
 )
@@ -40,4 +45,28 @@ func xdsTLS(t *testing.T) (seed, ingress []string) {
 	cc, ck := pair("client", xdsNode)
 	return []string{"--xds-cert-file", sc, "--xds-key-file", sk, "--xds-ca-file", caFile},
 		[]string{"--xds-cert-file", cc, "--xds-key-file", ck, "--xds-ca-file", caFile}
+}
+
+// TestXDSPlaintextOnlyByFlag: tendril-seed and tendril-ingress refuse to start without xDS
+// certificates unless told --xds-insecure, and then they work in plaintext.
+func TestXDSPlaintextOnlyByFlag(t *testing.T) {
+	routeFile := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(routeFile, []byte("shoots: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	xdsAddr, sniAddr, metrics := freeAddr(t), freeAddr(t), freeAddr(t)
+	for name, args := range map[string][]string{
+		"tendril-seed":    {"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", ""},
+		"tendril-ingress": {"--xds", xdsAddr, "--sni-address", sniAddr, "--metrics-address", ""},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		out, err := exec.CommandContext(ctx, filepath.Join(binDir, name), args...).CombinedOutput()
+		cancel()
+		if err == nil || !strings.Contains(string(out), "--xds-insecure for local use") {
+			t.Errorf("%s without xDS certificates: %v, output:\n%s\nwant a refusal naming --xds-insecure", name, err, out)
+		}
+	}
+	start(t, "tendril-seed", "--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", "", "--xds-insecure")
+	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "any", "--sni-address", sniAddr, "--metrics-address", metrics, "--xds-insecure")
+	eventually(t, "tendril-ingress configured in plaintext", func() error { _, err := get("http://" + metrics + "/readyz"); return err })
 }
