@@ -16,13 +16,14 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/go-logr/logr"
-	"google.golang.org/genproto/googleapis/rpc/status"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 )
 
 // MaxRecvMsgSize is the largest response accepted. The first cluster response at 10,000 shoots
@@ -99,7 +100,7 @@ func Run(ctx context.Context, cfg Config, h Handler) error {
 	if err != nil {
 		return fmt.Errorf("xdsclient: %w", err)
 	}
-	defer conn.Close()
+	defer func() { conn.Close() }()
 	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
 
 	// known holds the version of every resource applied, per type, across reconnects.
@@ -124,6 +125,16 @@ func Run(ctx context.Context, cfg Config, h Handler) error {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(wait):
+		}
+		if c := status.Code(err); c == codes.PermissionDenied || c == codes.Unauthenticated {
+			// The server refused this client's identity: a new stream on the same connection
+			// would present the same certificate. A new connection handshakes again, with the
+			// certificate files as they are now (rotated, or fixed by the operator).
+			conn.Close()
+			if conn, err = grpc.NewClient(cfg.Address, opts...); err != nil {
+				return fmt.Errorf("xdsclient: %w", err)
+			}
+			ads = discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
 		}
 		backoff = min(2*backoff, maxB)
 	}
@@ -182,6 +193,6 @@ func nack(resp *discoveryv3.DeltaDiscoveryResponse, err error) *discoveryv3.Delt
 	return &discoveryv3.DeltaDiscoveryRequest{
 		TypeUrl:       resp.GetTypeUrl(),
 		ResponseNonce: resp.GetNonce(),
-		ErrorDetail:   &status.Status{Code: int32(codes.InvalidArgument), Message: err.Error()},
+		ErrorDetail:   &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()},
 	}
 }

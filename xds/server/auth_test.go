@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -237,4 +238,113 @@ func TestNodeRefusedStatus(t *testing.T) {
 	if n := m.refused(t, server.ReasonNoNode); n != 1 {
 		t.Errorf("no_node refusals: %v, want 1", n)
 	}
+}
+
+// TestCertificateRotation: neither side restarts while its files change. A client whose
+// certificate may not use its node ID is refused and keeps retrying; once its files hold a
+// certificate for the node, its next handshake uses it and it is served. Likewise the server
+// refuses a client of a CA its bundle lacks until the bundle file holds that CA.
+func TestCertificateRotation(t *testing.T) {
+	ca, err := testpki.NewCA("xds-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := testpki.NewCA("other-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvFiles := pki(t, ca, "xds.test")
+	reg := prometheus.NewRegistry()
+	s := server.New(server.Config{Log: testr.New(t), Registry: reg, TLS: tlsreload.ServerConfig(srvFiles), Authorize: server.NodeOfCertificate})
+	if _, err := s.Apply([]model.Shoot{modeltest.Shoot(1)}); err != nil {
+		t.Fatal(err)
+	}
+	m := &mtlsServer{addr: startServer(t, s), ca: ca, reg: reg}
+
+	// The client's files: first a certificate named for another node, then the right one.
+	cli := pki(t, ca, "tendril-egress")
+	rotate := func(c *testpki.CA, cn string) {
+		leaf, err := c.Leaf(cn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := testpki.WritePair(leaf, cli.Cert, cli.Key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	applied := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- xdsclient.Run(ctx, xdsclient.Config{
+			Address: m.addr, NodeID: "tendril-ingress-0", Types: server.Types, TLS: tlsreload.ClientConfig(cli, "xds.test"),
+			Log: testr.New(t), MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+		}, func(u xdsclient.Update) error {
+			if len(u.Resources) > 0 {
+				select {
+				case applied <- struct{}{}:
+				default:
+				}
+			}
+			return nil
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	served := func() bool {
+		select {
+		case <-applied:
+			return true
+		default:
+			return false
+		}
+	}
+	testwait.For(t, "the client refused for its node", func() error {
+		if served() {
+			t.Fatal("served with a certificate for another node")
+		}
+		if m.refused(t, server.ReasonNodeMismatch) == 0 {
+			return errors.New("no node_mismatch refusal yet")
+		}
+		return nil
+	})
+
+	// A certificate for the node, but of a CA the server does not trust yet.
+	rotate(other, "tendril-ingress")
+	testwait.For(t, "the client refused for its CA", func() error {
+		if served() {
+			t.Fatal("served with a certificate of an untrusted CA")
+		}
+		if m.refused(t, tlsreload.ReasonUntrusted) == 0 {
+			return errors.New("no untrusted_certificate refusal yet")
+		}
+		return nil
+	})
+
+	// The server's bundle gains that CA: the client's next handshake is accepted.
+	bundle, err := os.ReadFile(srvFiles.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherPEM := filepath.Join(t.TempDir(), "other.crt")
+	if err := other.WriteCA(otherPEM); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(otherPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(srvFiles.CA, append(bundle, b...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "the rotated client served", func() error {
+		if !served() {
+			return errors.New("nothing applied yet")
+		}
+		return nil
+	})
 }
