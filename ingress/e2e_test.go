@@ -112,7 +112,7 @@ func newWorldConfig(t *testing.T, opts translate.Options, cfg Config) *world {
 		defer wg.Done()
 		defer close(w.served)
 		err := w.in.Serve(ictx, lns, xdsclient.Config{Address: xl.Addr().String(), NodeID: "ingress-" + t.Name(),
-			TLS: tlsreload.ClientConfig(xdsTLS("ingress"), ""), MinBackoff: 10 * time.Millisecond})
+			TLS: tlsreload.ClientConfig(xdsTLS("ingress"), "127.0.0.1"), MinBackoff: 10 * time.Millisecond})
 		if err != nil {
 			t.Error(err)
 		}

@@ -194,5 +194,15 @@ func xdsTLS(cfg Config) (*tls.Config, error) {
 	if _, err := f.Material(); err != nil {
 		return nil, fmt.Errorf("xDS client certificate: %w", err)
 	}
-	return tlsreload.ClientConfig(f, cfg.XDSServerName), nil
+	name := cfg.XDSServerName
+	if name == "" {
+		// The host of --xds: crypto/tls sends no server name for an IP address, and a name
+		// is what the server's certificate is checked against.
+		host, _, err := net.SplitHostPort(cfg.XDSAddress)
+		if err != nil {
+			return nil, fmt.Errorf("--xds %q: %w", cfg.XDSAddress, err)
+		}
+		name = host
+	}
+	return tlsreload.ClientConfig(f, name), nil
 }

@@ -189,8 +189,10 @@ func ServerConfig(src Source) *tls.Config {
 }
 
 // ClientConfig is a client's configuration that presents src's current certificate and accepts
-// a server whose certificate chains to src's current CAs and names serverName (empty: the name
-// the connection was made to, as crypto/tls would).
+// a server whose certificate chains to src's current CAs and names serverName (a DNS name or an
+// IP address). Empty: the server name sent in the handshake (gRPC sets it from the target's
+// host); a connection without one (made to an IP address) is refused rather than accepted
+// without a name check.
 func ClientConfig(src Source, serverName string) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
@@ -209,6 +211,9 @@ func ClientConfig(src Source, serverName string) *tls.Config {
 			name := serverName
 			if name == "" {
 				name = cs.ServerName
+			}
+			if name == "" {
+				return errors.New("no server name to verify the server's certificate against (connected to an IP address: give the name)")
 			}
 			return verify(src, cs, x509.ExtKeyUsageServerAuth, name)
 		},

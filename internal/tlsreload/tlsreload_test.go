@@ -138,6 +138,19 @@ func TestMutualTLS(t *testing.T) {
 			t.Fatalf("client: %v; want the server refused as untrusted", cliErr)
 		}
 	})
+	t.Run("IP address without a name", func(t *testing.T) {
+		// crypto/tls sends no server name for an IP address: with no name given the server
+		// must be refused, not accepted unchecked.
+		_, cliErr, _, _ := handshake(t, server, tlsreload.ClientConfig(cliFiles, ""))
+		if cliErr == nil {
+			t.Fatal("accepted the server without checking a name")
+		}
+	})
+	t.Run("IP address", func(t *testing.T) {
+		if _, cliErr, _, _ := handshake(t, server, tlsreload.ClientConfig(cliFiles, "127.0.0.1")); cliErr != nil {
+			t.Fatalf("client: %v", cliErr)
+		}
+	})
 	t.Run("server name", func(t *testing.T) {
 		_, cliErr, _, _ := handshake(t, server, tlsreload.ClientConfig(cliFiles, "other.example"))
 		if refusal(cliErr) != tlsreload.ReasonUntrusted {
