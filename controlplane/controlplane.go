@@ -301,8 +301,11 @@ type xdsRunnable struct {
 func (r xdsRunnable) NeedLeaderElection() bool { return true }
 
 func (r xdsRunnable) Start(ctx context.Context) error {
+	// The renewal and label goroutines end with Start, also when serving fails.
+	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer cancel()
 	if r.certs != nil {
 		if err := r.certs.syncRetrying(ctx); err != nil {
 			return nil // ctx ended

@@ -36,8 +36,16 @@ type Refusal struct {
 	Err    error
 }
 
-func (r *Refusal) Error() string         { return r.Err.Error() }
-func (r *Refusal) Unwrap() error         { return r.Err }
+func (r *Refusal) Error() string {
+	if r.Err == nil {
+		return "refused: " + r.Reason
+	}
+	return r.Err.Error()
+}
+
+func (r *Refusal) Unwrap() error { return r.Err }
+
+// RefusalReason is the label the refusal is counted under.
 func (r *Refusal) RefusalReason() string { return r.Reason }
 
 // refusalReason is the label of a refusal: the error's own, else fallback.
