@@ -73,6 +73,7 @@ bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, repo
 	bin/tendril-bench sni $(BENCH_RATE_ARGS) --markdown docs/bench/sni.md --json-file docs/bench/sni.json --markdown-append docs/benchmarks.md $(BENCH_ARGS)
 	bin/tendril-bench proxy $(BENCH_RATE_ARGS) --markdown docs/bench/proxy.md --json-file docs/bench/proxy.json --markdown-append docs/benchmarks.md $(BENCH_ARGS)
 	bin/tendril-bench connect $(BENCH_RATE_ARGS) --markdown docs/bench/connect.md --json-file docs/bench/connect.json --markdown-append docs/benchmarks.md $(BENCH_ARGS)
+	bin/tendril-bench idle --markdown docs/bench/idle.md --json-file docs/bench/idle.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench tunnel --rounds 3 --markdown docs/bench/tunnel.md --json-file docs/bench/tunnel.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench xds --markdown docs/bench/xds.md --json-file docs/bench/xds.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench plot --rate docs/bench/sni.json,docs/bench/proxy.json,docs/bench/connect.json --xds docs/bench/xds.json --tunnel docs/bench/tunnel.json
