@@ -59,8 +59,9 @@ fuzz: ## Run every fuzz target for FUZZ_TIME each.
 		done; \
 	done
 
-# The suite fits the 2-core machine in under 15 minutes (3 s per measurement, 3 rounds for the
-# connection paths); the tunnel mode needs root for its network namespaces and skips what it cannot set up.
+# The suite fits the 2-core machine in under 20 minutes (3 s per measurement, 3 rounds for the
+# connection paths; the idle mode about 5 minutes at the N the 20,000-descriptor limit allows); the
+# tunnel mode needs root for its network namespaces and skips what it cannot set up.
 BENCH_RATE_ARGS = --rounds 3 --duration 3s
 bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, reports and plots in docs/bench/ (analysis: docs/performance.md).
 	@mkdir -p docs/bench

@@ -275,7 +275,8 @@ func (rep *Report) notes(listener string) []string {
 func fmtSamples(m map[string]string) string {
 	var parts []string
 	for _, k := range slices.Sorted(maps.Keys(m)) {
-		parts = append(parts, k+": "+m[k])
+		// The error names its reason already ("handshake: EOF").
+		parts = append(parts, strings.TrimPrefix(m[k], k+": "))
 	}
 	return strings.Join(parts, "; ")
 }
