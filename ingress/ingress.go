@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/internal/relay"
 )
 
 // Config configures an Ingress. The zero value serves nothing until listeners are given.
@@ -246,6 +247,16 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	if xds.Log.GetSink() == nil {
 		xds.Log = in.log.WithName("xds")
 	}
+	// Established connections move to the relay loops: an idle one then holds its two sockets
+	// and nothing else (no goroutine, pipe or buffer).
+	loops, err := relay.NewLoops(relay.LoopsConfig{})
+	if err != nil {
+		for _, l := range lns {
+			l.Close()
+		}
+		return fmt.Errorf("relay loops: %w", err)
+	}
+	defer loops.Close()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -256,7 +267,7 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	var served sync.WaitGroup
 	servers := make([]*server, 0, len(lns))
 	for name, l := range lns {
-		s := &server{in: in, name: name, l: l, conns: map[net.Conn]bool{}}
+		s := &server{in: in, name: name, l: l, loops: loops, conns: map[net.Conn]bool{}}
 		servers = append(servers, s)
 		served.Add(1)
 		go func() {

@@ -156,7 +156,8 @@ func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instan
 		if err != nil {
 			return nil, errors.Join(err, seed.Stop())
 		}
-		in := &Instance{Addr: listen, Version: version, Config: routeFile, procs: []*Process{seed, ingress}}
+		in := &Instance{Addr: listen, Version: version, Config: routeFile, Metrics: "http://" + ingressMetrics + "/metrics",
+			procs: []*Process{seed, ingress}, dataPlane: []*Process{ingress}}
 		if err := waitReady(ctx, "http://"+ingressMetrics+"/readyz", readyTimeout, seed, ingress); err != nil {
 			return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
 		}

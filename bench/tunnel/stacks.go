@@ -65,15 +65,11 @@ func (s *stack) cpu(in *ingress) func() time.Duration {
 	if len(procs) == 0 {
 		return nil
 	}
-	return func() time.Duration {
-		var sum time.Duration
-		for _, p := range procs {
-			if t, ok := machine.ProcessCPU(p.PID()); ok {
-				sum += t
-			}
-		}
-		return sum
+	pids := make([]int, len(procs))
+	for i, p := range procs {
+		pids[i] = p.PID()
 	}
+	return func() time.Duration { return machine.ProcessesCPU(pids) }
 }
 
 func (s *stack) stop() {

@@ -1,0 +1,491 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Loops joins TCP connection pairs on a few epoll event loops, one thread each, instead of two
+// goroutines per pair as Pipe does. An idle pair then costs its two sockets and about 400 bytes
+// (the pair, two map entries, the caller's done func): no goroutine stack (2 × 8 KiB once a
+// goroutine has grown), no pipe pair for splice(2) (2 fds and 2 kernel pipe buffers per
+// direction), no copy buffer. A seed ingress holds tens of thousands of idle watches; with Pipe
+// it needed 6 fds and 16–18 KiB per connection.
+//
+// Bytes move through one read buffer per loop: a read of up to loopBuffer bytes is written on at
+// once; what the destination does not take is kept in a pooled buffer for that direction, and the
+// source is not read again until it has been written (back-pressure, as Pipe has). So a pair
+// holds a buffer only while its destination is slower than its source.
+//
+// The semantics are Pipe's, except for the idle timeout: a pair is idle when neither direction
+// has moved a byte for the pair's idle time (Envoy's tcp_proxy idle_timeout), so a watch whose
+// client never sends lives as long as events arrive.
+type Loops struct {
+	loops []*loop
+	next  atomic.Uint32
+	wg    sync.WaitGroup
+	once  sync.Once
+}
+
+// LoopsConfig configures Loops. The zero value works.
+type LoopsConfig struct {
+	// Loops is the number of event loops. If zero, GOMAXPROCS: each loop is one thread in
+	// epoll_wait or moving bytes, so more than the CPUs only adds switches.
+	Loops int
+}
+
+// Group is a set of pairs closed together (a listener's, on shutdown). The zero value is an
+// empty, open group.
+type Group struct {
+	open   atomic.Int64
+	closed atomic.Bool
+}
+
+// Len reports how many of the group's pairs are open.
+func (g *Group) Len() int { return int(g.open.Load()) }
+
+// loopBuffer is each loop's read buffer and the size of a direction's pending buffer: 64 KiB is
+// what one read of a TCP socket typically returns on a fast local path, so a bulk transfer moves
+// in few system calls, and at most one per direction is held by a stalled destination.
+const loopBuffer = 64 << 10
+
+// pumpBudget bounds the bytes one pair moves before the loop turns to the other pairs' events:
+// 16 reads of loopBuffer, so a bulk transfer keeps the system call count low without making the
+// loop's other pairs wait more than about a millisecond.
+const pumpBudget = 16 * loopBuffer
+
+// maxSweep is the longest time between two checks of the loop's idle timeouts: a pair ends
+// between its idle time and that plus maxSweep (or a quarter of the shortest idle time, if less).
+const maxSweep = time.Second
+
+// pending are the buffers of directions whose destination has not taken everything read.
+var pending = sync.Pool{New: func() any { return new([loopBuffer]byte) }}
+
+// NewLoops starts the event loops. Close stops them.
+func NewLoops(cfg LoopsConfig) (*Loops, error) {
+	n := cfg.Loops
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	ls := &Loops{}
+	for range n {
+		l, err := newLoop()
+		if err != nil {
+			ls.Close()
+			return nil, err
+		}
+		ls.loops = append(ls.loops, l)
+		ls.wg.Add(1)
+		go func() {
+			defer ls.wg.Done()
+			l.run()
+		}()
+	}
+	return ls, nil
+}
+
+// ErrClosed is returned by Join once the Loops or the group are closed.
+var ErrClosed = errors.New("relay loops closed")
+
+// Join hands a and b (TCP connections) to the loops and returns at once. From then on the loops
+// own them: the caller must not use a or b again (they are closed here; the loops move bytes on
+// duplicates of their sockets). first is written to b before anything read from a: the bytes the
+// caller read from a while deciding where it goes. done is called exactly once, after both sockets
+// are closed, with the bytes moved each way (first included): on a loop's goroutine while it holds
+// its lock, so done must be quick and must not call into Loops. On error a and b are closed and
+// done is not called.
+func (ls *Loops) Join(g *Group, a, b net.Conn, first []byte, idle time.Duration, done func(aToB, bToA int64)) error {
+	fa, err := takeFD(a)
+	if err != nil {
+		b.Close()
+		return err
+	}
+	fb, err := takeFD(b)
+	if err != nil {
+		unix.Close(fa)
+		return err
+	}
+	l := ls.loops[ls.next.Add(1)%uint32(len(ls.loops))]
+	p := &pair{l: l, g: g, idle: idle, done: done}
+	p.a.fd, p.a.p = fa, p
+	p.b.fd, p.b.p = fb, p
+	p.ab.src, p.ab.dst = &p.a, &p.b
+	p.ba.src, p.ba.dst = &p.b, &p.a
+	p.ab.pend = first
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closing || g.closed.Load() {
+		unix.Close(fa)
+		unix.Close(fb)
+		return ErrClosed
+	}
+	p.last = l.now()
+	if idle > 0 && (l.minIdle == 0 || idle < l.minIdle) {
+		l.minIdle = idle
+	}
+	for _, s := range []*sock{&p.a, &p.b} {
+		// Edge-triggered, both directions, registered once: the loop never changes the
+		// registration, it remembers readiness until a read or write says EAGAIN.
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(s.fd)}
+		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, s.fd, &ev); err != nil {
+			delete(l.socks, int32(fa))
+			unix.Close(fa)
+			unix.Close(fb)
+			return fmt.Errorf("epoll_ctl: %w", err)
+		}
+		l.socks[int32(s.fd)] = s
+	}
+	l.peak = max(l.peak, len(l.socks))
+	g.open.Add(1)
+	return nil
+}
+
+// CloseGroup closes every pair of g (calling their done funcs) and refuses new ones for it; it
+// returns how many it closed.
+func (ls *Loops) CloseGroup(g *Group) int {
+	g.closed.Store(true)
+	n := 0
+	for _, l := range ls.loops {
+		l.mu.Lock()
+		n += l.closeWhere(func(p *pair) bool { return p.g == g })
+		l.mu.Unlock()
+	}
+	return n
+}
+
+// Close closes every pair and stops the loops, and returns once they have stopped.
+func (ls *Loops) Close() {
+	ls.once.Do(func() {
+		for _, l := range ls.loops {
+			l.mu.Lock()
+			l.closing = true
+			l.mu.Unlock()
+			l.wake()
+		}
+		ls.wg.Wait()
+		for _, l := range ls.loops {
+			unix.Close(l.epfd)
+			unix.Close(l.wakefd)
+		}
+	})
+}
+
+// takeFD returns a duplicate of c's socket and closes c, which leaves the duplicate the only
+// reference: it is non-blocking (the flag belongs to the shared open file) and in no poller.
+func takeFD(c net.Conn) (int, error) {
+	defer c.Close()
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return -1, fmt.Errorf("relay: %T has no socket", c)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, fmt.Errorf("dup: %w", derr)
+	}
+	return fd, nil
+}
+
+// loop is one event loop: an epoll instance, the sockets registered in it and its read buffer.
+// Everything but epfd and wakefd is guarded by mu, which the loop holds while it handles a batch
+// of events and releases while it waits.
+type loop struct {
+	epfd, wakefd int
+	start        time.Time
+
+	mu    sync.Mutex
+	socks map[int32]*sock
+	// peak is the most sockets socks held since it was last rebuilt: a Go map keeps the table
+	// of its largest size, and after a peak of connections that is most of an idle loop's memory.
+	peak    int
+	again   []*pair // pairs that used their budget with bytes left to read
+	minIdle time.Duration
+	closing bool
+	buf     []byte
+}
+
+type pair struct {
+	l      *loop
+	g      *Group
+	a, b   sock
+	ab, ba direction
+	idle   time.Duration
+	last   time.Duration // since l.start, when a byte last moved
+	done   func(aToB, bToA int64)
+	closed bool
+	queued bool // in l.again
+}
+
+// sock is one side of a pair with the readiness the loop last learned for it: set by an event,
+// cleared by EAGAIN.
+type sock struct {
+	fd                 int
+	p                  *pair
+	readable, writable bool
+}
+
+// direction is one direction of a pair.
+type direction struct {
+	src, dst *sock
+	// pend are bytes read from src that dst has not taken yet; src is not read while there are.
+	pend []byte
+	// buf is pend's pooled backing array, if it has one.
+	buf *[loopBuffer]byte
+	eof bool // src reached end of stream
+	// shut: dst's write side was shut after eof, this direction is over.
+	shut bool
+	n    int64
+}
+
+func newLoop() (*loop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("epoll_create1: %w", err)
+	}
+	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakefd)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
+		unix.Close(epfd)
+		unix.Close(wakefd)
+		return nil, fmt.Errorf("epoll_ctl: %w", err)
+	}
+	return &loop{epfd: epfd, wakefd: wakefd, start: time.Now(), socks: map[int32]*sock{}, buf: make([]byte, loopBuffer)}, nil
+}
+
+func (l *loop) now() time.Duration { return time.Since(l.start) }
+
+func (l *loop) wake() {
+	var one = [8]byte{1}
+	_, _ = unix.Write(l.wakefd, one[:])
+}
+
+// run waits for events and moves bytes until the loop is closing; then it closes its pairs.
+func (l *loop) run() {
+	events := make([]unix.EpollEvent, 256)
+	var lastSweep time.Duration
+	timeout := int(maxSweep / time.Millisecond)
+	for {
+		n, err := unix.EpollWait(l.epfd, events, timeout)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			// Only a broken epfd gets here; closing the pairs beats spinning.
+			n = 0
+			l.mu.Lock()
+			l.closing = true
+			l.mu.Unlock()
+		}
+		l.mu.Lock()
+		if l.closing {
+			l.closeWhere(func(*pair) bool { return true })
+			l.mu.Unlock()
+			return
+		}
+		now := l.now()
+		for _, ev := range events[:max(n, 0)] {
+			s := l.socks[ev.Fd]
+			if s == nil {
+				continue // the wake-up eventfd, or a socket closed earlier in this batch
+			}
+			if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+				s.readable = true
+			}
+			if ev.Events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+				s.writable = true
+			}
+			l.pump(s.p, now)
+		}
+		again := l.again
+		l.again = nil
+		for _, p := range again {
+			p.queued = false
+			l.pump(p, now)
+		}
+		sweep := maxSweep
+		if l.minIdle > 0 {
+			sweep = min(sweep, max(l.minIdle/4, 10*time.Millisecond))
+		}
+		if now-lastSweep >= sweep {
+			lastSweep = now
+			l.closeWhere(func(p *pair) bool { return p.idle > 0 && now-p.last >= p.idle })
+		}
+		l.shrink()
+		timeout = int(sweep / time.Millisecond)
+		if len(l.again) > 0 {
+			timeout = 0
+		}
+		l.mu.Unlock()
+	}
+}
+
+// pump moves what it can both ways and closes the pair once both directions are over or one
+// failed.
+func (l *loop) pump(p *pair, now time.Duration) {
+	if p.closed {
+		return
+	}
+	budget := pumpBudget
+	if !l.move(p, &p.ab, &budget, now) || !l.move(p, &p.ba, &budget, now) || (p.ab.shut && p.ba.shut) {
+		l.closePair(p)
+	}
+}
+
+// move moves h's bytes until its source or destination would block, the budget is used, or the
+// source ended; it reports false if the pair must close (a reset, a write to a closed peer).
+func (l *loop) move(p *pair, h *direction, budget *int, now time.Duration) bool {
+	for {
+		if len(h.pend) > 0 {
+			if !h.dst.writable {
+				return true
+			}
+			n, err := unix.Write(h.dst.fd, h.pend)
+			if n > 0 {
+				h.pend = h.pend[n:]
+				h.n += int64(n)
+				p.last = now
+			}
+			switch {
+			case err == unix.EAGAIN:
+				h.dst.writable = false
+				return true
+			case err == unix.EINTR:
+				continue
+			case err != nil:
+				return false
+			}
+			if len(h.pend) == 0 {
+				h.release()
+			}
+			continue
+		}
+		if h.shut {
+			return true
+		}
+		if h.eof {
+			// Pass the end of stream on as a direction-close, as Pipe does. ENOTCONN: the peer
+			// is gone already; the other direction will say so.
+			if err := unix.Shutdown(h.dst.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+				return false
+			}
+			h.shut = true
+			return true
+		}
+		if !h.src.readable {
+			return true
+		}
+		if *budget <= 0 {
+			if !p.queued {
+				p.queued = true
+				l.again = append(l.again, p)
+			}
+			return true
+		}
+		n, err := unix.Read(h.src.fd, l.buf)
+		switch {
+		case err == unix.EAGAIN:
+			h.src.readable = false
+			return true
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return false
+		case n == 0:
+			h.eof = true
+			continue
+		}
+		*budget -= n
+		p.last = now
+		data := l.buf[:n]
+		if h.dst.writable {
+			m, err := unix.Write(h.dst.fd, data)
+			if m > 0 {
+				data = data[m:]
+				h.n += int64(m)
+			}
+			switch {
+			case err == unix.EAGAIN:
+				h.dst.writable = false
+			case err != nil && err != unix.EINTR:
+				return false
+			}
+		}
+		if len(data) > 0 {
+			h.buf = pending.Get().(*[loopBuffer]byte)
+			h.pend = append(h.buf[:0], data...)
+		}
+	}
+}
+
+// release returns h's pending buffer to the pool.
+func (h *direction) release() {
+	h.pend = nil
+	if h.buf != nil {
+		pending.Put(h.buf)
+		h.buf = nil
+	}
+}
+
+// shrinkBelow is the smallest peak worth rebuilding the socket map for: 4,096 entries are a table
+// of about 4,096 / (7/8 load) × 16 bytes ≈ 75 KiB.
+const shrinkBelow = 4096
+
+// shrink rebuilds socks at its current size once it holds less than a quarter of its peak.
+func (l *loop) shrink() {
+	if l.peak < shrinkBelow || len(l.socks) >= l.peak/4 {
+		return
+	}
+	m := make(map[int32]*sock, len(l.socks))
+	for fd, s := range l.socks {
+		m[fd] = s
+	}
+	l.socks, l.peak = m, len(m)
+}
+
+// closeWhere closes the pairs that match and returns how many.
+func (l *loop) closeWhere(match func(*pair) bool) int {
+	n := 0
+	for _, s := range l.socks {
+		if s != &s.p.a {
+			continue // each pair once, by its first socket
+		}
+		if match(s.p) {
+			l.closePair(s.p)
+			n++
+		}
+	}
+	return n
+}
+
+func (l *loop) closePair(p *pair) {
+	if p.closed {
+		return
+	}
+	p.closed = true
+	for _, s := range []*sock{&p.a, &p.b} {
+		delete(l.socks, int32(s.fd))
+		unix.Close(s.fd) // also drops it from the epoll set: no other descriptor refers to it
+	}
+	p.ab.release()
+	p.ba.release()
+	p.g.open.Add(-1)
+	if p.done != nil {
+		p.done(p.ab.n, p.ba.n)
+	}
+}
