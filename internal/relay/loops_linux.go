@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -159,6 +160,8 @@ func (l *loop) join(g *Group, fa int, b *sock, registerB bool, first []byte, idl
 	p.last = l.now()
 	if idle > 0 && (l.minIdle == 0 || idle < l.minIdle) {
 		l.minIdle = idle
+		// The loop may be waiting out a longer sweep interval.
+		_ = l.file.SetReadDeadline(time.Now().Add(l.sweepEvery()))
 	}
 	if err := l.register(fa); err != nil {
 		unix.Close(fa)
@@ -316,13 +319,11 @@ func (ls *Loops) Close() {
 			l.mu.Lock()
 			l.closing = true
 			l.mu.Unlock()
-			l.wake()
+			// Wakes run from Go's poller (the close itself waits until run is out of
+			// epoll_wait); run closes the pairs.
+			_ = l.file.SetReadDeadline(time.Now())
 		}
 		ls.wg.Wait()
-		for _, l := range ls.loops {
-			unix.Close(l.epfd)
-			unix.Close(l.wakefd)
-		}
 	})
 }
 
@@ -350,10 +351,12 @@ func takeFD(c net.Conn) (int, error) {
 }
 
 // loop is one event loop: an epoll instance, the sockets registered in it and its read buffer.
-// Everything but epfd and wakefd is guarded by mu, which the loop holds while it handles a batch
+// Everything but epfd and file is guarded by mu, which the loop holds while it handles a batch
 // of events and releases while it waits.
 type loop struct {
-	epfd, wakefd int
+	epfd int
+	// file is epfd in Go's poller; closing it ends run.
+	file *os.File
 	start        time.Time
 
 	mu    sync.Mutex
@@ -407,90 +410,122 @@ func newLoop() (*loop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
+	// Non-blocking, so os.NewFile hands it to Go's poller: the loop waits there (run).
+	if err := unix.SetNonblock(epfd, true); err != nil {
 		unix.Close(epfd)
-		return nil, fmt.Errorf("eventfd: %w", err)
+		return nil, fmt.Errorf("epoll fd: %w", err)
 	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakefd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
-		unix.Close(epfd)
-		unix.Close(wakefd)
-		return nil, fmt.Errorf("epoll_ctl: %w", err)
-	}
-	return &loop{epfd: epfd, wakefd: wakefd, start: time.Now(), socks: map[int32]*sock{}, dialing: map[int32]*Socket{}, buf: make([]byte, loopBuffer)}, nil
+	return &loop{epfd: epfd, file: os.NewFile(uintptr(epfd), "epoll"), start: time.Now(),
+		socks: map[int32]*sock{}, dialing: map[int32]*Socket{}, buf: make([]byte, loopBuffer)}, nil
 }
 
 func (l *loop) now() time.Duration { return time.Since(l.start) }
 
-func (l *loop) wake() {
-	var one = [8]byte{1}
-	_, _ = unix.Write(l.wakefd, one[:])
-}
-
 // run waits for events and moves bytes until the loop is closing; then it closes its pairs.
 func (l *loop) run() {
+	defer l.file.Close()
+	rc, err := l.file.SyscallConn()
+	if err != nil {
+		l.mu.Lock()
+		l.stop()
+		l.mu.Unlock()
+		return
+	}
 	events := make([]unix.EpollEvent, 256)
 	var lastSweep time.Duration
-	timeout := int(maxSweep / time.Millisecond)
 	for {
-		n, err := unix.EpollWait(l.epfd, events, timeout)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			// Only a broken epfd gets here; closing the pairs beats spinning.
-			n = 0
-			l.mu.Lock()
-			l.closing = true
-			l.mu.Unlock()
-		}
 		l.mu.Lock()
-		if l.closing {
-			l.closeWhere(func(*pair) bool { return true })
-			for _, d := range l.dialing {
-				if !d.reported {
-					d.reported = true
-					d.result <- ErrClosed
+		sweep := l.sweepEvery()
+		l.mu.Unlock()
+		// The loop is a goroutine parked in Go's poller until the epoll set has events (the
+		// epoll descriptor is readable then), not a thread blocked in epoll_wait: no thread
+		// hand-off per wake-up, and the scheduler runs it like any other goroutine. The
+		// deadline wakes it for the idle sweep.
+		_ = l.file.SetReadDeadline(time.Now().Add(sweep))
+		err := rc.Read(func(uintptr) bool {
+			for {
+				n, err := unix.EpollWait(l.epfd, events, 0)
+				if err != nil && err != unix.EINTR {
+					return true // only a closed or broken epoll descriptor
+				}
+				l.mu.Lock()
+				if l.closing {
+					l.mu.Unlock()
+					return true
+				}
+				now := l.now()
+				l.handle(events[:max(n, 0)], now)
+				if now-lastSweep >= l.sweepEvery() {
+					lastSweep = now
+					l.closeWhere(func(p *pair) bool { return p.idle > 0 && now-p.last >= p.idle })
+				}
+				more := n == len(events) || len(l.again) > 0
+				l.mu.Unlock()
+				if !more {
+					return false // wait for the next event
 				}
 			}
+		})
+		l.mu.Lock()
+		if l.closing || (err != nil && !errors.Is(err, os.ErrDeadlineExceeded)) {
+			l.stop()
 			l.mu.Unlock()
 			return
 		}
 		now := l.now()
-		for _, ev := range events[:max(n, 0)] {
-			s := l.socks[ev.Fd]
-			if s == nil {
-				if d := l.dialing[ev.Fd]; d != nil {
-					l.dialEvent(d, ev.Events)
-				}
-				continue // the wake-up eventfd, or a socket closed earlier in this batch
-			}
-			if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-				s.readable = true
-			}
-			if ev.Events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-				s.writable = true
-			}
-			l.pump(s.p, now)
-		}
-		again := l.again
-		l.again = nil
-		for _, p := range again {
-			p.queued = false
-			l.pump(p, now)
-		}
-		sweep := maxSweep
-		if l.minIdle > 0 {
-			sweep = min(sweep, max(l.minIdle/4, 10*time.Millisecond))
-		}
-		if now-lastSweep >= sweep {
+		if now-lastSweep >= l.sweepEvery() {
 			lastSweep = now
 			l.closeWhere(func(p *pair) bool { return p.idle > 0 && now-p.last >= p.idle })
 		}
-		l.shrink()
-		timeout = int(sweep / time.Millisecond)
-		if len(l.again) > 0 {
-			timeout = 0
-		}
 		l.mu.Unlock()
+	}
+}
+
+// sweepEvery is the time between two idle sweeps: maxSweep, or a quarter of the shortest idle
+// time of the loop's pairs, at least 10 ms. l.mu is held.
+func (l *loop) sweepEvery() time.Duration {
+	if l.minIdle > 0 {
+		return min(maxSweep, max(l.minIdle/4, 10*time.Millisecond))
+	}
+	return maxSweep
+}
+
+// handle takes a batch of events and then the pairs that used their budget. l.mu is held.
+func (l *loop) handle(events []unix.EpollEvent, now time.Duration) {
+	for _, ev := range events {
+		s := l.socks[ev.Fd]
+		if s == nil {
+			if d := l.dialing[ev.Fd]; d != nil {
+				l.dialEvent(d, ev.Events)
+			}
+			continue // a socket closed earlier in this batch
+		}
+		if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			s.readable = true
+		}
+		if ev.Events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			s.writable = true
+		}
+		l.pump(s.p, now)
+	}
+	again := l.again
+	l.again = nil
+	for _, p := range again {
+		p.queued = false
+		l.pump(p, now)
+	}
+	l.shrink()
+}
+
+// stop closes every pair and fails every dial in progress. l.mu is held.
+func (l *loop) stop() {
+	l.closing = true
+	l.closeWhere(func(*pair) bool { return true })
+	for _, d := range l.dialing {
+		if !d.reported {
+			d.reported = true
+			d.result <- ErrClosed
+		}
 	}
 }
 
