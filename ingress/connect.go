@@ -61,7 +61,7 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 	}
 	if _, err := io.WriteString(d.c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		release()
-		s.untrack(up)
+		up.Close()
 		return
 	}
 	s.join(d, up, release, cl.name, nil, hc.idleTimeout)

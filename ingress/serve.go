@@ -29,10 +29,10 @@ type server struct {
 	pairs relay.Group
 
 	mu sync.Mutex
-	// conns holds the connections in their handshake or dial, downstream (true) and upstream
-	// (false); it is made with the server and is nil once closeAll has closed them. connsPeak is
-	// its largest size since it was last rebuilt (a Go map keeps the table of its peak).
-	conns     map[net.Conn]bool
+	// conns holds the clients' connections in their handshake or dial; it is made with the
+	// server and is nil once closeAll has closed them. connsPeak is its largest size since it
+	// was last rebuilt (a Go map keeps the table of its peak).
+	conns     map[net.Conn]struct{}
 	connsPeak int
 	wg        sync.WaitGroup
 }
@@ -61,7 +61,7 @@ func (s *server) serve(ctx context.Context) error {
 			}
 		}
 		delay = 0
-		if !s.track(c, true) {
+		if !s.track(c) {
 			c.Close()
 			return nil
 		}
@@ -78,21 +78,18 @@ func (s *server) serve(ctx context.Context) error {
 // accept loop ends.
 func (s *server) stopAccepting() { _ = s.l.Close() }
 
-// closeAll closes the listener and every open connection, and returns how many of those were
-// downstream (clients') connections. From then on track refuses, so a late upstream dial is
-// closed at once.
+// closeAll closes the listener and every client's connection, in its handshake or relayed, and
+// returns how many. From then on track refuses, and so does the relay for this listener's
+// pairs, so a late upstream dial is closed at once.
 func (s *server) closeAll() int {
 	_ = s.l.Close()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for c, downstream := range s.conns {
+	n := len(s.conns)
+	for c := range s.conns {
 		c.Close()
-		if downstream {
-			n++
-		}
 	}
 	s.conns = nil
+	s.mu.Unlock()
 	return n + s.loops.CloseGroup(&s.pairs)
 }
 
@@ -100,22 +97,16 @@ func (s *server) closeAll() int {
 func (s *server) downstreams() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := s.pairs.Len()
-	for _, downstream := range s.conns {
-		if downstream {
-			n++
-		}
-	}
-	return n
+	return s.pairs.Len() + len(s.conns)
 }
 
-func (s *server) track(c net.Conn, downstream bool) bool {
+func (s *server) track(c net.Conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conns == nil {
 		return false
 	}
-	s.conns[c] = downstream
+	s.conns[c] = struct{}{}
 	s.connsPeak = max(s.connsPeak, len(s.conns))
 	return true
 }
@@ -134,7 +125,7 @@ func (s *server) forget(c net.Conn) {
 	if s.conns == nil || s.connsPeak < 1024 || len(s.conns) >= s.connsPeak/4 {
 		return
 	}
-	m := make(map[net.Conn]bool, len(s.conns))
+	m := make(map[net.Conn]struct{}, len(s.conns))
 	for k, v := range s.conns {
 		m[k] = v
 	}
@@ -377,10 +368,10 @@ func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
 
 // dial connects to an endpoint of cl within the cluster's connect timeout and a slot of its
 // circuit breaker, making up to attempts dials, each to the next endpoint in round-robin order
-// (as Envoy's tcp_proxy picks a host per attempt). On success the upstream is tracked for
-// shutdown; the caller releases the slot and untracks the connection. A failure reports the last
-// attempt's outcome; every failed attempt is counted.
-func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attempts int) (net.Conn, func(), string, error) {
+// (as Envoy's tcp_proxy picks a host per attempt). The relay loops dial, so the socket goes to
+// the pair as it is. The caller joins or closes the socket and releases the slot. A failure
+// reports the last attempt's outcome; every failed attempt is counted.
+func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attempts int) (*relay.Socket, func(), string, error) {
 	eps := cfg.upstreams(cl)
 	if len(eps) == 0 {
 		return nil, nil, outcomeNoEndpoint, nil
@@ -400,15 +391,10 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 		}
 		ep := eps[cl.next.Add(1)%uint64(len(eps))]
 		dctx, cancel := context.WithTimeout(ctx, cl.connectTimeout)
-		var up net.Conn
-		up, err = (&net.Dialer{}).DialContext(dctx, "tcp", ep.String())
+		var up *relay.Socket
+		up, err = s.loops.Dial(dctx, ep)
 		cancel()
 		if err == nil {
-			if !s.track(up, false) {
-				release()
-				up.Close()
-				return nil, nil, outcomeDialFailed, net.ErrClosed
-			}
 			return up, release, "", nil
 		}
 		outcome = outcomeDialFailed
@@ -424,7 +410,7 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 // from downstream (replay, then whatever the buffered reader holds) to be sent first, and returns
 // at once: the pair is no longer tracked here but in s.pairs, and s.wg waits for it. release
 // frees the cluster's circuit-breaker slot when the pair ends.
-func (s *server) join(d *downstream, up net.Conn, release func(), cluster string, replay []byte, idle time.Duration) {
+func (s *server) join(d *downstream, up *relay.Socket, release func(), cluster string, replay []byte, idle time.Duration) {
 	in := s.in
 	if d.br != nil && d.br.Buffered() > 0 {
 		buffered, _ := d.br.Peek(d.br.Buffered())
@@ -432,11 +418,10 @@ func (s *server) join(d *downstream, up net.Conn, release func(), cluster string
 	}
 	s.mu.Lock()
 	s.forget(d.c)
-	s.forget(up)
 	s.mu.Unlock()
 	in.metrics.active.WithLabelValues(s.name).Inc()
 	s.wg.Add(1)
-	err := s.loops.Join(&s.pairs, d.c, up, replay, idle, func(toUp, toDown int64) {
+	err := s.loops.JoinDialed(&s.pairs, d.c, up, replay, idle, func(toUp, toDown int64) {
 		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(toUp))
 		in.metrics.bytes.WithLabelValues(s.name, "downstream").Add(float64(toDown))
 		in.metrics.active.WithLabelValues(s.name).Dec()

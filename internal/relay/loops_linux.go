@@ -1,9 +1,12 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -113,39 +116,187 @@ func (ls *Loops) Join(g *Group, a, b net.Conn, first []byte, idle time.Duration,
 		unix.Close(fa)
 		return err
 	}
-	l := ls.loops[ls.next.Add(1)%uint32(len(ls.loops))]
-	p := &pair{l: l, g: g, idle: idle, done: done}
+	l := ls.pick()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.join(g, fa, &sock{fd: fb}, true, first, idle, done)
+}
+
+// JoinDialed is Join for an upstream the loops dialed: b is consumed (closed on error).
+func (ls *Loops) JoinDialed(g *Group, a net.Conn, b *Socket, first []byte, idle time.Duration, done func(aToB, bToA int64)) error {
+	fa, err := takeFD(a)
+	if err != nil {
+		b.Close()
+		return err
+	}
+	l := b.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if b.closed {
+		unix.Close(fa)
+		return ErrClosed
+	}
+	b.closed = true
+	delete(l.dialing, int32(b.fd))
+	return l.join(g, fa, &sock{fd: b.fd, readable: b.readable, writable: true}, false, first, idle, done)
+}
+
+func (ls *Loops) pick() *loop { return ls.loops[ls.next.Add(1)%uint32(len(ls.loops))] }
+
+// join makes the pair of fa and b on l, registering fa, and b too unless it is registered
+// already (a dialed socket, whose readiness b carries). l.mu is held.
+func (l *loop) join(g *Group, fa int, b *sock, registerB bool, first []byte, idle time.Duration, done func(aToB, bToA int64)) error {
+	if l.closing || g.closed.Load() {
+		unix.Close(fa)
+		unix.Close(b.fd)
+		return ErrClosed
+	}
+	p := &pair{l: l, g: g, idle: idle, done: done, b: *b}
 	p.a.fd, p.a.p = fa, p
-	p.b.fd, p.b.p = fb, p
+	p.b.p = p
 	p.ab.src, p.ab.dst = &p.a, &p.b
 	p.ba.src, p.ba.dst = &p.b, &p.a
 	p.ab.pend = first
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closing || g.closed.Load() {
-		unix.Close(fa)
-		unix.Close(fb)
-		return ErrClosed
-	}
 	p.last = l.now()
 	if idle > 0 && (l.minIdle == 0 || idle < l.minIdle) {
 		l.minIdle = idle
+		// The loop may be waiting out a longer sweep interval.
+		_ = l.file.SetReadDeadline(time.Now().Add(l.sweepEvery()))
 	}
-	for _, s := range []*sock{&p.a, &p.b} {
-		// Edge-triggered, both directions, registered once: the loop never changes the
-		// registration, it remembers readiness until a read or write says EAGAIN.
-		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(s.fd)}
-		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, s.fd, &ev); err != nil {
-			delete(l.socks, int32(fa))
-			unix.Close(fa)
-			unix.Close(fb)
-			return fmt.Errorf("epoll_ctl: %w", err)
+	if err := l.register(fa); err != nil {
+		unix.Close(fa)
+		unix.Close(b.fd)
+		return err
+	}
+	if registerB {
+		if err := l.register(b.fd); err != nil {
+			unix.Close(fa) // also leaves the epoll set
+			unix.Close(b.fd)
+			return err
 		}
-		l.socks[int32(s.fd)] = s
 	}
+	l.socks[int32(fa)], l.socks[int32(b.fd)] = &p.a, &p.b
 	l.peak = max(l.peak, len(l.socks))
 	g.open.Add(1)
+	if !registerB {
+		// b's connect was its last writable edge: no event will come for the first bytes.
+		l.pump(p, p.last)
+	}
 	return nil
+}
+
+// register adds fd to the loop's epoll set: edge-triggered, both directions, once. The loop
+// never changes a registration; it remembers readiness until a read or write says EAGAIN.
+func (l *loop) register(fd int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("epoll_ctl: %w", err)
+	}
+	return nil
+}
+
+// Socket is a TCP connection the loops are dialing or have dialed, not yet joined. Its owner
+// joins it (JoinDialed) or closes it.
+type Socket struct {
+	l  *loop
+	fd int
+	// result receives the connect's outcome once.
+	result chan error
+	// Guarded by l.mu: readiness seen while dialing, and whether the socket has been handed on
+	// or closed.
+	readable, reported, closed bool
+}
+
+// Dial connects to addr from a non-blocking socket that one loop watches, without Go's poller:
+// the socket goes to the pair as it is (no duplicate, no keepalive options; TCP_NODELAY as Go
+// sets it). It returns when the connection is established, refused, or ctx ends.
+func (ls *Loops) Dial(ctx context.Context, addr netip.AddrPort) (*Socket, error) {
+	ip := addr.Addr().Unmap()
+	var sa unix.Sockaddr
+	family := unix.AF_INET
+	if ip.Is4() {
+		sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: ip.As4()}
+	} else {
+		family = unix.AF_INET6
+		sa = &unix.SockaddrInet6{Port: int(addr.Port()), Addr: ip.As16()}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, dialError(addr, err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		unix.Close(fd)
+		return nil, dialError(addr, err)
+	}
+	if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
+		unix.Close(fd)
+		return nil, dialError(addr, err)
+	}
+	l := ls.pick()
+	d := &Socket{l: l, fd: fd, result: make(chan error, 1)}
+	l.mu.Lock()
+	if l.closing {
+		l.mu.Unlock()
+		unix.Close(fd)
+		return nil, ErrClosed
+	}
+	// Registered before the connect completes or right after: either way the first writable
+	// (or error) edge reports it.
+	if err := l.register(fd); err != nil {
+		l.mu.Unlock()
+		unix.Close(fd)
+		return nil, err
+	}
+	l.dialing[int32(fd)] = d
+	l.mu.Unlock()
+	select {
+	case err := <-d.result:
+		if err != nil {
+			d.Close()
+			return nil, dialError(addr, err)
+		}
+		return d, nil
+	case <-ctx.Done():
+		d.Close()
+		return nil, dialError(addr, ctx.Err())
+	}
+}
+
+func dialError(addr netip.AddrPort, err error) error {
+	return &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(addr), Err: err}
+}
+
+// Close closes a socket that was not joined; after JoinDialed it does nothing.
+func (d *Socket) Close() {
+	d.l.mu.Lock()
+	defer d.l.mu.Unlock()
+	if d.closed {
+		return
+	}
+	d.closed = true
+	delete(d.l.dialing, int32(d.fd))
+	unix.Close(d.fd)
+}
+
+// dialEvent handles an event of a socket being dialed: the first writable, hang-up or error edge
+// ends the connect; a readable edge is remembered for the pair. l.mu is held.
+func (l *loop) dialEvent(d *Socket, events uint32) {
+	if events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		d.readable = true
+	}
+	if d.reported || events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) == 0 {
+		return
+	}
+	d.reported = true
+	errno, err := unix.GetsockoptInt(d.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	switch {
+	case err != nil:
+		d.result <- err
+	case errno != 0:
+		d.result <- unix.Errno(errno)
+	default:
+		d.result <- nil
+	}
 }
 
 // CloseGroup closes every pair of g (calling their done funcs) and refuses new ones for it; it
@@ -168,13 +319,11 @@ func (ls *Loops) Close() {
 			l.mu.Lock()
 			l.closing = true
 			l.mu.Unlock()
-			l.wake()
+			// Wakes run from Go's poller (the close itself waits until run is out of
+			// epoll_wait); run closes the pairs.
+			_ = l.file.SetReadDeadline(time.Now())
 		}
 		ls.wg.Wait()
-		for _, l := range ls.loops {
-			unix.Close(l.epfd)
-			unix.Close(l.wakefd)
-		}
 	})
 }
 
@@ -202,14 +351,18 @@ func takeFD(c net.Conn) (int, error) {
 }
 
 // loop is one event loop: an epoll instance, the sockets registered in it and its read buffer.
-// Everything but epfd and wakefd is guarded by mu, which the loop holds while it handles a batch
+// Everything but epfd and file is guarded by mu, which the loop holds while it handles a batch
 // of events and releases while it waits.
 type loop struct {
-	epfd, wakefd int
+	epfd int
+	// file is epfd in Go's poller; closing it ends run.
+	file *os.File
 	start        time.Time
 
 	mu    sync.Mutex
 	socks map[int32]*sock
+	// dialing are the sockets Dial is connecting and their owners have not joined or closed.
+	dialing map[int32]*Socket
 	// peak is the most sockets socks held since it was last rebuilt: a Go map keeps the table
 	// of its largest size, and after a peak of connections that is most of an idle loop's memory.
 	peak    int
@@ -257,81 +410,122 @@ func newLoop() (*loop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
+	// Non-blocking, so os.NewFile hands it to Go's poller: the loop waits there (run).
+	if err := unix.SetNonblock(epfd, true); err != nil {
 		unix.Close(epfd)
-		return nil, fmt.Errorf("eventfd: %w", err)
+		return nil, fmt.Errorf("epoll fd: %w", err)
 	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakefd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
-		unix.Close(epfd)
-		unix.Close(wakefd)
-		return nil, fmt.Errorf("epoll_ctl: %w", err)
-	}
-	return &loop{epfd: epfd, wakefd: wakefd, start: time.Now(), socks: map[int32]*sock{}, buf: make([]byte, loopBuffer)}, nil
+	return &loop{epfd: epfd, file: os.NewFile(uintptr(epfd), "epoll"), start: time.Now(),
+		socks: map[int32]*sock{}, dialing: map[int32]*Socket{}, buf: make([]byte, loopBuffer)}, nil
 }
 
 func (l *loop) now() time.Duration { return time.Since(l.start) }
 
-func (l *loop) wake() {
-	var one = [8]byte{1}
-	_, _ = unix.Write(l.wakefd, one[:])
-}
-
 // run waits for events and moves bytes until the loop is closing; then it closes its pairs.
 func (l *loop) run() {
+	defer l.file.Close()
+	rc, err := l.file.SyscallConn()
+	if err != nil {
+		l.mu.Lock()
+		l.stop()
+		l.mu.Unlock()
+		return
+	}
 	events := make([]unix.EpollEvent, 256)
 	var lastSweep time.Duration
-	timeout := int(maxSweep / time.Millisecond)
 	for {
-		n, err := unix.EpollWait(l.epfd, events, timeout)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			// Only a broken epfd gets here; closing the pairs beats spinning.
-			n = 0
-			l.mu.Lock()
-			l.closing = true
-			l.mu.Unlock()
-		}
 		l.mu.Lock()
-		if l.closing {
-			l.closeWhere(func(*pair) bool { return true })
+		sweep := l.sweepEvery()
+		l.mu.Unlock()
+		// The loop is a goroutine parked in Go's poller until the epoll set has events (the
+		// epoll descriptor is readable then), not a thread blocked in epoll_wait: no thread
+		// hand-off per wake-up, and the scheduler runs it like any other goroutine. The
+		// deadline wakes it for the idle sweep.
+		_ = l.file.SetReadDeadline(time.Now().Add(sweep))
+		err := rc.Read(func(uintptr) bool {
+			for {
+				n, err := unix.EpollWait(l.epfd, events, 0)
+				if err != nil && err != unix.EINTR {
+					return true // only a closed or broken epoll descriptor
+				}
+				l.mu.Lock()
+				if l.closing {
+					l.mu.Unlock()
+					return true
+				}
+				now := l.now()
+				l.handle(events[:max(n, 0)], now)
+				if now-lastSweep >= l.sweepEvery() {
+					lastSweep = now
+					l.closeWhere(func(p *pair) bool { return p.idle > 0 && now-p.last >= p.idle })
+				}
+				more := n == len(events) || len(l.again) > 0
+				l.mu.Unlock()
+				if !more {
+					return false // wait for the next event
+				}
+			}
+		})
+		l.mu.Lock()
+		if l.closing || (err != nil && !errors.Is(err, os.ErrDeadlineExceeded)) {
+			l.stop()
 			l.mu.Unlock()
 			return
 		}
 		now := l.now()
-		for _, ev := range events[:max(n, 0)] {
-			s := l.socks[ev.Fd]
-			if s == nil {
-				continue // the wake-up eventfd, or a socket closed earlier in this batch
-			}
-			if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-				s.readable = true
-			}
-			if ev.Events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-				s.writable = true
-			}
-			l.pump(s.p, now)
-		}
-		again := l.again
-		l.again = nil
-		for _, p := range again {
-			p.queued = false
-			l.pump(p, now)
-		}
-		sweep := maxSweep
-		if l.minIdle > 0 {
-			sweep = min(sweep, max(l.minIdle/4, 10*time.Millisecond))
-		}
-		if now-lastSweep >= sweep {
+		if now-lastSweep >= l.sweepEvery() {
 			lastSweep = now
 			l.closeWhere(func(p *pair) bool { return p.idle > 0 && now-p.last >= p.idle })
 		}
-		l.shrink()
-		timeout = int(sweep / time.Millisecond)
-		if len(l.again) > 0 {
-			timeout = 0
-		}
 		l.mu.Unlock()
+	}
+}
+
+// sweepEvery is the time between two idle sweeps: maxSweep, or a quarter of the shortest idle
+// time of the loop's pairs, at least 10 ms. l.mu is held.
+func (l *loop) sweepEvery() time.Duration {
+	if l.minIdle > 0 {
+		return min(maxSweep, max(l.minIdle/4, 10*time.Millisecond))
+	}
+	return maxSweep
+}
+
+// handle takes a batch of events and then the pairs that used their budget. l.mu is held.
+func (l *loop) handle(events []unix.EpollEvent, now time.Duration) {
+	for _, ev := range events {
+		s := l.socks[ev.Fd]
+		if s == nil {
+			if d := l.dialing[ev.Fd]; d != nil {
+				l.dialEvent(d, ev.Events)
+			}
+			continue // a socket closed earlier in this batch
+		}
+		if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			s.readable = true
+		}
+		if ev.Events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			s.writable = true
+		}
+		l.pump(s.p, now)
+	}
+	again := l.again
+	l.again = nil
+	for _, p := range again {
+		p.queued = false
+		l.pump(p, now)
+	}
+	l.shrink()
+}
+
+// stop closes every pair and fails every dial in progress. l.mu is held.
+func (l *loop) stop() {
+	l.closing = true
+	l.closeWhere(func(*pair) bool { return true })
+	for _, d := range l.dialing {
+		if !d.reported {
+			d.reported = true
+			d.result <- ErrClosed
+		}
 	}
 }
 

@@ -3,8 +3,10 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -102,4 +104,24 @@ func (ls *Loops) Close() {
 	}
 	ls.mu.Unlock()
 	ls.wg.Wait()
+}
+
+// Socket is a dialed TCP connection not yet joined.
+type Socket struct{ c net.Conn }
+
+// Close closes a socket that was not joined.
+func (d *Socket) Close() { d.c.Close() }
+
+// Dial connects to addr.
+func (ls *Loops) Dial(ctx context.Context, addr netip.AddrPort) (*Socket, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr.String())
+	if err != nil {
+		return nil, err
+	}
+	return &Socket{c}, nil
+}
+
+// JoinDialed is Join for a dialed upstream.
+func (ls *Loops) JoinDialed(g *Group, a net.Conn, b *Socket, first []byte, idle time.Duration, done func(aToB, bToA int64)) error {
+	return ls.Join(g, a, b.c, first, idle, done)
 }

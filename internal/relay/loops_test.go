@@ -2,13 +2,16 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -281,4 +284,84 @@ func countFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// A dialed upstream joins with the bytes read first, even when the upstream spoke before the
+// join (its readable edge came while the socket was still the dialer's).
+func TestLoopsDialAndJoin(t *testing.T) {
+	ls := newLoops(t)
+	var g Group
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			_, _ = c.Write([]byte("banner\n")) // speaks first
+		}
+		accepted <- c
+	}()
+	up, err := ls.Dial(context.Background(), netip.MustParseAddrPort(l.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := <-accepted
+	if server == nil {
+		t.Fatal("accept failed")
+	}
+	defer server.Close()
+	time.Sleep(20 * time.Millisecond) // the banner arrives before the join
+	client, a := tcpPair(t)
+	defer client.Close()
+	done := make(chan [2]int64, 2)
+	if err := ls.JoinDialed(&g, a, up, []byte("first "), 0, func(x, y int64) { done <- [2]int64{x, y} }); err != nil {
+		t.Fatal(err)
+	}
+	_ = client.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = server.SetDeadline(time.Now().Add(5 * time.Second))
+	banner := make([]byte, 7)
+	if _, err := io.ReadFull(client, banner); err != nil || string(banner) != "banner\n" {
+		t.Fatalf("client read %q (%v), want the banner sent before the join", banner, err)
+	}
+	if _, err := client.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 11)
+	if _, err := io.ReadFull(server, got); err != nil || string(got) != "first hello" {
+		t.Fatalf("server read %q (%v)", got, err)
+	}
+	up.Close() // after the join: nothing
+	client.Close()
+	server.Close()
+	if n := waitDone(t, done); n != [2]int64{11, 7} {
+		t.Fatalf("counted %v", n)
+	}
+}
+
+func TestLoopsDialErrors(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("counts /proc/self/fd")
+	}
+	ls := newLoops(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.MustParseAddrPort(l.Addr().String())
+	l.Close()
+	fds := countFDs(t)
+	if _, err := ls.Dial(context.Background(), addr); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial to a closed port: %v, want ECONNREFUSED", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := ls.Dial(ctx, addr); !errors.Is(err, context.Canceled) {
+		t.Fatalf("dial with a canceled context: %v", err)
+	}
+	if n := countFDs(t); n != fds {
+		t.Fatalf("%d fds after failed dials, %d before", n, fds)
+	}
 }
