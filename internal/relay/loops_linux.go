@@ -356,8 +356,8 @@ func takeFD(c net.Conn) (int, error) {
 type loop struct {
 	epfd int
 	// file is epfd in Go's poller; closing it ends run.
-	file *os.File
-	start        time.Time
+	file  *os.File
+	start time.Time
 
 	mu    sync.Mutex
 	socks map[int32]*sock
