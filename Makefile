@@ -59,8 +59,9 @@ fuzz: ## Run every fuzz target for FUZZ_TIME each.
 		done; \
 	done
 
-# The suite fits the 2-core machine in under 15 minutes (3 s per measurement, 3 rounds for the
-# connection paths); the tunnel mode needs root for its network namespaces and skips what it cannot set up.
+# The suite fits the 2-core machine in under 20 minutes (3 s per measurement, 3 rounds for the
+# connection paths; the idle mode about 5 minutes at the N the 20,000-descriptor limit allows); the
+# tunnel mode needs root for its network namespaces and skips what it cannot set up.
 BENCH_RATE_ARGS = --rounds 3 --duration 3s
 bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, reports and plots in docs/bench/ (analysis: docs/performance.md).
 	@mkdir -p docs/bench
@@ -73,6 +74,7 @@ bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, repo
 	bin/tendril-bench sni $(BENCH_RATE_ARGS) --markdown docs/bench/sni.md --json-file docs/bench/sni.json --markdown-append docs/benchmarks.md $(BENCH_ARGS)
 	bin/tendril-bench proxy $(BENCH_RATE_ARGS) --markdown docs/bench/proxy.md --json-file docs/bench/proxy.json --markdown-append docs/benchmarks.md $(BENCH_ARGS)
 	bin/tendril-bench connect $(BENCH_RATE_ARGS) --markdown docs/bench/connect.md --json-file docs/bench/connect.json --markdown-append docs/benchmarks.md $(BENCH_ARGS)
+	bin/tendril-bench idle --markdown docs/bench/idle.md --json-file docs/bench/idle.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench tunnel --rounds 3 --markdown docs/bench/tunnel.md --json-file docs/bench/tunnel.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench failover --markdown docs/bench/failover.md --json-file docs/bench/failover.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench xds --markdown docs/bench/xds.md --json-file docs/bench/xds.json --markdown-append docs/benchmarks.md

@@ -540,6 +540,7 @@ func checkIngress(t *testing.T, objs []client.Object, known map[string]bool) {
 		}
 	}
 	xdsSvc := find[*corev1.Service](t, objs, "tendril-xds")
+	certDir := checkXDSClientSecret(t, seed, d, c)
 	xdsAddr := net.JoinHostPort("tendril-xds."+namespace+".svc", strconv.Itoa(int(xdsSvc.Spec.Ports[0].Port)))
 	switch c.Name {
 	case "tendril-ingress":
@@ -561,10 +562,18 @@ func checkIngress(t *testing.T, objs []client.Object, known map[string]bool) {
 		if v := args["node-id"]; len(v) != 1 || v[0] != "$(POD_NAME)" {
 			t.Errorf("--node-id=%v, want the pod name", v)
 		}
+		for flag, file := range map[string]string{"xds-cert-file": "tls.crt", "xds-key-file": "tls.key", "xds-ca-file": "ca.crt"} {
+			if v := args[flag]; len(v) != 1 || v[0] != certDir+"/"+file {
+				t.Errorf("--%s=%v, want %s/%s (the xDS client Secret)", flag, v, certDir, file)
+			}
+		}
+		if _, ok := args["xds-insecure"]; ok {
+			t.Error("tendril-ingress --xds-insecure: xDS must be mutual TLS on a seed")
+		}
 		checkDrain(t, d, args)
 	case "envoy":
 		cm := find[*corev1.ConfigMap](t, objs, "tendril-ingress-envoy")
-		checkEnvoyBootstrap(t, cm.Data["envoy.yaml"], xdsAddr, ports["metrics"])
+		checkEnvoyBootstrap(t, cm.Data, xdsAddr, ports["metrics"], certDir)
 	default:
 		t.Errorf("ingress container %s", c.Name)
 	}
@@ -744,4 +753,40 @@ func TestCRDsInstall(t *testing.T) {
 			t.Errorf("crds.install=false rendered CRD %s", o.GetName())
 		}
 	}
+}
+
+// checkXDSClientSecret checks that the ingress container mounts the Secret tendril-seed writes
+// the xDS client certificate into (--xds-client-secret), for the Deployment name it names as
+// the certificate's (--xds-client-name), and returns the mount's directory.
+func checkXDSClientSecret(t *testing.T, seed, ingress *appsv1.Deployment, c corev1.Container) string {
+	t.Helper()
+	seedArgs := map[string]string{}
+	for _, a := range seed.Spec.Template.Spec.Containers[0].Args {
+		if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--"), "="); ok {
+			seedArgs[k] = v
+		}
+	}
+	if _, ok := seedArgs["xds-insecure"]; ok {
+		t.Error("tendril-seed --xds-insecure: xDS must be mutual TLS on a seed")
+	}
+	if seedArgs["xds-client-name"] != ingress.Name {
+		t.Errorf("tendril-seed --xds-client-name=%q, the ingress Deployment is %s: its Pods' node IDs would be refused", seedArgs["xds-client-name"], ingress.Name)
+	}
+	secret := seedArgs["xds-client-secret"]
+	var volume string
+	for _, v := range ingress.Spec.Template.Spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == secret && secret != "" {
+			volume = v.Name
+		}
+	}
+	for _, m := range c.VolumeMounts {
+		if m.Name == volume && volume != "" {
+			if !m.ReadOnly {
+				t.Errorf("%s mounts the xDS client Secret writable", c.Name)
+			}
+			return m.MountPath
+		}
+	}
+	t.Errorf("%s does not mount the xDS client Secret %q (tendril-seed --xds-client-secret)", c.Name, secret)
+	return ""
 }

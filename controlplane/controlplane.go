@@ -43,6 +43,7 @@ import (
 	"github.com/tendril-net/tendril/extension/egresswebhook"
 	"github.com/tendril-net/tendril/extension/ingressdns"
 	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/internal/tlsreload"
 	"github.com/tendril-net/tendril/xds/kubesource"
 	"github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -56,6 +57,13 @@ type Config struct {
 	XDSAddress string
 	// XDSListener, when set, is used instead of listening on XDSAddress (Run closes it).
 	XDSListener net.Listener
+	// xDS is served over mutual TLS with node IDs bound to the client certificate
+	// (server.NodeOfCertificate): with XDSCerts when set (e.g. tlsreload.Files), else with
+	// certificates the leader generates (XDSSecrets). XDSInsecure serves plaintext instead, for
+	// local use.
+	XDSCerts    tlsreload.Source
+	XDSSecrets  XDSSecrets
+	XDSInsecure bool
 	// MetricsAddress serves /metrics ("0" disables; ":8080" when empty).
 	MetricsAddress string
 	// HealthAddress serves /healthz and /readyz ("0" disables; ":8081" when empty).
@@ -191,14 +199,29 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	xs := server.New(server.Config{
+	scfg := server.Config{
 		Log:      cfg.Log.WithName("xds"),
 		Registry: cfg.Registry,
 		Options:  translate.Options{LBProxyProtocol: cfg.LBProxyProtocol},
-	})
+	}
+	var certs *xdsCerts
+	switch {
+	case cfg.XDSInsecure:
+		cfg.Log.Info("Serving xDS in plaintext, unauthenticated (--xds-insecure)")
+	case cfg.XDSCerts != nil:
+		scfg.TLS, scfg.Authorize = tlsreload.ServerConfig(cfg.XDSCerts), server.NodeOfCertificate
+	default:
+		sec := cfg.XDSSecrets.withDefaults(cmp.Or(cfg.Pod.Namespace, cfg.LeaderElectionNamespace), cfg.Extension.IngressNamespace)
+		if sec.Namespace == "" {
+			return errors.New("xDS certificates: no namespace for the secrets manager (--leader-election-namespace)")
+		}
+		certs = &xdsCerts{cfg: sec, client: mgr.GetClient(), clock: cfg.Clock, log: cfg.Log.WithName("xds-secrets")}
+		scfg.TLS, scfg.Authorize = tlsreload.ServerConfig(&certs.store), server.NodeOfCertificate
+	}
+	xs := server.New(scfg)
 	if err := mgr.Add(xdsRunnable{
 		xs: xs, address: cfg.XDSAddress, listener: cfg.XDSListener, log: cfg.Log.WithName("xds"),
-		client: mgr.GetClient(), reader: mgr.GetAPIReader(), pod: cfg.Pod,
+		client: mgr.GetClient(), reader: mgr.GetAPIReader(), pod: cfg.Pod, certs: certs,
 	}); err != nil {
 		return err
 	}
@@ -271,11 +294,24 @@ type xdsRunnable struct {
 	client client.Client
 	reader client.Reader
 	pod    types.NamespacedName
+	// certs, when set, generates the xDS certificates: before the listener opens, then renewed.
+	certs *xdsCerts
 }
 
 func (r xdsRunnable) NeedLeaderElection() bool { return true }
 
 func (r xdsRunnable) Start(ctx context.Context) error {
+	// The renewal and label goroutines end with Start, also when serving fails.
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	if r.certs != nil {
+		if err := r.certs.syncRetrying(ctx); err != nil {
+			return nil // ctx ended
+		}
+		wg.Go(func() { r.certs.renew(ctx) })
+	}
 	l := r.listener
 	if l == nil {
 		var err error
@@ -283,9 +319,7 @@ func (r xdsRunnable) Start(ctx context.Context) error {
 			return fmt.Errorf("xDS listener: %w", err)
 		}
 	}
-	r.log.Info("Leading: serving xDS", "address", l.Addr().String())
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	r.log.Info("Leading: serving xDS", "address", l.Addr().String(), "tls", r.xs.TLS())
 	if r.pod.Name != "" {
 		// Labelled only once this replica listens, so the Service never leads to a leader
 		// that refuses.

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -38,6 +40,7 @@ import (
 	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/internal/testwait"
+	"github.com/tendril-net/tendril/internal/tlsreload"
 )
 
 // TestControlPlane runs the whole control plane against a real API server with tendril-ingress
@@ -68,13 +71,16 @@ func TestControlPlane(t *testing.T) {
 			RouteServices:      []string{"kube-apiserver", "tendril-server"},
 			Extension:          extension.AddOptions{Config: extension.Config{Image: "example.org/tendril:test", Ingress: "ingress.example.org"}},
 			SeedDNS:            ingressdns.SeedRecord{Name: "tendril.seed.example.org", Type: "local", SecretName: "seed-ingress", ServiceNamespace: "extension-tendril"},
+			XDSSecrets:         controlplane.XDSSecrets{Namespace: "extension-tendril"},
 			Log:                testr.New(t),
 		})
 	}()
-	// The shared ingress, subscribed to the control plane's xDS.
+	// The shared ingress, subscribed to the control plane's xDS over mutual TLS with the client
+	// certificate the control plane published, as the chart mounts it.
 	ing := ingress.New(ingress.Config{Listeners: map[string]string{"sni": sl.Addr().String()}, Log: testr.New(t).WithName("ingress")})
+	xdsTLS := xdsClientTLS(t, c, "extension-tendril")
 	go func() {
-		done <- ing.Serve(ctx, map[string]net.Listener{"sni": sl}, xdsclient.Config{Address: xl.Addr().String(), NodeID: "ingress-0", MinBackoff: 10 * time.Millisecond})
+		done <- ing.Serve(ctx, map[string]net.Listener{"sni": sl}, xdsclient.Config{Address: xl.Addr().String(), NodeID: "tendril-ingress-0", TLS: xdsTLS, MinBackoff: 10 * time.Millisecond})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -273,4 +279,21 @@ func apiserverWatches(t *testing.T, cfg *rest.Config) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// xdsClientTLS waits for the ingress's xDS client Secret in ns, writes its files as the kubelet
+// mounts them, and returns the client configuration tendril-ingress makes of them (--xds-cert-file,
+// --xds-key-file, --xds-ca-file) for the server name the xDS Service in ns has.
+func xdsClientTLS(t *testing.T, c client.Client, ns string) *tls.Config {
+	t.Helper()
+	sec := &corev1.Secret{}
+	testwait.For(t, "the xDS client Secret", func() error {
+		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: controlplane.XDSSecretClient}, sec)
+	})
+	dir := t.TempDir()
+	f := &tlsreload.Files{Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key"), CA: filepath.Join(dir, "ca.crt")}
+	for name, key := range map[string]string{f.Cert: controlplane.DataKeyCert, f.Key: controlplane.DataKeyKey, f.CA: controlplane.DataKeyCA} {
+		must(t, os.WriteFile(name, sec.Data[key], 0o600))
+	}
+	return tlsreload.ClientConfig(f, "tendril-xds."+ns+".svc")
 }

@@ -132,6 +132,7 @@ func TestHighAvailability(t *testing.T) {
 				RouteServices:                []string{"kube-apiserver", "tendril-server"},
 				Extension:                    extension.AddOptions{Config: extension.Config{Image: "example.org/tendril:test", Ingress: "ingress.example.org"}},
 				SeedDNS:                      ingressdns.SeedRecord{ServiceNamespace: sys},
+				XDSSecrets:                   controlplane.XDSSecrets{ClientName: "ingress"}, // the replicas' node IDs are ingress-0 and ingress-1
 				Registry:                     prometheus.NewRegistry(),
 				SkipControllerNameValidation: true,
 				Log:                          testr.New(t).WithName(name),
@@ -198,6 +199,7 @@ func TestHighAvailability(t *testing.T) {
 		return leader()
 	})
 	sni := make([]string, 2)
+	xdsTLS := xdsClientTLS(t, c, sys) // one certificate for both replicas, as for a Deployment
 	ictx, icancel := context.WithCancel(context.Background())
 	idone := make(chan error, 2)
 	for i, svc := range []string{svc0, svc1} {
@@ -206,7 +208,7 @@ func TestHighAvailability(t *testing.T) {
 		ing := ingress.New(ingress.Config{Listeners: map[string]string{"sni": sni[i]}, Log: testr.New(t).WithName(fmt.Sprintf("ingress-%d", i))})
 		go func() {
 			idone <- ing.Serve(ictx, map[string]net.Listener{"sni": sl}, xdsclient.Config{
-				Address: svc, NodeID: fmt.Sprintf("ingress-%d", i), MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond,
+				Address: svc, NodeID: fmt.Sprintf("ingress-%d", i), TLS: xdsTLS, MinBackoff: 10 * time.Millisecond, MaxBackoff: 500 * time.Millisecond,
 			})
 		}()
 	}

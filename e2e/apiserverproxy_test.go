@@ -85,8 +85,9 @@ func TestAPIServerProxyAcrossNamespaces(t *testing.T) {
 
 	_, port, _ := net.SplitHostPort(freeAddr(t))
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
-	start(t, "tendril-seed", "--routes", routes, "--xds-address", xdsAddr, "--metrics-address", "")
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--proxy-address", "0.0.0.0:"+port, "--metrics-address", ingressMetrics)
+	xdsSeed, xdsIngress := xdsTLS(t)
+	start(t, "tendril-seed", append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--proxy-address", "0.0.0.0:" + port, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
 
 	inNode := func(n node, bin string, args ...string) []string {

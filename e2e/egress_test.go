@@ -108,8 +108,9 @@ func TestKubeAPIServerEgress(t *testing.T) {
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.egress.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
 	_, port, _ := strings.Cut(freeAddr(t), ":")
-	start(t, "tendril-seed", "--routes", routes, "--xds-address", xdsAddr, "--metrics-address", "")
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", "10.217.0.1:"+port, "--metrics-address", ingressMetrics)
+	xdsSeed, xdsIngress := xdsTLS(t)
+	start(t, "tendril-seed", append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", "10.217.0.1:" + port, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	start(t, "tendril-server", "--private-key-file", write("server.key", serverKey.String()),
 		"--agent-public-key", agentKey.PublicKey().String(), "--shoot-cidrs", "10.218.0.0/24",
 		"--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", "", "--grpc-socket", grpcSocket,

@@ -113,8 +113,9 @@ func newHARig(t *testing.T) *haRig {
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.ha.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	_, port, _ := net.SplitHostPort(freeAddr(t))
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
-	start(t, "tendril-seed", "--routes", routes, "--xds-address", xdsAddr, "--metrics-address", "")
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e-ha", "--tunnel-address", "10.221.0.1:"+port, "--metrics-address", ingressMetrics)
+	xdsSeed, xdsIngress := xdsTLS(t)
+	start(t, "tendril-seed", append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e-ha", "--tunnel-address", "10.221.0.1:" + port, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
 
 	r.serverArgs = []string{"--private-key-file", write("server.key", serverKey.String()),

@@ -64,8 +64,9 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	_, port, _ := net.SplitHostPort(freeAddr(t))
 	ingressTunnel := "10.219.0.1:" + port
 	xdsAddr, ingressMetrics, ingressProxy := freeAddr(t), freeAddr(t), freeAddr(t)
-	start(t, "tendril-seed", "--routes", routes, "--xds-address", xdsAddr, "--metrics-address", "")
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--proxy-address", ingressProxy, "--metrics-address", ingressMetrics)
+	xdsSeed, xdsIngress := xdsTLS(t)
+	start(t, "tendril-seed", append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--proxy-address", ingressProxy, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	start(t, "tendril-server", "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub,
 		"--shoot-cidrs", "10.220.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", "",
 		"--tls-cert-file", filepath.Join(dir, "srv.pem"), "--tls-key-file", filepath.Join(dir, "srv-key.pem"), "--client-ca-file", caFile,

@@ -44,12 +44,13 @@ func TestIngressRolloutWithoutDrops(t *testing.T) {
 		t.Fatal(err)
 	}
 	xdsAddr, seedMetrics := freeAddr(t), freeAddr(t)
-	start(t, "tendril-seed", "--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics)
+	xdsSeed, xdsIngress := xdsTLS(t)
+	start(t, "tendril-seed", append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
 
 	oldSNI, oldMetrics, newSNI, newMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	old := startProcess(t, "tendril-ingress-old", filepath.Join(binDir, "tendril-ingress"), "--xds", xdsAddr, "--node-id", "old",
-		"--sni-address", oldSNI, "--metrics-address", oldMetrics, "--drain-timeout", drainTimeout.String(), "--drain-delay", "0")
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "new", "--sni-address", newSNI, "--metrics-address", newMetrics)
+	old := startProcess(t, "tendril-ingress-old", filepath.Join(binDir, "tendril-ingress"), append([]string{"--xds", xdsAddr, "--node-id", "e2e-old",
+		"--sni-address", oldSNI, "--metrics-address", oldMetrics, "--drain-timeout", drainTimeout.String(), "--drain-delay", "0"}, xdsIngress...)...)
+	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e-new", "--sni-address", newSNI, "--metrics-address", newMetrics}, xdsIngress...)...)
 	replicas := map[string]string{oldSNI: oldMetrics, newSNI: newMetrics}
 	attempt := 0
 	for sni, m := range replicas {

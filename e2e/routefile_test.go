@@ -30,8 +30,9 @@ func TestRouteFileRewrittenInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	xdsAddr, seedMetrics, sniAddr, ingressMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	start(t, "tendril-seed", "--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics)
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics)
+	xdsSeed, xdsIngress := xdsTLS(t)
+	start(t, "tendril-seed", append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
+	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	reach := func() error { return reachSNI(sniAddr, host, ca) }
 	eventually(t, "alpha", reach)
 

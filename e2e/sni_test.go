@@ -159,8 +159,9 @@ func TestSNIPathBinaries(t *testing.T) {
 	writeRoutes(route("api.alpha.e2e.test", "api.beta.e2e.test"))
 
 	xdsAddr, seedMetrics, sniAddr, ingressMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	start(t, "tendril-seed", "--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics)
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics)
+	xdsSeed, xdsIngress := xdsTLS(t)
+	start(t, "tendril-seed", append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
+	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
 	eventually(t, "seed ready", func() error { _, err := get("http://" + seedMetrics + "/readyz"); return err })
 

@@ -119,8 +119,9 @@ func TestReversedVPN(t *testing.T) {
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.vpn.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	_, port, _ := net.SplitHostPort(freeAddr(t))
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
-	start(t, "tendril-seed", "--routes", routes, "--xds-address", xdsAddr, "--metrics-address", "")
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", "10.215.0.1:"+port, "--metrics-address", ingressMetrics)
+	xdsSeed, xdsIngress := xdsTLS(t)
+	start(t, "tendril-seed", append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", "10.215.0.1:" + port, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	start(t, "tendril-server", "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub, "--agent-public-key", "@"+agentPub2,
 		"--shoot-cidrs", "10.216.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", grpcAddr,
 		"--tls-cert-file", filepath.Join(dir, "srv.pem"), "--tls-key-file", filepath.Join(dir, "srv-key.pem"), "--client-ca-file", caFile,

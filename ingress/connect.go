@@ -59,12 +59,12 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 		s.respond(d, cl.name, outcome, http.StatusBadGateway, "upstream connect failed\n", err)
 		return
 	}
-	defer release()
-	defer s.untrack(up)
 	if _, err := io.WriteString(d.c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		release()
+		up.Close()
 		return
 	}
-	s.pipe(d, up, cl.name, nil, hc.idleTimeout)
+	s.join(d, up, release, cl.name, nil, hc.idleTimeout)
 }
 
 // refusal is why a request is not proxied: the outcome counted, and the status and body to

@@ -26,6 +26,7 @@ import (
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
 	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/tlsreload"
 	"github.com/tendril-net/tendril/xds/model"
 	xdsserver "github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -72,7 +73,18 @@ func newWorldConfig(t *testing.T, opts translate.Options, cfg Config) *world {
 		t.Fatal(err)
 	}
 	w := &world{t: t, ca: ca, upstreams: map[string]*upstream{}, shoots: map[string]model.Shoot{}, reg: prometheus.NewRegistry()}
-	w.xds = xdsserver.New(xdsserver.Config{Log: testr.New(t).WithName("xds"), Options: opts})
+	// xDS over mutual TLS, node IDs bound to the client certificate, as on a seed.
+	xdsTLS := func(name string) *tlsreload.Store {
+		c, err := ca.Leaf(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s tlsreload.Store
+		s.Set(&tlsreload.Material{Cert: c, Roots: ca.Pool})
+		return &s
+	}
+	w.xds = xdsserver.New(xdsserver.Config{Log: testr.New(t).WithName("xds"), Options: opts,
+		TLS: tlsreload.ServerConfig(xdsTLS("127.0.0.1")), Authorize: xdsserver.NodeOfCertificate})
 	if _, err := w.xds.Apply(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +111,8 @@ func newWorldConfig(t *testing.T, opts translate.Options, cfg Config) *world {
 	go func() {
 		defer wg.Done()
 		defer close(w.served)
-		err := w.in.Serve(ictx, lns, xdsclient.Config{Address: xl.Addr().String(), NodeID: t.Name(), MinBackoff: 10 * time.Millisecond})
+		err := w.in.Serve(ictx, lns, xdsclient.Config{Address: xl.Addr().String(), NodeID: "ingress-" + t.Name(),
+			TLS: tlsreload.ClientConfig(xdsTLS("ingress"), "127.0.0.1"), MinBackoff: 10 * time.Millisecond})
 		if err != nil {
 			t.Error(err)
 		}

@@ -23,12 +23,18 @@ type server struct {
 	in   *Ingress
 	name string
 	l    net.Listener
+	// loops relay the established connections; pairs holds this listener's, to close them on
+	// shutdown. wg counts them with the handshakes.
+	loops *relay.Loops
+	pairs relay.Group
 
 	mu sync.Mutex
-	// conns holds the open connections, downstream (true) and upstream (false); it is made with
-	// the server and is nil once closeAll has closed them.
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
+	// conns holds the clients' connections in their handshake or dial; it is made with the
+	// server and is nil once closeAll has closed them. connsPeak is its largest size since it
+	// was last rebuilt (a Go map keeps the table of its peak).
+	conns     map[net.Conn]struct{}
+	connsPeak int
+	wg        sync.WaitGroup
 }
 
 // serve accepts until the listener is closed (stopAccepting) or ctx ends, and returns once the
@@ -55,7 +61,7 @@ func (s *server) serve(ctx context.Context) error {
 			}
 		}
 		delay = 0
-		if !s.track(c, true) {
+		if !s.track(c) {
 			c.Close()
 			return nil
 		}
@@ -72,52 +78,58 @@ func (s *server) serve(ctx context.Context) error {
 // accept loop ends.
 func (s *server) stopAccepting() { _ = s.l.Close() }
 
-// closeAll closes the listener and every open connection, and returns how many of those were
-// downstream (clients') connections. From then on track refuses, so a late upstream dial is
-// closed at once.
+// closeAll closes the listener and every client's connection, in its handshake or relayed, and
+// returns how many. From then on track refuses, and so does the relay for this listener's
+// pairs, so a late upstream dial is closed at once.
 func (s *server) closeAll() int {
 	_ = s.l.Close()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for c, downstream := range s.conns {
+	n := len(s.conns)
+	for c := range s.conns {
 		c.Close()
-		if downstream {
-			n++
-		}
 	}
 	s.conns = nil
-	return n
+	s.mu.Unlock()
+	return n + s.loops.CloseGroup(&s.pairs)
 }
 
 // downstreams reports how many clients' connections are open.
 func (s *server) downstreams() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
-	for _, downstream := range s.conns {
-		if downstream {
-			n++
-		}
-	}
-	return n
+	return s.pairs.Len() + len(s.conns)
 }
 
-func (s *server) track(c net.Conn, downstream bool) bool {
+func (s *server) track(c net.Conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conns == nil {
 		return false
 	}
-	s.conns[c] = downstream
+	s.conns[c] = struct{}{}
+	s.connsPeak = max(s.connsPeak, len(s.conns))
 	return true
 }
 
 func (s *server) untrack(c net.Conn) {
 	s.mu.Lock()
-	delete(s.conns, c)
+	s.forget(c)
 	s.mu.Unlock()
 	c.Close()
+}
+
+// forget removes c from conns and, after a peak (a flood of handshakes), gives the map's table
+// back once it holds less than a quarter of it. s.mu is held.
+func (s *server) forget(c net.Conn) {
+	delete(s.conns, c)
+	if s.conns == nil || s.connsPeak < 1024 || len(s.conns) >= s.connsPeak/4 {
+		return
+	}
+	m := make(map[net.Conn]struct{}, len(s.conns))
+	for k, v := range s.conns {
+		m[k] = v
+	}
+	s.conns, s.connsPeak = m, len(m)
 }
 
 // Outcomes of a connection, the values of the metrics' outcome label.
@@ -142,6 +154,9 @@ const (
 	outcomeCircuitOpen    = "circuit_open"
 	outcomeDialFailed     = "dial_failed"
 	outcomeDialTimeout    = "dial_timeout"
+	// outcomeRelayFailed: the upstream was connected, but the pair could not be handed to the
+	// relay loops (shutting down, or no descriptor left to duplicate a socket).
+	outcomeRelayFailed = "relay_failed"
 )
 
 // maxProxyHeader bounds a PROXY header: go-proxyproto's own v2 limit (MaxV2HeaderSize, 4 KiB)
@@ -219,9 +234,7 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 		s.refuse(d, cl.name, outcome, err)
 		return
 	}
-	defer release()
-	defer s.untrack(up)
-	s.pipe(d, up, cl.name, d.hello, chain.tcp.idleTimeout)
+	s.join(d, up, release, cl.name, d.hello, chain.tcp.idleTimeout)
 }
 
 // evict closes a pending connection another one displaced, and counts it on its own listener.
@@ -355,10 +368,10 @@ func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
 
 // dial connects to an endpoint of cl within the cluster's connect timeout and a slot of its
 // circuit breaker, making up to attempts dials, each to the next endpoint in round-robin order
-// (as Envoy's tcp_proxy picks a host per attempt). On success the upstream is tracked for
-// shutdown; the caller releases the slot and untracks the connection. A failure reports the last
-// attempt's outcome; every failed attempt is counted.
-func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attempts int) (net.Conn, func(), string, error) {
+// (as Envoy's tcp_proxy picks a host per attempt). The relay loops dial, so the socket goes to
+// the pair as it is. The caller joins or closes the socket and releases the slot. A failure
+// reports the last attempt's outcome; every failed attempt is counted.
+func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attempts int) (*relay.Socket, func(), string, error) {
 	eps := cfg.upstreams(cl)
 	if len(eps) == 0 {
 		return nil, nil, outcomeNoEndpoint, nil
@@ -378,15 +391,10 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 		}
 		ep := eps[cl.next.Add(1)%uint64(len(eps))]
 		dctx, cancel := context.WithTimeout(ctx, cl.connectTimeout)
-		var up net.Conn
-		up, err = (&net.Dialer{}).DialContext(dctx, "tcp", ep.String())
+		var up *relay.Socket
+		up, err = s.loops.Dial(dctx, ep)
 		cancel()
 		if err == nil {
-			if !s.track(up, false) {
-				release()
-				up.Close()
-				return nil, nil, outcomeDialFailed, net.ErrClosed
-			}
 			return up, release, "", nil
 		}
 		outcome = outcomeDialFailed
@@ -398,26 +406,38 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 	return nil, nil, outcome, err
 }
 
-// pipe sends the bytes already read from downstream (replay, then whatever the buffered
-// reader holds) to up, and splices the two connections.
-func (s *server) pipe(d *downstream, up net.Conn, cluster string, replay []byte, idle time.Duration) {
+// join hands the connection and its upstream to the relay loops, with the bytes already read
+// from downstream (replay, then whatever the buffered reader holds) to be sent first, and returns
+// at once: the pair is no longer tracked here but in s.pairs, and s.wg waits for it. release
+// frees the cluster's circuit-breaker slot when the pair ends.
+func (s *server) join(d *downstream, up *relay.Socket, release func(), cluster string, replay []byte, idle time.Duration) {
 	in := s.in
-	in.metrics.conn(s.name, cluster, outcomeProxied)
-	in.metrics.active.WithLabelValues(s.name).Inc()
-	defer in.metrics.active.WithLabelValues(s.name).Dec()
 	if d.br != nil && d.br.Buffered() > 0 {
 		buffered, _ := d.br.Peek(d.br.Buffered())
 		replay = append(replay, buffered...)
 	}
-	if len(replay) > 0 {
-		if _, err := up.Write(replay); err != nil {
-			return
-		}
-		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(len(replay)))
+	s.mu.Lock()
+	s.forget(d.c)
+	s.mu.Unlock()
+	in.metrics.active.WithLabelValues(s.name).Inc()
+	s.wg.Add(1)
+	err := s.loops.JoinDialed(&s.pairs, d.c, up, replay, idle, func(toUp, toDown int64) {
+		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(toUp))
+		in.metrics.bytes.WithLabelValues(s.name, "downstream").Add(float64(toDown))
+		in.metrics.active.WithLabelValues(s.name).Dec()
+		release()
+		s.wg.Done()
+	})
+	if err != nil {
+		// Shutting down (the group is closed), or out of descriptors for the duplicates: both
+		// connections are closed already.
+		in.metrics.active.WithLabelValues(s.name).Dec()
+		release()
+		s.wg.Done()
+		s.refuse(d, cluster, outcomeRelayFailed, err)
+		return
 	}
-	toUp, toDown := relay.Pipe(d.c, up, idle)
-	in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(toUp))
-	in.metrics.bytes.WithLabelValues(s.name, "downstream").Add(float64(toDown))
+	in.metrics.conn(s.name, cluster, outcomeProxied)
 }
 
 func addrPort(a net.Addr) netip.AddrPort {

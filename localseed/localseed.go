@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -233,11 +235,16 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	s.printf("API servers up after %v: seed %s; %s\n", since(start), s.rest.Host, s.shootHosts())
 
+	// tendril-seed's namespace: the xDS certificates' Secrets live there, as on a seed.
+	if err := s.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ExtensionNamespace}}); client.IgnoreAlreadyExists(err) != nil {
+		return rep, fmt.Errorf("namespace %s: %w", ExtensionNamespace, err)
+	}
 	cpDone := make(chan error, 1)
 	go func() {
 		cpDone <- controlplane.Run(ctx, controlplane.Config{
 			REST:           s.rest,
 			XDSAddress:     s.cfg.XDSAddress,
+			XDSSecrets:     controlplane.XDSSecrets{Namespace: ExtensionNamespace},
 			MetricsAddress: "0",
 			HealthAddress:  "0",
 			WebhookPort:    -1,
@@ -250,13 +257,17 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		cancel()
 		<-cpDone
 	}()
-	if err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(cfg.BinDir, "tendril-ingress"),
-		"--xds", s.cfg.XDSAddress, "--node-id", "local",
-		"--sni-address", s.cfg.SNIAddress, "--proxy-address", s.cfg.ProxyAddress, "--tunnel-address", s.cfg.TunnelAddress,
-		"--metrics-address", s.cfg.IngressMetrics); err != nil {
+	xdsFlags, err := s.xdsClientFiles(ctx)
+	if err != nil {
 		return rep, err
 	}
-	s.printf("control plane in-process (xDS %s), tendril-ingress: SNI %s, PROXY %s, tunnel %s\n",
+	if err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(cfg.BinDir, "tendril-ingress"),
+		append(xdsFlags, "--xds", s.cfg.XDSAddress, "--node-id", "tendril-ingress-local",
+			"--sni-address", s.cfg.SNIAddress, "--proxy-address", s.cfg.ProxyAddress, "--tunnel-address", s.cfg.TunnelAddress,
+			"--metrics-address", s.cfg.IngressMetrics)...); err != nil {
+		return rep, err
+	}
+	s.printf("control plane in-process (xDS over mutual TLS %s), tendril-ingress: SNI %s, PROXY %s, tunnel %s\n",
 		s.cfg.XDSAddress, s.cfg.SNIAddress, s.cfg.ProxyAddress, s.cfg.TunnelAddress)
 
 	for _, sh := range s.shoots {
@@ -410,4 +421,35 @@ func freeAddr(host string) (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
+}
+
+// xdsClientFiles waits for the xDS client Secret the control plane publishes, writes it as the
+// kubelet would mount it into the ingress Pod, and returns tendril-ingress's flags for it.
+func (s *seed) xdsClientFiles(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	sec := &corev1.Secret{}
+	key := client.ObjectKey{Namespace: ExtensionNamespace, Name: controlplane.XDSSecretClient}
+	for {
+		err := s.client.Get(ctx, key, sec)
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("xDS client Secret %s: %w", key, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	var flags []string
+	for _, f := range []struct{ flag, key string }{
+		{"--xds-cert-file", controlplane.DataKeyCert}, {"--xds-key-file", controlplane.DataKeyKey}, {"--xds-ca-file", controlplane.DataKeyCA},
+	} {
+		path := filepath.Join(s.dir, "xds-"+f.key)
+		if err := os.WriteFile(path, sec.Data[f.key], 0o600); err != nil {
+			return nil, err
+		}
+		flags = append(flags, f.flag, path)
+	}
+	return append(flags, "--xds-server-name", "tendril-xds."+ExtensionNamespace+".svc"), nil
 }

@@ -63,7 +63,7 @@ func (r *runner) controlPlane(ctx context.Context) (*Row, error) {
 		}
 		starts++
 		s, err := peers.StartProcess(fmt.Sprintf("tendril-seed-%d", i), filepath.Join(dir, fmt.Sprintf("tendril-seed-%d.%d.log", i, starts)),
-			r.bin("tendril-seed"), "--routes", routes, "--xds-address", seedAddr[i], "--metrics-address", "")
+			r.bin("tendril-seed"), "--routes", routes, "--xds-address", seedAddr[i], "--xds-insecure", "--metrics-address", "")
 		if err != nil {
 			return err
 		}
@@ -92,7 +92,7 @@ func (r *runner) controlPlane(ctx context.Context) (*Row, error) {
 		return nil, err
 	}
 	ing, err := peers.StartProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), r.bin("tendril-ingress"),
-		"--xds", svc, "--node-id", "bench-failover-cp", "--tunnel-address", tunnel, "--metrics-address", ingressMetrics)
+		"--xds", svc, "--xds-insecure", "--node-id", "bench-failover-cp", "--tunnel-address", tunnel, "--metrics-address", ingressMetrics)
 	if err != nil {
 		return nil, err
 	}

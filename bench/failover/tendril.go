@@ -132,13 +132,13 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 		return nil, err
 	}
 	seed, err := peers.StartProcess("tendril-seed", f("tendril-seed.log"), r.bin("tendril-seed"),
-		"--routes", f("routes.yaml"), "--xds-address", xdsAddr, "--metrics-address", "")
+		"--routes", f("routes.yaml"), "--xds-address", xdsAddr, "--xds-insecure", "--metrics-address", "")
 	if err != nil {
 		return rig, err
 	}
 	rig.ingress = append(rig.ingress, seed)
 	ing, err := peers.StartProcess("tendril-ingress", f("tendril-ingress.log"), r.bin("tendril-ingress"),
-		"--xds", xdsAddr, "--node-id", "bench-failover", "--tunnel-address", ingressListen, "--metrics-address", ingressMetrics)
+		"--xds", xdsAddr, "--xds-insecure", "--node-id", "bench-failover", "--tunnel-address", ingressListen, "--metrics-address", ingressMetrics)
 	if err != nil {
 		return rig, err
 	}

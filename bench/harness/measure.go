@@ -110,15 +110,20 @@ func SleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 // window runs the warm-up and the measurement window of one measurement and
-// returns the window's bounds and the CPU, in cores, that processes other
-// than the benchmark and its peers used meanwhile. Workers read phase; tick
-// is called every progressEvery within the window. It returns ctx's error if
-// ctx ends first.
-func (r *runner) window(ctx context.Context, phase *atomic.Int32, onStart func(), tick func(elapsed time.Duration)) (t0, t1 time.Time, other float64, err error) {
+// returns the window's bounds, the CPU, in cores, that processes other than
+// the benchmark and its peers used meanwhile, and the CPU time the processes
+// of the target's data plane (t.dataPlane) used in the window. Workers read
+// phase; tick is called every progressEvery within the window. It returns
+// ctx's error if ctx ends first.
+func (r *runner) window(ctx context.Context, t *target, phase *atomic.Int32, onStart func(), tick func(elapsed time.Duration)) (t0, t1 time.Time, other float64, dataPlane time.Duration, err error) {
 	if !SleepCtx(ctx, r.cfg.Warmup) {
-		return t0, t1, 0, ctx.Err()
+		return t0, t1, 0, 0, ctx.Err()
 	}
-	cpu0 := machine.SampleCPU(r.groups)
+	// The data plane's processes are looked up once: its workers run for
+	// the whole window, and a process that exited would count as nothing
+	// at the end.
+	pids := machine.GroupMembers(t.dataPlane)
+	cpu0, dp0 := machine.SampleCPU(r.groups), machine.ProcessesCPU(pids)
 	onStart()
 	t0 = time.Now()
 	phase.Store(phaseMeasure)
@@ -129,15 +134,15 @@ func (r *runner) window(ctx context.Context, phase *atomic.Int32, onStart func()
 			break
 		}
 		if !SleepCtx(ctx, min(left, progressEvery)) {
-			return t0, t1, 0, ctx.Err()
+			return t0, t1, 0, 0, ctx.Err()
 		}
 		if el := time.Since(t0); el < r.cfg.Duration && r.progress != nil {
 			tick(el)
 		}
 	}
 	t1 = time.Now()
-	cpu1 := machine.SampleCPU(r.groups)
-	return t0, t1, cpu0.Other(cpu1).Seconds() / t1.Sub(t0).Seconds(), nil
+	cpu1, dp1 := machine.SampleCPU(r.groups), machine.ProcessesCPU(pids)
+	return t0, t1, cpu0.Other(cpu1).Seconds() / t1.Sub(t0).Seconds(), dp1 - dp0, nil
 }
 
 // rateWorker is one client loop of the connection-rate test. Its fields are
@@ -242,7 +247,7 @@ func (r *runner) measureRate(ctx context.Context, t *target, conc, round int) (*
 		}
 		wg.Wait()
 	}
-	t0, t1, other, err := r.window(ctx, &phase, func() {}, func(el time.Duration) {
+	t0, t1, other, dpCPU, err := r.window(ctx, t, &phase, func() {}, func(el time.Duration) {
 		n := done.Load()
 		fmt.Fprintf(r.progress, "%s: %s: %.0fs/%.0fs %d conns (%.0f/s), %d errors\n",
 			r.mode.Name, label, el.Seconds(), r.cfg.Duration.Seconds(), n, float64(n)/el.Seconds(), failed.Load())
@@ -272,8 +277,12 @@ func (r *runner) measureRate(ctx context.Context, t *target, conc, round int) (*
 	run.ConnsPerSec = float64(run.Conns) / run.Seconds
 	run.TTFB = latencyOf(&run.hist)
 	run.Errors, run.ErrorSamples = errorMaps(errs, samples)
-	r.logf("%s: %.0f conn/s, TTFB p50 %s p99 %s, %s, others used %.2f CPUs", label, run.ConnsPerSec,
-		fmtMS(run.TTFB.P50), fmtMS(run.TTFB.P99), fmtErrors(run.Errors), other)
+	if t.dataPlane != nil {
+		run.DataPlaneCPU = dpCPU.Seconds()
+		run.CPUPerConn = cpuPerConn(run.DataPlaneCPU, run.Conns)
+	}
+	r.logf("%s: %.0f conn/s, TTFB p50 %s p99 %s, data plane CPU %s/conn, %s, others used %.2f CPUs", label, run.ConnsPerSec,
+		fmtMS(run.TTFB.P50), fmtMS(run.TTFB.P99), fmtUS(run.CPUPerConn), fmtErrors(run.Errors), other)
 	for k, s := range run.ErrorSamples {
 		r.logf("%s: first %s error: %s", label, k, s)
 	}
@@ -368,7 +377,7 @@ func (r *runner) measureBulk(ctx context.Context, t *target, round int) (*BulkRu
 		wg.Wait()
 	}
 	var b0 int64
-	t0, t1, other, err := r.window(ctx, &phase, func() { b0 = total() }, func(el time.Duration) {
+	t0, t1, other, _, err := r.window(ctx, t, &phase, func() { b0 = total() }, func(el time.Duration) {
 		fmt.Fprintf(r.progress, "%s: %s: %.0fs/%.0fs %.0f MB/s, %d errors\n",
 			r.mode.Name, label, el.Seconds(), r.cfg.Duration.Seconds(), float64(total()-b0)/el.Seconds()/1e6, failed.Load())
 	})

@@ -159,6 +159,13 @@ type RateRun struct {
 	// verified shoot i's certificate for its host and got shoot i's
 	// upstream's answer.
 	PerShoot []int64 `json:"per_shoot"`
+	// DataPlaneCPU is the user+system CPU time, in seconds, that the
+	// target's data-plane processes (all of them: nginx's master and
+	// workers; tendril-ingress, not tendril-seed) used in the window;
+	// CPUPerConn is that per counted connection, in µs. Both are 0 for
+	// direct, which has no data plane.
+	DataPlaneCPU float64 `json:"data_plane_cpu_seconds,omitempty"`
+	CPUPerConn   float64 `json:"cpu_us_per_conn,omitempty"`
 
 	hist hist.Histogram
 }
@@ -190,6 +197,12 @@ type RateRow struct {
 	Conns       int64            `json:"conns"`
 	Errors      map[string]int64 `json:"errors,omitempty"`
 	OtherCPU    float64          `json:"other_cpu_cores"` // the most of any round
+	// CPUPerConn is the data plane's CPU time per new connection, in µs,
+	// over all rounds (their CPU summed over their connections summed); 0
+	// for direct. CPUVsBaseline is its ratio to the baseline's: ≤ 1 means
+	// no more CPU per connection than the baseline.
+	CPUPerConn    float64  `json:"cpu_us_per_conn,omitempty"`
+	CPUVsBaseline *float64 `json:"cpu_vs_baseline,omitempty"`
 }
 
 // BulkRow is a target's bulk result: the median over rounds.
@@ -263,10 +276,11 @@ func (rep *Report) aggregate() {
 		return cmp.Or(cmp.Compare(slices.Index(rep.Settings.Concurrency, a.conc), slices.Index(rep.Settings.Concurrency, b.conc)),
 			cmp.Compare(idx(a.target), idx(b.target)))
 	})
-	base := map[int]map[string]float64{}
+	base, cpuBase := map[int]map[string]float64{}, map[int]map[string]float64{}
 	for _, k := range keys {
 		var rates []float64
 		var h hist.Histogram
+		var cpu float64
 		row := RateRow{Concurrency: k.conc, Target: k.target}
 		for _, r := range groups[k] {
 			rates = append(rates, r.ConnsPerSec)
@@ -274,19 +288,25 @@ func (rep *Report) aggregate() {
 			row.Conns += r.Conns
 			row.Errors = addErrors(row.Errors, r.Errors)
 			row.OtherCPU = max(row.OtherCPU, r.OtherCPU)
+			cpu += r.DataPlaneCPU
 		}
 		row.ConnsPerSec = Median(rates)
 		row.TTFB = latencyOf(&h)
+		row.CPUPerConn = cpuPerConn(cpu, row.Conns)
 		rep.Rate = append(rep.Rate, row)
 		if base[k.conc] == nil {
-			base[k.conc] = map[string]float64{}
+			base[k.conc], cpuBase[k.conc] = map[string]float64{}, map[string]float64{}
 		}
 		base[k.conc][k.target] = row.ConnsPerSec
+		cpuBase[k.conc][k.target] = row.CPUPerConn
 	}
 	for i := range rep.Rate {
 		row := &rep.Rate[i]
 		row.VsDirect = ratio(row.ConnsPerSec, base[row.Concurrency], TargetDirect)
 		row.VsBaseline = ratio(row.ConnsPerSec, base[row.Concurrency], rep.Baseline)
+		if row.CPUPerConn > 0 {
+			row.CPUVsBaseline = ratio(row.CPUPerConn, cpuBase[row.Concurrency], rep.Baseline)
+		}
 	}
 
 	rep.Bulk = nil
@@ -358,6 +378,22 @@ func fmtMS(v float64) string {
 	return fmt.Sprintf("%.0fms", v)
 }
 
+// cpuPerConn is cpu seconds per connection in µs, 0 without connections.
+func cpuPerConn(cpu float64, conns int64) float64 {
+	if conns == 0 {
+		return 0
+	}
+	return cpu / float64(conns) * 1e6
+}
+
+// fmtUS formats a CPU time per connection in µs, "-" for none.
+func fmtUS(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0fµs", v)
+}
+
 func fmtErrors(m map[string]int64) string {
 	if len(m) == 0 {
 		return "0 errors"
@@ -416,6 +452,11 @@ const sharedCPUNote = "Client, upstream TLS servers and the data plane under tes
 	"\"others\" is the CPU (in cores) that other processes and hypervisor steal took during a measurement: " +
 	"where it is above about 0.1 the row is disturbed; repeat with --rounds on a quiet machine."
 
+// cpuPerConnNote says what the CPU/conn column counts.
+const cpuPerConnNote = "CPU/conn: user+system CPU time of the data plane's processes (/proc/PID/stat: HAProxy's process, " +
+	"nginx's master and workers, tendril-ingress) during the window, divided by the connections counted in it; " +
+	"direct has no data plane. CPU × baseline ≤ 1 means no more CPU per new connection than the baseline."
+
 // fmtCPU formats a CPU figure in cores.
 func fmtCPU(c float64) string { return fmt.Sprintf("%.2f", c) }
 
@@ -443,8 +484,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	if len(rep.Rate) > 0 {
 		fmt.Fprintf(&b, "\nNew TLS connections per second. %s\n", rep.rateTitle())
-		t := Table{Header: []string{"conc", "target", "conn/s", "×direct", "×" + rep.Baseline, "TTFB p50", "p90", "p99", "others", "errors"},
-			Left: []bool{false, true, false, false, false, false, false, false, false, true}}
+		t := Table{Header: []string{"conc", "target", "conn/s", "×direct", "×" + rep.Baseline, "TTFB p50", "p90", "p99",
+			"CPU/conn", "CPU ×" + rep.Baseline, "others", "errors"},
+			Left: []bool{false, true, false, false, false, false, false, false, false, false, false, true}}
 		last := 0
 		for _, r := range rep.Rate {
 			if last != 0 && r.Concurrency != last {
@@ -453,9 +495,10 @@ func (rep *Report) WriteTable(w io.Writer) error {
 			last = r.Concurrency
 			t.Rows = append(t.Rows, []string{strconv.Itoa(r.Concurrency), r.Target, fmt.Sprintf("%.0f", r.ConnsPerSec),
 				fmtRatio(r.VsDirect), fmtRatio(r.VsBaseline), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
-				fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
+				fmtUS(r.CPUPerConn), fmtRatio(r.CPUVsBaseline), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
 		}
 		t.Write(&b)
+		fmt.Fprintf(&b, "%s\n", cpuPerConnNote)
 	}
 	if len(rep.Bulk) > 0 {
 		fmt.Fprintf(&b, "\nBulk throughput: %s\n", rep.Settings.bulkTitle())
@@ -496,13 +539,15 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 	}
 	if len(rep.Rate) > 0 {
 		fmt.Fprintf(&b, "\n## New TLS connections per second\n\n%s\n\n", rep.rateTitle())
-		fmt.Fprintf(&b, "| concurrency | target | conn/s | × direct | × %s | TTFB p50 | TTFB p90 | TTFB p99 | others | errors |\n", rep.Baseline)
-		b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		fmt.Fprintf(&b, "| concurrency | target | conn/s | × direct | × %s | TTFB p50 | TTFB p90 | TTFB p99 | CPU/conn | CPU × %s | others | errors |\n",
+			rep.Baseline, rep.Baseline)
+		b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, r := range rep.Rate {
-			fmt.Fprintf(&b, "| %d | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", r.Concurrency, r.Target, r.ConnsPerSec,
+			fmt.Fprintf(&b, "| %d | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Concurrency, r.Target, r.ConnsPerSec,
 				fmtRatio(r.VsDirect), fmtRatio(r.VsBaseline), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
-				fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors))
+				fmtUS(r.CPUPerConn), fmtRatio(r.CPUVsBaseline), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors))
 		}
+		fmt.Fprintf(&b, "\n%s\n", cpuPerConnNote)
 	}
 	if len(rep.Bulk) > 0 {
 		fmt.Fprintf(&b, "\n## Bulk throughput\n\n%s\n\n", rep.Settings.bulkTitle())

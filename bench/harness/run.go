@@ -224,6 +224,9 @@ type target struct {
 	preamble Preamble
 	static   bool
 	inst     *peers.Instance // nil for direct
+	// dataPlane are the process groups whose CPU is the data plane's
+	// (inst.DataPlaneGroups); nil for direct.
+	dataPlane []int
 }
 
 // Readiness probe timeouts: the wait until every route works through a
@@ -269,37 +272,15 @@ func Run(ctx context.Context, mode Mode, cfg Config) (*Report, error) {
 		Header: StartHeader(cfg.CommandLine, settingsOf(cfg))}
 	defer rep.End()
 
-	var names, hosts []string
-	for i := range cfg.Shoots {
-		names, hosts = append(names, ShootName(i)), append(hosts, ShootHost(i))
-	}
-	p, err := newPKI(hosts)
-	if err != nil {
-		return nil, fmt.Errorf("test PKI: %w", err)
-	}
-	ups, err := startUpstreams(p, hosts, cfg.Payload, cfg.BulkBytes)
+	sess, err := newSession(cfg, mode.Name)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { rep.Upstreams = ups.stats(names) }() // runs after ups.Close below
-	defer ups.Close()
-	var routes []peers.Route
-	for i, u := range ups {
-		routes = append(routes, peers.Route{Name: names[i], Host: hosts[i], Upstream: u.addr(), Advertised: ShootAdvertised(i)})
-	}
-	cl := newClient(p, routes, cfg.Payload, cfg.BulkBytes)
+	defer func() { rep.Upstreams = sess.ups.stats(sess.names) }() // runs after sess.Close below
+	defer sess.Close()
+	ups, routes, tmp := sess.ups, sess.routes, sess.tmp
 
-	tmp, err := os.MkdirTemp("", "tendril-bench-"+mode.Name+"-")
-	if err != nil {
-		return nil, fmt.Errorf("temporary directory: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	// A peer that drops root (squid) reaches its own directory inside.
-	if err := os.Chmod(tmp, 0o711); err != nil {
-		return nil, fmt.Errorf("temporary directory: %w", err)
-	}
-
-	r := &runner{cfg: cfg, mode: mode, client: cl, progress: cfg.Progress, report: rep}
+	r := &runner{cfg: cfg, mode: mode, client: sess.client, progress: cfg.Progress, report: rep}
 	var targets []*target
 	// Peers stop in reverse start order when Run returns, Ctrl-C included.
 	defer func() {
@@ -370,7 +351,8 @@ func (r *runner) startTarget(ctx context.Context, name string, ups upstreams, tm
 		return nil, info
 	}
 	info.Version, info.Addr, info.Config = inst.Version, inst.Addr, inst.Config
-	t := &target{name: name, addr: func(int) string { return inst.Addr }, preamble: peer.Preamble, static: peer.Static, inst: inst}
+	t := &target{name: name, addr: func(int) string { return inst.Addr }, preamble: peer.Preamble, static: peer.Static, inst: inst,
+		dataPlane: inst.DataPlaneGroups()}
 	timeout := probeTimeout
 	if t.static {
 		timeout = staticProbeTimeout

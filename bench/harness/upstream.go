@@ -38,7 +38,7 @@ type upstream struct {
 	small []byte // the small answer; it names the shoot, so the client can check where it landed
 	bulk  int64
 
-	served     [2]atomic.Int64 // answered requests: [0] small, [1] bulk
+	served     [3]atomic.Int64 // answered requests: [0] small, [1] bulk, [2] echo (held connections)
 	misrouted  atomic.Int64    // ClientHellos naming another host
 	failed     atomic.Int64    // other handshake or request failures
 	mu         sync.Mutex      // guards conns and closed
@@ -179,12 +179,39 @@ func (u *upstream) serve(c net.Conn) error {
 			return err
 		}
 		u.served[1].Add(1)
+	case reqEcho:
+		u.served[2].Add(1)
+		return echo(c, tc)
 	default:
 		return fmt.Errorf("unknown request %q", req[0])
 	}
 	// Close sends close_notify, so the client reads a clean EOF and can tell
 	// a complete answer from a cut one.
 	return tc.Close()
+}
+
+// echo answers the echo request and then echoes every byte until the client
+// closes. A held connection is idle for as long as the benchmark holds it,
+// so there is no deadline; the upstream's Close ends it.
+func echo(c net.Conn, tc *tls.Conn) error {
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return err
+	}
+	buf := []byte{reqEcho}
+	for {
+		if _, err := tc.Write(buf); err != nil {
+			return err
+		}
+		var b [64]byte
+		n, err := tc.Read(b[:])
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		buf = b[:n]
+	}
 }
 
 var bulkData = func() []byte {
@@ -218,15 +245,16 @@ type UpstreamStats struct {
 	Host      string `json:"host"`
 	Small     int64  `json:"small_requests"`
 	Bulk      int64  `json:"bulk_requests"`
-	Misrouted int64  `json:"misrouted"` // ClientHellos naming another shoot's host
-	Failed    int64  `json:"failed"`    // other failed connections (aborted at the end of a measurement, too)
+	Held      int64  `json:"held,omitempty"` // echo requests: connections held open (idle mode)
+	Misrouted int64  `json:"misrouted"`      // ClientHellos naming another shoot's host
+	Failed    int64  `json:"failed"`         // other failed connections (aborted at the end of a measurement, too)
 }
 
 func (us upstreams) stats(names []string) []UpstreamStats {
 	var out []UpstreamStats
 	for i, u := range us {
 		out = append(out, UpstreamStats{Shoot: names[i], Host: u.host, Small: u.served[0].Load(),
-			Bulk: u.served[1].Load(), Misrouted: u.misrouted.Load(), Failed: u.failed.Load()})
+			Bulk: u.served[1].Load(), Held: u.served[2].Load(), Misrouted: u.misrouted.Load(), Failed: u.failed.Load()})
 	}
 	return out
 }

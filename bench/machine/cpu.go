@@ -3,7 +3,10 @@ package machine
 import (
 	"bufio"
 	"bytes"
+	"errors"
+	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,34 +38,42 @@ func SampleCPU(groups []int) CPUSample {
 		return CPUSample{}
 	}
 	s := CPUSample{Busy: busy, OK: true}
-	self := os.Getpid()
 	if t, _, ok := procCPU("/proc/self/stat"); ok {
 		s.Own += t
 	}
-	if len(groups) == 0 {
-		return s
-	}
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return s
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self {
-			continue
-		}
-		t, pgrp, ok := procCPU("/proc/" + e.Name() + "/stat")
-		if !ok {
-			continue // gone meanwhile
-		}
-		for _, g := range groups {
-			if pgrp == g {
-				s.Own += t
-				break
-			}
+	self := os.Getpid()
+	for _, pid := range GroupMembers(groups) {
+		if pid != self {
+			t, _ := ProcessCPU(pid)
+			s.Own += t
 		}
 	}
 	return s
+}
+
+// GroupMembers returns the live processes in the process groups groups (a
+// peer and its workers: each peer leads its own group), nil when there are
+// none or /proc cannot be read.
+func GroupMembers(groups []int) []int {
+	if len(groups) == 0 {
+		return nil
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		_, pgrp, ok := procCPU("/proc/" + e.Name() + "/stat")
+		if ok && slices.Contains(groups, pgrp) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // ProcessCPU returns the user and system CPU time process pid has used since it started, as
@@ -70,6 +81,42 @@ func SampleCPU(groups []int) CPUSample {
 func ProcessCPU(pid int) (time.Duration, bool) {
 	t, _, ok := procCPU("/proc/" + strconv.Itoa(pid) + "/stat")
 	return t, ok
+}
+
+// ProcessesCPU is the user and system CPU time the processes pids have used
+// so far, summed. A process that has exited counts as nothing, so the
+// difference of two calls is exact while they all run.
+func ProcessesCPU(pids []int) time.Duration {
+	var sum time.Duration
+	for _, pid := range pids {
+		if t, ok := ProcessCPU(pid); ok {
+			sum += t
+		}
+	}
+	return sum
+}
+
+// OpenFiles counts the open file descriptors of process pid (the entries of
+// /proc/<pid>/fd); false if it cannot (the process is gone, or no /proc).
+func OpenFiles(pid int) (int, bool) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	n := 0
+	for {
+		// Names in batches, not all at once: a process with 100,000
+		// sockets has as many entries.
+		names, err := f.Readdirnames(1024)
+		n += len(names)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return n, true
+			}
+			return n, false
+		}
+	}
 }
 
 // Other returns the CPU time used by others between s and a later sample

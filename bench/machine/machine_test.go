@@ -2,7 +2,10 @@ package machine
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -54,5 +57,61 @@ func TestSampleCPU(t *testing.T) {
 	}
 	if (CPUSample{}).Other(b) != 0 {
 		t.Error("Other of a missing sample is not 0")
+	}
+}
+
+// TestGroupMembers finds a child in its own process group, and only there.
+func TestGroupMembers(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Skip("cannot start sleep:", err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	pid := cmd.Process.Pid
+	if got := GroupMembers([]int{pid}); !slices.Equal(got, []int{pid}) {
+		t.Errorf("GroupMembers(child's group) = %v, want [%d]", got, pid)
+	}
+	if got := GroupMembers([]int{syscall.Getpgrp()}); slices.Contains(got, pid) || !slices.Contains(got, os.Getpid()) {
+		t.Errorf("GroupMembers(our group) = %v: want us (%d), not the child %d", got, os.Getpid(), pid)
+	}
+	if got := GroupMembers(nil); got != nil {
+		t.Errorf("GroupMembers(nil) = %v", got)
+	}
+	if _, ok := ProcessCPU(pid); !ok {
+		t.Error("no CPU time for the child")
+	}
+	if ProcessesCPU([]int{-1}) != 0 {
+		t.Error("ProcessesCPU counts a process that does not exist")
+	}
+}
+
+// TestOpenFiles counts descriptors as they open and close.
+func TestOpenFiles(t *testing.T) {
+	before, ok := OpenFiles(os.Getpid())
+	if !ok {
+		t.Skip("no /proc/self/fd")
+	}
+	var fs []*os.File
+	const n = 1500 // more than one batch of names
+	for range n {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs = append(fs, f)
+	}
+	with, _ := OpenFiles(os.Getpid())
+	for _, f := range fs {
+		f.Close()
+	}
+	after, _ := OpenFiles(os.Getpid())
+	// Other goroutines of the test binary may open a descriptor meanwhile;
+	// ours are the bulk of the difference.
+	if with-before < n || with-before > n+5 || after > before+5 {
+		t.Errorf("open files: %d before, %d with %d more open, %d after closing them", before, with, n, after)
+	}
+	if _, ok := OpenFiles(-1); ok {
+		t.Error("OpenFiles(-1) succeeded")
 	}
 }

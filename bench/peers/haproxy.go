@@ -33,6 +33,9 @@ type HAProxy struct {
 	Job      Job      // "" means JobSNI
 	Timeouts Timeouts // zero means DefaultTimeouts
 	Threads  int      // nbthread; 0 means one per CPU
+	// MaxConn is the global maxconn; 0 means 8192. HAProxy raises its own
+	// descriptor limit to about twice this (two sockets per connection).
+	MaxConn int
 }
 
 var _ Peer = HAProxy{}
@@ -100,7 +103,11 @@ func (h HAProxy) Config(listen string, routes []Route) (string, error) {
 	if threads <= 0 {
 		threads = cores()
 	}
-	return RenderHAProxy(HAProxyConfig{Job: h.Job, Listen: listen, Threads: threads, MaxConn: maxConn, Timeouts: to, Routes: routes})
+	conns := h.MaxConn
+	if conns <= 0 {
+		conns = maxConn
+	}
+	return RenderHAProxy(HAProxyConfig{Job: h.Job, Listen: listen, Threads: threads, MaxConn: conns, Timeouts: to, Routes: routes})
 }
 
 // CheckConfig runs "haproxy -c -f path".

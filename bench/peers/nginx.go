@@ -30,6 +30,9 @@ type Nginx struct {
 	Job      Job      // "" means JobSNI; JobConnect is refused
 	Timeouts Timeouts // zero means DefaultTimeouts
 	Workers  int      // worker_processes; 0 means one per CPU
+	// MaxConn is worker_connections and worker_rlimit_nofile, per worker;
+	// 0 means 8192. A worker counts both sockets of a proxied connection.
+	MaxConn int
 }
 
 var _ Peer = Nginx{}
@@ -156,7 +159,11 @@ func (n Nginx) Config(ctx context.Context, dir, listen string, routes []Route) (
 	if workers <= 0 {
 		workers = cores()
 	}
-	return RenderNginx(NginxConfig{Job: n.Job, Listen: listen, Workers: workers, MaxConn: maxConn, Dir: dir,
+	conns := n.MaxConn
+	if conns <= 0 {
+		conns = maxConn
+	}
+	return RenderNginx(NginxConfig{Job: n.Job, Listen: listen, Workers: workers, MaxConn: conns, Dir: dir,
 		StreamModule: mod, Timeouts: to, Routes: routes})
 }
 

@@ -139,10 +139,12 @@ type Timeouts struct {
 // long, and a stuck one should not outlive the run.
 var DefaultTimeouts = Timeouts{Hello: 10 * time.Second, Connect: 5 * time.Second, Idle: 60 * time.Second}
 
-// maxConn is the connection limit written into the peers' configurations: far
-// above the benchmark's concurrency, so that no peer queues connections, and
-// below the 20,000 open files a process gets here (each proxied connection
-// holds two sockets, nginx counts both against worker_connections).
+// maxConn is the default connection limit written into the peers'
+// configurations: far above the rate benchmark's concurrency, so that no peer
+// queues connections, and below the 20,000 open files a process gets here
+// (each proxied connection holds two sockets, nginx counts both against
+// worker_connections). The idle benchmark sets its own (HAProxy.MaxConn,
+// Nginx.MaxConn).
 const maxConn = 8192
 
 // Peer is a data plane doing one Job.
@@ -168,7 +170,14 @@ type Instance struct {
 	// Config is the rendered configuration (for reports and debugging).
 	Config string
 
+	// Metrics is the data plane's Prometheus endpoint (http://…/metrics),
+	// "" when it has none (HAProxy and nginx as configured here).
+	Metrics string
+
 	procs []*Process // stopped in reverse order
+	// dataPlane are the processes that carry the connections; nil means
+	// all of procs.
+	dataPlane []*Process
 }
 
 // Groups returns the process group IDs of the peer's processes: each
@@ -176,6 +185,22 @@ type Instance struct {
 func (in *Instance) Groups() []int {
 	var gs []int
 	for _, p := range in.procs {
+		gs = append(gs, p.cmd.Process.Pid)
+	}
+	return gs
+}
+
+// DataPlaneGroups returns the process groups of the processes that carry
+// connections, whose CPU, memory and descriptors are the data plane's cost:
+// HAProxy's process, nginx's master with its workers (in the master's group),
+// tendril-ingress without tendril-seed (which only serves routes over xDS).
+func (in *Instance) DataPlaneGroups() []int {
+	ps := in.dataPlane
+	if ps == nil {
+		ps = in.procs
+	}
+	var gs []int
+	for _, p := range ps {
 		gs = append(gs, p.cmd.Process.Pid)
 	}
 	return gs

@@ -305,3 +305,24 @@ func TestReadMemory(t *testing.T) {
 		t.Error("ReadMemory(-1) succeeded")
 	}
 }
+
+// TestMaxConn: the idle benchmark's connection limit reaches the rendered
+// configurations; without one they keep the default.
+func TestMaxConn(t *testing.T) {
+	for conns, want := range map[int]string{0: "maxconn 8192\n", 9950: "maxconn 9950\n"} {
+		cfg, err := HAProxy{MaxConn: conns}.Config("127.0.0.1:8443", testRoutes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		configLacks(t, "haproxy.cfg", cfg, want)
+	}
+	n := Nginx{MaxConn: 19900}
+	if err := n.Check(context.Background()); err != nil {
+		t.Skip("nginx:", err)
+	}
+	cfg, err := n.Config(context.Background(), t.TempDir(), "127.0.0.1:8443", testRoutes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	configLacks(t, "nginx.conf", cfg, "worker_connections 19900;", "worker_rlimit_nofile 19900;")
+}

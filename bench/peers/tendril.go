@@ -100,8 +100,8 @@ func (t Tendril) Version() string {
 
 // Start implements Peer:
 //
-//	tendril-seed --routes FILE --xds-address 127.0.0.1:P1 --metrics-address 127.0.0.1:P2
-//	tendril-ingress --xds 127.0.0.1:P1 --node-id bench --sni-address 127.0.0.1:P3 --metrics-address 127.0.0.1:P4 --profiling
+//	tendril-seed --routes FILE --xds-address 127.0.0.1:P1 --xds-insecure --metrics-address 127.0.0.1:P2
+//	tendril-ingress --xds 127.0.0.1:P1 --xds-insecure --node-id bench --sni-address 127.0.0.1:P3 --metrics-address 127.0.0.1:P4 --profiling
 //
 // with --proxy-address instead of --sni-address for JobProxy and JobConnect.
 // It returns once the ingress's /readyz answers 200 and its listener accepts.
@@ -144,7 +144,7 @@ func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instan
 		}
 		xds, seedMetrics, listen, ingressMetrics := loopback(ports[0]), loopback(ports[1]), loopback(ports[2]), loopback(ports[3])
 		seed, err := StartProcess("tendril-seed", filepath.Join(dir, "tendril-seed.log"), seedBin,
-			"--routes", path, "--xds-address", xds, "--metrics-address", seedMetrics)
+			"--routes", path, "--xds-address", xds, "--xds-insecure", "--metrics-address", seedMetrics)
 		if err != nil {
 			return nil, err
 		}
@@ -152,11 +152,12 @@ func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instan
 			return nil, errors.Join(fmt.Errorf("tendril-seed: %w", err), seed.Stop())
 		}
 		ingress, err := StartProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), ingressBin,
-			"--xds", xds, "--node-id", "bench", listenFlag, listen, "--metrics-address", ingressMetrics, "--profiling")
+			"--xds", xds, "--xds-insecure", "--node-id", "bench", listenFlag, listen, "--metrics-address", ingressMetrics, "--profiling")
 		if err != nil {
 			return nil, errors.Join(err, seed.Stop())
 		}
-		in := &Instance{Addr: listen, Version: version, Config: routeFile, procs: []*Process{seed, ingress}}
+		in := &Instance{Addr: listen, Version: version, Config: routeFile, Metrics: "http://" + ingressMetrics + "/metrics",
+			procs: []*Process{seed, ingress}, dataPlane: []*Process{ingress}}
 		if err := waitReady(ctx, "http://"+ingressMetrics+"/readyz", readyTimeout, seed, ingress); err != nil {
 			return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
 		}

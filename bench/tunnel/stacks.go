@@ -65,15 +65,11 @@ func (s *stack) cpu(in *ingress) func() time.Duration {
 	if len(procs) == 0 {
 		return nil
 	}
-	return func() time.Duration {
-		var sum time.Duration
-		for _, p := range procs {
-			if t, ok := machine.ProcessCPU(p.PID()); ok {
-				sum += t
-			}
-		}
-		return sum
+	pids := make([]int, len(procs))
+	for i, p := range procs {
+		pids[i] = p.PID()
 	}
+	return func() time.Duration { return machine.ProcessesCPU(pids) }
 }
 
 func (s *stack) stop() {
@@ -193,13 +189,13 @@ func (r *runner) ensureIngress(ctx context.Context) (*ingress, error) {
 		return nil, err
 	}
 	seed, err := peers.StartProcess("tendril-seed", filepath.Join(dir, "tendril-seed.log"),
-		r.bin("tendril-seed"), "--routes", routeFile, "--xds-address", xds, "--metrics-address", "")
+		r.bin("tendril-seed"), "--routes", routeFile, "--xds-address", xds, "--xds-insecure", "--metrics-address", "")
 	if err != nil {
 		return nil, err
 	}
 	in.procs = append(in.procs, seed)
 	ing, err := peers.StartProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"),
-		r.bin("tendril-ingress"), "--xds", xds, "--node-id", "bench", "--tunnel-address", in.listen, "--metrics-address", metrics)
+		r.bin("tendril-ingress"), "--xds", xds, "--xds-insecure", "--node-id", "bench", "--tunnel-address", in.listen, "--metrics-address", metrics)
 	if err != nil {
 		in.stop()
 		return nil, err

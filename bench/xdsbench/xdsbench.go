@@ -265,7 +265,7 @@ func runSize(ctx context.Context, cfg Config, res *SizeResult) error {
 		node := "tendril-bench-ingress-" + strconv.Itoa(i)
 		var c *exec.Cmd
 		if cfg.IngressBinary != "" {
-			c = exec.Command(cfg.IngressBinary, "--xds", hello.Addr, "--node-id", node,
+			c = exec.Command(cfg.IngressBinary, "--xds", hello.Addr, "--xds-insecure", "--node-id", node,
 				"--sni-address", "127.0.0.1:0", "--metrics-address", "")
 		} else {
 			c = exec.Command(cfg.Exe, hello.Addr, node)

@@ -5,6 +5,7 @@
 //	tendril-bench sni [flags]       SNI passthrough: new TLS connections/s, TTFB, bulk MB/s
 //	tendril-bench proxy [flags]     PROXY v2 header routed by destination, then TLS: the same figures
 //	tendril-bench connect [flags]   CONNECT with X-Gardener-Destination, then TLS: the same figures
+//	tendril-bench idle [flags]      N idle connections: RSS, fds, goroutines per connection, survivors, release
 //	tendril-bench tunnel [flags]    reversed VPN: throughput, dials, head-of-line, up time, memory
 //	tendril-bench failover [flags]  HA: agent, server, xDS server and OpenVPN server kill → recovery
 //	tendril-bench xds [flags]       xDS at scale: change → ACK latency, bytes per change, build time, memory
@@ -45,6 +46,9 @@ modes:
   connect  CONNECT with X-Gardener-Destination, then TLS through the tunnel:
            direct vs squid (cache_peer per shoot) vs tendril-ingress; HAProxy
            is tried and cannot do it (it forwards the CONNECT instead)
+  idle     N idle TLS connections through the sni and proxy listeners of
+           tendril-ingress, HAProxy and nginx: RSS, fds and goroutines per
+           connection, survivors after a hold, release after close
   tunnel   reversed VPN, seed to a pod in the shoot: direct vs tendril
            (HTTP CONNECT and konnectivity gRPC front-ends) vs OpenVPN 2.6 TCP
            vs konnectivity v0.36 (gRPC and HTTP CONNECT); needs root
@@ -131,6 +135,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return c.Run(ctx, stdout)
 	case "failover":
 		c, err := parseFailover(args[2:], stderr)
+		if err != nil {
+			return err
+		}
+		c.Config.CommandLine = commandLine(args)
+		return c.Run(ctx, stdout)
+	case "idle":
+		c, err := parseIdle(args[2:], stderr)
 		if err != nil {
 			return err
 		}

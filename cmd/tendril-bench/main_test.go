@@ -103,3 +103,27 @@ func TestMarkdownAppend(t *testing.T) {
 		t.Errorf("replaced file %q", b)
 	}
 }
+
+func TestParseIdle(t *testing.T) {
+	c, err := parseIdle([]string{"--conns", "500", "--listeners", "sni", "--targets", "tendril,haproxy", "--hold", "2s", "--markdown", "idle.md"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Config.Conns != 500 || !slices.Equal(c.Config.Listeners, []string{"sni"}) || !slices.Equal(c.Config.Targets, []string{"tendril", "haproxy"}) ||
+		c.Config.Hold != 2*time.Second || c.Markdown != "idle.md" {
+		t.Errorf("parsed %+v", c)
+	}
+	def, err := parseIdle(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// N 0 is idle's default: sized to the descriptor limit at run time.
+	if def.Config.Conns != 0 || def.Config.Release != 30*time.Second || len(def.Config.Listeners) != 2 || len(def.Config.Targets) != 3 {
+		t.Errorf("defaults %+v", def.Config)
+	}
+	for _, bad := range [][]string{{"--conns", "-1"}, {"--hold", "0s"}, {"--parallel", "0"}, {"extra"}} {
+		if _, err := parseIdle(bad, io.Discard); !errors.Is(err, errUsage) {
+			t.Errorf("parseIdle(%q) = %v, want a usage error", bad, err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,12 +24,21 @@ import (
 	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
+	"github.com/tendril-net/tendril/internal/tlsreload"
 )
 
 // Config is tendril-ingress's configuration.
 type Config struct {
-	XDSAddress     string
-	NodeID         string
+	XDSAddress string
+	NodeID     string
+	// XDSCertFile, XDSKeyFile and XDSCAFile are the files of the xDS client's certificate, key and the CA bundle the server is
+	// verified against, re-read when they change; XDSServerName is the name the server's
+	// certificate must carry (empty: XDSAddress's host). XDSInsecure connects in plaintext
+	// instead (local use); one of the two is required.
+	XDSCertFile, XDSKeyFile, XDSCAFile string
+	XDSServerName                      string
+	XDSInsecure                        bool
+
 	SNIAddress     string
 	ProxyAddress   string
 	TunnelAddress  string
@@ -51,7 +61,12 @@ func main() {
 	var cfg Config
 	var verbosity int
 	flag.StringVar(&cfg.XDSAddress, "xds", "127.0.0.1:18000", "xDS server address (host:port)")
-	flag.StringVar(&cfg.NodeID, "node-id", "", "xDS node ID of this replica (default: the host name)")
+	flag.StringVar(&cfg.NodeID, "node-id", "", "xDS node ID of this replica (default: the host name); the server admits it only if it is the client certificate's common name or starts with it and a dash")
+	flag.StringVar(&cfg.XDSCertFile, "xds-cert-file", "", "xDS over mutual TLS: the client certificate (PEM chain), re-read when it changes")
+	flag.StringVar(&cfg.XDSKeyFile, "xds-key-file", "", "xDS over mutual TLS: the client certificate's key")
+	flag.StringVar(&cfg.XDSCAFile, "xds-ca-file", "", "xDS over mutual TLS: the CA bundle the server's certificate must chain to")
+	flag.StringVar(&cfg.XDSServerName, "xds-server-name", "", "xDS over mutual TLS: the name the server's certificate must carry (default: --xds's host)")
+	flag.BoolVar(&cfg.XDSInsecure, "xds-insecure", false, "connect to the xDS server in plaintext, unauthenticated (local use only; otherwise --xds-cert-file, --xds-key-file and --xds-ca-file are required)")
 	flag.StringVar(&cfg.SNIAddress, "sni-address", "", "address of the SNI passthrough listener (xDS listener \"sni\"); empty: not served")
 	flag.StringVar(&cfg.ProxyAddress, "proxy-address", "", "address of the PROXY-protocol and X-Gardener-Destination CONNECT listener (xDS listener \"proxy\"); empty: not served")
 	flag.StringVar(&cfg.TunnelAddress, "tunnel-address", "", "address of the Reversed-VPN CONNECT listener (xDS listener \"tunnel\"); empty: not served")
@@ -123,6 +138,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.DrainDelay < 0 || cfg.DrainTimeout < 0 {
 		return errors.New("--drain-delay and --drain-timeout must not be negative")
 	}
+	xc := xdsclient.Config{Address: cfg.XDSAddress, NodeID: cfg.NodeID}
+	tlsCfg, err := xdsTLS(cfg)
+	if err != nil {
+		return err
+	}
+	xc.TLS = tlsCfg
 	reg := probe.NewRegistry()
 	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending,
 		MaxPendingPerListener: cfg.MaxPendingPerListener, MaxPendingPerSource: cfg.MaxPendingPerSource, TrustedProxies: cfg.TrustedProxies,
@@ -151,7 +172,37 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	g.Go(func() error {
 		defer stopProbes()
-		return in.Run(gctx, xdsclient.Config{Address: cfg.XDSAddress, NodeID: cfg.NodeID})
+		return in.Run(gctx, xc)
 	})
 	return g.Wait()
+}
+
+// xdsTLS is the xDS client's TLS configuration: mutual TLS from the certificate files, or nil
+// with --xds-insecure. The files are read once here, so that a wrong path fails at start.
+func xdsTLS(cfg Config) (*tls.Config, error) {
+	f := &tlsreload.Files{Cert: cfg.XDSCertFile, Key: cfg.XDSKeyFile, CA: cfg.XDSCAFile, Log: cfg.Log.WithName("xds-tls")}
+	files := f.Cert != "" || f.Key != "" || f.CA != ""
+	switch {
+	case cfg.XDSInsecure && files:
+		return nil, errors.New("--xds-insecure and --xds-cert-file/--xds-key-file/--xds-ca-file exclude each other")
+	case cfg.XDSInsecure:
+		cfg.Log.Info("xDS in plaintext, unauthenticated (--xds-insecure)")
+		return nil, nil
+	case f.Cert == "" || f.Key == "" || f.CA == "":
+		return nil, errors.New("xDS runs over mutual TLS: give --xds-cert-file, --xds-key-file and --xds-ca-file (or --xds-insecure for local use)")
+	}
+	if _, err := f.Material(); err != nil {
+		return nil, fmt.Errorf("xDS client certificate: %w", err)
+	}
+	name := cfg.XDSServerName
+	if name == "" {
+		// The host of --xds: crypto/tls sends no server name for an IP address, and a name
+		// is what the server's certificate is checked against.
+		host, _, err := net.SplitHostPort(cfg.XDSAddress)
+		if err != nil {
+			return nil, fmt.Errorf("--xds %q: %w", cfg.XDSAddress, err)
+		}
+		name = host
+	}
+	return tlsreload.ClientConfig(f, name), nil
 }

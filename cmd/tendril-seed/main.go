@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -24,6 +25,7 @@ import (
 	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
+	"github.com/tendril-net/tendril/internal/tlsreload"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/source"
@@ -42,7 +44,13 @@ type Config struct {
 	Profiling bool
 	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
 	LBProxyProtocol bool
-	Log             logr.Logger
+	// XDSCertFile, XDSKeyFile and XDSCAFile are the xDS server's certificate, key and the CA
+	// bundle client certificates must chain to, re-read when they change. Required in route-file
+	// mode unless XDSInsecure; in Kubernetes mode they replace the secrets manager's.
+	XDSCertFile, XDSKeyFile, XDSCAFile string
+	// XDSInsecure serves xDS in plaintext, unauthenticated (local use).
+	XDSInsecure bool
+	Log         logr.Logger
 	// Kubernetes configures the control plane on Kubernetes, used when Routes is empty.
 	Kubernetes controlplane.Config
 }
@@ -53,12 +61,19 @@ func main() {
 	fs := flag.NewFlagSet("tendril-seed", flag.ExitOnError)
 	crconfig.RegisterFlags(fs) // --kubeconfig, read by ctrl.GetConfig
 	var verbosity int
+	k := &cfg.Kubernetes
 	fs.StringVar(&cfg.Routes, "routes", "", "route file (YAML: shoots: [{name, hosts, apiserver, advertisedAddress, vpnServer}]); re-read when it changes")
 	fs.StringVar(&cfg.XDSAddress, "xds-address", "127.0.0.1:18000", "address the xDS (ADS) gRPC server listens on")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:18080", "address for /metrics, /healthz and /readyz (empty: off)")
+	fs.StringVar(&cfg.XDSCertFile, "xds-cert-file", "", "xDS over mutual TLS: the server certificate (PEM chain), re-read when it changes (Kubernetes mode: default the secrets manager's)")
+	fs.StringVar(&cfg.XDSKeyFile, "xds-key-file", "", "xDS over mutual TLS: the server certificate's key")
+	fs.StringVar(&cfg.XDSCAFile, "xds-ca-file", "", "xDS over mutual TLS: the CA bundle client certificates must chain to")
+	fs.BoolVar(&cfg.XDSInsecure, "xds-insecure", false, "serve xDS in plaintext, unauthenticated (local use only): any client may read every route and claim any node ID")
+	fs.StringVar(&k.XDSSecrets.ServiceName, "xds-service", "tendril-xds", "Kubernetes mode: the xDS Service in --leader-election-namespace, whose names the secrets manager's server certificate carries")
+	fs.StringVar(&k.XDSSecrets.ClientSecret, "xds-client-secret", "tendril-xds-client", "Kubernetes mode: the Secret in --ingress-namespace that receives the ingress's xDS client certificate, key and CA bundle (tls.crt, tls.key, ca.crt)")
+	fs.StringVar(&k.XDSSecrets.ClientName, "xds-client-name", "tendril-ingress", "Kubernetes mode: common name of the ingress's xDS client certificate: the node IDs it may use are this name and this name followed by a dash")
 	fs.BoolVar(&cfg.LBProxyProtocol, "lb-proxy-protocol", false, "the seed's load balancer prepends its own PROXY header to every connection: every listener reads it first (tendril-ingress needs --trusted-proxy-cidr)")
 	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
-	k := &cfg.Kubernetes
 	// Kubernetes mode; flag names follow Gardener's extensions (--kubeconfig is registered by
 	// controller-runtime and read through ctrl.GetConfig).
 	fs.StringVar(&k.HealthAddress, "health-bind-address", ":8081", "Kubernetes mode: address for /healthz and /readyz (0: off)")
@@ -116,6 +131,7 @@ func main() {
 			os.Exit(2)
 		}
 		k.REST, k.XDSAddress, k.LBProxyProtocol, k.Log = rc, cfg.XDSAddress, cfg.LBProxyProtocol, cfg.Log
+		k.XDSInsecure = cfg.XDSInsecure
 		k.MetricsAddress = cfg.MetricsAddress // /metrics only: health is on --health-bind-address
 		if k.MetricsAddress == "" {
 			k.MetricsAddress = "0"
@@ -132,11 +148,27 @@ func main() {
 
 // Run serves the routes until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
+	files, err := xdsFiles(cfg)
+	if err != nil {
+		return err
+	}
 	if cfg.Routes == "" {
+		if files != nil {
+			cfg.Kubernetes.XDSCerts = files
+		}
 		return controlplane.Run(ctx, cfg.Kubernetes)
 	}
+	if files == nil && !cfg.XDSInsecure {
+		return errors.New("xDS runs over mutual TLS: give --xds-cert-file, --xds-key-file and --xds-ca-file (or --xds-insecure for local use)")
+	}
 	reg := probe.NewRegistry()
-	xs := server.New(server.Config{Log: cfg.Log.WithName("xds"), Registry: reg, Options: translate.Options{LBProxyProtocol: cfg.LBProxyProtocol}})
+	scfg := server.Config{Log: cfg.Log.WithName("xds"), Registry: reg, Options: translate.Options{LBProxyProtocol: cfg.LBProxyProtocol}}
+	if files != nil {
+		scfg.TLS, scfg.Authorize = tlsreload.ServerConfig(files), server.NodeOfCertificate
+	} else {
+		cfg.Log.Info("Serving xDS in plaintext, unauthenticated (--xds-insecure)")
+	}
+	xs := server.New(scfg)
 	var ready probe.Ready
 
 	xl, err := net.Listen("tcp", cfg.XDSAddress)
@@ -170,4 +202,22 @@ func Run(ctx context.Context, cfg Config) error {
 		})
 	})
 	return g.Wait()
+}
+
+// xdsFiles is the xDS server's certificate files, nil when none is given. They are read once
+// here, so that a wrong path fails at start.
+func xdsFiles(cfg Config) (*tlsreload.Files, error) {
+	f := &tlsreload.Files{Cert: cfg.XDSCertFile, Key: cfg.XDSKeyFile, CA: cfg.XDSCAFile, Log: cfg.Log.WithName("xds-tls")}
+	switch {
+	case f.Cert == "" && f.Key == "" && f.CA == "":
+		return nil, nil
+	case cfg.XDSInsecure:
+		return nil, errors.New("--xds-insecure and --xds-cert-file/--xds-key-file/--xds-ca-file exclude each other")
+	case f.Cert == "" || f.Key == "" || f.CA == "":
+		return nil, errors.New("--xds-cert-file, --xds-key-file and --xds-ca-file go together")
+	}
+	if _, err := f.Material(); err != nil {
+		return nil, fmt.Errorf("xDS server certificate: %w", err)
+	}
+	return f, nil
 }

@@ -7,6 +7,7 @@ package xdsclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -15,12 +16,14 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/go-logr/logr"
-	"google.golang.org/genproto/googleapis/rpc/status"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 )
 
 // MaxRecvMsgSize is the largest response accepted. The first cluster response at 10,000 shoots
@@ -57,8 +60,11 @@ type Config struct {
 	Log logr.Logger
 	// MinBackoff and MaxBackoff bound the wait between reconnects. If zero, 100 ms and 10 s.
 	MinBackoff, MaxBackoff time.Duration
-	// DialOptions are added to the gRPC dial (e.g. transport credentials). If none sets
-	// credentials, the connection is plaintext.
+	// TLS, when set, secures the connection (tlsreload.ClientConfig: mutual TLS with
+	// certificates re-read on every handshake). Nil: plaintext, unless DialOptions set
+	// credentials.
+	TLS *tls.Config
+	// DialOptions are added to the gRPC dial.
 	DialOptions []grpc.DialOption
 }
 
@@ -74,8 +80,12 @@ func Run(ctx context.Context, cfg Config, h Handler) error {
 	if maxB == 0 {
 		maxB = 10 * time.Second
 	}
+	creds := insecure.NewCredentials()
+	if cfg.TLS != nil {
+		creds = credentials.NewTLS(cfg.TLS)
+	}
 	opts := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
 		// gRPC's own connection backoff (1 s growing to 120 s) would override the client's: a
@@ -90,7 +100,7 @@ func Run(ctx context.Context, cfg Config, h Handler) error {
 	if err != nil {
 		return fmt.Errorf("xdsclient: %w", err)
 	}
-	defer conn.Close()
+	defer func() { conn.Close() }()
 	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
 
 	// known holds the version of every resource applied, per type, across reconnects.
@@ -115,6 +125,16 @@ func Run(ctx context.Context, cfg Config, h Handler) error {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(wait):
+		}
+		if c := status.Code(err); c == codes.PermissionDenied || c == codes.Unauthenticated {
+			// The server refused this client's identity: a new stream on the same connection
+			// would present the same certificate. A new connection handshakes again, with the
+			// certificate files as they are now (rotated, or fixed by the operator).
+			conn.Close()
+			if conn, err = grpc.NewClient(cfg.Address, opts...); err != nil {
+				return fmt.Errorf("xdsclient: %w", err)
+			}
+			ads = discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
 		}
 		backoff = min(2*backoff, maxB)
 	}
@@ -173,6 +193,6 @@ func nack(resp *discoveryv3.DeltaDiscoveryResponse, err error) *discoveryv3.Delt
 	return &discoveryv3.DeltaDiscoveryRequest{
 		TypeUrl:       resp.GetTypeUrl(),
 		ResponseNonce: resp.GetNonce(),
-		ErrorDetail:   &status.Status{Code: int32(codes.InvalidArgument), Message: err.Error()},
+		ErrorDetail:   &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: err.Error()},
 	}
 }

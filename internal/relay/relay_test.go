@@ -16,15 +16,15 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // pair returns both ends of a loopback TCP connection.
-func pair(t *testing.T) (client, server net.Conn) {
+func tcpPair(t *testing.T) (client, server net.Conn) {
 	t.Helper()
 	return testnet.TCPPair(t)
 }
 
 // relayed sets up client ⇄ (a | Pipe | b) ⇄ server over real sockets.
 func relayed(t *testing.T, idle time.Duration) (client, server net.Conn, done chan [2]int64) {
-	client, a := pair(t)
-	b, server := pair(t)
+	client, a := tcpPair(t)
+	b, server := tcpPair(t)
 	done = make(chan [2]int64, 1)
 	go func() {
 		x, y := Pipe(a, b, idle)
@@ -115,8 +115,8 @@ func (c readFromConn) ReadFrom(r io.Reader) (int64, error) {
 }
 
 func TestCopiesThroughItsOwnBuffer(t *testing.T) {
-	client, a := pair(t)
-	b, server := pair(t)
+	client, a := tcpPair(t)
+	b, server := tcpPair(t)
 	dst := readFromConn{Conn: b, used: new(atomic.Bool)}
 	done := make(chan struct{})
 	go func() {

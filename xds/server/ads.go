@@ -145,7 +145,7 @@ func (s *Server) changed(t string, names []string) {
 // the first Apply wait for it: a data plane reconnecting to a restarted control plane names what
 // it holds, and answering it from empty state would withdraw every shoot.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	g := grpc.NewServer(
+	g := grpc.NewServer(append(s.serverOptions(),
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		// grpc-go limits concurrent streams per connection to 100 by default; every ingress holds
 		// one ADS stream per connection, but Envoy with separate xDS streams may open several.
@@ -154,7 +154,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second, PermitWithoutStream: true}),
 		// Stop returns once every stream handler has, so that Serve can wait for their readers.
 		grpc.WaitForHandlers(true),
-	)
+	)...)
 	a := &ads{s: s}
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, a)
 
@@ -243,8 +243,14 @@ func (a *ads) DeltaAggregatedResources(st discoveryv3.AggregatedDiscoveryService
 	s := a.s
 	c := openStream(s, s.delta)
 	defer s.closeDelta(c)
+	auth := s.newAuthorizer(st.Context())
 	return serveStream(st.Context(), a, c.wake, st.Recv,
-		func(req *discoveryv3.DeltaDiscoveryRequest) error { return s.deltaRequested(c, req) },
+		func(req *discoveryv3.DeltaDiscoveryRequest) error {
+			if err := auth.check(req.GetNode()); err != nil {
+				return err
+			}
+			return s.deltaRequested(c, req)
+		},
 		func() []*discoveryv3.DeltaDiscoveryResponse { return s.nextDelta(c) },
 		st.Send)
 }
@@ -430,8 +436,14 @@ func (a *ads) StreamAggregatedResources(st discoveryv3.AggregatedDiscoveryServic
 		defer s.mu.Unlock()
 		delete(s.sotw, c.id)
 	}()
+	auth := s.newAuthorizer(st.Context())
 	return serveStream(st.Context(), a, c.wake, st.Recv,
-		func(req *discoveryv3.DiscoveryRequest) error { return s.sotwRequested(c, req) },
+		func(req *discoveryv3.DiscoveryRequest) error {
+			if err := auth.check(req.GetNode()); err != nil {
+				return err
+			}
+			return s.sotwRequested(c, req)
+		},
 		func() []*discoveryv3.DiscoveryResponse { return s.nextSotw(c) },
 		st.Send)
 }

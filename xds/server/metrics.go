@@ -14,6 +14,7 @@ type metrics struct {
 	acks          *prometheus.CounterVec
 	clients       prometheus.Gauge
 	unsupported   prometheus.Counter
+	refused       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -47,9 +48,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		unsupported: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tendril_xds_unsupported_requests_total", Help: "xDS requests for a resource type tendril does not serve, ignored.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_xds_refused_total", Help: "xDS clients refused: TLS handshakes by the client certificate (no_certificate, untrusted_certificate) and streams by their node (no_node, node_mismatch).",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.shoots, m.resources, m.changes, m.applyDuration, m.responses, m.sent, m.acks, m.clients, m.unsupported)
+		reg.MustRegister(m.shoots, m.resources, m.changes, m.applyDuration, m.responses, m.sent, m.acks, m.clients, m.unsupported, m.refused)
 	}
 	return m
 }

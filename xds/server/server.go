@@ -10,7 +10,9 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -21,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +54,13 @@ type Config struct {
 	VersionPrefix string
 	// Options shape the constant resources (translate.Options).
 	Options translate.Options
+	// TLS, when set, serves ADS over TLS with it; tlsreload.ServerConfig makes it mutual (auth.go).
+	// Nil: plaintext.
+	TLS *tls.Config
+	// Authorize, when set, admits each stream by the node its requests name (its first request
+	// must name one); a refusal ends the stream with PermissionDenied. NodeOfCertificate binds
+	// the node ID to the client certificate.
+	Authorize func(ctx context.Context, node *corev3.Node) error
 }
 
 // Server holds the current resources and serves them over ADS.
@@ -59,6 +69,9 @@ type Server struct {
 	opts    translate.Options
 	prefix  string
 	metrics *metrics
+	// tls and authorize are Config's (auth.go).
+	tls       *tls.Config
+	authorize func(context.Context, *corev3.Node) error
 
 	mu sync.Mutex
 	// shoots is the model last applied per shoot, to skip translating unchanged shoots.
@@ -107,6 +120,8 @@ func New(cfg Config) *Server {
 		delta:      make(map[int64]*deltaStream),
 		sotw:       make(map[int64]*sotwStream),
 		applied:    make(chan struct{}),
+		tls:        cfg.TLS,
+		authorize:  cfg.Authorize,
 	}
 	for _, t := range Types {
 		s.res[t] = make(map[string]resource)

@@ -82,6 +82,17 @@ func Mini(t *testing.T, mode harness.Mode, skip map[string]string) *harness.Repo
 			t.Errorf("%s c=%d: TTFB p50 %v p99 %v", r.Target, r.Concurrency, r.TTFB.P50, r.TTFB.P99)
 		}
 	}
+	// The data plane's CPU per new connection is measured for every peer;
+	// direct has no data plane and none.
+	cpu := map[string]float64{}
+	for _, r := range rep.Rate {
+		cpu[r.Target] += r.CPUPerConn
+	}
+	for _, name := range measured {
+		if (name == harness.TargetDirect) != (cpu[name] == 0) {
+			t.Errorf("%s: CPU per connection %.0f µs over the rate rows", name, cpu[name])
+		}
+	}
 	if len(rep.Upstreams) != Shoots {
 		t.Errorf("%d upstream stats, want %d", len(rep.Upstreams), Shoots)
 	}

@@ -2,6 +2,10 @@
 webhook library: gardener-extension-<name>); cluster-scoped objects follow CONV-03. */}}
 {{- define "tendril.seedName" -}}gardener-extension-tendril{{- end -}}
 {{- define "tendril.xdsService" -}}tendril-xds{{- end -}}
+{{- /* The ingress's xDS client certificate, key and CA bundle: tendril-seed's leader writes the
+Secret (--xds-client-secret), the ingress mounts it at tendril.xdsCertDir. */ -}}
+{{- define "tendril.xdsClientSecret" -}}tendril-xds-client{{- end -}}
+{{- define "tendril.xdsCertDir" -}}/etc/tendril/xds{{- end -}}
 {{- define "tendril.ingressName" -}}tendril-ingress{{- end -}}
 {{- define "tendril.clusterRoleName" -}}extensions.gardener.cloud:extension-tendril:tendril-seed{{- end -}}
 
