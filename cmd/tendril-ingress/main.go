@@ -120,6 +120,22 @@ func main() {
 // rollout (one replica at a time) without saving them.
 const DefaultDrainTimeout = 45 * time.Second
 
+// descriptorReserve are the descriptors the ingress needs besides its connections: listeners,
+// the xDS and metrics connections, the relay loops' epoll sets, stdio and the runtime's own.
+const descriptorReserve = 64
+
+// logCapacity logs how many relayed connections the open-file limit allows: each holds two
+// sockets (the client's and the upstream's). Go raised the soft limit to the hard one at start;
+// the hard one is the container runtime's (process_max_fds in the metrics).
+func logCapacity(log logr.Logger) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		log.Error(err, "Reading the open-file limit")
+		return
+	}
+	log.Info("Open-file limit", "limit", lim.Cur, "connections", (int64(lim.Cur)-descriptorReserve)/2)
+}
+
 // Run serves until ctx ends, then drains (ingress.Config.DrainDelay, DrainTimeout) and returns.
 // The probes are served through the drain, so /readyz reports it and /metrics can be scraped.
 func Run(ctx context.Context, cfg Config) error {
@@ -144,6 +160,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	xc.TLS = tlsCfg
+	logCapacity(cfg.Log)
 	reg := probe.NewRegistry()
 	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending,
 		MaxPendingPerListener: cfg.MaxPendingPerListener, MaxPendingPerSource: cfg.MaxPendingPerSource, TrustedProxies: cfg.TrustedProxies,

@@ -138,7 +138,7 @@ func (ls *Loops) JoinDialed(g *Group, a net.Conn, b *Socket, first []byte, idle 
 	}
 	b.closed = true
 	delete(l.dialing, int32(b.fd))
-	return l.join(g, fa, &sock{fd: b.fd, readable: b.readable, writable: true}, false, first, idle, done)
+	return l.join(g, fa, &sock{fd: b.fd, readable: b.readable, ended: b.ended, writable: true}, false, first, idle, done)
 }
 
 func (ls *Loops) pick() *loop { return ls.loops[ls.next.Add(1)%uint32(len(ls.loops))] }
@@ -204,7 +204,7 @@ type Socket struct {
 	result chan error
 	// Guarded by l.mu: readiness seen while dialing, and whether the socket has been handed on
 	// or closed.
-	readable, reported, closed bool
+	readable, ended, reported, closed bool
 }
 
 // Dial connects to addr from a non-blocking socket that one loop watches, without Go's poller:
@@ -283,6 +283,9 @@ func (d *Socket) Close() {
 func (l *loop) dialEvent(d *Socket, events uint32) {
 	if events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		d.readable = true
+	}
+	if events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		d.ended = true
 	}
 	if d.reported || events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) == 0 {
 		return
@@ -390,6 +393,10 @@ type sock struct {
 	fd                 int
 	p                  *pair
 	readable, writable bool
+	// ended: an event said the peer finished or failed (RDHUP, HUP, ERR). Until then a read
+	// shorter than the buffer has emptied the socket, and bytes arriving after it bring a new
+	// edge, so the loop does not read again just to be told EAGAIN (a third of the reads).
+	ended bool
 }
 
 // direction is one direction of a pair.
@@ -503,6 +510,9 @@ func (l *loop) handle(events []unix.EpollEvent, now time.Duration) {
 		if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 			s.readable = true
 		}
+		if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			s.ended = true
+		}
 		if ev.Events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 			s.writable = true
 		}
@@ -606,6 +616,9 @@ func (l *loop) move(p *pair, h *direction, budget *int, now time.Duration) bool 
 		}
 		*budget -= n
 		p.last = now
+		if n < len(l.buf) && !h.src.ended {
+			h.src.readable = false
+		}
 		data := l.buf[:n]
 		if h.dst.writable {
 			m, err := unix.Write(h.dst.fd, data)
