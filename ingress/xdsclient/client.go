@@ -111,12 +111,14 @@ func Run(ctx context.Context, cfg Config, h Handler) error {
 	backoff := minB
 	for {
 		start := time.Now()
-		err := stream(ctx, ads, cfg, known, h)
+		received, err := stream(ctx, ads, cfg, known, h)
 		if ctx.Err() != nil {
 			return nil
 		}
-		// A stream that lived a while was healthy: start the backoff over.
-		if time.Since(start) > maxB {
+		// A stream that got a response, or lived a while, was healthy: start the backoff over.
+		// Otherwise control-plane restarts a few seconds apart (a rollout, two leader changes)
+		// would find the client waiting up to MaxBackoff.
+		if received || time.Since(start) > maxB {
 			backoff = minB
 		}
 		wait := backoff/2 + rand.N(backoff/2+1) // jitter, so replicas do not reconnect in step
@@ -140,32 +142,35 @@ func Run(ctx context.Context, cfg Config, h Handler) error {
 	}
 }
 
-func stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClient, cfg Config, known map[string]map[string]string, h Handler) error {
+// stream subscribes and applies responses until the stream fails; received reports whether a
+// response arrived.
+func stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClient, cfg Config, known map[string]map[string]string, h Handler) (received bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := ads.DeltaAggregatedResources(ctx)
 	if err != nil {
-		return fmt.Errorf("open stream: %w", err)
+		return false, fmt.Errorf("open stream: %w", err)
 	}
 	node := &corev3.Node{Id: cfg.NodeID, Cluster: cfg.Cluster, UserAgentName: "tendril-ingress"}
 	for _, t := range cfg.Types {
 		req := &discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: t, InitialResourceVersions: known[t]}
 		if err := st.Send(req); err != nil {
-			return fmt.Errorf("subscribe %s: %w", t, err)
+			return received, fmt.Errorf("subscribe %s: %w", t, err)
 		}
 	}
 	cfg.Log.Info("xDS stream open", "address", cfg.Address, "node", cfg.NodeID)
 	for {
 		resp, err := st.Recv()
 		if err != nil {
-			return fmt.Errorf("receive: %w", err)
+			return received, fmt.Errorf("receive: %w", err)
 		}
+		received = true
 		t := resp.GetTypeUrl()
 		versions, ok := known[t]
 		if !ok {
 			// The server answered a type this client never asked for: refuse, keep going.
 			if err := st.Send(nack(resp, fmt.Errorf("type %s not subscribed", t))); err != nil {
-				return fmt.Errorf("send NACK: %w", err)
+				return received, fmt.Errorf("send NACK: %w", err)
 			}
 			continue
 		}
@@ -173,7 +178,7 @@ func stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClien
 		if err := h(u); err != nil {
 			cfg.Log.Info("Rejecting xDS response", "type", t, "nonce", resp.GetNonce(), "error", err.Error())
 			if err := st.Send(nack(resp, err)); err != nil {
-				return fmt.Errorf("send NACK: %w", err)
+				return received, fmt.Errorf("send NACK: %w", err)
 			}
 			continue
 		}
@@ -184,7 +189,7 @@ func stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClien
 			delete(versions, n)
 		}
 		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: t, ResponseNonce: resp.GetNonce()}); err != nil {
-			return fmt.Errorf("send ACK: %w", err)
+			return received, fmt.Errorf("send ACK: %w", err)
 		}
 	}
 }

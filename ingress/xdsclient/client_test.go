@@ -188,3 +188,44 @@ func TestReconnectsAtItsOwnPace(t *testing.T) {
 		}
 	}
 }
+
+// TestBackoffStartsOverAfterAResponse: control-plane restarts a few seconds apart (a rollout,
+// leader changes) find the client reconnecting at MinBackoff each time, because every stream got
+// a response; before, the wait doubled per restart towards MaxBackoff.
+func TestBackoffStartsOverAfterAResponse(t *testing.T) {
+	cache := cachev3.NewLinearCache(resourcev3.ListenerType)
+	if err := cache.UpdateResource("good", &listenerv3.Listener{Name: "good"}); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, cache, "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	const minB = 50 * time.Millisecond
+	go func() {
+		done <- Run(ctx, Config{Address: srv.addr, NodeID: "n1", Types: []string{resourcev3.ListenerType}, Log: testr.New(t),
+			MinBackoff: minB, MaxBackoff: 10 * time.Second}, func(Update) error { return nil })
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	addr := srv.addr
+	for restart := range 8 {
+		srv.next(t) // subscription
+		srv.next(t) // the ACK: the stream got its response
+		srv.stop()
+		srv = startServer(t, cache, addr)
+		start := time.Now()
+		srv.next(t)
+		// The wait is MinBackoff with jitter (at most minB), plus gRPC's own redial at
+		// MinBackoff; doubling would reach 50 ms × 2^7 = 6.4 s by the last restart.
+		if took := time.Since(start); took > 20*minB {
+			t.Fatalf("restart %d: the client came back after %v", restart, took)
+		}
+		// Put the first request back for the next round's subscription read.
+		srv.reqs <- &discoveryv3.DeltaDiscoveryRequest{}
+	}
+	srv.stop()
+}
