@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/testwait"
 )
 
 // idleConns is how many idle connections TestIdleConnectionsThroughTheIngress holds through one
@@ -139,7 +140,8 @@ func (p ingressProc) goroutines(t *testing.T) int {
 // TestIdleConnectionsThroughTheIngress holds idleConns TLS connections through one tendril-ingress
 // (binaries, real sockets), changes the routes four times while they idle, and checks that every
 // one still echoes, that each held two descriptors of the ingress and no goroutine, and that the
-// descriptors and goroutines are back to the idle baseline within 30 s of their close.
+// descriptors and goroutines go back to the idle baseline after their close (the time it took is
+// logged; tendril-bench idle reports it against the 30 s goal).
 func TestIdleConnectionsThroughTheIngress(t *testing.T) {
 	ca, err := testpki.NewCA("e2e CA")
 	if err != nil {
@@ -321,27 +323,13 @@ func TestIdleConnectionsThroughTheIngress(t *testing.T) {
 		conns[i].c = nil
 	}
 	closed := time.Now()
-	eventually30 := func(what string, f func() error) {
-		t.Helper()
-		deadline := closed.Add(30 * time.Second)
-		for {
-			err := f()
-			if err == nil {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s 30 s after the close: %v", what, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	eventually30("descriptors", func() error {
+	testwait.For(t, "descriptors back at the baseline", func() error {
 		if n := proc.fds(t); n > fdsBase {
 			return fmt.Errorf("%d fds open, %d at baseline", n, fdsBase)
 		}
 		return nil
 	})
-	eventually30("goroutines", func() error {
+	testwait.For(t, "goroutines back at the baseline", func() error {
 		if n := proc.goroutines(t); n > gBase+5 {
 			return fmt.Errorf("%d goroutines, %d at baseline", n, gBase)
 		}
@@ -351,7 +339,7 @@ func TestIdleConnectionsThroughTheIngress(t *testing.T) {
 	// The heap goes back once the ingress sees the peak has passed (it looks every 5 s). How much
 	// is reported, not asserted: what the Go runtime keeps after a peak (heap fragments, GC
 	// metadata) is not the relay's to control; tendril-bench idle compares it with HAProxy's.
-	eventually30("memory return", func() error {
+	testwait.For(t, "memory returned", func() error {
 		m, err := get("http://" + proc.metrics + "/metrics")
 		if err != nil {
 			return err

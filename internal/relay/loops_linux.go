@@ -38,23 +38,6 @@ type Loops struct {
 	once  sync.Once
 }
 
-// LoopsConfig configures Loops. The zero value works.
-type LoopsConfig struct {
-	// Loops is the number of event loops. If zero, GOMAXPROCS: each loop is one thread in
-	// epoll_wait or moving bytes, so more than the CPUs only adds switches.
-	Loops int
-}
-
-// Group is a set of pairs closed together (a listener's, on shutdown). The zero value is an
-// empty, open group.
-type Group struct {
-	open   atomic.Int64
-	closed atomic.Bool
-}
-
-// Len reports how many of the group's pairs are open.
-func (g *Group) Len() int { return int(g.open.Load()) }
-
 // loopBuffer is each loop's read buffer and the size of a direction's pending buffer: 64 KiB is
 // what one read of a TCP socket typically returns on a fast local path, so a bulk transfer moves
 // in few system calls, and at most one per direction is held by a stalled destination.
@@ -100,9 +83,6 @@ func NewLoops(cfg LoopsConfig) (*Loops, error) {
 	}
 	return ls, nil
 }
-
-// ErrClosed is returned by Join once the Loops or the group are closed.
-var ErrClosed = errors.New("relay loops closed")
 
 // Join hands a and b (TCP connections) to the loops and returns at once. From then on the loops
 // own them: the caller must not use a or b again (they are closed here; the loops move bytes on

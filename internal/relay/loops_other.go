@@ -4,11 +4,9 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -20,24 +18,6 @@ type Loops struct {
 	closed bool
 	wg     sync.WaitGroup
 }
-
-// LoopsConfig configures Loops. The zero value works.
-type LoopsConfig struct {
-	// Loops is ignored without epoll.
-	Loops int
-}
-
-// Group is a set of pairs closed together. The zero value is an empty, open group.
-type Group struct {
-	open   atomic.Int64
-	closed atomic.Bool
-}
-
-// Len reports how many of the group's pairs are open.
-func (g *Group) Len() int { return int(g.open.Load()) }
-
-// ErrClosed is returned by Join once the Loops or the group are closed.
-var ErrClosed = errors.New("relay loops closed")
 
 // NewLoops returns Loops.
 func NewLoops(LoopsConfig) (*Loops, error) {

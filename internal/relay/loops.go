@@ -1,0 +1,27 @@
+package relay
+
+import (
+	"errors"
+	"sync/atomic"
+)
+
+// LoopsConfig configures Loops. The zero value works.
+type LoopsConfig struct {
+	// Loops is the number of event loops. If zero, GOMAXPROCS: each loop is one goroutine
+	// moving bytes when its sockets are ready, so more than the CPUs only adds switches.
+	// Ignored without epoll (not Linux).
+	Loops int
+}
+
+// Group is a set of pairs closed together (a listener's, on shutdown). The zero value is an
+// empty, open group.
+type Group struct {
+	open   atomic.Int64
+	closed atomic.Bool
+}
+
+// Len reports how many of the group's pairs are open.
+func (g *Group) Len() int { return int(g.open.Load()) }
+
+// ErrClosed is returned by Join once the Loops or the group are closed.
+var ErrClosed = errors.New("relay loops closed")
