@@ -351,7 +351,16 @@ func testHighAvailability(t *testing.T, c client.Client) {
 	setConfig := func(raw string) {
 		t.Helper()
 		e := &extensionsv1alpha1.Extension{}
-		must(t, c.Get(ctx, client.ObjectKeyFromObject(ext), e))
+		// The last change's reconciliation must be over: ending, it removes the operation
+		// annotation from the live object, and would take this change's with it (gardenlet
+		// sets it once per change, too).
+		testwait.For(t, "the previous reconciliation's end", func() error {
+			must(t, c.Get(ctx, client.ObjectKeyFromObject(ext), e))
+			if op, ok := e.Annotations[v1beta1constants.GardenerOperation]; ok {
+				return fmt.Errorf("operation annotation %q still set", op)
+			}
+			return nil
+		})
 		patch := client.MergeFrom(e.DeepCopy())
 		e.Spec.ProviderConfig = &runtime.RawExtension{Raw: []byte(raw)}
 		// gardenlet asks for the reconciliation along with the change.
