@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -104,10 +105,11 @@ const (
 // (a pod that answers and hangs up) left the agent's endpoint in TIME-WAIT, and gVisor hands a
 // new SYN for the same addresses and ports to a listener only, never to the forwarder: when the
 // server's stack picked that source port again, its SYNs were dropped until TIME-WAIT ended
-// (tendril-bench tunnel saw 1 dial in 150-300 stall for its whole 5 s timeout). The server
-// picks ports at random from about 28,000, so the chance of a collision is the share of ports
-// closed within timeWait: at 200 dials/s, 4 ports in 20 ms, 0.014 % of dials, each delayed by
-// one SYN retransmission (1 s); 500 ms measured 18 such delays in 5,000 sequential dials.
+// (tendril-bench tunnel saw 1 dial in 150-300 stall for its whole 5 s timeout). With source
+// ports picked at random (gVisor's way), 20 ms still left a collision for the share of ports
+// closed within timeWait — at 3,000 dials/s, 60 of 49,536, 1 dial in 500-700 delayed by one SYN
+// retransmission (1 s) — so DialTCP takes ports in turn (bindNextPort), and a port comes back
+// only long after its TIME-WAIT ended.
 const timeWait = 20 * time.Millisecond
 
 // Keepalive for forwarded connections: an agent-side connection whose seed-side end vanished
@@ -160,6 +162,10 @@ type Stack struct {
 
 	dropped [numDropReasons]atomic.Uint64
 
+	// nextPort is the last ephemeral port offset DialTCP took (bindNextPort); it starts at
+	// random so that a restarted stack does not begin where its predecessor did.
+	nextPort atomic.Uint32
+
 	closeOnce sync.Once
 }
 
@@ -184,6 +190,7 @@ func New(cfg Config) (*Stack, error) {
 	for _, a := range cfg.Addresses {
 		s.own = append(s.own, a.Unmap())
 	}
+	s.nextPort.Store(rand.Uint32())
 	s.stack = stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
@@ -343,6 +350,10 @@ func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, err
 	if terr != nil {
 		return nil, opErr(errno(terr))
 	}
+	if terr := s.bindNextPort(ep); terr != nil {
+		ep.Close()
+		return nil, opErr(errno(terr))
+	}
 	entry, connected := waiter.NewChannelEntry(waiter.WritableEvents)
 	wq.EventRegister(&entry)
 	defer wq.EventUnregister(&entry)
@@ -362,6 +373,39 @@ func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, err
 	}
 	return gonet.NewTCPConn(wq, ep), nil
 }
+
+// bindNextPort binds ep to the next free port of the stack's ephemeral range, in turn, instead
+// of letting gVisor pick one at random for each connection.
+//
+// Why: the peer must not see a SYN for a connection whose previous incarnation it still holds in
+// TIME-WAIT. A forwarding peer (the agent) is left in TIME-WAIT whenever the pod closed first
+// (timeWait), and gVisor hands a SYN that hits a TIME-WAIT endpoint to a listener only, never to
+// the forwarder: the SYN is dropped and the dial waits one SYN retransmission (1 s). With random
+// ports a dial collides with one of the rate × timeWait ports in TIME-WAIT: at 3,000 dials/s to
+// one pod, 60 of 49,536 ports, 9 dials of 5,000 took 1 s (tunnel/wg
+// TestDialsAtHighRatePodClosesFirst). In turn, a port comes back only after the other 49,535
+// (gVisor's range 16000–65535): at 20 ms TIME-WAIT that is safe below 49,536 / 0.02 s ≈ 2.5
+// million dials per second. Ports still in use (a long-lived connection, a listener, an own
+// TIME-WAIT) are skipped, up to maxPortTries of them in a row; past those gVisor picks.
+func (s *Stack) bindNextPort(ep tcpip.Endpoint) tcpip.Error {
+	first, last := s.stack.PortRange()
+	n := uint32(last) - uint32(first) + 1
+	for range maxPortTries {
+		p := uint16(uint32(first) + s.nextPort.Add(1)%n)
+		terr := ep.Bind(tcpip.FullAddress{Port: p})
+		if terr == nil {
+			return nil
+		}
+		if _, inUse := terr.(*tcpip.ErrPortInUse); !inUse {
+			return terr
+		}
+	}
+	return nil
+}
+
+// maxPortTries bounds the ports bindNextPort tries for one dial: a run of this many ports in use
+// means most of the range is (49,536 ports), where gVisor's own search does no worse.
+const maxPortTries = 256
 
 // errno translates the stack's errors that have a socket errno, so that callers can tell a
 // refused connection from an unreachable or timed-out one with errors.Is.

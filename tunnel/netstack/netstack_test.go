@@ -475,3 +475,46 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestDialPortsInTurn: DialTCP takes source ports in turn, skipping one in use, so that a port
+// comes back only after the whole range (bindNextPort; tunnel/wg
+// TestDialsAtHighRatePodClosesFirst is the defect this prevents).
+func TestDialPortsInTurn(t *testing.T) {
+	a, b := pair(t, Config{Addresses: []netip.Addr{addrA}, MTU: 60000}, Config{Addresses: []netip.Addr{addrB}, MTU: 60000})
+	ln, err := b.Listen("tcp", ":7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testnet.Serve(t, ln, testnet.Echo)
+	first, last := a.stack.PortRange()
+	port := func(c net.Conn) uint16 { return c.LocalAddr().(*net.TCPAddr).AddrPort().Port() }
+	after := func(p uint16) uint16 {
+		if p == last {
+			return first
+		}
+		return p + 1
+	}
+	c0, err := dial(t, a, "tcp", "[fd00::2]:7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c0.Close()
+	// Hold the port after next with a listener: the next dial but one must skip it.
+	held := after(after(port(c0)))
+	hl, err := a.Listen("tcp", fmt.Sprintf(":%d", held))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hl.Close()
+	want := []uint16{after(port(c0)), after(held), after(after(held))}
+	for i, w := range want {
+		c, err := dial(t, a, "tcp", "[fd00::2]:7000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := port(c); got != w {
+			t.Errorf("dial %d from port %d, want %d (the first from %d, %d held)", i+1, got, w, port(c0), held)
+		}
+		c.Close()
+	}
+}
