@@ -726,8 +726,22 @@ func (s *stream) routineWrite() {
 		b.packetsOut.Add(uint64(n))
 		b.bytesOut.Add(uint64(len(buf) - n*frame.HeaderSize))
 		spare = buf
+		if len(buf) < smallWrite && cap(buf) > keepWriteBuf {
+			// The load that grew it is over: an idle stream keeps no large buffers (both
+			// go after two small writes) and a new load grows them again.
+			spare = nil
+		}
 	}
 }
+
+// An idle stream's write buffers: a write of fewer than smallWrite bytes (keepalives,
+// heartbeats, a lone small packet) drops a buffer larger than keepWriteBuf, which only a
+// load fills. Under load the two buffers stay (each maxPending plus a frame, or a whole Send
+// batch when one is larger: 549 KB after batches of 8 frames at MTU 60,000).
+const (
+	smallWrite   = 4 << 10
+	keepWriteBuf = 64 << 10
+)
 
 // detach ends the stream once: it leaves the Bind's set, its connection is closed (which ends
 // the reader), its endpoint's Done is closed and the reason is counted and logged.

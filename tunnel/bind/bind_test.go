@@ -632,3 +632,66 @@ func TestBufClass(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleStreamDropsLargeWriteBuffers: after a load, two small writes leave the stream's writer
+// without its large buffers (each maxPending plus a frame, or a larger batch: 549 KB here).
+func TestIdleStreamDropsLargeWriteBuffers(t *testing.T) {
+	a, b := tcpPair(t)
+	bindA, _ := openBind(t, Config{})
+	bindB, recvB := openBind(t, Config{})
+	epA, err := bindA.Attach(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bindB.Attach(b); err != nil {
+		t.Fatal(err)
+	}
+	// B's receiver takes everything, so A's writes never wait.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	stop := make(chan struct{})
+	defer close(stop)
+	wg.Go(func() {
+		packets := make([][]byte, DefaultBatchSize)
+		for i := range packets {
+			packets[i] = make([]byte, frame.MaxSize)
+		}
+		sizes := make([]int, DefaultBatchSize)
+		eps := make([]conn.Endpoint, DefaultBatchSize)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := recvB(packets, sizes, eps); err != nil {
+				return
+			}
+		}
+	})
+	big := make([][]byte, 8)
+	for i := range big {
+		big[i] = bytes.Repeat([]byte{byte(i)}, 60032)
+	}
+	sent := uint64(0)
+	for range 20 {
+		if err := bindA.Send(big, epA); err != nil {
+			t.Fatal(err)
+		}
+		sent += uint64(len(big))
+	}
+	for range 2 {
+		if err := bindA.Send([][]byte{{1, 2, 3}}, epA); err != nil {
+			t.Fatal(err)
+		}
+		sent++
+		waitFor(t, "the small write", func() bool { return bindA.Stats().PacketsOut == sent })
+	}
+	s := epA.s
+	s.wmu.Lock()
+	c := cap(s.pending)
+	s.wmu.Unlock()
+	if c > keepWriteBuf {
+		t.Fatalf("after two small writes the pending buffer holds %d bytes", c)
+	}
+}
