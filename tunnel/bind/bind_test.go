@@ -636,6 +636,9 @@ func TestBufClass(t *testing.T) {
 // TestIdleStreamDropsLargeWriteBuffers: after a load, two small writes leave the stream's writer
 // without its large buffers (each maxPending plus a frame, or a larger batch: 549 KB here).
 func TestIdleStreamDropsLargeWriteBuffers(t *testing.T) {
+	// The receiver below ends when B closes (at cleanup, which runs this one after it).
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
 	a, b := tcpPair(t)
 	bindA, _ := openBind(t, Config{})
 	bindB, recvB := openBind(t, Config{})
@@ -647,10 +650,6 @@ func TestIdleStreamDropsLargeWriteBuffers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// B's receiver takes everything, so A's writes never wait.
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	stop := make(chan struct{})
-	defer close(stop)
 	wg.Go(func() {
 		packets := make([][]byte, DefaultBatchSize)
 		for i := range packets {
@@ -659,11 +658,6 @@ func TestIdleStreamDropsLargeWriteBuffers(t *testing.T) {
 		sizes := make([]int, DefaultBatchSize)
 		eps := make([]conn.Endpoint, DefaultBatchSize)
 		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
 			if _, err := recvB(packets, sizes, eps); err != nil {
 				return
 			}
