@@ -65,16 +65,21 @@ const (
 	DefaultMaxStreams = 16
 
 	// DefaultStreamBuffers is how many received packets one stream may have waiting for
-	// WireGuard: one full ReceiveFunc batch (DefaultBatchSize) from a single stream. The
-	// reader refills as fast as WireGuard drains, so more would only hold more memory:
-	// 32 frames are 1.9 MB at the default MTU (60,032-byte frames), 46 KB at 1420.
+	// WireGuard: four ReceiveFunc batches (DefaultBatchSize) from a single stream, so the
+	// reader keeps reading while WireGuard takes a batch. More would only hold more memory
+	// under load: 32 frames are 1.9 MB at the default MTU (60,032-byte frames in 64 KiB
+	// pooled buffers: 2 MiB), 64 KiB at 1420; none once WireGuard took them.
 	DefaultStreamBuffers = 32
 
 	// DefaultBatchSize is how many packets one ReceiveFunc call returns at most and Send
-	// accepts. wireguard-go keeps BatchSize message buffers of 64 KiB per receive goroutine, so
-	// 32 costs 2 MiB where conn.IdealBatchSize (128) would cost 8 MiB, and with 60 KB packets
-	// a batch of 32 is already 1.9 MB.
-	DefaultBatchSize = 32
+	// accepts. wireguard-go keeps the device's batch size (the larger of the Bind's and the
+	// TUN's: netstack's is 4) in 64 KiB message buffers twice for as long as the device lives,
+	// in its receive goroutine and in its TUN reader, and a load leaves them resident: 8 holds
+	// 2 × 8 × 64 KiB = 1 MiB where 32 held 4 MiB (live in tendril-server's heap 60 s after a
+	// dial run) and conn.IdealBatchSize (128) would hold 16 MiB. With 60 KB packets a batch
+	// of 8 is 480 KB; tunnel/wg BenchmarkThroughput/forward-mtu-60000, alternating 5-op runs:
+	// 415–451 MB/s at 3.4–3.7 CPU ms per MB with 8, 286–482 MB/s at 3.2–3.5 with 32.
+	DefaultBatchSize = 8
 
 	// DefaultAuthTimeout is how long a stream may go unauthenticated. An agent's first packet
 	// on a new stream is a handshake initiation, answered within milliseconds; a WireGuard
