@@ -67,6 +67,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	tick := time.NewTicker(cfg.Every)
 	defer tick.Stop()
+	sample := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	allocated := func() uint64 { // bytes allocated on the heap since the process started
+		metrics.Read(sample)
+		return sample[0].Value.Uint64()
+	}
 	w := watcher{cfg: cfg, last: allocated()}
 	w.sinceRelease = w.last
 	for {
@@ -117,14 +122,4 @@ func (w *watcher) check(now uint64) bool {
 // released records a release that ended with the allocation count now.
 func (w *watcher) released(now uint64) {
 	w.last, w.sinceRelease = now, now
-}
-
-var allocsSample = []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-
-// allocated is the bytes allocated on the heap since the process started.
-func allocated() uint64 {
-	s := make([]metrics.Sample, 1)
-	copy(s, allocsSample)
-	metrics.Read(s)
-	return s[0].Value.Uint64()
 }
