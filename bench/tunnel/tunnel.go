@@ -50,6 +50,7 @@ import (
 // Target names, in report order.
 const (
 	TargetDirect              = "direct"
+	TargetTLSRelay            = "tls-relay"
 	TargetTendrilConnect      = "tendril-connect"
 	TargetTendrilGRPC         = "tendril-grpc"
 	TargetOpenVPN             = "openvpn"
@@ -58,7 +59,7 @@ const (
 )
 
 // Targets are all targets in report order.
-var Targets = []string{TargetDirect, TargetTendrilConnect, TargetTendrilGRPC, TargetOpenVPN,
+var Targets = []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetOpenVPN,
 	TargetKonnectivityGRPC, TargetKonnectivityConnect}
 
 // Directions of a transfer.

@@ -35,7 +35,7 @@ func TestRunMini(t *testing.T) {
 			t.Fatalf("%s/%s missing: run make build first", binDir, b)
 		}
 	}
-	targets := []string{TargetDirect, TargetTendrilConnect, TargetTendrilGRPC}
+	targets := []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC}
 	if (peers.OpenVPN{}).Check(context.Background()) == nil {
 		targets = append(targets, TargetOpenVPN)
 	} else {
@@ -56,7 +56,7 @@ func TestRunMini(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tr := range rep.Targets {
-		strict := tr.Name == TargetDirect || tr.Name == TargetTendrilConnect || tr.Name == TargetTendrilGRPC
+		strict := tr.Name == TargetDirect || tr.Name == TargetTLSRelay || tr.Name == TargetTendrilConnect || tr.Name == TargetTendrilGRPC
 		if tr.Skipped != "" {
 			if strict {
 				t.Errorf("%s skipped: %s", tr.Name, tr.Skipped)
@@ -78,12 +78,13 @@ func TestRunMini(t *testing.T) {
 			if b.Bytes <= 0 || strict && b.Errors > 0 {
 				t.Errorf("%s bulk %s ×%d: %d bytes, %d errors (%s)", tr.Name, b.Direction, b.Conns, b.Bytes, b.Errors, b.FirstError)
 			}
-			// The data path's CPU: none of its own for direct, some for tendril's, which moved
+			// The data path's CPU: none of its own for direct and the TLS relays (in this
+			// process), some for tendril's, which moved
 			// megabytes through three processes in the window.
 			if len(b.RoundMBps) != 2 {
 				t.Errorf("%s bulk %s ×%d: round figures %v, want 2", tr.Name, b.Direction, b.Conns, b.RoundMBps)
 			}
-			if strict && (tr.Name == TargetDirect) != (b.CPUPerMB == 0) {
+			if strict && (tr.Name == TargetDirect || tr.Name == TargetTLSRelay) != (b.CPUPerMB == 0) {
 				t.Errorf("%s bulk %s ×%d: %.3f CPU ms per MB", tr.Name, b.Direction, b.Conns, b.CPUPerMB)
 			}
 		}
