@@ -79,8 +79,8 @@ func TestRunMini(t *testing.T) {
 				t.Errorf("%s bulk %s ×%d: %d bytes, %d errors (%s)", tr.Name, b.Direction, b.Conns, b.Bytes, b.Errors, b.FirstError)
 			}
 			// The data path's CPU: none of its own for direct and the TLS relays (in this
-			// process), some for tendril's, which moved
-			// megabytes through three processes in the window.
+			// process), some for tendril's, which moved megabytes through three processes in
+			// the window.
 			if len(b.RoundMBps) != 2 {
 				t.Errorf("%s bulk %s ×%d: round figures %v, want 2", tr.Name, b.Direction, b.Conns, b.RoundMBps)
 			}
