@@ -62,7 +62,9 @@ func (b *recordBatcher) Read(p []byte) (int, error) {
 const readAheadSize = 128 << 10
 
 // readAheads are readAhead's buffers, held only while they hold bytes: an idle connection
-// keeps none.
+// keeps none. Bound: one per CONNECT connection reading at the moment (at most the connections
+// open, themselves bounded by Config.MaxConcurrentDials while dialing); what a load leaves in
+// the pool goes with the next two GCs, which internal/idlemem runs once the server is idle.
 var readAheads = sync.Pool{New: func() any { return new([readAheadSize]byte) }}
 
 // readAhead is the socket under a TLS server connection. It takes in everything the socket

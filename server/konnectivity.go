@@ -48,7 +48,8 @@ const dataChunk = 128 << 10
 
 // dataBuffers are the readers' buffers, reused across connections: allocating and zeroing
 // 128 KiB per dial cost 2.77–3.00 against 2.37–2.80 CPU ms per dial pooled (tendril-bench
-// tunnel, tendril-grpc, 32 dial workers, 3 alternating pairs).
+// tunnel, tendril-grpc, 32 dial workers, 3 alternating pairs). Bound: one per open gRPC
+// tunnel; what a load leaves in the pool goes with the next two GCs (internal/idlemem).
 var dataBuffers = sync.Pool{New: func() any { return new([dataChunk]byte) }}
 
 // Proxy serves one gRPC stream: DIAL_REQ → dial through the tunnel → DIAL_RSP; DATA both ways;

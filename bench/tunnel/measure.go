@@ -120,6 +120,13 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 	if s.agent != nil {
 		res.Server.Peak = peakOf(s.servers[0])
 		res.Agent.Peak = peakOf(s.agent)
+		if r.cfg.Settle > 0 && harness.SleepCtx(ctx, r.cfg.Settle) {
+			res.Server.AfterRSS = memOf(s.servers[0]).IdleRSS
+			res.Agent.AfterRSS = memOf(s.agent).IdleRSS
+			r.logf("%s: RSS %v after the load: %s %s (peak %s), %s %s (peak %s)", s.name, r.cfg.Settle,
+				res.Server.Process, fmtMiB(res.Server.AfterRSS), fmtMiB(res.Server.Peak),
+				res.Agent.Process, fmtMiB(res.Agent.AfterRSS), fmtMiB(res.Agent.Peak))
+		}
 	}
 }
 
@@ -225,6 +232,9 @@ func (r *runner) measureTarget(ctx context.Context, t *TargetResult, d dialFunc)
 		return nil
 	}
 	for _, dir := range []string{ToShoot, FromShoot} {
+		if r.cfg.DialsOnly {
+			break
+		}
 		for _, n := range r.cfg.Conns {
 			b, err := rounds(r.cfg.Rounds, func() (BulkResult, error) { return r.bulk(ctx, d, dir, n) }, bulkFigure)
 			if err != nil {
@@ -240,9 +250,12 @@ func (r *runner) measureTarget(ctx context.Context, t *TargetResult, d dialFunc)
 			return err
 		}
 		t.Dial = append(t.Dial, dr)
-		r.logf("%s: dials ×%d: %.0f/s, p50 %.2f ms, p99 %.2f ms%s", t.Name, n, dr.PerSec, dr.P50, dr.P99, fmtErrLog(dr.Errors, dr.FirstError))
+		r.logf("%s: dials ×%d: %.0f/s, p50 %.2f ms, p99 %.2f ms, worst %.1f ms%s", t.Name, n, dr.PerSec, dr.P50, dr.P99, dr.Max, fmtErrLog(dr.Errors, dr.FirstError))
 	}
 	for _, dir := range []string{ToShoot, FromShoot} {
+		if r.cfg.DialsOnly {
+			break
+		}
 		h, err := rounds(r.cfg.Rounds, func() (HOLResult, error) { return r.hol(ctx, d, dir) }, holFigure)
 		if err != nil {
 			return err
@@ -469,7 +482,7 @@ func (r *runner) dials(ctx context.Context, d dialFunc, workers int) (DialResult
 	}
 	phase.Store(phaseMeasure)
 	t0, c0 := time.Now(), r.cpuNow()
-	ok := harness.SleepCtx(ctx, r.cfg.Duration)
+	ok := harness.SleepCtx(ctx, r.cfg.DialDuration)
 	phase.Store(phaseStop)
 	t1, c1 := time.Now(), r.cpuNow()
 	stop()
@@ -481,7 +494,7 @@ func (r *runner) dials(ctx context.Context, d dialFunc, workers int) (DialResult
 		h.Merge(&hs[i])
 	}
 	res := DialResult{Workers: workers, Dials: int64(h.Count()), Seconds: t1.Sub(t0).Seconds(),
-		P50: ms(h.Percentile(0.5)), P90: ms(h.Percentile(0.9)), P99: ms(h.Percentile(0.99))}
+		P50: ms(h.Percentile(0.5)), P90: ms(h.Percentile(0.9)), P99: ms(h.Percentile(0.99)), Max: ms(h.Max())}
 	res.PerSec = float64(res.Dials) / res.Seconds
 	if c0 >= 0 && res.Dials > 0 {
 		res.CPUPerDial = ms(c1-c0) / float64(res.Dials)

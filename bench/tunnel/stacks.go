@@ -49,6 +49,8 @@ type stack struct {
 	// part of the data path's CPU.
 	viaIngress bool
 	config     string
+	// closers stop what the stack runs inside this process (the TLS relays).
+	closers []io.Closer
 }
 
 // cpu returns a function summing the CPU time of the stack's own processes (seed side, shoot
@@ -81,6 +83,10 @@ func (s *stack) stop() {
 		_ = p.Stop()
 	}
 	s.servers = nil
+	for _, c := range s.closers {
+		_ = c.Close()
+	}
+	s.closers = nil
 }
 
 // ports are allocated before the ingress starts: its route file names the
@@ -113,6 +119,7 @@ func (r *runner) stacks() []*stack {
 		}
 	}
 	add(r.directStack(), TargetDirect)
+	add(r.tlsRelayStack(), TargetTLSRelay)
 	add(r.tendrilStack(), TargetTendrilConnect, TargetTendrilGRPC)
 	add(r.openvpnStack(), TargetOpenVPN)
 	add(r.konnectivityStack("grpc", TargetKonnectivityGRPC), TargetKonnectivityGRPC)

@@ -50,6 +50,7 @@ import (
 // Target names, in report order.
 const (
 	TargetDirect              = "direct"
+	TargetTLSRelay            = "tls-relay"
 	TargetTendrilConnect      = "tendril-connect"
 	TargetTendrilGRPC         = "tendril-grpc"
 	TargetOpenVPN             = "openvpn"
@@ -58,7 +59,7 @@ const (
 )
 
 // Targets are all targets in report order.
-var Targets = []string{TargetDirect, TargetTendrilConnect, TargetTendrilGRPC, TargetOpenVPN,
+var Targets = []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetOpenVPN,
 	TargetKonnectivityGRPC, TargetKonnectivityConnect}
 
 // Directions of a transfer.
@@ -81,6 +82,15 @@ type Config struct {
 	// DialWorkers are the concurrency levels of the dial test; nil means
 	// 1 (latency) and 32 (rate).
 	DialWorkers []int
+	// DialDuration is the window of each dial test; 0 means Duration. A lost SYN costs a dial
+	// 1 s, so finding one in 10,000 needs windows of tens of seconds, where the bulk tests
+	// need none.
+	DialDuration time.Duration
+	// DialsOnly skips the bulk and head-of-line tests.
+	DialsOnly bool
+	// Settle, if not 0, is how long after the last measurement of a stack its processes' RSS
+	// is read once more (ProcMemory.AfterRSS): whether the memory of the load comes back.
+	Settle time.Duration
 	// UpRuns is how often each stack's agent is started for the up-time
 	// figure; 0 means 3.
 	UpRuns int
@@ -121,6 +131,9 @@ func (c *Config) setDefaults() {
 	if c.DialWorkers == nil {
 		c.DialWorkers = []int{1, 32}
 	}
+	if c.DialDuration == 0 {
+		c.DialDuration = c.Duration
+	}
 	if c.UpRuns == 0 {
 		c.UpRuns = 3
 	}
@@ -140,6 +153,8 @@ func (c *Config) validate() error {
 		}
 	}
 	check(c.Duration > 0, "duration %v: want > 0", c.Duration)
+	check(c.DialDuration > 0, "dial duration %v: want > 0", c.DialDuration)
+	check(c.Settle >= 0 && c.Settle <= 10*time.Minute, "settle %v: want 0..10m", c.Settle)
 	check(c.Warmup >= 0, "warm-up %v: want ≥ 0", c.Warmup)
 	check(c.UpRuns >= 1 && c.UpRuns <= 100, "up runs %d: want 1..100", c.UpRuns)
 	check(c.Rounds >= 1 && c.Rounds <= 20, "rounds %d: want 1..20", c.Rounds)

@@ -20,6 +20,7 @@ import (
 	"github.com/tendril-net/tendril/agent/apiserverproxy"
 	"github.com/tendril-net/tendril/agent/vpn"
 	"github.com/tendril-net/tendril/internal/buildinfo"
+	"github.com/tendril-net/tendril/internal/idlemem"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/netflag"
 	"github.com/tendril-net/tendril/internal/probe"
@@ -141,6 +142,8 @@ func RunVPN(ctx context.Context, cfg VPNConfig) error {
 		return err
 	}
 	g.Go(func() error { return agent.Run(ctx) })
+	// The memory of a load back to the system once it is over (idlemem).
+	g.Go(func() error { return idlemem.Run(ctx, idlemem.Config{}) })
 	return g.Wait()
 }
 

@@ -29,6 +29,9 @@ func parseTunnel(args []string, stderr io.Writer) (*tunnelCommand, error) {
 	fs.DurationVar(&c.Config.Warmup, "warmup", 500*time.Millisecond, "warm-up before each measurement window")
 	fs.Var(&conns, "conns", "comma-separated connection counts of the bulk test")
 	fs.Var(&workers, "dial-workers", "comma-separated concurrency levels of the dial test")
+	fs.DurationVar(&c.Config.DialDuration, "dial-duration", 0, "window of each dial test (default: --duration); ~40 s for 20,000 dials")
+	fs.BoolVar(&c.Config.DialsOnly, "dials-only", false, "measure dials only: no bulk or head-of-line tests")
+	fs.DurationVar(&c.Config.Settle, "settle", 0, "read each stack's RSS again this long after its last measurement (e.g. 60s; 0: not measured)")
 	fs.IntVar(&c.Config.UpRuns, "up-runs", 3, "agent starts per stack for the tunnel up time (median)")
 	fs.IntVar(&c.Config.Rounds, "rounds", 1, "repeat each measurement this often in a row and report the median round (1..20)")
 	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with the tendril binaries (make build)")
@@ -38,8 +41,9 @@ func parseTunnel(args []string, stderr io.Writer) (*tunnelCommand, error) {
 	if err := c.parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	if c.Config.Duration <= 0 || c.Config.Warmup < 0 || c.Config.UpRuns < 1 || c.Config.Rounds < 1 || c.Config.Rounds > 20 {
-		return nil, fmt.Errorf("%w: --duration must be > 0, --warmup ≥ 0, --up-runs ≥ 1, --rounds 1..20", errUsage)
+	if c.Config.Duration <= 0 || c.Config.Warmup < 0 || c.Config.UpRuns < 1 || c.Config.Rounds < 1 || c.Config.Rounds > 20 ||
+		c.Config.DialDuration < 0 || c.Config.Settle < 0 {
+		return nil, fmt.Errorf("%w: --duration must be > 0, --warmup ≥ 0, --up-runs ≥ 1, --rounds 1..20, --dial-duration and --settle ≥ 0", errUsage)
 	}
 	c.Config.Targets, c.Config.Conns, c.Config.DialWorkers = targets, conns, workers
 	c.Config.Konnectivity = konnectivity.Dial

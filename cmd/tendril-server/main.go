@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/tendril-net/tendril/internal/buildinfo"
+	"github.com/tendril-net/tendril/internal/idlemem"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/netflag"
 	"github.com/tendril-net/tendril/internal/probe"
@@ -221,6 +222,21 @@ func Run(ctx context.Context, cfg Config) error {
 			return nil
 		})
 	}
+	// The memory of a load back to the system once it is over (idlemem). tendril-bench tunnel,
+	// 20–40 s of dials at 32 workers, RSS 60 s after the load: 78.6 MiB before, 20.5–22.4 MiB
+	// with this and the tunnel's fixes (idle 7.7–13.4 MiB, peak 55–60 MiB; what stays is the Go
+	// runtime's metadata for the peak heap and code pages, the live heap is ~2 MB).
+	g.Go(func() error {
+		return idlemem.Run(ctx, idlemem.Config{Released: func() {
+			// The load faulted in code that an idle server does not run (TLS handshakes,
+			// the front-ends' and the netstack's paths): drop it again, as after start-up.
+			if cfg.ReleaseStartupPages {
+				if _, err := releaseStartupPages(); err != nil {
+					cfg.Log.V(1).Info("Releasing the binary's pages failed (memory only)", "error", err.Error())
+				}
+			}
+		}})
+	})
 	cfg.Log.Info("Serving", "tunnel", tl.Addr().String(), "connect", cfg.ConnectAddress, "grpc", cfg.GRPCAddress, "shootCIDRs", fmt.Sprint(cfg.ShootCIDRs))
 	return g.Wait()
 }

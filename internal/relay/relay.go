@@ -24,7 +24,10 @@ const bufferSize = 128 << 10
 
 // buffers are the copy buffers, reused across connections: every connection through a tunnel
 // needs two, and allocating (and zeroing) 256 KiB per dial was 5–6% of tendril-server's CPU in a
-// dial-rate benchmark.
+// dial-rate benchmark. Bound: two per relayed connection that cannot splice, for as long as it
+// is open, so at most 2 × 128 KiB × the connections open at once; a sync.Pool keeps no more
+// than were in use at once, and drops them over two garbage collections (tendril-server and
+// tendril-agent run those once a load is over: internal/idlemem).
 var buffers = sync.Pool{New: func() any { return new([bufferSize]byte) }}
 
 // Pipe copies a to b and b to a until both directions have ended, half-closing each write side

@@ -6,8 +6,8 @@
 // anything (WireGuard does) or retry: a stream that fails is detached, and the side that dialed
 // it dials again.
 //
-// Receive path: one reader goroutine per stream reads frames into that stream's own buffers
-// (at most Config.StreamBuffers of them) and queues them; the device's ReceiveFunc copies them
+// Receive path: one reader goroutine per stream reads frames into pooled buffers (at most
+// Config.StreamBuffers at once per stream) and queues them; the device's ReceiveFunc copies them
 // out in batches. A stream whose buffers are all queued waits for WireGuard to take them before
 // it reads more: backpressure on that stream's TCP flow, never a drop. Drops would only make
 // the inner TCP connections retransmit across a transport that is already reliable, and a
@@ -65,16 +65,21 @@ const (
 	DefaultMaxStreams = 16
 
 	// DefaultStreamBuffers is how many received packets one stream may have waiting for
-	// WireGuard: one full ReceiveFunc batch (DefaultBatchSize) from a single stream. The
-	// reader refills as fast as WireGuard drains, so more would only hold more memory:
-	// 32 frames are 1.9 MB at the default MTU (60,032-byte frames), 46 KB at 1420.
+	// WireGuard: four ReceiveFunc batches (DefaultBatchSize) from a single stream, so the
+	// reader keeps reading while WireGuard takes a batch. More would only hold more memory
+	// under load: 32 frames are 1.9 MB at the default MTU (60,032-byte frames in 64 KiB
+	// pooled buffers: 2 MiB), 64 KiB at 1420; none once WireGuard took them.
 	DefaultStreamBuffers = 32
 
 	// DefaultBatchSize is how many packets one ReceiveFunc call returns at most and Send
-	// accepts. wireguard-go keeps BatchSize message buffers of 64 KiB per receive goroutine, so
-	// 32 costs 2 MiB where conn.IdealBatchSize (128) would cost 8 MiB, and with 60 KB packets
-	// a batch of 32 is already 1.9 MB.
-	DefaultBatchSize = 32
+	// accepts. wireguard-go keeps the device's batch size (the larger of the Bind's and the
+	// TUN's: netstack's is 4) in 64 KiB message buffers twice for as long as the device lives,
+	// in its receive goroutine and in its TUN reader, and a load leaves them resident: 8 holds
+	// 2 × 8 × 64 KiB = 1 MiB where 32 held 4 MiB (live in tendril-server's heap 60 s after a
+	// dial run) and conn.IdealBatchSize (128) would hold 16 MiB. With 60 KB packets a batch
+	// of 8 is 480 KB; tunnel/wg BenchmarkThroughput/forward-mtu-60000, alternating 5-op runs:
+	// 415–451 MB/s at 3.4–3.7 CPU ms per MB with 8, 286–482 MB/s at 3.2–3.5 with 32.
+	DefaultBatchSize = 8
 
 	// DefaultAuthTimeout is how long a stream may go unauthenticated. An agent's first packet
 	// on a new stream is a handshake initiation, answered within milliseconds; a WireGuard
@@ -126,7 +131,8 @@ type Config struct {
 	// 0 means DefaultStreamBuffers. The worst-case memory of a Bind's streams is
 	// MaxStreams × (StreamBuffers × MaxFrameSize + 2 × maxPending + a 64 KiB read buffer):
 	// 16 × (32 × 64 KiB + 512 KiB + 64 KiB) = 41 MiB with the defaults and frame.MaxSize, less
-	// for a smaller MTU. Buffers grow only to what a stream actually used.
+	// for a smaller MTU. The buffers are pooled (getBuf), held only while a packet waits for
+	// WireGuard, and sized to the frame's power of two (2 KiB at MTU 1420).
 	StreamBuffers int
 	// BatchSize is the Bind's BatchSize. 0 means DefaultBatchSize.
 	BatchSize int
@@ -517,6 +523,7 @@ func (b *Bind) receive(closed <-chan struct{}, queue <-chan *packet, packets [][
 		eps[n] = p.home.ep
 		b.packetsIn.Add(1)
 		b.bytesIn.Add(uint64(p.n))
+		p.release()
 		p.home.free <- p // never blocks: free holds every packet of its stream
 		n++
 		if n == len(packets) {
@@ -542,12 +549,21 @@ func (b *Bind) Send(bufs [][]byte, ep conn.Endpoint) error {
 	return e.s.send(bufs)
 }
 
-// packet is one received frame in a buffer owned by one stream. It travels free → reader →
-// queue → ReceiveFunc → free.
+// packet is one received frame, a slot of one stream (StreamBuffers of them) that holds a
+// pooled buffer while it is queued. It travels free → reader → queue → ReceiveFunc → free.
 type packet struct {
-	buf  []byte
-	n    int
-	home *stream
+	buf    []byte
+	pooled *[]byte // buf's pool entry (getBuf)
+	n      int
+	home   *stream
+}
+
+// release returns the packet's buffer to its pool.
+func (p *packet) release() {
+	if p.pooled != nil {
+		putBuf(p.pooled)
+	}
+	p.buf, p.pooled = nil, nil
 }
 
 // stream is one attached connection.
@@ -599,13 +615,13 @@ func (s *stream) routineRead() {
 		case <-s.done:
 			return
 		}
-		if cap(p.buf) < n {
-			// Grows at most StreamBuffers times per stream in steady state: buffers keep
-			// the largest size they have held.
-			p.buf = make([]byte, n)
-		}
+		// The buffer comes from the shared pools and goes back once WireGuard copied the
+		// packet out (receive): a stream keeps packet slots, not memory, between frames.
+		p.pooled = getBuf(n)
+		p.buf = *p.pooled
 		p.n, err = fr.ReadFrame(p.buf[:cap(p.buf)])
 		if err != nil {
+			p.release()
 			s.free <- p
 			s.readFailed(err)
 			return
@@ -715,8 +731,22 @@ func (s *stream) routineWrite() {
 		b.packetsOut.Add(uint64(n))
 		b.bytesOut.Add(uint64(len(buf) - n*frame.HeaderSize))
 		spare = buf
+		if len(buf) < smallWrite && cap(buf) > keepWriteBuf {
+			// The load that grew it is over: an idle stream keeps no large buffers (both
+			// go after two small writes) and a new load grows them again.
+			spare = nil
+		}
 	}
 }
+
+// An idle stream's write buffers: a write of fewer than smallWrite bytes (keepalives,
+// heartbeats, a lone small packet) drops a buffer larger than keepWriteBuf, which only a
+// load fills. Under load the two buffers stay (each maxPending plus a frame, or a whole Send
+// batch when one is larger: 549 KB after batches of 8 frames at MTU 60,000).
+const (
+	smallWrite   = 4 << 10
+	keepWriteBuf = 64 << 10
+)
 
 // detach ends the stream once: it leaves the Bind's set, its connection is closed (which ends
 // the reader), its endpoint's Done is closed and the reason is counted and logged.
@@ -853,3 +883,42 @@ func (e *Endpoint) DstIP() netip.Addr { return e.dstIP }
 func (e *Endpoint) SrcIP() netip.Addr { return netip.Addr{} }
 
 func (e *Endpoint) String() string { return e.DstToString() }
+
+// Receive buffers are pooled by size class, powers of two from minBufShift (2 KiB: a frame at
+// MTU 1420) to maxBufShift (64 KiB: frame.MaxSize), and shared by all streams. Before, each
+// stream kept up to StreamBuffers buffers of the largest size it had read for as long as it
+// lived: 1.9 MB per stream at MTU 60,000 after any load, resident for good. Pooled, the buffers
+// in use are still bounded by the streams' slots (MaxStreams × StreamBuffers), and those left
+// in the pools after a load go with the garbage collector's next two cycles (internal/idlemem
+// runs them once the process is idle). A buffer is at most twice its frame.
+const (
+	minBufShift = 11
+	maxBufShift = 16
+)
+
+var bufPools [maxBufShift - minBufShift + 1]sync.Pool
+
+// bufClass is the pool index for a frame of n bytes (n ≤ 1 << maxBufShift).
+func bufClass(n int) int {
+	c := 0
+	for n > 1<<(minBufShift+c) {
+		c++
+	}
+	return c
+}
+
+// getBuf returns a buffer with a capacity of at least n bytes (n ≤ frame.MaxSize), its
+// contents undefined, to be given back with putBuf.
+func getBuf(n int) *[]byte {
+	c := bufClass(n)
+	if b, ok := bufPools[c].Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 1<<(minBufShift+c))
+	return &b
+}
+
+// putBuf returns a buffer from getBuf to its pool.
+func putBuf(b *[]byte) {
+	bufPools[bufClass(cap(*b))].Put(b)
+}

@@ -580,3 +580,112 @@ func TestSendWaitsForRoom(t *testing.T) {
 		t.Fatalf("waiting Send after the stream ended: got %v, want ErrDetached", err)
 	}
 }
+
+// TestReceivedBuffersGoBack: once WireGuard has taken a stream's packets, the stream holds no
+// buffers: its slots are empty and the memory is the pools' (which the garbage collector
+// empties). Streams used to keep each slot's largest buffer for as long as they lived, 1.9 MB
+// per stream after a load at MTU 60,000.
+func TestReceivedBuffersGoBack(t *testing.T) {
+	a, b := tcpPair(t)
+	bindA, _ := openBind(t, Config{})
+	bindB, recvB := openBind(t, Config{})
+	epA, err := bindA.Attach(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	epB, err := bindB.Attach(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3 * DefaultStreamBuffers // every slot used, more than once
+	for i := range n {
+		if err := bindA.Send([][]byte{bytes.Repeat([]byte{byte(i)}, 60032)}, epA); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for got := 0; got < n; {
+		ps, _ := receive(t, recvB, DefaultBatchSize)
+		for _, p := range ps {
+			if len(p) != 60032 || p[0] != byte(got) {
+				t.Fatalf("packet %d: %d bytes of %d", got, len(p), p[0])
+			}
+			got++
+		}
+	}
+	s := epB.s
+	waitFor(t, "every slot back", func() bool { return len(s.free) == DefaultStreamBuffers })
+	for range DefaultStreamBuffers {
+		p := <-s.free
+		if p.buf != nil || p.pooled != nil {
+			t.Fatalf("an idle slot holds a buffer of %d bytes", cap(p.buf))
+		}
+		s.free <- p
+	}
+}
+
+func TestBufClass(t *testing.T) {
+	for _, tc := range []struct{ n, size int }{{1, 2048}, {2048, 2048}, {2049, 4096}, {60032, 65536}, {frame.MaxSize, 65536}} {
+		if b := getBuf(tc.n); cap(*b) != tc.size {
+			t.Errorf("getBuf(%d): %d bytes, want %d", tc.n, cap(*b), tc.size)
+		} else {
+			putBuf(b)
+		}
+	}
+}
+
+// TestIdleStreamDropsLargeWriteBuffers: after a load, two small writes leave the stream's writer
+// without its large buffers (each maxPending plus a frame, or a larger batch: 549 KB here).
+func TestIdleStreamDropsLargeWriteBuffers(t *testing.T) {
+	// The receiver below ends when B closes (at cleanup, which runs this one after it).
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	a, b := tcpPair(t)
+	bindA, _ := openBind(t, Config{})
+	bindB, recvB := openBind(t, Config{})
+	epA, err := bindA.Attach(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bindB.Attach(b); err != nil {
+		t.Fatal(err)
+	}
+	// B's receiver takes everything, so A's writes never wait.
+	wg.Go(func() {
+		packets := make([][]byte, DefaultBatchSize)
+		for i := range packets {
+			packets[i] = make([]byte, frame.MaxSize)
+		}
+		sizes := make([]int, DefaultBatchSize)
+		eps := make([]conn.Endpoint, DefaultBatchSize)
+		for {
+			if _, err := recvB(packets, sizes, eps); err != nil {
+				return
+			}
+		}
+	})
+	big := make([][]byte, 8)
+	for i := range big {
+		big[i] = bytes.Repeat([]byte{byte(i)}, 60032)
+	}
+	sent := uint64(0)
+	for range 20 {
+		if err := bindA.Send(big, epA); err != nil {
+			t.Fatal(err)
+		}
+		sent += uint64(len(big))
+	}
+	for range 2 {
+		if err := bindA.Send([][]byte{{1, 2, 3}}, epA); err != nil {
+			t.Fatal(err)
+		}
+		sent++
+		waitFor(t, "the small write", func() bool { return bindA.Stats().PacketsOut == sent })
+	}
+	s := epA.s
+	s.wmu.Lock()
+	c := cap(s.pending)
+	s.wmu.Unlock()
+	if c > keepWriteBuf {
+		t.Fatalf("after two small writes the pending buffer holds %d bytes", c)
+	}
+}

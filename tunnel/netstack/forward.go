@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
@@ -352,7 +351,7 @@ func (r *Request) Src() netip.AddrPort { return r.src }
 // Dst is the destination the peer dialed, inside Forward.Prefixes.
 func (r *Request) Dst() netip.AddrPort { return r.dst }
 
-// Accept completes the handshake and returns the connection, a *gonet.TCPConn (it can
+// Accept completes the handshake and returns the connection, a *TCPConn (it can
 // CloseWrite). Its LocalAddr is Dst and its RemoteAddr Src. The Stack closes it when the
 // Handler returns. It fails if the peer gave up meanwhile or the Stack is closing.
 func (r *Request) Accept() (net.Conn, error) {
@@ -392,7 +391,7 @@ func (r *Request) Accept() (net.Conn, error) {
 	_ = ep.SetSockOpt(&idle)
 	_ = ep.SetSockOpt(&interval)
 	_ = ep.SetSockOptInt(tcpip.KeepaliveCountOption, forwardKeepaliveCount)
-	r.conn = gonet.NewTCPConn(wq, ep)
+	r.conn = newTCPConn(wq, ep)
 	r.f.forwarded.Add(1)
 	return r.conn, nil
 }

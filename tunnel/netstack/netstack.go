@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -104,10 +105,11 @@ const (
 // (a pod that answers and hangs up) left the agent's endpoint in TIME-WAIT, and gVisor hands a
 // new SYN for the same addresses and ports to a listener only, never to the forwarder: when the
 // server's stack picked that source port again, its SYNs were dropped until TIME-WAIT ended
-// (tendril-bench tunnel saw 1 dial in 150-300 stall for its whole 5 s timeout). The server
-// picks ports at random from about 28,000, so the chance of a collision is the share of ports
-// closed within timeWait: at 200 dials/s, 4 ports in 20 ms, 0.014 % of dials, each delayed by
-// one SYN retransmission (1 s); 500 ms measured 18 such delays in 5,000 sequential dials.
+// (tendril-bench tunnel saw 1 dial in 150-300 stall for its whole 5 s timeout). With source
+// ports picked at random (gVisor's way), 20 ms still left a collision for the share of ports
+// closed within timeWait — at 3,000 dials/s, 60 of 49,536, 1 dial in 500-700 delayed by one SYN
+// retransmission (1 s) — so DialTCP takes ports in turn (bindNextPort), and a port comes back
+// only long after its TIME-WAIT ended.
 const timeWait = 20 * time.Millisecond
 
 // Keepalive for forwarded connections: an agent-side connection whose seed-side end vanished
@@ -160,6 +162,10 @@ type Stack struct {
 
 	dropped [numDropReasons]atomic.Uint64
 
+	// nextPort is the last ephemeral port offset DialTCP took (bindNextPort); it starts at
+	// random so that a restarted stack does not begin where its predecessor did.
+	nextPort atomic.Uint32
+
 	closeOnce sync.Once
 }
 
@@ -184,6 +190,7 @@ func New(cfg Config) (*Stack, error) {
 	for _, a := range cfg.Addresses {
 		s.own = append(s.own, a.Unmap())
 	}
+	s.nextPort.Store(rand.Uint32())
 	s.stack = stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
@@ -327,7 +334,7 @@ func (s *Stack) DialContext(ctx context.Context, network, addr string) (net.Conn
 	}
 }
 
-// DialTCP connects to addr. The connection is a *gonet.TCPConn, which can CloseWrite. A
+// DialTCP connects to addr. The connection is a *TCPConn, which can CloseWrite. A
 // failure is a *net.OpError whose Err is a syscall.Errno where the stack's error has one
 // (ECONNREFUSED for a reset answer, ETIMEDOUT, EHOSTUNREACH, …), or ctx's error.
 func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
@@ -341,6 +348,10 @@ func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, err
 	wq := new(waiter.Queue)
 	ep, terr := s.stack.NewEndpoint(tcp.ProtocolNumber, protocol(addr.Addr().Unmap()), wq)
 	if terr != nil {
+		return nil, opErr(errno(terr))
+	}
+	if terr := s.bindNextPort(ep, addr.Addr().Unmap()); terr != nil {
+		ep.Close()
 		return nil, opErr(errno(terr))
 	}
 	entry, connected := waiter.NewChannelEntry(waiter.WritableEvents)
@@ -360,8 +371,88 @@ func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, err
 		ep.Close()
 		return nil, opErr(errno(terr))
 	}
-	return gonet.NewTCPConn(wq, ep), nil
+	return newTCPConn(wq, ep), nil
 }
+
+// TCPConn is a connection of the stack: a *gonet.TCPConn whose Close also stops its deadline
+// timers. gonet's deadlines are time.AfterFunc timers that its Close leaves running, and the
+// runtime keeps a pending timer until it fires: a connection closed under a relay's 1 h idle
+// deadline held about 2 KB for that hour (TestClosedConnKeepsNoTimers).
+type TCPConn struct {
+	*gonet.TCPConn
+}
+
+func newTCPConn(wq *waiter.Queue, ep tcpip.Endpoint) *TCPConn {
+	return &TCPConn{gonet.NewTCPConn(wq, ep)}
+}
+
+// Close closes the connection and stops its deadline timers.
+func (c *TCPConn) Close() error {
+	// A zero deadline stops both timers; nothing waits on them once the endpoint is closed.
+	_ = c.TCPConn.SetDeadline(time.Time{})
+	return c.TCPConn.Close()
+}
+
+// tcpListener hands out TCPConns.
+type tcpListener struct {
+	*gonet.TCPListener
+}
+
+func (l tcpListener) Accept() (net.Conn, error) {
+	c, err := l.TCPListener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &TCPConn{c.(*gonet.TCPConn)}, nil
+}
+
+// bindNextPort binds ep to the next free port of the stack's ephemeral range, in turn, instead
+// of letting gVisor pick one at random for each connection.
+//
+// Why: the peer must not see a SYN for a connection whose previous incarnation it still holds in
+// TIME-WAIT. A forwarding peer (the agent) is left in TIME-WAIT whenever the pod closed first
+// (timeWait), and gVisor hands a SYN that hits a TIME-WAIT endpoint to a listener only, never to
+// the forwarder: the SYN is dropped and the dial waits one SYN retransmission (1 s). With random
+// ports a dial collides with one of the rate × timeWait ports in TIME-WAIT: at 3,000 dials/s to
+// one pod, 60 of 49,536 ports, 9 dials of 5,000 took 1 s (tunnel/wg
+// TestDialsAtHighRatePodClosesFirst). In turn, a port comes back only after the other 49,535
+// (gVisor's range 16000–65535): at 20 ms TIME-WAIT that is safe below 49,536 / 0.02 s ≈ 2.5
+// million dials per second. Ports still in use (a long-lived connection, a listener, an own
+// TIME-WAIT) are skipped, up to maxPortTries of them in a row; past those gVisor picks.
+//
+// It binds the stack's own address of dst's family, the one the route to dst sends from, never
+// the unspecified address: gVisor releases a connected endpoint's port under its local address,
+// so a reservation made under the unspecified one would never be released (1.45 KiB and the
+// port lost per dial).
+func (s *Stack) bindNextPort(ep tcpip.Endpoint, dst netip.Addr) tcpip.Error {
+	var local netip.Addr
+	for _, a := range s.own {
+		if a.Is4() == dst.Is4() {
+			local = a
+			break
+		}
+	}
+	if !local.IsValid() {
+		return nil // no address to send from: Connect reports it
+	}
+	first, last := s.stack.PortRange()
+	n := uint32(last) - uint32(first) + 1
+	for range maxPortTries {
+		p := uint16(uint32(first) + s.nextPort.Add(1)%n)
+		terr := ep.Bind(tcpip.FullAddress{Addr: tcpip.AddrFromSlice(local.AsSlice()), Port: p})
+		if terr == nil {
+			return nil
+		}
+		if _, inUse := terr.(*tcpip.ErrPortInUse); !inUse {
+			return terr
+		}
+	}
+	return nil
+}
+
+// maxPortTries bounds the ports bindNextPort tries for one dial: a run of this many ports in use
+// means most of the range is (49,536 ports), where gVisor's own search does no worse.
+const maxPortTries = 256
 
 // errno translates the stack's errors that have a socket errno, so that callers can tell a
 // refused connection from an unreachable or timed-out one with errors.Is.
@@ -472,7 +563,7 @@ func (s *Stack) ListenTCP(addr netip.AddrPort) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netstack: listen tcp %s: %w", addr, err)
 	}
-	return ln, nil
+	return tcpListener{ln}, nil
 }
 
 // ListenUDP opens a UDP socket on addr (the unspecified address: every own address).
