@@ -13,7 +13,6 @@ import (
 	"maps"
 	"net"
 	"net/netip"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +82,8 @@ type Ingress struct {
 	active   map[string]*atomic.Int64
 	pending  *pendingSet
 	refusals *rateLimitedLog
+	// servers are Serve's listeners' servers, for Open.
+	servers atomic.Pointer[[]*server]
 }
 
 // New returns an Ingress with an empty configuration.
@@ -289,11 +290,7 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 		served.Wait()
 		close(allServed)
 	}()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		in.returnMemory(stopCtx, servers)
-	}()
+	in.servers.Store(&servers)
 	var first error
 	select {
 	case <-ctx.Done():
@@ -308,40 +305,17 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	return nil
 }
 
-// returnEvery is how often returnMemory looks at the connection count, and returnAfter the drop
-// from the peak that makes it return memory: a burst of 1,000 connections is about 1 MiB of heap
-// (≈ 1.1 KiB each, measured by e2e/TestIdleConnectionsThroughTheIngress), the least worth a
-// forced collection.
-const (
-	returnEvery = 5 * time.Second
-	returnAfter = 1000
-)
-
-// returnMemory gives the heap a peak of connections used back to the OS once at least half of
-// them, and returnAfter, have closed. Without it an idle ingress kept it for minutes: nothing
-// allocates, so no collection runs (the runtime forces one only every 2 minutes) and the
-// scavenger has nothing it knows to be free.
-func (in *Ingress) returnMemory(ctx context.Context, servers []*server) {
-	tick := time.NewTicker(returnEvery)
-	defer tick.Stop()
-	peak := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		open := 0
-		for _, s := range servers {
-			open += s.downstreams()
-		}
-		peak = max(peak, open)
-		if peak-open >= returnAfter && open <= peak/2 {
-			debug.FreeOSMemory()
-			in.metrics.memoryReturns.Inc()
-			peak = open
-		}
+// Open reports how many clients' connections the ingress holds, in their handshake or relayed.
+func (in *Ingress) Open() int {
+	servers := in.servers.Load()
+	if servers == nil {
+		return 0
 	}
+	n := 0
+	for _, s := range *servers {
+		n += s.downstreams()
+	}
+	return n
 }
 
 // drain shuts the ingress down without dropping what it can finish: readiness fails at once;

@@ -17,8 +17,6 @@ type metrics struct {
 	xdsResources *prometheus.GaugeVec
 	xdsVersion   *prometheus.GaugeVec
 	drainClosed  *prometheus.CounterVec
-	// memoryReturns counts returnMemory's returns of the heap to the OS.
-	memoryReturns prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -49,13 +47,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tendril_ingress_drain_closed_connections_total",
 			Help: "Client connections still open at the end of the shutdown drain (--drain-timeout) and closed then, by listener.",
 		}, []string{"listener"}),
-		memoryReturns: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tendril_ingress_memory_returns_total",
-			Help: "Times the heap of a passed peak of connections was returned to the OS (at least half of them, and 1,000, closed).",
-		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.connections, m.active, m.bytes, m.retries, m.xdsUpdates, m.xdsResources, m.xdsVersion, m.drainClosed, m.memoryReturns)
+		reg.MustRegister(m.connections, m.active, m.bytes, m.retries, m.xdsUpdates, m.xdsResources, m.xdsVersion, m.drainClosed)
 	}
 	return m
 }

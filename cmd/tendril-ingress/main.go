@@ -17,11 +17,13 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
 	"github.com/tendril-net/tendril/internal/buildinfo"
+	"github.com/tendril-net/tendril/internal/idlemem"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
 	"github.com/tendril-net/tendril/internal/tlsreload"
@@ -187,6 +189,14 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		g.Go(func() error { return probe.Serve(probeCtx, ml, probe.Handler(reg, ready, cfg.Profiling)) })
 	}
+	// The memory of a load back to the system once it is over (idlemem), and that of a peak of
+	// connections once half of them have closed, which allocates nothing that would show it.
+	releases := prometheus.NewCounter(prometheus.CounterOpts{Name: "tendril_ingress_memory_releases_total",
+		Help: "Times the free heap was returned to the system after a load or a peak of connections."})
+	reg.MustRegister(releases)
+	g.Go(func() error {
+		return idlemem.Run(probeCtx, idlemem.Config{Held: in.Open, Released: releases.Inc})
+	})
 	g.Go(func() error {
 		defer stopProbes()
 		return in.Run(gctx, xc)
