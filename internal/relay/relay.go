@@ -1,6 +1,8 @@
 // Package relay joins two connections: it copies bytes both ways until both directions have
-// ended, passing each end of stream on as a half-close, with an idle timeout, and zero-copy
-// (splice(2)) between TCP connections. It does not dial, parse or count anything else.
+// ended, passing each end of stream on as a half-close, with an idle timeout. Pipe does it with
+// two goroutines for any net.Conn (zero-copy splice(2) between TCP connections); Loops does it for
+// TCP connections on a few epoll event loops, so an idle pair holds nothing but its sockets, and
+// dials upstreams for them. It does not parse or count anything else.
 package relay
 
 import (
