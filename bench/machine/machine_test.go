@@ -115,3 +115,29 @@ func TestOpenFiles(t *testing.T) {
 		t.Error("OpenFiles(-1) succeeded")
 	}
 }
+
+// TestProcessCPUIsFinerThanTicks: 3 ms of this process's CPU, by its own rusage (µs), count as
+// about that, not as the 0 or 10 ms that /proc/PID/stat's ticks would say.
+func TestProcessCPUIsFinerThanTicks(t *testing.T) {
+	rusage := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	before, ok := ProcessCPU(os.Getpid())
+	if !ok {
+		t.Skip("no /proc")
+	}
+	ruBefore := rusage()
+	x := 0
+	for rusage()-ruBefore < 3*time.Millisecond {
+		x++
+	}
+	after, _ := ProcessCPU(os.Getpid())
+	used := rusage() - ruBefore
+	if d := after - before; d < used-2*time.Millisecond || d > used+2*time.Millisecond {
+		t.Fatalf("%v of CPU (rusage) counted as %v (%d loops)", used, d, x)
+	}
+}
