@@ -305,6 +305,10 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	return nil
 }
 
+// MemoryReleased counts a return of the process's free heap to the system (internal/idlemem's
+// Released, run by the binary), as tendril_ingress_memory_releases_total.
+func (in *Ingress) MemoryReleased() { in.metrics.memoryReleases.Inc() }
+
 // Open reports how many clients' connections the ingress holds, in their handshake or relayed.
 func (in *Ingress) Open() int {
 	servers := in.servers.Load()

@@ -17,6 +17,8 @@ type metrics struct {
 	xdsResources *prometheus.GaugeVec
 	xdsVersion   *prometheus.GaugeVec
 	drainClosed  *prometheus.CounterVec
+	// memoryReleases counts the process's returns of free heap to the system (MemoryReleased).
+	memoryReleases prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -47,9 +49,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tendril_ingress_drain_closed_connections_total",
 			Help: "Client connections still open at the end of the shutdown drain (--drain-timeout) and closed then, by listener.",
 		}, []string{"listener"}),
+		memoryReleases: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tendril_ingress_memory_releases_total",
+			Help: "Times the free heap was returned to the system after a load or a peak of connections.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.connections, m.active, m.bytes, m.retries, m.xdsUpdates, m.xdsResources, m.xdsVersion, m.drainClosed)
+		reg.MustRegister(m.connections, m.active, m.bytes, m.retries, m.xdsUpdates, m.xdsResources, m.xdsVersion, m.drainClosed, m.memoryReleases)
 	}
 	return m
 }

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/ingress"
@@ -191,11 +190,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// The memory of a load back to the system once it is over (idlemem), and that of a peak of
 	// connections once half of them have closed, which allocates nothing that would show it.
-	releases := prometheus.NewCounter(prometheus.CounterOpts{Name: "tendril_ingress_memory_releases_total",
-		Help: "Times the free heap was returned to the system after a load or a peak of connections."})
-	reg.MustRegister(releases)
 	g.Go(func() error {
-		return idlemem.Run(probeCtx, idlemem.Config{Held: in.Open, Released: releases.Inc})
+		return idlemem.Run(probeCtx, idlemem.Config{Held: in.Open, Released: in.MemoryReleased})
 	})
 	g.Go(func() error {
 		defer stopProbes()
