@@ -453,7 +453,7 @@ const sharedCPUNote = "Client, upstream TLS servers and the data plane under tes
 	"where it is above about 0.1 the row is disturbed; repeat with --rounds on a quiet machine."
 
 // cpuPerConnNote says what the CPU/conn column counts.
-const cpuPerConnNote = "CPU/conn: user+system CPU time of the data plane's processes (/proc/PID/stat: HAProxy's process, " +
+const cpuPerConnNote = "CPU/conn: CPU time of the data plane's processes (their threads' run time in ns, /proc/PID/task/*/schedstat: HAProxy's process, " +
 	"nginx's master and workers, tendril-ingress) during the window, divided by the connections counted in it; " +
 	"direct has no data plane. CPU × baseline ≤ 1 means no more CPU per new connection than the baseline."
 
