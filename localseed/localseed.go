@@ -38,8 +38,8 @@ import (
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/extension/networkpaths"
+	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/kubescheme"
-	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/logging"
 )
 
@@ -189,7 +189,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 
 	start := time.Now()
 	s.printf("local seed in %s (host address %s for EndpointSlices)\n", s.dir, s.hostIP)
-	if s.assets, err = kubetest.Assets(); err != nil {
+	if s.assets, err = kubeenv.Assets(); err != nil {
 		return rep, fmt.Errorf("kube-apiserver and etcd: %w", err)
 	}
 
@@ -371,7 +371,7 @@ func (s *seed) startSeedAPIServer(ctx context.Context) (func(), error) {
 	scheme := kubescheme.New()
 	te := &envtest.Environment{
 		BinaryAssetsDirectory:    s.assets,
-		CRDDirectoryPaths:        []string{kubetest.CRDDirectory()},
+		CRDDirectoryPaths:        []string{kubeenv.CRDDirectory()},
 		ErrorIfCRDPathMissing:    true,
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: time.Minute,
@@ -388,7 +388,7 @@ func (s *seed) startSeedAPIServer(ctx context.Context) (func(), error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := kubetest.InstallGardenerCRDs(ctx, c); err != nil {
+	if err := kubeenv.InstallGardenerCRDs(ctx, c); err != nil {
 		return stop, fmt.Errorf("install Gardener CRDs: %w", err)
 	}
 	s.rest, s.client = cfg, c

@@ -55,3 +55,42 @@ func TestDataPlaneImportsNoKubernetes(t *testing.T) {
 		t.Fatal("go list matched no packages")
 	}
 }
+
+// fixtures are tendril's test fixtures, which import testing (testpki is not one: it makes the
+// certificates of local runs too).
+var fixtures = []string{"internal/kubetest", "internal/metrictest", "internal/testnet", "internal/testwait", "server/servertest"}
+
+// TestBinariesLinkNoTestFixtures: no shipped binary (cmd/...) reaches a test fixture. tendril-local
+// (make run) takes its kube-apiserver's binaries and CRDs from internal/kubeenv, not kubetest.
+func TestBinariesLinkNoTestFixtures(t *testing.T) {
+	cmd := exec.Command("go", "list", "-e", "-json=ImportPath,Deps", module+"cmd/...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	checked := 0
+	for {
+		var p struct {
+			ImportPath string
+			Deps       []string
+		}
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		checked++
+		for _, d := range p.Deps {
+			for _, f := range fixtures {
+				if d == module+f {
+					t.Errorf("%s links the test fixture %s", p.ImportPath, d)
+				}
+			}
+		}
+	}
+	if checked < 7 {
+		t.Fatalf("go list matched %d binaries", checked)
+	}
+}
