@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/machine"
+	"github.com/tendril-net/tendril/bench/netns"
 )
 
 // Kinds of failure, in report order.
@@ -137,7 +138,7 @@ const podGreeting = "pod"
 // startPod listens on the pod's address in the shoot and greets every connection.
 func (r *runner) startPod() (io.Closer, error) {
 	var l net.Listener
-	if err := inNS(r.topo.shootNS, func() (err error) {
+	if err := netns.In(r.topo.shootNS, func() (err error) {
 		l, err = net.Listen("tcp", r.podAddr())
 		return err
 	}); err != nil {

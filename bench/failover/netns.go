@@ -6,16 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/tendril-net/tendril/bench/netns"
 )
 
 // topology is the benchmark's network. The seed is this process's namespace; the shoot gets
@@ -48,46 +44,11 @@ const nsPrefix = "tbfo-"
 
 var nsRE = regexp.MustCompile(`^` + nsPrefix + `(\d+)-`)
 
-func runIP(ctx context.Context, args ...string) error {
-	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// checkNetns reports why network namespaces cannot be made here.
-func checkNetns() error {
-	if os.Geteuid() != 0 {
-		return errors.New("needs root: creates network namespaces and veth pairs")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		return fmt.Errorf("ip (iproute2) not found: %w", err)
-	}
-	return nil
-}
-
-// removeStale deletes namespaces of earlier runs whose process is gone.
-func removeStale(ctx context.Context) {
-	entries, _ := os.ReadDir("/run/netns")
-	for _, e := range entries {
-		m := nsRE.FindStringSubmatch(e.Name())
-		if m == nil {
-			continue
-		}
-		pid, _ := strconv.Atoi(m[1])
-		if pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
-			continue
-		}
-		_ = runIP(ctx, "netns", "del", e.Name())
-	}
-}
-
 func newTopology(ctx context.Context) (*topology, error) {
-	if err := checkNetns(); err != nil {
+	if err := netns.Check(); err != nil {
 		return nil, err
 	}
-	removeStale(ctx)
+	netns.RemoveStale(ctx, nsRE)
 	pid := os.Getpid()
 	n := pid%250 + 1
 	a := func(b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{10, b, c, d}) }
@@ -112,7 +73,7 @@ func newTopology(ctx context.Context) (*topology, error) {
 		{"-n", s, "addr", "add", netip.PrefixFrom(t.podAddr, 32).String(), "dev", "lo"},
 	}
 	for _, st := range steps {
-		if err := runIP(ctx, st...); err != nil {
+		if err := netns.IP(ctx, st...); err != nil {
 			return nil, errors.Join(err, t.close())
 		}
 	}
@@ -139,7 +100,7 @@ func (t *topology) addOpenVPNSeeds(ctx context.Context, n int) error {
 		}
 		t.ovpnNS = append(t.ovpnNS, ns)
 		for _, st := range steps {
-			if err := runIP(ctx, st...); err != nil {
+			if err := netns.IP(ctx, st...); err != nil {
 				return err
 			}
 		}
@@ -155,44 +116,8 @@ func (t *topology) close() error {
 	var errs []error
 	for _, ns := range append([]string{t.shootNS}, t.ovpnNS...) {
 		if _, err := os.Stat(filepath.Join("/run/netns", ns)); err == nil {
-			errs = append(errs, runIP(ctx, "netns", "del", ns))
+			errs = append(errs, netns.IP(ctx, "netns", "del", ns))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// netnsExec is the command prefix that runs a program in namespace ns.
-func netnsExec(ns string) []string { return []string{"ip", "netns", "exec", ns} }
-
-// inNS runs f on an OS thread that has joined namespace ns: sockets f creates belong to ns for
-// good, whichever thread later uses them. The thread returns to this process's namespace
-// afterwards, or is discarded if it cannot (as bench/tunnel does).
-func inNS(ns string, f func() error) error {
-	target, err := os.Open(filepath.Join("/run/netns", ns))
-	if err != nil {
-		return fmt.Errorf("netns %s: %w", ns, err)
-	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- fmt.Errorf("own netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		ferr := f()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("setns back: %w", err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/netns"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/internal/testpki"
 )
@@ -69,7 +70,7 @@ func (r *runner) openvpn(ctx context.Context) (*Row, error) {
 		if err != nil {
 			return nil, err
 		}
-		srvArgs[i] = append(netnsExec(r.topo.ovpnNS[i]), s...)
+		srvArgs[i] = append(netns.Exec(r.topo.ovpnNS[i]), s...)
 		if i == 0 {
 			clientConf, err = peers.RenderOpenVPNClient(cfg)
 			if err != nil {
@@ -118,7 +119,7 @@ func (r *runner) openvpn(ctx context.Context) (*Row, error) {
 		}
 	}
 	client, err := peers.StartProcess("openvpn client", filepath.Join(dir, "openvpn-client.log"),
-		netnsExec(r.topo.shootNS)[0], append(netnsExec(r.topo.shootNS)[1:], bin, "--config", clientFile)...)
+		netns.Exec(r.topo.shootNS)[0], append(netns.Exec(r.topo.shootNS)[1:], bin, "--config", clientFile)...)
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +130,7 @@ func (r *runner) openvpn(ctx context.Context) (*Row, error) {
 	via := func(i int) dialFunc {
 		return func(ctx context.Context) error {
 			var c net.Conn
-			if err := inNS(r.topo.ovpnNS[i], func() (err error) {
+			if err := netns.In(r.topo.ovpnNS[i], func() (err error) {
 				c, err = (&net.Dialer{}).DialContext(ctx, "tcp", r.podAddr())
 				return err
 			}); err != nil {

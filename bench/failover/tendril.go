@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/netns"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -172,7 +173,7 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 		rig.agentPub[i] = k.PublicKey().String()
 		rig.serverArgs = append(rig.serverArgs, "--agent-public-key", rig.agentPub[i])
 		// The extension's addresses: ::2 for agent 0, ::3 for agent 1 (the server's defaults).
-		rig.agentArgs[i] = append(netnsExec(r.topo.shootNS), r.bin("tendril-agent"), "vpn",
+		rig.agentArgs[i] = append(netns.Exec(r.topo.shootNS), r.bin("tendril-agent"), "vpn",
 			"--private-key-file", keyFile, "--address", fmt.Sprintf("fd8f:6d53:b97a:1::%d", 2+i),
 			"--server-public-key", "@"+f("server.pub"), "--shoot-cidrs", r.topo.podNet.String(),
 			"--seed", ingressListen, "--destination", translate.VPNServerWireName(nsTendril), "--metrics-address", "")

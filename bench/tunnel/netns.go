@@ -7,16 +7,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/tendril-net/tendril/bench/netns"
 )
 
 // topology is the benchmark's network: the seed is this process's own
@@ -50,47 +46,11 @@ const nsPrefix = "tbench-"
 
 var nsRE = regexp.MustCompile(`^` + nsPrefix + `(\d+)-(shoot|pod)$`)
 
-// runIP runs ip with args.
-func runIP(ctx context.Context, args ...string) error {
-	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// checkNetns reports why network namespaces cannot be made here.
-func checkNetns() error {
-	if os.Geteuid() != 0 {
-		return errors.New("needs root: creates network namespaces and veth pairs")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		return fmt.Errorf("ip (iproute2) not found: %w", err)
-	}
-	return nil
-}
-
-// removeStale deletes namespaces of earlier runs whose process is gone.
-func removeStale(ctx context.Context) {
-	entries, _ := os.ReadDir("/run/netns")
-	for _, e := range entries {
-		m := nsRE.FindStringSubmatch(e.Name())
-		if m == nil {
-			continue
-		}
-		pid, _ := strconv.Atoi(m[1])
-		if pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
-			continue
-		}
-		_ = runIP(ctx, "netns", "del", e.Name())
-	}
-}
-
 func newTopology(ctx context.Context) (*topology, error) {
-	if err := checkNetns(); err != nil {
+	if err := netns.Check(); err != nil {
 		return nil, err
 	}
-	removeStale(ctx)
+	netns.RemoveStale(ctx, nsRE)
 	pid := os.Getpid()
 	n := pid%250 + 1
 	a := func(b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{10, b, c, d}) }
@@ -148,12 +108,12 @@ func (t *topology) setup(ctx context.Context) error {
 		{"route", "add", "unreachable", t.vpnNet.String(), "metric", "4000"},
 	}
 	for _, st := range steps {
-		if err := runIP(ctx, st...); err != nil {
+		if err := netns.IP(ctx, st...); err != nil {
 			return err
 		}
 	}
 	// The shoot routes OpenVPN's tun into the pod network.
-	return t.inNS(s, func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644) })
+	return netns.In(s, func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644) })
 }
 
 // close deletes the namespaces (and with them the veth pairs) and any link
@@ -164,17 +124,17 @@ func (t *topology) close() error {
 	var errs []error
 	for _, ns := range []string{t.shootNS, t.podNS} {
 		if _, err := os.Stat(filepath.Join("/run/netns", ns)); err == nil {
-			errs = append(errs, runIP(ctx, "netns", "del", ns))
+			errs = append(errs, netns.IP(ctx, "netns", "del", ns))
 		}
 	}
 	for _, p := range []netip.Prefix{t.podNet, t.vpnNet} {
-		_ = runIP(ctx, "route", "del", "unreachable", p.String(), "metric", "4000")
+		_ = netns.IP(ctx, "route", "del", "unreachable", p.String(), "metric", "4000")
 	}
 	// Deleting a namespace deletes its veth ends and so their peers here,
 	// asynchronously: a link is only an error if it outlives its own delete.
 	for _, l := range t.hostLinks {
 		if _, err := net.InterfaceByName(l); err == nil {
-			if err := runIP(ctx, "link", "del", l); err != nil {
+			if err := netns.IP(ctx, "link", "del", l); err != nil {
 				if _, still := net.InterfaceByName(l); still == nil {
 					errs = append(errs, err)
 				}
@@ -182,53 +142,4 @@ func (t *topology) close() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// netnsExec is the command prefix that runs a program in namespace ns.
-func netnsExec(ns string) []string { return []string{"ip", "netns", "exec", ns} }
-
-// inNS runs f on an OS thread that has joined namespace ns: sockets f
-// creates belong to ns for good, whichever thread later uses them. The
-// thread returns to this process's namespace afterwards, or is discarded if
-// it cannot.
-func (t *topology) inNS(ns string, f func() error) error {
-	target, err := os.Open(filepath.Join("/run/netns", ns))
-	if err != nil {
-		return fmt.Errorf("netns %s: %w", ns, err)
-	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// Left locked (and so discarded when this goroutine ends) unless
-		// the thread is back in the original namespace.
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- fmt.Errorf("own netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		ferr := f()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("setns back: %w", err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
-
-// listenIn opens a TCP listener in namespace ns.
-func (t *topology) listenIn(ns, addr string) (net.Listener, error) {
-	var l net.Listener
-	err := t.inNS(ns, func() (err error) {
-		l, err = net.Listen("tcp", addr)
-		return err
-	})
-	return l, err
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/machine"
+	"github.com/tendril-net/tendril/bench/netns"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -348,7 +349,7 @@ func (r *runner) tendrilStack() *stack {
 		}, srv); err != nil {
 			return fmt.Errorf("tendril-server: %w", err)
 		}
-		agentArgs = append(netnsExec(r.topo.shootNS), r.bin("tendril-agent"), "vpn",
+		agentArgs = append(netns.Exec(r.topo.shootNS), r.bin("tendril-agent"), "vpn",
 			"--private-key-file", f("agent.key"), "--server-public-key", "@"+f("server.pub"),
 			"--shoot-cidrs", r.topo.podNet.String(), "--seed", in.listen,
 			"--destination", translate.VPNServerWireName(nsTendril), "--metrics-address", "")
@@ -424,7 +425,7 @@ func (r *runner) openvpnStack() *stack {
 		if err := waitFor(ctx, 20*time.Second, logContains(logPath, "Initialization Sequence Completed"), srv); err != nil {
 			return fmt.Errorf("openvpn server: %w", err)
 		}
-		clientArgs = append(netnsExec(r.topo.shootNS), cliArgs...)
+		clientArgs = append(netns.Exec(r.topo.shootNS), cliArgs...)
 		pod := r.podTarget()
 		s.probe = tcpDialer(pod)
 		s.probeVia = "a TCP dial to the pod through the seed's tun, a new attempt every 5 ms"
@@ -514,7 +515,7 @@ func (r *runner) konnectivityStack(mode, target string) *stack {
 		if err != nil {
 			return err
 		}
-		agentArgs = append(netnsExec(r.topo.shootNS), aargs...)
+		agentArgs = append(netns.Exec(r.topo.shootNS), aargs...)
 		s.config += "\n" + strings.Join(agentArgs, " ")
 		pod := r.podTarget()
 		tlsCfg := r.pki.clientTLS(certKonnServer)

@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/harness"
+	"github.com/tendril-net/tendril/bench/netns"
 )
 
 // Target names, in report order.
@@ -189,7 +190,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.evaluate()
 	}()
 	r := &runner{cfg: cfg, rep: rep}
-	if err := checkNetns(); err != nil {
+	if err := netns.Check(); err != nil {
 		return nil, err
 	}
 	tmp, err := os.MkdirTemp("", "tendril-bench-tunnel-")
@@ -210,7 +211,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}()
 	r.topo = topo
-	l, err := topo.listenIn(topo.podNS, ":0")
+	l, err := netns.Listen(topo.podNS, ":0")
 	if err != nil {
 		return nil, fmt.Errorf("pod: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/internal/benchtest"
+	"github.com/tendril-net/tendril/bench/netns"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/cmd/tendril-bench/konnectivity"
 )
@@ -160,7 +161,7 @@ func TestTopologyAddresses(t *testing.T) {
 		t.Errorf("the pod's shoot address %s is reachable without a tunnel", topo.podAddr)
 	}
 	// A socket made in the pod's namespace is reachable over the direct link.
-	l, err := topo.listenIn(topo.podNS, ":0")
+	l, err := netns.Listen(topo.podNS, ":0")
 	if err != nil {
 		t.Fatal(err)
 	}
