@@ -18,29 +18,12 @@ var guarded = []string{"ingress", "tunnel", "server", "agent", "bench", "egressr
 const module = "github.com/tendril-net/tendril/"
 
 func TestDataPlaneImportsNoKubernetes(t *testing.T) {
-	args := []string{"list", "-e", "-json=ImportPath,Deps"}
+	var patterns []string
 	for _, g := range guarded {
-		args = append(args, module+g+"/...")
+		patterns = append(patterns, g+"/...")
 	}
-	cmd := exec.Command("go", args...)
-	cmd.Dir = "../.."
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
-	}
-	dec := json.NewDecoder(strings.NewReader(string(out)))
-	checked := 0
-	for {
-		var p struct {
-			ImportPath string
-			Deps       []string
-		}
-		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		checked++
+	pkgs := list(t, patterns...)
+	for _, p := range pkgs {
 		for _, d := range p.Deps {
 			for _, f := range forbidden {
 				if strings.HasPrefix(d, f) {
@@ -51,8 +34,40 @@ func TestDataPlaneImportsNoKubernetes(t *testing.T) {
 	}
 	// The pattern of a guarded directory without packages matches nothing; the translation at
 	// least must be there, or the test checks nothing.
-	if checked == 0 {
+	if len(pkgs) == 0 {
 		t.Fatal("go list matched no packages")
+	}
+}
+
+// pkg is a package as go list reports it.
+type pkg struct {
+	ImportPath string
+	Deps       []string
+}
+
+// list runs go list for patterns (relative to the module) from the repository's root.
+func list(t *testing.T, patterns ...string) []pkg {
+	t.Helper()
+	args := []string{"list", "-e", "-json=ImportPath,Deps"}
+	for _, p := range patterns {
+		args = append(args, module+p)
+	}
+	cmd := exec.Command("go", args...)
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			return pkgs
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
 	}
 }
 
@@ -63,25 +78,8 @@ var fixtures = []string{"internal/kubetest", "internal/metrictest", "internal/te
 // TestBinariesLinkNoTestFixtures: no shipped binary (cmd/...) reaches a test fixture. tendril-local
 // (make run) takes its kube-apiserver's binaries and CRDs from internal/kubeenv, not kubetest.
 func TestBinariesLinkNoTestFixtures(t *testing.T) {
-	cmd := exec.Command("go", "list", "-e", "-json=ImportPath,Deps", module+"cmd/...")
-	cmd.Dir = "../.."
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
-	}
-	dec := json.NewDecoder(strings.NewReader(string(out)))
-	checked := 0
-	for {
-		var p struct {
-			ImportPath string
-			Deps       []string
-		}
-		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		checked++
+	pkgs := list(t, "cmd/...")
+	for _, p := range pkgs {
 		for _, d := range p.Deps {
 			for _, f := range fixtures {
 				if d == module+f {
@@ -90,7 +88,7 @@ func TestBinariesLinkNoTestFixtures(t *testing.T) {
 			}
 		}
 	}
-	if checked < 7 {
-		t.Fatalf("go list matched %d binaries", checked)
+	if len(pkgs) < 7 {
+		t.Fatalf("go list matched %d binaries", len(pkgs))
 	}
 }
