@@ -137,7 +137,7 @@ func (l *loop) join(g *Group, fa int, b *sock, registerB bool, first []byte, idl
 		unix.Close(b.fd)
 		return ErrClosed
 	}
-	p := &pair{l: l, g: g, idle: idle, done: done, b: *b}
+	p := &pair{g: g, idle: idle, done: done, b: *b}
 	p.a.fd, p.a.p = fa, p
 	p.b.p = p
 	p.ab.src, p.ab.dst = &p.a, &p.b
@@ -362,7 +362,6 @@ type loop struct {
 }
 
 type pair struct {
-	l      *loop
 	g      *Group
 	a, b   sock
 	ab, ba direction
@@ -448,10 +447,7 @@ func (l *loop) run() {
 				}
 				now := l.now()
 				l.handle(events[:max(n, 0)], now)
-				if now-lastSweep >= l.sweepEvery() {
-					lastSweep = now
-					l.closeWhere(func(p *pair) bool { return p.idle > 0 && now-p.last >= p.idle })
-				}
+				l.sweep(&lastSweep, now)
 				more := n == len(events) || len(l.again) > 0
 				l.mu.Unlock()
 				if !more {
@@ -465,13 +461,18 @@ func (l *loop) run() {
 			l.mu.Unlock()
 			return
 		}
-		now := l.now()
-		if now-lastSweep >= l.sweepEvery() {
-			lastSweep = now
-			l.closeWhere(func(p *pair) bool { return p.idle > 0 && now-p.last >= p.idle })
-		}
+		l.sweep(&lastSweep, l.now())
 		l.mu.Unlock()
 	}
+}
+
+// sweep closes the idle pairs if a sweep interval has passed since *last. l.mu is held.
+func (l *loop) sweep(last *time.Duration, now time.Duration) {
+	if now-*last < l.sweepEvery() {
+		return
+	}
+	*last = now
+	l.closeWhere(func(p *pair) bool { return p.idle > 0 && now-p.last >= p.idle })
 }
 
 // sweepEvery is the time between two idle sweeps (see maxSweep). l.mu is held.
