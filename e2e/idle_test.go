@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/machine"
+	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/internal/testwait"
 )
@@ -94,37 +96,31 @@ type ingressProc struct {
 
 func (p ingressProc) fds(t *testing.T) int {
 	t.Helper()
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.pid))
-	if err != nil {
-		t.Fatal(err)
+	n, ok := machine.OpenFiles(p.pid)
+	if !ok {
+		t.Fatalf("no /proc/%d/fd", p.pid)
 	}
-	return len(ents)
+	return n
 }
 
 func (p ingressProc) rssKiB(t *testing.T) int {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid))
-	if err != nil {
-		t.Fatal(err)
+	m, ok := peers.ReadMemory(p.pid)
+	if !ok {
+		t.Fatalf("no /proc/%d/status", p.pid)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			n, _ := strconv.Atoi(f[1])
-			return n
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
+	return int(m.RSS >> 10)
 }
 
-func (p ingressProc) releases(t *testing.T) float64 {
+// metric returns the value of the ingress's unlabelled metric name.
+func (p ingressProc) metric(t *testing.T, name string) float64 {
 	t.Helper()
 	m, err := get("http://" + p.metrics + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(m, "\n") {
-		if v, ok := strings.CutPrefix(line, "tendril_ingress_memory_releases_total "); ok {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatal(err)
@@ -132,28 +128,15 @@ func (p ingressProc) releases(t *testing.T) float64 {
 			return n
 		}
 	}
-	t.Fatal("no tendril_ingress_memory_releases_total in the ingress's metrics")
+	t.Fatalf("no %s in the ingress's metrics", name)
 	return 0
 }
 
-func (p ingressProc) goroutines(t *testing.T) int {
-	t.Helper()
-	m, err := get("http://" + p.metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(m, "\n") {
-		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no go_goroutines in the ingress's metrics")
-	return 0
+func (p ingressProc) releases(t *testing.T) float64 {
+	return p.metric(t, "tendril_ingress_memory_releases_total")
 }
+
+func (p ingressProc) goroutines(t *testing.T) int { return int(p.metric(t, "go_goroutines")) }
 
 // TestIdleConnectionsThroughTheIngress holds idleConns TLS connections through one tendril-ingress
 // (binaries, real sockets), changes the routes four times while they idle, and checks that every
