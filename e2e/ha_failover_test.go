@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/server"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -200,13 +201,13 @@ func (r *haRig) bothLive() int {
 		if err != nil {
 			return err
 		}
-		live, act := agentGauge(m, "tendril_server_agent_live"), agentGauge(m, "tendril_server_agent_active")
+		states := server.AgentStates(m)
 		active = -1
 		for i, key := range r.agentPub {
-			if live[key] != 1 {
+			if !states[key].Live {
 				return fmt.Errorf("agent %d not live", i)
 			}
-			if act[key] == 1 {
+			if states[key].Active {
 				active = i
 			}
 		}

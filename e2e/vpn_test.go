@@ -23,6 +23,7 @@ import (
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
 	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/server"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -231,12 +232,12 @@ func TestReversedVPN(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		live, act := agentGauge(m, "tendril_server_agent_live"), agentGauge(m, "tendril_server_agent_active")
+		states := server.AgentStates(m)
 		for key := range agents {
-			if live[key] != 1 {
+			if !states[key].Live {
 				return fmt.Errorf("agent %s not live", key)
 			}
-			if act[key] == 1 {
+			if states[key].Active {
 				active = key
 			}
 		}
@@ -257,12 +258,11 @@ func TestReversedVPN(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if act := agentGauge(m, "tendril_server_agent_active"); act[active] != 0 || !strings.Contains(m, "tendril_server_agent_failovers_total 1") {
-		t.Errorf("after killing the active agent: active %v, metrics:\n%s", act, grepLines(m, "tendril_server_agent"))
+	if states := server.AgentStates(m); states[active].Active || !strings.Contains(m, "tendril_server_agent_failovers_total 1") {
+		t.Errorf("after killing the active agent: %v, metrics:\n%s", states, grepLines(m, "tendril_server_agent"))
 	}
 }
 
-// agentGauge reads one per-agent gauge from Prometheus text: public key → value.
 // writeFile writes content to dir/name (mode 0600) and returns the path.
 func writeFile(t *testing.T, dir, name, content string) string {
 	t.Helper()
@@ -317,24 +317,6 @@ func shootNetworks(t *testing.T, tag, seed, pods string) (shoot, pod string) {
 	ip(t, "-n", pod, "link", "set", podLink, "up")
 	ip(t, "-n", pod, "link", "set", "lo", "up")
 	return shoot, pod
-}
-
-func agentGauge(metrics, name string) map[string]float64 {
-	out := map[string]float64{}
-	for _, l := range strings.Split(metrics, "\n") {
-		rest, ok := strings.CutPrefix(l, name+`{agent="`)
-		if !ok {
-			continue
-		}
-		key, value, ok := strings.Cut(rest, `"} `)
-		if !ok {
-			continue
-		}
-		if v, err := strconv.ParseFloat(value, 64); err == nil {
-			out[key] = v
-		}
-	}
-	return out
 }
 
 func grepLines(text, substr string) string {

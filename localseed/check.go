@@ -28,6 +28,7 @@ import (
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/server"
 )
 
 // Names of the checks, in the order they run.
@@ -175,15 +176,13 @@ func (s *seed) checkAgents(ctx context.Context, sh *shoot) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	known, live, active := 0, 0, 0
-	for l := range strings.SplitSeq(string(b), "\n") {
-		switch {
-		case strings.HasPrefix(l, "tendril_server_agent_live{"):
-			known++
-			if strings.HasSuffix(l, " 1") {
-				live++
-			}
-		case strings.HasPrefix(l, "tendril_server_agent_active{") && strings.HasSuffix(l, " 1"):
+	states := server.AgentStates(string(b))
+	known, live, active := len(states), 0, 0
+	for _, st := range states {
+		if st.Live {
+			live++
+		}
+		if st.Active {
 			active++
 		}
 	}

@@ -1,6 +1,9 @@
 package server
 
 import (
+	"strconv"
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tendril-net/tendril/tunnel/bind"
@@ -107,4 +110,35 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		}, func() float64 { return float64(s.tun.BindStats().AttachRefused[r]) }))
 	}
 	return m
+}
+
+// AgentState is one agent's state as tendril-server's metrics export it.
+type AgentState struct{ Live, Active bool }
+
+// AgentStates reads the agents' states from tendril-server's metrics in the Prometheus text format
+// (tendril_server_agent_live and _active, by WireGuard public key), for the checks that watch a
+// server from outside: tendril-local's, the end-to-end tests', the failover benchmark's.
+func AgentStates(exposition string) map[string]AgentState {
+	states := map[string]AgentState{}
+	for l := range strings.SplitSeq(exposition, "\n") {
+		for name, set := range map[string]func(*AgentState){
+			"tendril_server_agent_live":   func(s *AgentState) { s.Live = true },
+			"tendril_server_agent_active": func(s *AgentState) { s.Active = true },
+		} {
+			rest, ok := strings.CutPrefix(l, name+`{agent="`)
+			if !ok {
+				continue
+			}
+			key, value, ok := strings.Cut(rest, `"} `)
+			if !ok {
+				continue
+			}
+			st := states[key]
+			if v, err := strconv.ParseFloat(value, 64); err == nil && v == 1 {
+				set(&st)
+			}
+			states[key] = st
+		}
+	}
+	return states
 }

@@ -12,11 +12,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/tendril-net/tendril/bench/netns"
 	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/server"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -262,13 +262,13 @@ func (rig *tendrilRig) bothLive(ctx context.Context) (int, error) {
 		if err != nil {
 			return err
 		}
-		live, act := agentGauge(m, "tendril_server_agent_live"), agentGauge(m, "tendril_server_agent_active")
+		states := server.AgentStates(m)
 		active = -1
 		for i, key := range rig.agentPub {
-			if live[key] != 1 {
+			if !states[key].Live {
 				return fmt.Errorf("agent %d not live", i)
 			}
-			if act[key] == 1 {
+			if states[key].Active {
 				active = i
 			}
 		}
@@ -311,25 +311,6 @@ func (rig *tendrilRig) dial() dialFunc {
 		}
 		return readGreeting(br)
 	}
-}
-
-// agentGauge reads a per-agent gauge from a Prometheus text exposition.
-func agentGauge(metrics, name string) map[string]float64 {
-	out := map[string]float64{}
-	for l := range strings.SplitSeq(metrics, "\n") {
-		rest, ok := strings.CutPrefix(l, name+`{agent="`)
-		if !ok {
-			continue
-		}
-		key, value, ok := strings.Cut(rest, `"} `)
-		if !ok {
-			continue
-		}
-		if v, err := strconv.ParseFloat(value, 64); err == nil {
-			out[key] = v
-		}
-	}
-	return out
 }
 
 var httpClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
