@@ -98,21 +98,30 @@ func threadsRunTime(pid int) (time.Duration, bool) {
 	}
 	var sum time.Duration
 	for _, task := range tasks {
-		b, err := os.ReadFile(dir + "/" + task.Name() + "/schedstat")
-		if err != nil {
+		t, ok := taskRunTime(dir + "/" + task.Name())
+		if !ok {
 			continue // exited meanwhile
 		}
-		f := strings.Fields(string(b))
-		if len(f) < 1 {
-			return 0, false
-		}
-		ns, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return 0, false
-		}
-		sum += time.Duration(ns)
+		sum += t
 	}
 	return sum, true
+}
+
+// taskRunTime reads the run time of one thread, task the directory /proc/<pid>/task/<tid>.
+func taskRunTime(task string) (time.Duration, bool) {
+	b, err := os.ReadFile(task + "/schedstat")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return 0, false
+	}
+	ns, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(ns), true
 }
 
 // ProcessesCPU is the user and system CPU time the processes pids have used

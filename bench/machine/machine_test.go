@@ -4,7 +4,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -116,28 +118,41 @@ func TestOpenFiles(t *testing.T) {
 	}
 }
 
-// TestProcessCPUIsFinerThanTicks: 3 ms of this process's CPU, by its own rusage (µs), count as
-// about that, not as the 0 or 10 ms that /proc/PID/stat's ticks would say.
+// TestProcessCPUIsFinerThanTicks: 3 ms of one thread's CPU, by its own rusage, count as about
+// that, not as the 0 or 10 ms that /proc/PID/stat's ticks would say. The comparison is per thread
+// (the test's goroutine locked to it, RUSAGE_THREAD against that thread's schedstat): the whole
+// process's figures also count the runtime's other threads, and on a loaded 2-core CI machine one
+// whole-process try read 3.1 ms by rusage against 6.3 ms by the sum of schedstats, the GC's work
+// landing in one and not yet the other. The process sum is checked to hold at least the thread's.
 func TestProcessCPUIsFinerThanTicks(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	const rusageThread = 1 // RUSAGE_THREAD, linux/include/uapi/linux/resource.h; not in syscall
 	rusage := func() time.Duration {
 		var ru syscall.Rusage
-		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		if err := syscall.Getrusage(rusageThread, &ru); err != nil {
 			t.Fatal(err)
 		}
 		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
-	before, ok := ProcessCPU(os.Getpid())
-	if !ok {
-		t.Skip("no /proc")
+	task := "/proc/" + strconv.Itoa(os.Getpid()) + "/task/" + strconv.Itoa(syscall.Gettid())
+	before, ok := taskRunTime(task)
+	procBefore, procOK := ProcessCPU(os.Getpid())
+	if !ok || !procOK {
+		t.Skip("no /proc schedstat")
 	}
 	ruBefore := rusage()
 	x := 0
 	for rusage()-ruBefore < 3*time.Millisecond {
 		x++
 	}
-	after, _ := ProcessCPU(os.Getpid())
 	used := rusage() - ruBefore
-	if d := after - before; d < used-2*time.Millisecond || d > used+2*time.Millisecond {
-		t.Fatalf("%v of CPU (rusage) counted as %v (%d loops)", used, d, x)
+	after, _ := taskRunTime(task)
+	procAfter, _ := ProcessCPU(os.Getpid())
+	if d := after - before; d < used-time.Millisecond || d > used+time.Millisecond {
+		t.Errorf("%v of this thread's CPU (rusage) counted as %v (%d loops)", used, d, x)
+	}
+	if d := procAfter - procBefore; d < used-time.Millisecond {
+		t.Errorf("the process's CPU grew by %v while one of its threads used %v", d, used)
 	}
 }
