@@ -16,16 +16,16 @@ func newMetrics(reg prometheus.Registerer, r *Relay) *metrics {
 	m := &metrics{
 		connections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tendril_egress_relay_connections_total",
-			Help: "Connections from kube-apiserver, by outcome (relayed, too_many, no_certs, dial_failed, tls_failed, rejected, not_grpc, client_gone, shutdown).",
+			Help: "Connections (konnectivity tunnels) from kube-apiserver, by outcome (relayed, too_many, no_certs, unavailable, timeout, not_proxy, shutdown).",
 		}, []string{"outcome"}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tendril_egress_relay_active_connections", Help: "Connections being relayed.",
+			Name: "tendril_egress_relay_active_connections", Help: "Tunnels being relayed.",
 		}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tendril_egress_relay_bytes_total", Help: "Bytes relayed, by direction (to_server, from_server), counted when a connection ends.",
+			Name: "tendril_egress_relay_bytes_total", Help: "Bytes of gRPC messages relayed, by direction (to_server, from_server), counted when a tunnel ends.",
 		}, []string{"direction"}),
 		dialSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tendril_egress_relay_dial_seconds", Help: "Time to dial tendril-server, complete the TLS handshake and receive its first bytes.",
+			Name: "tendril_egress_relay_dial_seconds", Help: "Time to open a stream to tendril-server (with a new connection: its dial and TLS handshake).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		certLoads: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -36,7 +36,10 @@ func newMetrics(reg prometheus.Registerer, r *Relay) *metrics {
 		limit := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tendril_egress_relay_max_connections", Help: "The cap on connections relayed at once.",
 		}, func() float64 { return float64(r.cfg.MaxConnections) })
-		reg.MustRegister(m.connections, m.active, m.bytes, m.dialSeconds, m.certLoads, limit)
+		upstream := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tendril_egress_relay_server_connections", Help: "Connections to tendril-server that carry the tunnels (1; 2 while a rotated certificate's tunnels finish).",
+		}, func() float64 { return float64(r.up.connections()) })
+		reg.MustRegister(m.connections, m.active, m.bytes, m.dialSeconds, m.certLoads, limit, upstream)
 	}
 	return m
 }

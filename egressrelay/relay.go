@@ -1,32 +1,36 @@
 // Package egressrelay carries kube-apiserver's konnectivity gRPC egress from a Unix socket in
 // kube-apiserver's pod to tendril-server in another pod. kube-apiserver's EgressSelector dials
 // gRPC only over a Unix socket ("UDS transport must be specified for GRPC"), so the relay runs as
-// a sidecar beside it: it listens on the socket in a volume both containers share, and for each
-// accepted connection dials tendril-server's gRPC front-end over mutual TLS (ALPN h2) and copies
-// the bytes both ways. It does not speak gRPC or konnectivity: kube-apiserver and tendril-server
-// speak it to each other through the relay, one gRPC connection per relayed connection (the
-// konnectivity client opens a single-use connection per dial). It knows nothing of Kubernetes
-// objects; the certificate files it is given may be rotated under it (mounted Secrets) and are
-// read again when they change.
+// a sidecar beside it: it serves konnectivity's ProxyService on the socket, in a volume both
+// containers share, and relays every tunnel kube-apiserver opens (konnectivity-client opens one
+// gRPC connection with one Proxy stream per dial) as a stream of one long-lived gRPC connection
+// to tendril-server's front-end over mutual TLS. A dial thus costs a new HTTP/2 stream, not a
+// TCP connection and a TLS handshake; each stream has its own HTTP/2 flow control, so one
+// tunnel whose reader stalls holds up no other. The relay relays gRPC messages as they are: it
+// does not decode konnectivity's packets, and kube-apiserver and tendril-server speak the
+// protocol to each other through it. It knows nothing of Kubernetes objects; the certificate
+// files it is given may be rotated under it (mounted Secrets) and are read again when they
+// change.
 package egressrelay
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/tendril-net/tendril/internal/acceptor"
-	"github.com/tendril-net/tendril/internal/relay"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Config configures a Relay. Socket, Server and the three certificate files are required.
@@ -46,15 +50,17 @@ type Config struct {
 	// the CA bundle that signed tendril-server's certificate. They are checked on every new
 	// connection and read again when one of them changed.
 	CertFile, KeyFile, CAFile string
-	// MaxConnections caps connections relayed at once; one beyond it is closed at once and
-	// counted (kube-apiserver's dial fails and it retries). If zero, 1024: kube-apiserver opens
-	// one per exec, logs, port-forward, proxy or webhook call, and tendril-server caps dials in
-	// flight (256) itself; each relayed connection holds two goroutines and two 128 KiB buffers.
+	// MaxConnections caps kube-apiserver's connections (one tunnel each) at once; one beyond it
+	// is closed at once and counted (kube-apiserver's dial fails and it retries). If zero, 1024:
+	// kube-apiserver opens one per exec, logs, port-forward, proxy or webhook call, and
+	// tendril-server caps dials in flight (256) itself. Each relayed tunnel holds two gRPC
+	// streams and three goroutines; the messages in flight are gRPC's pooled buffers, bounded by
+	// HTTP/2's flow-control windows (64 KiB per stream to start, grown by gRPC's BDP estimate).
 	MaxConnections int
-	// HandshakeTimeout bounds the dial, the TLS handshake and tendril-server's first bytes. If
-	// zero, 10 s.
+	// HandshakeTimeout bounds opening a stream to tendril-server, a new connection's dial and TLS
+	// handshake included. If zero, 10 s.
 	HandshakeTimeout time.Duration
-	// IdleTimeout ends a relayed connection without a byte in either direction for this long.
+	// IdleTimeout ends a relayed tunnel without a message in either direction for this long.
 	// If zero, 1 h (tendril-server's own egress idle timeout).
 	IdleTimeout time.Duration
 	// DrainTimeout is how long relayed connections may continue once shutdown began. If zero,
@@ -104,29 +110,33 @@ func (c *Config) defaults() error {
 	return nil
 }
 
-// Connection outcomes, the label of tendril_egress_relay_connections_total.
+// Outcomes of kube-apiserver's connections, the label of tendril_egress_relay_connections_total.
 const (
-	outcomeRelayed    = "relayed"     // dialled, handshake done, bytes relayed
-	outcomeTooMany    = "too_many"    // MaxConnections reached: closed at once
-	outcomeNoCerts    = "no_certs"    // the certificate files could never be loaded
-	outcomeDialFailed = "dial_failed" // TCP dial to tendril-server failed or timed out
-	outcomeTLSFailed  = "tls_failed"  // the TLS handshake failed (server certificate, protocol)
-	outcomeRejected   = "rejected"    // tendril-server closed before its first bytes (client certificate refused)
-	outcomeNotGRPC    = "not_grpc"    // the server did not negotiate h2
-	outcomeClientGone = "client_gone" // kube-apiserver's connection ended before the server's first bytes reached it
-	outcomeShutdown   = "shutdown"    // the relay was stopping
+	outcomeRelayed     = "relayed"     // a stream to tendril-server opened, messages relayed until either end finished
+	outcomeTooMany     = "too_many"    // MaxConnections reached: closed at once
+	outcomeNoCerts     = "no_certs"    // the certificate files could never be loaded
+	outcomeUnavailable = "unavailable" // no connection to tendril-server: dial, TLS handshake or client certificate refused (the log says which)
+	outcomeTimeout     = "timeout"     // no stream to tendril-server within HandshakeTimeout
+	outcomeNotProxy    = "not_proxy"   // kube-apiserver called another method than konnectivity's Proxy
+	outcomeShutdown    = "shutdown"    // the relay was stopping
 )
 
-// Relay relays connections from a Unix socket to tendril-server's gRPC front-end.
+var errShutdown = errors.New("egressrelay: shutting down")
+
+// Relay relays kube-apiserver's konnectivity tunnels from a Unix socket to tendril-server's gRPC
+// front-end.
 type Relay struct {
 	cfg     Config
 	log     logr.Logger
 	certs   *certLoader
-	accept  *acceptor.Server
+	up      *upstreams
 	metrics *metrics
 	ready   atomic.Bool
+	conns   atomic.Int64   // kube-apiserver's connections open, against MaxConnections
+	streams sync.WaitGroup // the relaying goroutines a handler leaves behind (see forward)
 
 	refusedLogged atomic.Int64 // unix nanoseconds of the last "too many connections" log line
+	failedLogged  atomic.Int64 // unix nanoseconds of the last "tendril-server unavailable" log line
 }
 
 // New checks cfg and loads the certificates once (a relay that could never dial fails at start).
@@ -135,22 +145,13 @@ func New(cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, log: cfg.Log}
-	r.accept = &acceptor.Server{
-		Handle: func(ctx context.Context, c net.Conn, _ *acceptor.Conns) { r.serve(ctx, c) },
-		Max:    cfg.MaxConnections,
-		Refused: func(net.Conn) {
-			r.metrics.connections.WithLabelValues(outcomeTooMany).Inc()
-			r.logRefusal()
-		},
-		DrainTimeout: cfg.DrainTimeout,
-		Log:          cfg.Log,
-	}
 	r.metrics = newMetrics(cfg.Registry, r)
 	r.certs = &certLoader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, caFile: cfg.CAFile, serverName: cfg.ServerName,
 		log: cfg.Log, loaded: r.metrics.certLoads}
 	if _, err := r.certs.config(); err != nil {
 		return nil, err
 	}
+	r.up = &upstreams{server: cfg.Server, handshakeTimeout: cfg.HandshakeTimeout, certs: r.certs}
 	return r, nil
 }
 
@@ -207,105 +208,232 @@ func Listen(path string, mode fs.FileMode) (*net.UnixListener, error) {
 }
 
 // Serve is Run with the listener already bound; it closes l (which removes a socket made by
-// Listen). Closing kube-apiserver's side of a relayed connection ends it both ways.
+// Listen). When ctx ends, kube-apiserver's connections get HTTP/2 GOAWAY (no new tunnels on
+// them), tunnels in flight may finish for DrainTimeout, then the rest are closed, and last the
+// connection to tendril-server.
 func (r *Relay) Serve(ctx context.Context, l net.Listener) error {
+	g := grpc.NewServer(grpc.UnknownServiceHandler(r.forward), grpc.ForceServerCodecV2(rawCodec{}))
+	served := make(chan error, 1)
 	r.ready.Store(true)
-	defer r.ready.Store(false)
-	if err := r.accept.Serve(ctx, l); err != nil {
-		return fmt.Errorf("egressrelay: accept: %w", err)
+	go func() { served <- g.Serve(&limitListener{Listener: l, r: r}) }()
+	var err error
+	select {
+	case err = <-served:
+	case <-ctx.Done():
+		r.ready.Store(false)
+		drained := make(chan struct{})
+		go func() { g.GracefulStop(); close(drained) }()
+		t := time.NewTimer(r.cfg.DrainTimeout)
+		select {
+		case <-drained:
+		case <-t.C:
+			r.log.Info("Drain period over, closing the tunnels still relayed", "drainTimeout", r.cfg.DrainTimeout)
+			g.Stop()
+			<-drained
+		}
+		t.Stop()
+		err = <-served
+	}
+	r.ready.Store(false)
+	g.Stop()
+	r.streams.Wait()
+	r.up.close()
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("egressrelay: serve: %w", err)
 	}
 	return nil
 }
 
+// limitListener refuses connections beyond MaxConnections: closed at once and counted, so that
+// kube-apiserver's dial fails fast and it retries, rather than waiting in the socket's backlog.
+type limitListener struct {
+	net.Listener
+	r *Relay
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.r.conns.Add(1) > int64(l.r.cfg.MaxConnections) {
+			l.r.conns.Add(-1)
+			c.Close()
+			l.r.metrics.connections.WithLabelValues(outcomeTooMany).Inc()
+			l.r.logRefusal()
+			continue
+		}
+		return &countedConn{Conn: c, r: l.r}, nil
+	}
+}
+
+type countedConn struct {
+	net.Conn
+	r    *Relay
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.r.conns.Add(-1) })
+	return c.Conn.Close()
+}
+
 // logRefusal logs a refused connection at most once a second (a flood is in the counter).
 func (r *Relay) logRefusal() {
-	now := time.Now().UnixNano()
-	last := r.refusedLogged.Load()
-	if now-last < int64(time.Second) || !r.refusedLogged.CompareAndSwap(last, now) {
+	if !onceASecond(&r.refusedLogged) {
 		return
 	}
 	r.log.Info("Too many connections, refusing (counted in tendril_egress_relay_connections_total{outcome=\"too_many\"})",
 		"max", r.cfg.MaxConnections)
 }
 
-// serve relays one connection from kube-apiserver.
-func (r *Relay) serve(ctx context.Context, c net.Conn) {
+// onceASecond reports whether a second passed since it last returned true for last.
+func onceASecond(last *atomic.Int64) bool {
+	now := time.Now().UnixNano()
+	prev := last.Load()
+	return now-prev >= int64(time.Second) && last.CompareAndSwap(prev, now)
+}
+
+// forward relays one of kube-apiserver's Proxy streams as a stream to tendril-server. Two
+// goroutines copy messages, one per direction. The handler returns as soon as tendril-server's
+// side ended (its status, OK or an error such as a refused dial, goes to kube-apiserver), and
+// the goroutine still blocked reading kube-apiserver's side ends when gRPC cancels that stream,
+// right after: the relay owns it (r.streams) and Serve waits for it.
+func (r *Relay) forward(_ any, down grpc.ServerStream) error {
+	if m, _ := grpc.MethodFromServerStream(down); m != proxyMethod {
+		r.metrics.connections.WithLabelValues(outcomeNotProxy).Inc()
+		return status.Errorf(codes.Unimplemented, "tendril-egress-relay relays konnectivity's %s only, not %s", proxyMethod, m)
+	}
+	ctx, cancel := context.WithCancel(down.Context())
+	defer cancel()
 	start := time.Now()
-	up, outcome, err := r.dial(ctx, c)
+	up, c, outcome, err := r.open(ctx, cancel)
 	r.metrics.dialSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		r.metrics.connections.WithLabelValues(outcome).Inc()
-		r.log.Info("Connection to tendril-server failed, closing kube-apiserver's connection",
-			"outcome", outcome, "server", r.cfg.Server, "error", err.Error())
-		return
+		if onceASecond(&r.failedLogged) {
+			r.log.Info("No stream to tendril-server, failing kube-apiserver's tunnel (log lines at most once a second; all counted)",
+				"outcome", outcome, "server", r.cfg.Server, "serverName", r.cfg.ServerName, "error", err.Error())
+		}
+		return status.Errorf(codes.Unavailable, "tendril-egress-relay: %v", err)
 	}
-	defer up.Close()
+	defer r.up.release(c)
 	r.metrics.connections.WithLabelValues(outcomeRelayed).Inc()
 	r.metrics.active.Inc()
 	defer r.metrics.active.Dec()
-	toServer, fromServer := relay.Pipe(c, up, r.cfg.IdleTimeout)
-	r.metrics.bytes.WithLabelValues("to_server").Add(float64(toServer))
-	r.metrics.bytes.WithLabelValues("from_server").Add(float64(fromServer))
+
+	idle := newIdleTimer(r.cfg.IdleTimeout, cancel)
+	defer idle.stop()
+	var toServer, fromServer atomic.Int64
+	defer func() {
+		r.metrics.bytes.WithLabelValues("to_server").Add(float64(toServer.Load()))
+		r.metrics.bytes.WithLabelValues("from_server").Add(float64(fromServer.Load()))
+	}()
+	r.streams.Add(1)
+	go func() { // kube-apiserver → tendril-server
+		defer r.streams.Done()
+		for {
+			var f frame
+			if err := down.RecvMsg(&f); err != nil {
+				if errors.Is(err, io.EOF) {
+					_ = up.CloseSend() // kube-apiserver closed its side; tendril-server's may go on
+				} else {
+					cancel()
+				}
+				return
+			}
+			n := int64(f.data.Len())
+			idle.touch()
+			if err := up.SendMsg(&f); err != nil {
+				f.data.Free() // nil when gRPC took it
+				return        // up's status comes from RecvMsg below
+			}
+			toServer.Add(n)
+		}
+	}()
+	for { // tendril-server → kube-apiserver
+		var f frame
+		if err := up.RecvMsg(&f); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if idle.fired() {
+				return status.Errorf(codes.DeadlineExceeded, "tendril-egress-relay: no message either way for %v", r.cfg.IdleTimeout)
+			}
+			return err // tendril-server's status, or the cancellation of kube-apiserver's stream
+		}
+		n := int64(f.data.Len())
+		idle.touch()
+		if err := down.SendMsg(&f); err != nil {
+			f.data.Free()
+			return err
+		}
+		fromServer.Add(n)
+	}
 }
 
-// firstBytes is the most the relay reads of tendril-server's first bytes (its HTTP/2 SETTINGS
-// frame: a 9-byte header and a few 6-byte settings).
-const firstBytes = 4 << 10
-
-// dial connects to tendril-server over mutual TLS and waits for its first bytes, which it passes
-// on to c. Waiting is how a refused client certificate shows up here, in the relay's log and
-// metrics, rather than as a broken stream inside kube-apiserver: in TLS 1.3 the client's
-// handshake ends before the server has checked the client's certificate, and the server's
-// verdict is an alert on the first read. An HTTP/2 server sends its SETTINGS frame as soon as
-// the connection is up (RFC 9113 §3.4; tendril-server's grpc-go does so without waiting for the
-// client's preface), so the first bytes arrive within a round trip. The whole dial is bounded
-// by HandshakeTimeout; kube-apiserver's bytes wait in c meanwhile.
-func (r *Relay) dial(ctx context.Context, c net.Conn) (net.Conn, string, error) {
-	tlsCfg, err := r.certs.config()
+// open opens a stream to tendril-server under ctx, bounded by HandshakeTimeout: cancel ends
+// ctx, and so the stream, if the timer fires first.
+func (r *Relay) open(ctx context.Context, cancel context.CancelFunc) (grpc.ClientStream, *upstream, string, error) {
+	c, err := r.up.acquire()
 	if err != nil {
-		return nil, outcomeNoCerts, err
-	}
-	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.HandshakeTimeout)
-	defer cancel()
-	failed := func(outcome string) string {
-		if parent.Err() != nil {
-			return outcomeShutdown
+		if errors.Is(err, errShutdown) {
+			return nil, nil, outcomeShutdown, err
 		}
-		return outcome
+		return nil, nil, outcomeNoCerts, err
 	}
-	raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", r.cfg.Server)
-	if err != nil {
-		return nil, failed(outcomeDialFailed), fmt.Errorf("dial %s: %w", r.cfg.Server, err)
+	timer := time.AfterFunc(r.cfg.HandshakeTimeout, cancel)
+	// While gRPC connects, the stream waits for the connection; the timer bounds the wait. After
+	// a connection failed (refused, TLS) and until the next attempt, streams fail at once with
+	// the reason, which kube-apiserver logs with its failed dial, rather than waiting for the
+	// timeout.
+	up, err := c.cc.NewStream(ctx, proxyStream, proxyMethod)
+	inTime := timer.Stop()
+	switch {
+	case err == nil && inTime:
+		return up, c, "", nil
+	case err == nil:
+		err = fmt.Errorf("no stream to %s within %v", r.cfg.Server, r.cfg.HandshakeTimeout)
 	}
-	up := tls.Client(raw, tlsCfg)
-	deadline, _ := ctx.Deadline()
-	_ = up.SetDeadline(deadline)
-	if err := up.HandshakeContext(ctx); err != nil {
-		up.Close()
-		return nil, failed(outcomeTLSFailed), fmt.Errorf("TLS handshake with %s (server name %s): %w", r.cfg.Server, r.cfg.ServerName, err)
+	r.up.release(c)
+	switch {
+	case !inTime:
+		return nil, nil, outcomeTimeout, err
+	case ctx.Err() != nil:
+		return nil, nil, outcomeShutdown, err
 	}
-	if p := up.ConnectionState().NegotiatedProtocol; p != "h2" {
-		up.Close()
-		return nil, outcomeNotGRPC, fmt.Errorf("%s negotiated ALPN %q, not h2: not a gRPC front-end", r.cfg.Server, p)
-	}
-	stop := context.AfterFunc(ctx, func() { up.Close() }) // shutdown while waiting
-	buf := make([]byte, firstBytes)
-	n, err := up.Read(buf)
-	if !stop() || err != nil {
-		up.Close()
-		if err == nil {
-			err = ctx.Err()
-		}
-		return nil, failed(outcomeRejected), fmt.Errorf("tendril-server %s sent nothing after the TLS handshake "+
-			"(a client certificate it does not trust shows here as a remote TLS error): %w", r.cfg.Server, err)
-	}
-	_ = up.SetDeadline(time.Time{})
-	_ = c.SetWriteDeadline(deadline)
-	if _, err := c.Write(buf[:n]); err != nil {
-		up.Close()
-		return nil, outcomeClientGone, fmt.Errorf("pass tendril-server's first bytes on to kube-apiserver: %w", err)
-	}
-	_ = c.SetWriteDeadline(time.Time{})
-	return up, "", nil
+	return nil, nil, outcomeUnavailable, err
 }
+
+// idleTimer cancels a tunnel without a message either way for its period. Messages only stamp
+// the time; the timer checks the stamp when it fires and sleeps again for the rest, so a busy
+// tunnel costs an atomic store per message, not a timer reset.
+type idleTimer struct {
+	period time.Duration
+	last   atomic.Int64 // unix nanoseconds of the last message
+	t      *time.Timer
+	done   atomic.Bool
+}
+
+func newIdleTimer(period time.Duration, cancel context.CancelFunc) *idleTimer {
+	it := &idleTimer{period: period}
+	it.touch()
+	var check func()
+	check = func() {
+		if rest := time.Duration(it.last.Load() + int64(period) - time.Now().UnixNano()); rest > 0 {
+			it.t.Reset(rest)
+			return
+		}
+		it.done.Store(true)
+		cancel()
+	}
+	// Armed for later and reset once it.t is set: check reads it.t.
+	it.t = time.AfterFunc(time.Duration(1<<62), check)
+	it.t.Reset(period)
+	return it
+}
+
+func (it *idleTimer) touch()      { it.last.Store(time.Now().UnixNano()) }
+func (it *idleTimer) fired() bool { return it.done.Load() }
+func (it *idleTimer) stop()       { it.t.Stop() }

@@ -7,9 +7,11 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
 
@@ -17,9 +19,14 @@ import (
 // konnectivity-client as kube-apiserver's client) on l until ctx ends. creds is mutual TLS for
 // TCP, or nil for a Unix socket. Each dial becomes its own TCP connection through the tunnel;
 // kube-apiserver's single-use tunnels carry one connection per gRPC stream, so one slow reader
-// never holds up another connection's bytes.
+// never holds up another connection's bytes. Through tendril-egress-relay, all of one
+// kube-apiserver's tunnels are streams of one connection.
 func (s *Server) ServeGRPC(ctx context.Context, l net.Listener, creds credentials.TransportCredentials) error {
-	opts := []grpc.ServerOption{grpc.ConnectionTimeout(s.cfg.RequestTimeout)}
+	opts := []grpc.ServerOption{grpc.ConnectionTimeout(s.cfg.RequestTimeout),
+		// tendril-egress-relay keeps one connection open for all of kube-apiserver's tunnels and
+		// pings it after 30 s without a frame; gRPC's default policy (a ping at most every
+		// 5 min, none without a stream) would answer those pings with GOAWAY too_many_pings.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second, PermitWithoutStream: true})}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
