@@ -137,6 +137,18 @@ func newHARig(t *testing.T) *haRig {
 	for i := range 2 {
 		r.startAgent(i)
 	}
+	// The pod is this test binary started in the pod's namespace: under load (a CI run, -race)
+	// it may listen only after the tunnel is up, and a first CONNECT then got 502 (connection
+	// refused by the pod's namespace).
+	eventually(t, "the pod answers through the tunnel", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		c, _, err := r.connect(ctx)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
 	return r
 }
 

@@ -204,6 +204,10 @@ type KonnectivityServerConfig struct {
 	ClusterCert, ClusterKey, ClusterCA string
 	// Admin and Health are the admin and health ports' addresses (ip:port).
 	Admin, Health string
+	// UDS, if set, is a Unix socket path for kube-apiserver's side instead of Frontend: no TLS,
+	// as when proxy-server runs beside kube-apiserver in its pod (Frontend and the Server*
+	// files are then not used).
+	UDS string
 }
 
 // ServerArgs returns proxy-server's command line for c.
@@ -215,7 +219,11 @@ func (k Konnectivity) ServerArgs(c KonnectivityServerConfig) ([]string, error) {
 	if c.Mode != "grpc" && c.Mode != "http-connect" {
 		return nil, fmt.Errorf("konnectivity: mode %q: want grpc or http-connect", c.Mode)
 	}
-	fh, fp, err1 := splitPort(c.Frontend)
+	var fh, fp string
+	var err1 error
+	if c.UDS == "" {
+		fh, fp, err1 = splitPort(c.Frontend)
+	}
 	ah, ap, err2 := splitPort(c.AgentListen)
 	adh, adp, err3 := splitPort(c.Admin)
 	hh, hp, err4 := splitPort(c.Health)
@@ -224,12 +232,16 @@ func (k Konnectivity) ServerArgs(c KonnectivityServerConfig) ([]string, error) {
 	}
 	args := []string{bin, "--mode", c.Mode, "--uds-name", "",
 		"--server-bind-address", fh, "--server-port", fp,
-		"--server-cert", c.ServerCert, "--server-key", c.ServerKey, "--server-ca-cert", c.ServerCA,
+		"--server-cert", c.ServerCert, "--server-key", c.ServerKey, "--server-ca-cert", c.ServerCA}
+	if c.UDS != "" {
+		args = []string{bin, "--mode", c.Mode, "--uds-name", c.UDS, "--delete-existing-uds-file", "--server-port", "0"}
+	}
+	args = append(args,
 		"--agent-bind-address", ah, "--agent-port", ap,
 		"--cluster-cert", c.ClusterCert, "--cluster-key", c.ClusterKey,
 		"--admin-bind-address", adh, "--admin-port", adp,
 		"--health-bind-address", hh, "--health-port", hp,
-		"--server-count", "1", "--proxy-strategies", "default"}
+		"--server-count", "1", "--proxy-strategies", "default")
 	if c.ClusterCA != "" {
 		args = append(args, "--cluster-ca-cert", c.ClusterCA)
 	}

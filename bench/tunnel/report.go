@@ -251,7 +251,11 @@ const (
 // evaluate fills Goals from the measurements.
 func (rep *Report) evaluate() {
 	rep.Goals = nil
-	pairs := [][2]string{{TargetTendrilConnect, TargetKonnectivityConnect}, {TargetTendrilGRPC, TargetKonnectivityGRPC}}
+	// Each tendril front-end against konnectivity's with the same protocol and transport:
+	// CONNECT and gRPC over mutual TLS per dial, and kube-apiserver's grpc egress over a Unix
+	// socket (tendril-egress-relay's one long-lived connection; proxy-server beside kube-apiserver).
+	pairs := [][2]string{{TargetTendrilConnect, TargetKonnectivityConnect}, {TargetTendrilGRPC, TargetKonnectivityGRPC},
+		{TargetTendrilRelay, TargetKonnectivityUDS}}
 	add := func(metric, tendril, versus string, v, o, want float64, unit string) {
 		if math.IsNaN(v) || math.IsNaN(o) || o == 0 && v == 0 {
 			return
@@ -475,8 +479,9 @@ func (rep *Report) tables() []table {
 
 	// Dials.
 	dt := table{title: "Dials: a new connection through the path (kube-apiserver's way: a new mutual-TLS connection to the " +
-		"front-end per dial for tendril and konnectivity; a kernel TCP connect for direct and OpenVPN), one round trip " +
-		"to the pod, close. Latency in ms."}
+		"front-end per dial for tendril-connect, tendril-grpc and konnectivity's TCP front-ends; a new gRPC connection on " +
+		"a Unix socket for tendril-relay (the relay then opens a stream on its one connection to tendril-server) and " +
+		"konnectivity-uds; a kernel TCP connect for direct and OpenVPN), one round trip to the pod, close. Latency in ms."}
 	dt.Header, dt.Left = []string{"target"}, []bool{true}
 	for _, n := range rep.Settings.DialWorkers {
 		dt.Header = append(dt.Header, fmt.Sprintf("×%d dials/s", n), "p50", "p99", "worst")

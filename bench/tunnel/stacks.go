@@ -121,10 +121,11 @@ func (r *runner) stacks() []*stack {
 	}
 	add(r.directStack(), TargetDirect)
 	add(r.tlsRelayStack(), TargetTLSRelay)
-	add(r.tendrilStack(), TargetTendrilConnect, TargetTendrilGRPC)
+	add(r.tendrilStack(), TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay)
 	add(r.openvpnStack(), TargetOpenVPN)
-	add(r.konnectivityStack("grpc", TargetKonnectivityGRPC), TargetKonnectivityGRPC)
-	add(r.konnectivityStack("http-connect", TargetKonnectivityConnect), TargetKonnectivityConnect)
+	add(r.konnectivityStack("grpc", TargetKonnectivityGRPC, false), TargetKonnectivityGRPC)
+	add(r.konnectivityStack("http-connect", TargetKonnectivityConnect, false), TargetKonnectivityConnect)
+	add(r.konnectivityStack("grpc", TargetKonnectivityUDS, true), TargetKonnectivityUDS)
 	return out
 }
 
@@ -259,6 +260,16 @@ func waitFor(ctx context.Context, timeout time.Duration, f func() error, procs .
 	}
 }
 
+func acceptsUnix(path string) func() error {
+	return func() error {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+}
+
 func acceptsTCP(a string) func() error {
 	return func() error {
 		c, err := net.DialTimeout("tcp", a, time.Second)
@@ -297,7 +308,7 @@ func (r *runner) tendrilStack() *stack {
 	s := &stack{name: "tendril", probeEvery: 5 * time.Millisecond, probeTimeout: time.Second,
 		path: "tendril-server (seed) ⇄ tendril-ingress (Reversed-VPN CONNECT) ⇄ tendril-agent vpn (shoot): WireGuard over one framed TCP stream, gVisor netstack at both ends"}
 	s.check = func(context.Context) error {
-		for _, b := range []string{"tendril-seed", "tendril-ingress", "tendril-server", "tendril-agent"} {
+		for _, b := range []string{"tendril-seed", "tendril-ingress", "tendril-server", "tendril-agent", "tendril-egress-relay"} {
 			if _, err := os.Stat(r.bin(b)); err != nil {
 				return fmt.Errorf("%s not found (make build)", r.bin(b))
 			}
@@ -362,6 +373,28 @@ func (r *runner) tendrilStack() *stack {
 		}
 		if r.cfg.Konnectivity != nil {
 			s.dial[TargetTendrilGRPC] = grpcDialer(r.cfg.Konnectivity, grpcAddr, r.pki.clientTLS(certTendrilServer), pod)
+		}
+		if r.cfg.Konnectivity != nil && slices.Contains(s.targets, TargetTendrilRelay) {
+			// kube-apiserver's pod with egress grpc: the relay beside it on a Unix socket, one
+			// long-lived mutual-TLS connection to tendril-server for every tunnel.
+			rc, rk, err := r.pki.pair(dir, "relay-client", certAPIServer)
+			if err != nil {
+				return err
+			}
+			relaySock := f("relay.sock")
+			rargv := []string{r.bin("tendril-egress-relay"), "--socket", relaySock, "--server", grpcAddr,
+				"--server-name", certTendrilServer, "--tls-cert-file", rc, "--tls-key-file", rk, "--ca-file", r.pki.caFile,
+				"--metrics-address", ""}
+			rel, err := peers.StartProcess("tendril-egress-relay", f("tendril-egress-relay.log"), rargv[0], rargv[1:]...)
+			if err != nil {
+				return err
+			}
+			s.servers = append(s.servers, rel)
+			s.config += "\n" + strings.Join(rargv, " ")
+			if err := waitFor(ctx, 10*time.Second, acceptsUnix(relaySock), rel); err != nil {
+				return fmt.Errorf("tendril-egress-relay: %w", err)
+			}
+			s.dial[TargetTendrilRelay] = grpcDialer(r.cfg.Konnectivity, "unix://"+relaySock, nil, pod)
 		}
 		return nil
 	}
@@ -451,10 +484,16 @@ func logContains(path, text string) func() error {
 	}
 }
 
-func (r *runner) konnectivityStack(mode, target string) *stack {
+// konnectivityStack is proxy-server and proxy-agent in mode; with uds, kube-apiserver's side is a
+// Unix socket without TLS (proxy-server as kube-apiserver's sidecar), else mutual TLS over TCP.
+func (r *runner) konnectivityStack(mode, target string, uds bool) *stack {
 	k := peers.Konnectivity{CacheDir: r.cfg.CacheDir}
+	front := "--mode " + mode
+	if uds {
+		front += " --uds-name (beside kube-apiserver: its side a Unix socket, no TLS)"
+	}
 	s := &stack{name: target, probeEvery: 20 * time.Millisecond, probeTimeout: 2 * time.Second,
-		path: "konnectivity proxy-server --mode " + mode + " (seed) ⇄ proxy-agent (shoot) dialing the server's agent port directly: one gRPC stream carries every connection"}
+		path: "konnectivity proxy-server " + front + " (seed) ⇄ proxy-agent (shoot) dialing the server's agent port directly: one gRPC stream carries every connection"}
 	s.check = func(ctx context.Context) error {
 		if mode == "grpc" && r.cfg.Konnectivity == nil {
 			return errors.New("no konnectivity client linked (tendril-bench supplies konnectivity-client)")
@@ -493,9 +532,15 @@ func (r *runner) konnectivityStack(mode, target string) *stack {
 		if err := errors.Join(err1, err2, err3); err != nil {
 			return err
 		}
-		argv, err := k.ServerArgs(peers.KonnectivityServerConfig{Mode: mode, Frontend: front,
+		sc := peers.KonnectivityServerConfig{Mode: mode, Frontend: front,
 			ServerCert: fc, ServerKey: fk, ServerCA: r.pki.caFile, AgentListen: agentPort, ClusterCert: cc, ClusterKey: ck,
-			Admin: "127.0.0.1:" + strconv.Itoa(p[2]), Health: health})
+			Admin: "127.0.0.1:" + strconv.Itoa(p[2]), Health: health}
+		accepts := acceptsTCP(front)
+		if uds {
+			sc.UDS = filepath.Join(dir, "konnectivity.sock")
+			accepts = acceptsUnix(sc.UDS)
+		}
+		argv, err := k.ServerArgs(sc)
 		if err != nil {
 			return err
 		}
@@ -506,7 +551,7 @@ func (r *runner) konnectivityStack(mode, target string) *stack {
 		s.servers = append(s.servers, srv)
 		s.config = strings.Join(argv, " ")
 		if err := waitFor(ctx, 20*time.Second, func() error {
-			return errors.Join(acceptsTCP(front)(), httpOK("http://"+health+"/healthz")())
+			return errors.Join(accepts(), httpOK("http://"+health+"/healthz")())
 		}, srv); err != nil {
 			return fmt.Errorf("proxy-server: %w", err)
 		}
@@ -520,13 +565,17 @@ func (r *runner) konnectivityStack(mode, target string) *stack {
 		pod := r.podTarget()
 		tlsCfg := r.pki.clientTLS(certKonnServer)
 		var d dialFunc
-		if mode == "grpc" {
+		s.probeVia = "the " + mode + " front-end over mutual TLS (a dial fails at once while no agent is connected), every 20 ms"
+		switch {
+		case uds:
+			d = grpcDialer(r.cfg.Konnectivity, "unix://"+sc.UDS, nil, pod)
+			s.probeVia = "the " + mode + " front-end on its Unix socket (a dial fails at once while no agent is connected), every 20 ms"
+		case mode == "grpc":
 			d = grpcDialer(r.cfg.Konnectivity, front, tlsCfg, pod)
-		} else {
+		default:
 			d = connectDialer("tcp", front, tlsCfg, pod)
 		}
 		s.probe, s.dial = d, map[string]dialFunc{target: d}
-		s.probeVia = "the " + mode + " front-end over mutual TLS (a dial fails at once while no agent is connected), every 20 ms"
 		return nil
 	}
 	s.startAgent = func(dir string) (*peers.Process, error) {

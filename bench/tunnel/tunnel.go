@@ -54,14 +54,16 @@ const (
 	TargetTLSRelay            = "tls-relay"
 	TargetTendrilConnect      = "tendril-connect"
 	TargetTendrilGRPC         = "tendril-grpc"
+	TargetTendrilRelay        = "tendril-relay"
 	TargetOpenVPN             = "openvpn"
 	TargetKonnectivityGRPC    = "konnectivity-grpc"
 	TargetKonnectivityConnect = "konnectivity-connect"
+	TargetKonnectivityUDS     = "konnectivity-uds"
 )
 
 // Targets are all targets in report order.
-var Targets = []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetOpenVPN,
-	TargetKonnectivityGRPC, TargetKonnectivityConnect}
+var Targets = []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay, TargetOpenVPN,
+	TargetKonnectivityGRPC, TargetKonnectivityConnect, TargetKonnectivityUDS}
 
 // Directions of a transfer.
 const (
