@@ -55,7 +55,7 @@ type Config struct {
 	// kube-apiserver opens one per exec, logs, port-forward, proxy or webhook call, and
 	// tendril-server caps dials in flight (256) itself. Each relayed tunnel holds two gRPC
 	// streams and three goroutines; the messages in flight are gRPC's pooled buffers, bounded by
-	// HTTP/2's flow-control windows (64 KiB per stream to start, grown by gRPC's BDP estimate).
+	// HTTP/2's flow-control windows (streamWindow, 256 KiB per stream and side).
 	MaxConnections int
 	// HandshakeTimeout bounds opening a stream to tendril-server, a new connection's dial and TLS
 	// handshake included. If zero, 10 s.
@@ -212,7 +212,8 @@ func Listen(path string, mode fs.FileMode) (*net.UnixListener, error) {
 // them), tunnels in flight may finish for DrainTimeout, then the rest are closed, and last the
 // connection to tendril-server.
 func (r *Relay) Serve(ctx context.Context, l net.Listener) error {
-	g := grpc.NewServer(grpc.UnknownServiceHandler(r.forward), grpc.ForceServerCodecV2(rawCodec{}))
+	g := grpc.NewServer(grpc.UnknownServiceHandler(r.forward), grpc.ForceServerCodecV2(rawCodec{}),
+		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow), grpc.SharedWriteBuffer(true))
 	served := make(chan error, 1)
 	r.ready.Store(true)
 	go func() { served <- g.Serve(&limitListener{Listener: l, r: r}) }()

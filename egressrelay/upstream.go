@@ -65,6 +65,27 @@ var upstreamKeepalive = keepalive.ClientParameters{Time: 30 * time.Second, Timeo
 // minutes after tendril-server came back.
 var upstreamBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}
 
+// HTTP/2 flow control on both of the relay's sides, static (gRPC's default estimates the
+// bandwidth-delay product and grows a stream's window up to 16 MiB). With gRPC's 64 KiB start,
+// tendril-server's 128 KiB DATA messages waited for window updates at each of the two hops: from
+// the shoot the relay moved 28–30 MB/s at 19.5–25.5 CPU ms/MB, against 91 MB/s and 6.7–7.1 ms/MB
+// for kube-apiserver on tendril-server's gRPC front-end directly; with 256 KiB, 74–76 MB/s at
+// 8.7–9.2 ms/MB (1 MiB did not do better beyond the noise: 85–89 MB/s, 7.6–8.6 ms/MB;
+// tendril-bench tunnel --targets tendril-grpc,tendril-relay --rounds 1, a busy machine).
+//
+// Memory: a stream's window bounds what the relay holds of it, per side: a tunnel whose reader
+// stalls holds at most 2 × 256 KiB here, all MaxConnections (1024) stalled at once 512 MiB. The
+// connection windows are returned on receipt (gRPC), so they bound bytes in flight, not memory,
+// and one stalled stream cannot hold up the others.
+const (
+	streamWindow = 256 << 10
+	connWindow   = 16 << 20
+	// upstreamBuffer is the read and write buffer of the one connection to tendril-server
+	// (gRPC's default 32 KiB meant four syscalls per DATA message). kube-apiserver's
+	// connections keep gRPC's 32 KiB and share write buffers while idle.
+	upstreamBuffer = 128 << 10
+)
+
 // upstreams is the relay's connection to tendril-server: one long-lived gRPC connection over
 // mutual TLS that carries every relayed tunnel as its own stream (HTTP/2 flow control per
 // stream, so a tunnel whose reader stalls holds up no other). gRPC dials it on the first stream
@@ -105,7 +126,9 @@ func (u *upstreams) acquire() (*upstream, error) {
 				timeout: u.handshakeTimeout}),
 			grpc.WithKeepaliveParams(upstreamKeepalive),
 			grpc.WithConnectParams(grpc.ConnectParams{Backoff: upstreamBackoff, MinConnectTimeout: u.handshakeTimeout}),
-			grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
+			grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})),
+			grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(connWindow),
+			grpc.WithReadBufferSize(upstreamBuffer), grpc.WithWriteBufferSize(upstreamBuffer))
 		if err != nil {
 			return nil, fmt.Errorf("egressrelay: client for %s: %w", u.server, err)
 		}
