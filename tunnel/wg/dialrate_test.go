@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,11 +14,14 @@ import (
 
 // TestDialsAtHighRatePodClosesFirst makes thousands of short connections through the tunnel, 32
 // at a time, to one pod that answers and closes first, as tendril-bench tunnel's dial test
-// does. Each dial and its round trip must finish within a deadline far above a normal dial
-// (milliseconds) and below one SYN retransmission (1 s). The pod closing first leaves the
-// agent's end of each connection in TIME-WAIT; with the server's stack picking source ports at
-// random, a dial that drew a port still in TIME-WAIT had its SYN dropped and waited 1 s (9 of
-// 5,000 here; netstack's bindNextPort).
+// does. No dial may stall: take about a SYN retransmission (1 s) while the dials started around
+// it took a fraction of that. The pod closing first leaves the agent's end of each connection in
+// TIME-WAIT; with the server's stack picking source ports at random, a dial that drew a port
+// still in TIME-WAIT had its SYN dropped and waited 1 s (4–9 of 5,000 here, among dials of a
+// few ms; netstack's bindNextPort). The comparison with the neighbours, not a fixed deadline, is
+// what tells a lost SYN from a machine that is busy: a CI run with -race beside other packages
+// made whole groups of dials take 0.5–1.4 s waiting for a CPU (102 dials/s), none lost.
+// (gVisor counts no SYN retransmission in its statistics, so there is no counter to read.)
 func TestDialsAtHighRatePodClosesFirst(t *testing.T) {
 	if testing.Short() {
 		t.Skip("5,000 dials")
@@ -32,16 +36,19 @@ func TestDialsAtHighRatePodClosesFirst(t *testing.T) {
 	const (
 		workers = 32
 		dials   = 5000
-		// deadline is a correctness bound, not a performance target: a dial here takes a few
-		// milliseconds, a lost SYN costs 1 s.
-		deadline = 500 * time.Millisecond
+		// A stall is a dial of at least stallAt that took stallRatio × the median of the dials
+		// started within neighbourhood of it. A lost SYN costs 1 s (gVisor's initial RTO); a
+		// dial here takes a few milliseconds.
+		stallAt       = 900 * time.Millisecond
+		stallRatio    = 5
+		neighbourhood = 250 * time.Millisecond
 	)
 	dst := netip.MustParseAddrPort("10.123.0.1:80")
 	var (
 		next  atomic.Int64
 		mu    sync.Mutex
 		worst time.Duration
-		slow  []string
+		took  []timedDial
 		wg    sync.WaitGroup
 	)
 	start := time.Now()
@@ -57,9 +64,7 @@ func TestDialsAtHighRatePodClosesFirst(t *testing.T) {
 				}
 				mu.Lock()
 				worst = max(worst, el)
-				if el > deadline {
-					slow = append(slow, fmt.Sprintf("dial %d: %v at %v", i, el.Round(time.Millisecond), t0.Sub(start).Round(time.Millisecond)))
-				}
+				took = append(took, timedDial{n: i, start: t0.Sub(start), took: el})
 				mu.Unlock()
 			}
 		})
@@ -67,9 +72,37 @@ func TestDialsAtHighRatePodClosesFirst(t *testing.T) {
 	wg.Wait()
 	el := time.Since(start)
 	t.Logf("%d dials in %v (%.0f/s), worst %v; agent %+v", dials, el.Round(time.Millisecond), dials/el.Seconds(), worst, w.agent.StackStats())
-	if len(slow) > 0 {
-		t.Errorf("%d dials took over %v: %v", len(slow), deadline, slow)
+	var stalls []string
+	for _, d := range took {
+		if d.took < stallAt {
+			continue
+		}
+		var around []time.Duration
+		for _, o := range took {
+			if o.n != d.n && o.start > d.start-neighbourhood && o.start < d.start+neighbourhood {
+				around = append(around, o.took)
+			}
+		}
+		slices.Sort(around)
+		if len(around) == 0 || d.took > stallRatio*around[len(around)/2] {
+			var median time.Duration
+			if len(around) > 0 {
+				median = around[len(around)/2]
+			}
+			stalls = append(stalls, fmt.Sprintf("dial %d: %v at %v (median of the %d started within %v: %v)", d.n,
+				d.took.Round(time.Millisecond), d.start.Round(time.Millisecond), len(around), neighbourhood, median.Round(time.Millisecond)))
+		}
 	}
+	if len(stalls) > 0 {
+		t.Errorf("%d dials stalled: %v", len(stalls), stalls)
+	}
+}
+
+// timedDial is one dial of TestDialsAtHighRatePodClosesFirst: its number, when it started
+// (since the first) and how long it took.
+type timedDial struct {
+	n           int64
+	start, took time.Duration
 }
 
 // pingPod dials dst through tun, sends one byte and reads the pod's three-byte answer.
