@@ -71,9 +71,11 @@ func TestRunMini(t *testing.T) {
 			t.Errorf("%s: %d bulk, %d dial, %d head-of-line results; want 4, 2, 2", tr.Name, len(tr.Bulk), len(tr.Dial), len(tr.HOL))
 		}
 		for _, b := range tr.Bulk {
-			if !strict && b.Bytes <= 0 {
+			if (!strict || tr.Name == TargetTLSRelay) && b.Bytes <= 0 {
 				// A peer may move nothing in a 200 ms window on a loaded machine; this test is
-				// about the harness, the peers' figures come from the real run.
+				// about the harness, the peers' figures come from the real run. So may the TLS
+				// relays, which run in this test binary, under -race (a clean-clone make test
+				// beside other work: tls-relay to-shoot ×2 moved 0 bytes at load average 11).
 				t.Logf("%s bulk %s ×%d: no bytes in the window (%s)", tr.Name, b.Direction, b.Conns, b.FirstError)
 				continue
 			}
