@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -83,6 +84,9 @@ type VPNConfig struct {
 	PrivateKeyFile string
 	ServerKey      string
 	MetricsAddress string
+	// MemoryLimitMiB is the Go runtime's soft memory limit; 0 leaves Go's (none). The
+	// environment's GOMEMLIMIT, if set, wins.
+	MemoryLimitMiB int
 	Log            logr.Logger
 }
 
@@ -109,6 +113,7 @@ func parseVPN(args []string) (VPNConfig, error) {
 	fs.DurationVar(&cfg.VPN.HeartbeatInterval, "heartbeat-interval", time.Second, "how often to send a heartbeat through the tunnel (the server echoes it)")
 	fs.DurationVar(&cfg.VPN.PathTimeout, "path-timeout", 5*time.Second, "end the stream and dial again when heartbeats go unanswered this long")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:16912", "address for /metrics, /healthz and /readyz (empty: off)")
+	fs.IntVar(&cfg.MemoryLimitMiB, "memory-limit-mib", idlemem.TunnelSoftLimitMiB, "soft limit of the Go runtime's memory, MiB (0: none; GOMEMLIMIT in the environment wins): bounds the peak of a load, above it the GC runs more often")
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -123,6 +128,9 @@ func parseVPN(args []string) (VPNConfig, error) {
 
 // RunVPN runs the vpn agent until ctx ends.
 func RunVPN(ctx context.Context, cfg VPNConfig) error {
+	if os.Getenv("GOMEMLIMIT") == "" && cfg.MemoryLimitMiB > 0 {
+		debug.SetMemoryLimit(int64(cfg.MemoryLimitMiB) << 20)
+	}
 	var err error
 	if cfg.VPN.PrivateKey, err = wg.LoadPrivateKey(cfg.PrivateKeyFile); err != nil {
 		return err

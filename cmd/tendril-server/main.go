@@ -56,7 +56,10 @@ type Config struct {
 	// ReleaseStartupPages drops the binary's pages that startup touched from the resident set
 	// once serving and again once the tunnel is up (releaseStartupMemory).
 	ReleaseStartupPages bool
-	Log                 logr.Logger
+	// MemoryLimitMiB is the Go runtime's soft memory limit; 0 leaves Go's (none). The
+	// environment's GOMEMLIMIT, if set, wins.
+	MemoryLimitMiB int
+	Log            logr.Logger
 }
 
 func main() {
@@ -94,6 +97,7 @@ func main() {
 	flag.StringVar(&cfg.MetricsAddress, "metrics-address", ":9090", "address for /metrics, /healthz and /readyz (empty: off)")
 	flag.IntVar(&cfg.MaxConcurrentDials, "max-concurrent-dials", 256, "dials in flight through the tunnel at once; more wait up to the dial timeout, then get 503")
 	flag.BoolVar(&cfg.ReleaseStartupPages, "release-startup-pages", true, "once serving, and again once the first agent's tunnel is up, drop the binary's code and constant pages that startup touched from the resident set (they stay in the page cache and fault back in when used): an idle server's RSS goes from about 19 to 12 MiB")
+	flag.IntVar(&cfg.MemoryLimitMiB, "memory-limit-mib", idlemem.TunnelSoftLimitMiB, "soft limit of the Go runtime's memory, MiB (0: none; GOMEMLIMIT in the environment wins): bounds the peak of a load, above it the GC runs more often")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -123,6 +127,9 @@ func mustAddrs(v string) []netip.Addr {
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
+	if os.Getenv("GOMEMLIMIT") == "" && cfg.MemoryLimitMiB > 0 {
+		debug.SetMemoryLimit(int64(cfg.MemoryLimitMiB) << 20)
+	}
 	priv, err := wg.LoadPrivateKey(cfg.PrivateKeyFile)
 	if err != nil {
 		return err

@@ -41,6 +41,18 @@ const (
 	DefaultLoadAllocs = 16 << 20
 )
 
+// TunnelSoftLimitMiB is the soft memory limit (runtime/debug.SetMemoryLimit, GOMEMLIMIT) that
+// tendril-server and tendril-agent set by default. It bounds the peak of a load, which Run does
+// not: without it the Go heap grows to twice what is live (GOGC 100) before a GC, and a load's
+// live data is mostly bytes in flight, bounded by the inner TCP windows (up to 8 MiB received
+// per bulk connection, tunnel/netstack) and the relays' 128 KiB buffers. tendril-bench tunnel
+// (tendril-connect, bulk ×1 and ×4, dials ×1 and ×32, head-of-line; peak VmHWM, MiB): without a
+// limit tendril-server 103 and tendril-agent 65 (155 and 109 in make bench), with 64 MiB 69 and
+// 61, with 48 MiB 55 and 52 — konnectivity's proxy-server 61–73 and proxy-agent 48–67 under the
+// same load — at CPU per MB within the run-to-run spread. Live data beyond it is not refused:
+// the GC runs more often, and Go caps its CPU at half the process's.
+const TunnelSoftLimitMiB = 48
+
 // Config tunes Run; the zero value takes the defaults.
 type Config struct {
 	// Every is the interval between checks. 0 means DefaultEvery.
