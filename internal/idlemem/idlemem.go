@@ -46,12 +46,14 @@ const (
 // not: without it the Go heap grows to twice what is live (GOGC 100) before a GC, and a load's
 // live data is mostly bytes in flight, bounded by the inner TCP windows (up to 8 MiB received
 // per bulk connection, tunnel/netstack) and the relays' 128 KiB buffers. tendril-bench tunnel
-// (tendril-connect, bulk ×1 and ×4, dials ×1 and ×32, head-of-line; peak VmHWM, MiB): without a
-// limit tendril-server 103 and tendril-agent 65 (155 and 109 in make bench), with 64 MiB 69 and
-// 61, with 48 MiB 55 and 52 — konnectivity's proxy-server 61–73 and proxy-agent 48–67 under the
-// same load — at CPU per MB within the run-to-run spread. Live data beyond it is not refused:
-// the GC runs more often, and Go caps its CPU at half the process's.
-const TunnelSoftLimitMiB = 48
+// (tendril-connect: bulk ×1 and ×4 both ways, dials ×1 and ×32, head-of-line; peak VmHWM of
+// tendril-server / tendril-agent, MiB, one run each on a busy machine): no limit 103 / 65 (155 /
+// 109 in make bench), 64 MiB 69 / 61, 48 MiB 55 / 52–53, 32 MiB 47 / 45; konnectivity's
+// proxy-server / proxy-agent under the same load 46–73 / 47–67. CPU per MB stayed within the
+// run-to-run spread (32 MiB: 4.5–5.5 ms/MB against 5.4–6.8 without), so the live data of that
+// load is below 32 MiB and the limit only takes the GC's slack away. Live data beyond the limit
+// is not refused: the GC runs more often, and Go caps its CPU at half the process's.
+const TunnelSoftLimitMiB = 32
 
 // Config tunes Run; the zero value takes the defaults.
 type Config struct {
