@@ -197,6 +197,11 @@ type Socket struct {
 // the socket goes to the pair as it is (no duplicate, no keepalive options; TCP_NODELAY as Go
 // sets it). It returns when the connection is established, refused, or ctx ends.
 func (ls *Loops) Dial(ctx context.Context, addr netip.AddrPort) (*Socket, error) {
+	// A context already done dials nothing: without this check a refusal that arrived as fast
+	// as the cancellation (loopback) raced it in the select below.
+	if err := ctx.Err(); err != nil {
+		return nil, dialError(addr, err)
+	}
 	ip := addr.Addr().Unmap()
 	var sa unix.Sockaddr
 	family := unix.AF_INET
