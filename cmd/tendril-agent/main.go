@@ -150,8 +150,15 @@ func RunVPN(ctx context.Context, cfg VPNConfig) error {
 		return err
 	}
 	g.Go(func() error { return agent.Run(ctx) })
-	// The memory of a load back to the system once it is over (idlemem).
-	g.Go(func() error { return idlemem.Run(ctx, idlemem.Config{}) })
+	// The memory of a load back to the system once it is over (idlemem), with the binary's pages
+	// the load faulted in (the netstack's and WireGuard's paths), as tendril-server does.
+	g.Go(func() error {
+		return idlemem.Run(ctx, idlemem.Config{Released: func() {
+			if _, err := idlemem.ReleaseBinaryPages(); err != nil {
+				cfg.Log.V(1).Info("Releasing the binary's pages failed (memory only)", "error", err.Error())
+			}
+		}})
+	})
 	return g.Wait()
 }
 

@@ -238,7 +238,7 @@ func Run(ctx context.Context, cfg Config) error {
 			// The load faulted in code that an idle server does not run (TLS handshakes,
 			// the front-ends' and the netstack's paths): drop it again, as after start-up.
 			if cfg.ReleaseStartupPages {
-				if _, err := releaseStartupPages(); err != nil {
+				if _, err := idlemem.ReleaseBinaryPages(); err != nil {
 					cfg.Log.V(1).Info("Releasing the binary's pages failed (memory only)", "error", err.Error())
 				}
 			}
@@ -249,10 +249,10 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // releaseStartupMemory returns what start-up allocated and no longer needs to the system, then
-// drops the binary's pages from the resident set (releaseStartupPages).
+// drops the binary's pages from the resident set (idlemem.ReleaseBinaryPages).
 func releaseStartupMemory(log logr.Logger) {
 	debug.FreeOSMemory()
-	if _, err := releaseStartupPages(); err != nil {
+	if _, err := idlemem.ReleaseBinaryPages(); err != nil {
 		log.Info("Releasing startup pages failed (memory only)", "error", err.Error())
 	}
 }

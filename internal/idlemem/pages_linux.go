@@ -1,4 +1,4 @@
-package main
+package idlemem
 
 import (
 	"bufio"
@@ -9,8 +9,9 @@ import (
 	"syscall"
 )
 
-// releaseStartupPages drops the executable's read-only pages (code and constant data) from the
-// process's resident set once startup is over, and marks them for random access.
+// ReleaseBinaryPages drops the executable's read-only pages (code and constant data) from the
+// process's resident set, once startup or a load is over, and marks them for random access. It
+// returns how many mappings it released.
 //
 // Measured on tendril-server (26 MB binary, idle, no agent): 19 MiB RSS, of which 3 MiB
 // anonymous memory and 14 MiB pages of the binary, 88 % of its code and 78 % of its read-only
@@ -26,7 +27,7 @@ import (
 // the executable that are read-only and hold no page of their own are touched: writable ones
 // (.data, .bss) and read-only ones the dynamic linker wrote to (relocations in a PIE build,
 // RELRO) would lose their contents.
-func releaseStartupPages() (int, error) {
+func ReleaseBinaryPages() (int, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return 0, err
