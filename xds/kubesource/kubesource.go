@@ -580,36 +580,31 @@ func (s *Source) resolveClaims() []model.Shoot {
 		}
 		return cmp.Compare(a.obj.Namespace, b.obj.Namespace)
 	})
-	hosts := make(map[string]string)
-	advertised := make(map[netip.Addr]string)
+	var claims model.Claims
 	set := make([]model.Shoot, 0, len(cands))
 	for _, r := range cands {
-		conflict := ""
-		for _, h := range r.shoot.Hosts {
-			if other, ok := hosts[h]; ok {
-				conflict = fmt.Sprintf("hostname %s is already routed to namespace %s", h, other)
-				break
-			}
-		}
-		if a := r.shoot.AdvertisedAddress; conflict == "" && a.IsValid() {
-			if other, ok := advertised[a]; ok {
-				conflict = fmt.Sprintf("advertisedAddress %s is already routed to namespace %s", a, other)
-			}
-		}
-		if conflict != "" {
-			r.claim = conflict + " (by an older Route)."
+		if err := claims.Admit(r.shoot); err != nil {
+			r.claim = claimMessage(err) + " (by an older Route)."
 			continue
-		}
-		for _, h := range r.shoot.Hosts {
-			hosts[h] = r.obj.Namespace
-		}
-		if a := r.shoot.AdvertisedAddress; a.IsValid() {
-			advertised[a] = r.obj.Namespace
 		}
 		set = append(set, r.shoot)
 	}
 	model.Sort(set)
 	return set
+}
+
+// claimMessage says which claim of a route model.Claims.Admit refused (the first), in the
+// Route's terms: a shoot is its namespace.
+func claimMessage(err error) string {
+	var c *model.Conflict
+	switch {
+	case !errors.As(err, &c):
+		return err.Error()
+	case c.Host != "":
+		return fmt.Sprintf("hostname %s is already routed to namespace %s", c.Host, c.Holder)
+	default:
+		return fmt.Sprintf("advertisedAddress %s is already routed to namespace %s", c.Advertised, c.Holder)
+	}
 }
 
 // conditions computes the Programmed condition of the routes of the named shoots (all when

@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -76,9 +75,8 @@ type Server struct {
 	mu sync.Mutex
 	// shoots is the model last applied per shoot, to skip translating unchanged shoots.
 	shoots map[string]model.Shoot
-	// hosts and advertised are the shoot claiming each server name and advertised address.
-	hosts      map[string]string
-	advertised map[netip.Addr]string
+	// claims are the server names and advertised addresses of the shoots.
+	claims model.Claims
 	// owned lists the resource names of each shoot per type, to find removals.
 	owned map[string]ownedNames
 	// res is every current resource per type: its encoding and version.
@@ -109,8 +107,6 @@ func New(cfg Config) *Server {
 		opts:       cfg.Options,
 		prefix:     prefix,
 		shoots:     make(map[string]model.Shoot),
-		hosts:      make(map[string]string),
-		advertised: make(map[netip.Addr]string),
 		owned:      make(map[string]ownedNames),
 		res:        make(map[string]map[string]resource, len(Types)),
 		generation: make(map[string]uint64, len(Types)),
@@ -258,55 +254,37 @@ func (s *Server) diff(shoots []model.Shoot) (changed []model.Shoot, removed []st
 	}
 	slices.Sort(removed)
 
-	// A claim held by a shoot that changes or goes is released; the changed shoots claim anew.
-	leaving := make(map[string]bool, len(changed)+len(removed))
+	// A claim held by a shoot that changes or goes is released; the changed shoots claim anew
+	// (model.Claims.Admit). Refused, the claims are put back as they were.
+	leaving := make([]string, 0, len(changed)+len(removed))
 	for _, sh := range changed {
-		leaving[sh.Name] = true
+		leaving = append(leaving, sh.Name)
 	}
-	for _, name := range removed {
-		leaving[name] = true
+	leaving = append(leaving, removed...)
+	for _, name := range leaving {
+		s.claims.Release(s.shoots[name])
 	}
-	hosts := make(map[string]string)
-	advertised := make(map[netip.Addr]string)
+	admitted := make([]model.Shoot, 0, len(changed))
 	for _, sh := range changed {
-		for _, h := range sh.Hosts {
-			if other, ok := claim(hosts, s.hosts, leaving, h, sh.Name); ok {
-				errs = append(errs, fmt.Errorf("host %q claimed by both %s and %s", h, other, sh.Name))
-			}
+		if err := s.claims.Admit(sh); err != nil {
+			errs = append(errs, err)
+			continue
 		}
-		if a := sh.AdvertisedAddress; a.IsValid() {
-			if other, ok := claim(advertised, s.advertised, leaving, a, sh.Name); ok {
-				errs = append(errs, fmt.Errorf("advertised address %s claimed by both %s and %s", a, other, sh.Name))
-			}
-		}
+		admitted = append(admitted, sh)
 	}
 	if err := errors.Join(errs...); err != nil {
+		for _, sh := range admitted {
+			s.claims.Release(sh)
+		}
+		for _, name := range leaving {
+			if old, ok := s.shoots[name]; ok {
+				// Held before, by one shoot each, and released above: cannot conflict.
+				_ = s.claims.Admit(old)
+			}
+		}
 		return nil, nil, err
 	}
-	// Accepted: move the claims (each held by one shoot only, so a leaving shoot's are its own).
-	for name := range leaving {
-		old := s.shoots[name]
-		for _, h := range old.Hosts {
-			delete(s.hosts, h)
-		}
-		delete(s.advertised, old.AdvertisedAddress)
-	}
-	maps.Copy(s.hosts, hosts)
-	maps.Copy(s.advertised, advertised)
 	return changed, removed, nil
-}
-
-// claim records in batch that shoot claims key, and returns the other shoot that holds it: an
-// earlier one of the batch, or one that stays (in held and not leaving).
-func claim[K comparable](batch, held map[K]string, leaving map[string]bool, key K, shoot string) (string, bool) {
-	other, ok := batch[key]
-	batch[key] = shoot
-	if !ok {
-		if o, isHeld := held[key]; isHeld && !leaving[o] {
-			other, ok = o, true
-		}
-	}
-	return other, ok
 }
 
 // ownedNames are the resource names one shoot owns, per type in the order of Types. An array
