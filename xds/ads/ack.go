@@ -227,7 +227,7 @@ func (s *Server) status(name string) ShootStatus {
 	if !ok {
 		return ShootStatus{Name: name, State: StateUnknown}
 	}
-	st := ShootStatus{Name: name, Model: sh.Model}
+	st := ShootStatus{Name: name, Model: sh}
 	pending := false
 	// synced are the nodes with a synced stream, collected only when some are expected.
 	var synced map[string]bool
@@ -244,7 +244,7 @@ func (s *Server) status(name string) ShootStatus {
 		if synced != nil {
 			synced[c.node] = true
 		}
-		for i, names := range sh.Names {
+		for i, names := range s.v.Owned(name) {
 			t := store.Types[i]
 			for _, n := range names {
 				v := s.v.Resources(t)[n].Version

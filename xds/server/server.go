@@ -170,7 +170,7 @@ func (s *Server) diff(shoots []model.Shoot) (changed []model.Shoot, removed []st
 			continue
 		}
 		seen[sh.Name] = struct{}{}
-		if old, ok := applied[sh.Name]; ok && old.Model.Equal(sh) {
+		if old, ok := applied[sh.Name]; ok && old.Equal(sh) {
 			continue
 		}
 		if err := sh.Validate(); err != nil {
@@ -194,7 +194,7 @@ func (s *Server) diff(shoots []model.Shoot) (changed []model.Shoot, removed []st
 	}
 	leaving = append(leaving, removed...)
 	for _, name := range leaving {
-		s.claims.Release(applied[name].Model)
+		s.claims.Release(applied[name])
 	}
 	admitted := make([]model.Shoot, 0, len(changed))
 	for _, sh := range changed {
@@ -211,7 +211,7 @@ func (s *Server) diff(shoots []model.Shoot) (changed []model.Shoot, removed []st
 		for _, name := range leaving {
 			if old, ok := applied[name]; ok {
 				// Held before, by one shoot each, and released above: cannot conflict.
-				_ = s.claims.Admit(old.Model)
+				_ = s.claims.Admit(old)
 			}
 		}
 		return nil, nil, err
