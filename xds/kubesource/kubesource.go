@@ -2,7 +2,7 @@
 // Services and EndpointSlices they reference, builds the routing model from them (the namespace
 // is the shoot), and applies it to the xDS server, as the route file source does without
 // Kubernetes. It writes each Route's Programmed condition from what the connected data planes
-// acknowledged (server.ShootStatus).
+// acknowledged (Server.ShootStatus; xds/server is the Server).
 //
 // Events are coalesced (100 ms quiet, at most 500 ms by default) and nothing is published before
 // the informers have synced: an empty set published early would withdraw every shoot. A change
@@ -39,14 +39,32 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
+	"github.com/tendril-net/tendril/xds/ads"
 	"github.com/tendril-net/tendril/xds/model"
-	"github.com/tendril-net/tendril/xds/server"
+	"github.com/tendril-net/tendril/xds/store"
 )
+
+// Server is what the source needs of the xDS server (xds/server.Server is one): it applies the
+// route set, is told which data planes must hold it, and reports per shoot what they
+// acknowledged.
+type Server interface {
+	// Apply makes shoots the complete route set, or refuses it and keeps what it had.
+	Apply(shoots []model.Shoot) (store.Stats, error)
+	// SetExpectedNodes names the data planes (xDS node IDs) a shoot must be held by to be
+	// programmed.
+	SetExpectedNodes(nodes []string)
+	// ShootStatus is the acknowledgement state of one shoot's current resources.
+	ShootStatus(name string) ads.ShootStatus
+	// StatusChanges is signalled when a shoot's status may have changed; TakeStatusChanges
+	// then returns those shoots' status.
+	StatusChanges() <-chan struct{}
+	TakeStatusChanges() []ads.ShootStatus
+}
 
 // Config configures the source. Server is required; the zero value of every other field works.
 type Config struct {
 	// Server receives the route set and reports what the data planes acknowledged.
-	Server *server.Server
+	Server Server
 	// Log receives the source's logs. The zero value discards them.
 	Log logr.Logger
 	// Registry receives the metrics. If nil, they are not registered.
@@ -66,7 +84,7 @@ type Config struct {
 	Services []string
 	// Ingress is the shared ingress's Service. The Pods behind its ready endpoints are the
 	// ingress replicas that serve traffic, and a route is Programmed only once each of them
-	// (its xDS node ID is its Pod name) acknowledged it (server.SetExpectedNodes). The manager's
+	// (its xDS node ID is its Pod name) acknowledged it (Server.SetExpectedNodes). The manager's
 	// cache must hold its EndpointSlices. Zero: the connected replicas only.
 	Ingress types.NamespacedName
 	// ReconnectGrace holds Pending writes back for this long after the source starts leading:
@@ -580,36 +598,31 @@ func (s *Source) resolveClaims() []model.Shoot {
 		}
 		return cmp.Compare(a.obj.Namespace, b.obj.Namespace)
 	})
-	hosts := make(map[string]string)
-	advertised := make(map[netip.Addr]string)
+	var claims model.Claims
 	set := make([]model.Shoot, 0, len(cands))
 	for _, r := range cands {
-		conflict := ""
-		for _, h := range r.shoot.Hosts {
-			if other, ok := hosts[h]; ok {
-				conflict = fmt.Sprintf("hostname %s is already routed to namespace %s", h, other)
-				break
-			}
-		}
-		if a := r.shoot.AdvertisedAddress; conflict == "" && a.IsValid() {
-			if other, ok := advertised[a]; ok {
-				conflict = fmt.Sprintf("advertisedAddress %s is already routed to namespace %s", a, other)
-			}
-		}
-		if conflict != "" {
-			r.claim = conflict + " (by an older Route)."
+		if err := claims.Admit(r.shoot); err != nil {
+			r.claim = claimMessage(err) + " (by an older Route)."
 			continue
-		}
-		for _, h := range r.shoot.Hosts {
-			hosts[h] = r.obj.Namespace
-		}
-		if a := r.shoot.AdvertisedAddress; a.IsValid() {
-			advertised[a] = r.obj.Namespace
 		}
 		set = append(set, r.shoot)
 	}
 	model.Sort(set)
 	return set
+}
+
+// claimMessage says which claim of a route model.Claims.Admit refused (the first), in the
+// Route's terms: a shoot is its namespace.
+func claimMessage(err error) string {
+	var c *model.Conflict
+	switch {
+	case !errors.As(err, &c):
+		return err.Error()
+	case c.Host != "":
+		return fmt.Sprintf("hostname %s is already routed to namespace %s", c.Host, c.Holder)
+	default:
+		return fmt.Sprintf("advertisedAddress %s is already routed to namespace %s", c.Advertised, c.Holder)
+	}
 }
 
 // conditions computes the Programmed condition of the routes of the named shoots (all when
@@ -691,14 +704,14 @@ func (s *Source) condition(r *route) metav1.Condition {
 		return c
 	}
 	st := s.cfg.Server.ShootStatus(r.obj.Namespace)
-	if st.State == server.StateUnknown || !reflect.DeepEqual(st.Model, r.shoot) {
+	if st.State == ads.StateUnknown || !reflect.DeepEqual(st.Model, r.shoot) {
 		c.Reason, c.Message = tendrilv1alpha1.ReasonPending, "Waiting for the control plane to publish the route."
 		return c
 	}
 	switch st.State {
-	case server.StateProgrammed:
+	case ads.StateProgrammed:
 		c.Status, c.Reason, c.Message = metav1.ConditionTrue, tendrilv1alpha1.ReasonProgrammed, "Every ingress replica acknowledged the route."
-	case server.StateRejected:
+	case ads.StateRejected:
 		c.Reason, c.Message = tendrilv1alpha1.ReasonRejected, "An ingress replica rejected the route: "+st.Detail
 	default:
 		// The message must not count replicas: it would change, and be written, per replica.

@@ -151,11 +151,11 @@ func validateLabel(s string) error {
 }
 
 // ValidateSet validates every shoot and the set as a whole: names are unique, and no server name
-// or advertised address belongs to two shoots (either would route one shoot's clients to another).
+// or advertised address belongs to two shoots (either would route one shoot's clients to another;
+// Claims.Admit). A shoot that conflicts is reported against the earlier one that holds the claim.
 func ValidateSet(shoots []Shoot) error {
 	names := make(map[string]bool, len(shoots))
-	hosts := make(map[string]string, len(shoots))
-	advertised := make(map[netip.Addr]string)
+	var claims Claims
 	var errs []error
 	for _, s := range shoots {
 		if err := s.Validate(); err != nil {
@@ -167,17 +167,8 @@ func ValidateSet(shoots []Shoot) error {
 			continue
 		}
 		names[s.Name] = true
-		for _, h := range s.Hosts {
-			if other, ok := hosts[h]; ok {
-				errs = append(errs, fmt.Errorf("host %q claimed by both %s and %s", h, other, s.Name))
-			}
-			hosts[h] = s.Name
-		}
-		if a := s.AdvertisedAddress; a.IsValid() {
-			if other, ok := advertised[a]; ok {
-				errs = append(errs, fmt.Errorf("advertised address %s claimed by both %s and %s", a, other, s.Name))
-			}
-			advertised[a] = s.Name
+		if err := claims.Admit(s); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

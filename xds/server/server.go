@@ -1,46 +1,70 @@
-// Package server is tendril's xDS control plane: it keeps the translated resources, encoded, and
-// serves them over ADS, both delta and state-of-the-world. It updates a resource only when its
-// content changed, so a rebuild with no change pushes nothing and one shoot's change sends only
-// that shoot's resources. Each stream keeps the names that changed since its last response, so
-// the cost of a change is proportional to what changed times the connected streams, never to
-// the number of shoots. It tracks which resource versions each delta client has ACKed or NACKed
-// and reports per shoot whether every connected client holds its current resources (ShootStatus,
-// StatusChanges), which is what a Route's Programmed condition reports. It does not watch sources
-// (xds/source and xds/kubesource do) or translate (xds/translate).
+// Package server is tendril's xDS control plane, assembled: Apply validates a route set, admits
+// the server names and advertised addresses of the shoots that changed (model.Claims), translates
+// and encodes their resources (xds/translate) and commits them to the resource store
+// (xds/store); Serve serves the store over ADS and reports per shoot what the data planes
+// acknowledged (xds/ads). It updates a resource only when its content changed, so a rebuild with
+// no change pushes nothing and one shoot's change sends only that shoot's resources.
+// Translation runs outside the store's lock, which the streams' ACK handling takes: only the
+// commit of its result holds it. It does not watch sources (xds/source and xds/kubesource do).
 package server
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
-	"net/netip"
+	"net"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tendril-net/tendril/xds/ads"
 	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/store"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
-// MaxRecvMsgSize is the largest request the server accepts. A reconnecting Envoy at 10,000
-// shoots sends back every cluster name and version it holds: ~20,000 names × ~230 B ≈ 4.5 MiB,
-// over grpc-go's 4 MiB default. 64 MiB leaves room for 100,000 shoots.
-const MaxRecvMsgSize = 64 << 20
+// MaxRecvMsgSize is the largest request the server accepts (ads.MaxRecvMsgSize).
+const MaxRecvMsgSize = ads.MaxRecvMsgSize
 
-// Types are the resource types tendril serves, in the order a client should apply them (and the
-// order a stream sends them in when several changed: clusters before their endpoints).
-var Types = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType}
+// Types are the resource types tendril serves, in the order a client should apply them
+// (store.Types).
+var Types = store.Types
+
+// The acknowledgement state of a shoot (ads.ShootStatus).
+type (
+	State       = ads.State
+	ShootStatus = ads.ShootStatus
+)
+
+// States of a shoot (ads.State).
+const (
+	StateUnknown    = ads.StateUnknown
+	StatePending    = ads.StatePending
+	StateProgrammed = ads.StateProgrammed
+	StateRejected   = ads.StateRejected
+)
+
+// Refusal is an error of Config.Authorize with the reason it is counted under (ads.Refusal).
+type Refusal = ads.Refusal
+
+// Refused reasons (ads.ReasonNoNode etc.).
+const (
+	ReasonNoNode              = ads.ReasonNoNode
+	ReasonNodeMismatch        = ads.ReasonNodeMismatch
+	ReasonNoClientCertificate = ads.ReasonNoClientCertificate
+)
+
+// NodeOfCertificate admits a node whose ID is the common name of the client's certificate, or
+// starts with it and a dash; it is a Config.Authorize (ads.NodeOfCertificate).
+func NodeOfCertificate(ctx context.Context, node *corev3.Node) error {
+	return ads.NodeOfCertificate(ctx, node)
+}
 
 // Config configures a Server. The zero value works.
 type Config struct {
@@ -54,48 +78,28 @@ type Config struct {
 	VersionPrefix string
 	// Options shape the constant resources (translate.Options).
 	Options translate.Options
-	// TLS, when set, serves ADS over TLS with it; tlsreload.ServerConfig makes it mutual (auth.go).
-	// Nil: plaintext.
-	TLS *tls.Config
-	// Authorize, when set, admits each stream by the node its requests name (its first request
-	// must name one); a refusal ends the stream with PermissionDenied. NodeOfCertificate binds
-	// the node ID to the client certificate.
+	// TLS and Authorize are the ADS server's (ads.Config): nil serves plaintext and admits
+	// every stream.
+	TLS       *tls.Config
 	Authorize func(ctx context.Context, node *corev3.Node) error
 }
 
-// Server holds the current resources and serves them over ADS.
+// Server holds the current resources and serves them over ADS. Its lifecycle: New, then Apply
+// from any goroutine (one at a time: each waits for the one before) and Serve until its context
+// ends.
 type Server struct {
+	ads     *ads.Server
 	log     logr.Logger
 	opts    translate.Options
-	prefix  string
 	metrics *metrics
-	// tls and authorize are Config's (auth.go).
-	tls       *tls.Config
-	authorize func(context.Context, *corev3.Node) error
+	store   *store.Store
 
+	// mu orders Applies; it guards the fields below, which only Apply uses. The ADS streams
+	// never take it.
 	mu sync.Mutex
-	// shoots is the model last applied per shoot, to skip translating unchanged shoots.
-	shoots map[string]model.Shoot
-	// hosts and advertised are the shoot claiming each server name and advertised address.
-	hosts      map[string]string
-	advertised map[netip.Addr]string
-	// owned lists the resource names of each shoot per type, to find removals.
-	owned map[string]ownedNames
-	// res is every current resource per type: its encoding and version.
-	res map[string]map[string]resource
-	// generation counts the Applies that changed each type: the state-of-the-world version.
-	generation  map[string]uint64
+	// claims are the server names and advertised addresses of the applied shoots.
+	claims      model.Claims
 	constantSet bool
-	// owner is the shoot owning each resource name, per type (constant resources have none).
-	owner map[string]map[string]string
-	// acks tracks what each delta client holds, for ShootStatus (ack.go).
-	acks acks
-	// delta and sotw are the open streams (ads.go); nextID numbers them.
-	delta  map[int64]*deltaStream
-	sotw   map[int64]*sotwStream
-	nextID int64
-	// applied is closed by the first Apply; streams wait for it.
-	applied chan struct{}
 }
 
 // New returns a Server holding no resources.
@@ -104,46 +108,26 @@ func New(cfg Config) *Server {
 	if prefix == "" {
 		prefix = fmt.Sprintf("%x-", time.Now().UnixNano())
 	}
-	s := &Server{
-		log:        cfg.Log,
-		opts:       cfg.Options,
-		prefix:     prefix,
-		shoots:     make(map[string]model.Shoot),
-		hosts:      make(map[string]string),
-		advertised: make(map[netip.Addr]string),
-		owned:      make(map[string]ownedNames),
-		res:        make(map[string]map[string]resource, len(Types)),
-		generation: make(map[string]uint64, len(Types)),
-		owner:      make(map[string]map[string]string, len(Types)),
-		metrics:    newMetrics(cfg.Registry),
-		acks:       newAcks(),
-		delta:      make(map[int64]*deltaStream),
-		sotw:       make(map[int64]*sotwStream),
-		applied:    make(chan struct{}),
-		tls:        cfg.TLS,
-		authorize:  cfg.Authorize,
+	st := store.New(store.Config{VersionPrefix: prefix, Registry: cfg.Registry})
+	return &Server{
+		ads:     ads.New(st, ads.Config{Log: cfg.Log, Registry: cfg.Registry, TLS: cfg.TLS, Authorize: cfg.Authorize}),
+		log:     cfg.Log,
+		opts:    cfg.Options,
+		metrics: newMetrics(cfg.Registry),
+		store:   st,
 	}
-	for _, t := range Types {
-		s.res[t] = make(map[string]resource)
-		s.owner[t] = make(map[string]string)
-	}
-	return s
 }
 
-// Stats says what one Apply changed.
-type Stats struct {
-	// Translated counts the shoots whose model changed and were translated again.
-	Translated int
-	// Updated and Removed count resources written and deleted.
-	Updated, Removed int
-}
+// Stats says what one Apply changed (store.Stats).
+type Stats = store.Stats
 
 // Apply makes shoots the complete route set. Shoots whose model is unchanged are not validated
 // or translated again; of the rest, only resources whose content changed are updated, and only
 // the streams subscribed to them are told. The set must pass model.ValidateSet; Apply refuses it
 // otherwise and keeps what it had. Its cost beyond the changed shoots is one map lookup and
 // comparison per shoot: at 10,000 shoots, validating and comparing the whole set by reflection
-// on every change took 45 ms.
+// on every change took 45 ms. Validating and translating hold only s.mu; the store is locked
+// for the commit alone.
 func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -153,76 +137,19 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 		return Stats{}, fmt.Errorf("apply routes: %w", err)
 	}
 
-	var st Stats
-	// desired collects the new resources of the shoots that changed; released the names those
-	// shoots (and the removed ones) owned before. A released name that is desired again, possibly
-	// by another shoot, is an update rather than a removal. Resources are encoded as they are
-	// collected, so that a full build never holds every shoot's translated messages at once.
-	desired := make(map[string]map[string]resource, len(Types))
-	released := make(map[string]map[string]bool, len(Types))
-	for _, t := range Types {
-		desired[t] = make(map[string]resource)
-		released[t] = make(map[string]bool)
-	}
+	// Resources are encoded as they are collected, so that a full build never holds every
+	// shoot's translated messages at once.
+	c := store.NewChange()
 	if !s.constantSet {
-		s.collect(translate.Constant(s.opts), desired)
+		s.collect(translate.Constant(s.opts), c.Resources)
 	}
-	// touched are the shoots translated again or removed: their status is evaluated afresh.
-	touched := make([]string, 0, len(changed)+len(removed))
 	for _, sh := range changed {
-		st.Translated++
-		touched = append(touched, sh.Name)
-		s.release(sh.Name, released)
-		s.owned[sh.Name] = s.collect(translate.Shoot(sh), desired)
-		s.shoots[sh.Name] = sh
+		c.Shoots = append(c.Shoots, store.Shoot{Model: sh, Names: s.collect(translate.Shoot(sh), c.Resources)})
 	}
-	for _, name := range removed {
-		touched = append(touched, name)
-		s.release(name, released)
-		delete(s.owned, name)
-		delete(s.shoots, name)
-	}
-
-	for _, t := range Types {
-		var changed []string
-		for name, r := range desired[t] {
-			if old, ok := s.res[t][name]; ok && old.version == r.version {
-				continue
-			}
-			s.setCurrent(t, name, r.version, true)
-			s.res[t][name] = r
-			changed = append(changed, name)
-		}
-		st.Updated += len(changed)
-		for name := range released[t] {
-			if _, ok := desired[t][name]; !ok {
-				s.setCurrent(t, name, hash{}, false)
-				delete(s.res[t], name)
-				delete(s.owner[t], name)
-				changed = append(changed, name)
-				st.Removed++
-			}
-		}
-		if len(changed) == 0 {
-			continue
-		}
-		s.generation[t]++
-		s.changed(t, changed)
-		s.metrics.resources.WithLabelValues(t).Set(float64(len(s.res[t])))
-	}
-	if !s.constantSet {
-		close(s.applied)
-	}
+	c.Removed = removed
+	st := s.store.Commit(c)
 	s.constantSet = true
-	for _, name := range touched {
-		for i, names := range s.owned[name] {
-			for _, n := range names {
-				s.owner[Types[i]][n] = name
-			}
-		}
-	}
-	s.evaluate(touched, true)
-	s.metrics.shoots.Set(float64(len(s.shoots)))
+	s.metrics.shoots.Set(float64(len(s.store.Applied())))
 	s.metrics.applyDuration.Observe(time.Since(start).Seconds())
 	s.metrics.changes.Add(float64(st.Updated + st.Removed))
 	return st, nil
@@ -232,8 +159,9 @@ func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
 // names of those that are gone. It validates what it returns as model.ValidateSet would the whole
 // set: the unchanged shoots passed when they were applied, so only the changed ones are checked,
 // and their server names and advertised addresses against the claims of the shoots that stay.
-// Called with s.mu held.
+// Called with s.mu held: Apply is the store's one committer, so it reads store.Applied unlocked.
 func (s *Server) diff(shoots []model.Shoot) (changed []model.Shoot, removed []string, err error) {
+	applied := s.store.Applied()
 	seen := make(map[string]struct{}, len(shoots))
 	var errs []error
 	for _, sh := range shoots {
@@ -242,7 +170,7 @@ func (s *Server) diff(shoots []model.Shoot) (changed []model.Shoot, removed []st
 			continue
 		}
 		seen[sh.Name] = struct{}{}
-		if old, ok := s.shoots[sh.Name]; ok && old.Equal(sh) {
+		if old, ok := applied[sh.Name]; ok && old.Equal(sh) {
 			continue
 		}
 		if err := sh.Validate(); err != nil {
@@ -251,163 +179,99 @@ func (s *Server) diff(shoots []model.Shoot) (changed []model.Shoot, removed []st
 		}
 		changed = append(changed, sh)
 	}
-	for name := range s.shoots {
+	for name := range applied {
 		if _, ok := seen[name]; !ok {
 			removed = append(removed, name)
 		}
 	}
 	slices.Sort(removed)
 
-	// A claim held by a shoot that changes or goes is released; the changed shoots claim anew.
-	leaving := make(map[string]bool, len(changed)+len(removed))
+	// A claim held by a shoot that changes or goes is released; the changed shoots claim anew
+	// (model.Claims.Admit). Refused, the claims are put back as they were.
+	leaving := make([]string, 0, len(changed)+len(removed))
 	for _, sh := range changed {
-		leaving[sh.Name] = true
+		leaving = append(leaving, sh.Name)
 	}
-	for _, name := range removed {
-		leaving[name] = true
+	leaving = append(leaving, removed...)
+	for _, name := range leaving {
+		s.claims.Release(applied[name])
 	}
-	hosts := make(map[string]string)
-	advertised := make(map[netip.Addr]string)
+	admitted := make([]model.Shoot, 0, len(changed))
 	for _, sh := range changed {
-		for _, h := range sh.Hosts {
-			if other, ok := claim(hosts, s.hosts, leaving, h, sh.Name); ok {
-				errs = append(errs, fmt.Errorf("host %q claimed by both %s and %s", h, other, sh.Name))
-			}
+		if err := s.claims.Admit(sh); err != nil {
+			errs = append(errs, err)
+			continue
 		}
-		if a := sh.AdvertisedAddress; a.IsValid() {
-			if other, ok := claim(advertised, s.advertised, leaving, a, sh.Name); ok {
-				errs = append(errs, fmt.Errorf("advertised address %s claimed by both %s and %s", a, other, sh.Name))
-			}
-		}
+		admitted = append(admitted, sh)
 	}
 	if err := errors.Join(errs...); err != nil {
+		for _, sh := range admitted {
+			s.claims.Release(sh)
+		}
+		for _, name := range leaving {
+			if old, ok := applied[name]; ok {
+				// Held before, by one shoot each, and released above: cannot conflict.
+				_ = s.claims.Admit(old)
+			}
+		}
 		return nil, nil, err
 	}
-	// Accepted: move the claims (each held by one shoot only, so a leaving shoot's are its own).
-	for name := range leaving {
-		old := s.shoots[name]
-		for _, h := range old.Hosts {
-			delete(s.hosts, h)
-		}
-		delete(s.advertised, old.AdvertisedAddress)
-	}
-	maps.Copy(s.hosts, hosts)
-	maps.Copy(s.advertised, advertised)
 	return changed, removed, nil
 }
 
-// claim records in batch that shoot claims key, and returns the other shoot that holds it: an
-// earlier one of the batch, or one that stays (in held and not leaving).
-func claim[K comparable](batch, held map[K]string, leaving map[string]bool, key K, shoot string) (string, bool) {
-	other, ok := batch[key]
-	batch[key] = shoot
-	if !ok {
-		if o, isHeld := held[key]; isHeld && !leaving[o] {
-			other, ok = o, true
-		}
-	}
-	return other, ok
-}
-
-// ownedNames are the resource names one shoot owns, per type in the order of Types. An array
-// rather than a map per shoot: at 10,000 shoots the maps' overhead alone was a few MiB.
-type ownedNames [3][]string
-
-// typeIndex is the index of each of Types.
-var typeIndex = func() map[string]int {
-	m := make(map[string]int, len(Types))
-	for i, t := range Types {
-		m[t] = i
-	}
-	return m
-}()
-
-// collect adds r's resources to desired and returns their names per type.
-func (s *Server) collect(r translate.Resources, desired map[string]map[string]resource) ownedNames {
-	var names ownedNames
+// collect encodes r's resources into desired and returns their names per type.
+func (s *Server) collect(r translate.Resources, desired map[string]map[string]store.Resource) store.Names {
+	var names store.Names
 	add := func(t string, name string, res proto.Message) {
 		desired[t][name] = s.encode(name, res)
-		names[typeIndex[t]] = append(names[typeIndex[t]], name)
+		names.Add(t, name)
 	}
 	for _, c := range r.Clusters {
-		add(resourcev3.ClusterType, c.GetName(), c)
+		add(Types[0], c.GetName(), c)
 	}
 	for _, e := range r.Endpoints {
-		add(resourcev3.EndpointType, e.GetClusterName(), e)
+		add(Types[1], e.GetClusterName(), e)
 	}
 	for _, l := range r.Listeners {
-		add(resourcev3.ListenerType, l.GetName(), l)
-	}
-	for i, n := range names {
-		names[i] = slices.Clip(n)
+		add(Types[2], l.GetName(), l)
 	}
 	return names
 }
 
-func (s *Server) release(shoot string, released map[string]map[string]bool) {
-	for i, names := range s.owned[shoot] {
-		for _, n := range names {
-			released[Types[i]][n] = true
-		}
+// encode encodes a translated resource. A generated resource always marshals; should one fail,
+// it is served empty with a version that differs from any other, and the failure logged.
+func (s *Server) encode(name string, m proto.Message) store.Resource {
+	r, err := store.Encode(m)
+	if err != nil {
+		s.log.Error(err, "Encoding an xDS resource failed", "name", name)
+		return store.Unique(time.Now().UnixNano())
 	}
+	return r
 }
 
 // Resources returns the names of the resources of type t currently served, sorted.
 func (s *Server) Resources(t string) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Sorted(maps.Keys(s.res[t]))
+	v := s.store.Lock()
+	defer s.store.Unlock()
+	return v.Names(t)
 }
 
-// hash is a resource version: the SHA-256 of its deterministic encoding. Sent as its hex
-// encoding; kept as bytes, half the size of the string and without its header.
-type hash [sha256.Size]byte
+// Serve serves ADS on l until ctx ends (ads.Server.Serve).
+func (s *Server) Serve(ctx context.Context, l net.Listener) error { return s.ads.Serve(ctx, l) }
 
-// is reports whether v is the version sent for h.
-func (h hash) is(v string) bool {
-	var b [2 * sha256.Size]byte
-	hex.Encode(b[:], h[:])
-	return string(b[:]) == v
-}
+// TLS reports whether the server serves over TLS.
+func (s *Server) TLS() bool { return s.ads.TLS() }
 
-// hex is the version sent for h.
-func (h hash) hex() string { return hex.EncodeToString(h[:]) }
+// ShootStatus returns the current status of one shoot (ads.Server.ShootStatus).
+func (s *Server) ShootStatus(name string) ShootStatus { return s.ads.ShootStatus(name) }
 
-// resource is a current resource: its encoding, which every response carries as is, and its
-// version. The server holds no generated message: translated clusters and assignments are many
-// small heap objects (about 1.8 KiB for an EDS cluster against its 150 B encoding).
-type resource struct {
-	b       []byte
-	version hash
-}
+// StatusChanges is signalled when at least one shoot's status may have changed
+// (ads.Server.StatusChanges).
+func (s *Server) StatusChanges() <-chan struct{} { return s.ads.StatusChanges() }
 
-// deterministic marshalling makes equal messages equal bytes within one binary, which is all the
-// comparison with the previous Apply needs.
-var deterministic = proto.MarshalOptions{Deterministic: true}
+// TakeStatusChanges returns the status of every shoot whose state or model changed since the
+// last call (ads.Server.TakeStatusChanges).
+func (s *Server) TakeStatusChanges() []ShootStatus { return s.ads.TakeStatusChanges() }
 
-// encode encodes a translated resource. A generated resource always marshals; should one fail,
-// it is served empty with a version that differs from any other, and the failure logged.
-func (s *Server) encode(name string, r proto.Message) resource {
-	b, err := deterministic.Marshal(r)
-	if err != nil {
-		s.log.Error(err, "Encoding an xDS resource failed", "name", name)
-		var h hash
-		copy(h[:], strconv.AppendInt(nil, time.Now().UnixNano(), 10))
-		return resource{version: h}
-	}
-	return resource{b: slices.Clip(b), version: sha256.Sum256(b)}
-}
-
-// observeRequest counts ACKs and NACKs. A NACK is logged: it means a data plane rejected what
-// tendril generated and keeps serving its previous configuration.
-func (s *Server) observeRequest(typeURL, nonce, detail string, nack bool, node string) {
-	switch {
-	case nonce == "":
-		return // a subscription, not an answer
-	case nack:
-		s.metrics.acks.WithLabelValues(typeURL, "nack").Inc()
-		s.log.Info("xDS client rejected a configuration", "node", node, "type", typeURL, "nonce", nonce, "detail", detail)
-	default:
-		s.metrics.acks.WithLabelValues(typeURL, "ack").Inc()
-	}
-}
+// SetExpectedNodes names the data planes that serve traffic (ads.Server.SetExpectedNodes).
+func (s *Server) SetExpectedNodes(nodes []string) { s.ads.SetExpectedNodes(nodes) }

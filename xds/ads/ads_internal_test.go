@@ -1,4 +1,4 @@
-package server
+package ads
 
 import (
 	"errors"
@@ -6,16 +6,17 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/tendril-net/tendril/xds/store"
 )
 
 // TestRequestAfterClose: a stream's reader may deliver one last request after the handler closed
 // the stream; it must not bring the stream's ACK state back, where it would count as a client
 // that never answers and never leaves.
 func TestRequestAfterClose(t *testing.T) {
-	s := New(Config{})
-	if _, err := s.Apply(nil); err != nil {
-		t.Fatal(err)
-	}
+	st := store.New(store.Config{})
+	s := New(st, Config{})
+	st.Commit(store.NewChange())
 	c := openStream(s, s.delta)
 	req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType}
 	if err := s.deltaRequested(c, req); err != nil {

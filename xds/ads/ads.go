@@ -1,7 +1,15 @@
-package server
+// Package ads serves tendril's xDS resources over ADS, both delta and state-of-the-world, and
+// keeps the ACK ledger: which resource versions each delta client has ACKed or NACKed, and per
+// shoot whether every connected client holds its current resources (ShootStatus,
+// StatusChanges), which is what a Route's Programmed condition reports. It reads the resources
+// from xds/store and is one of its subscribers: a commit tells it which names changed, so each
+// stream keeps only the names that changed since its last response. It does not translate or
+// hold resources (xds/store, xds/server) and decides nothing about routes (xds/model).
+package ads
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -12,16 +20,96 @@ import (
 	"sync"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/tendril-net/tendril/xds/store"
 )
 
+// MaxRecvMsgSize is the largest request the server accepts. A reconnecting Envoy at 10,000
+// shoots sends back every cluster name and version it holds: ~20,000 names × ~230 B ≈ 4.5 MiB,
+// over grpc-go's 4 MiB default. 64 MiB leaves room for 100,000 shoots.
+const MaxRecvMsgSize = 64 << 20
+
+// Config configures a Server. The zero value works.
+type Config struct {
+	// Log receives the server's logs. The zero value discards them.
+	Log logr.Logger
+	// Registry receives the server's metrics. If nil, they are not registered.
+	Registry prometheus.Registerer
+	// TLS, when set, serves ADS over TLS with it; tlsreload.ServerConfig makes it mutual (auth.go).
+	// Nil: plaintext.
+	TLS *tls.Config
+	// Authorize, when set, admits each stream by the node its requests name (its first request
+	// must name one); a refusal ends the stream with PermissionDenied. NodeOfCertificate binds
+	// the node ID to the client certificate.
+	Authorize func(ctx context.Context, node *corev3.Node) error
+}
+
+// Server serves the resources of one store over ADS and keeps the ACK ledger. Its lifecycle:
+// New (which subscribes it to the store), then Serve until its context ends; the status methods
+// work from New on.
+type Server struct {
+	log     logr.Logger
+	metrics *metrics
+	// tls and authorize are Config's (auth.go).
+	tls       *tls.Config
+	authorize func(context.Context, *corev3.Node) error
+
+	st *store.Store
+	// v is st's view. It, and every field below, is read and written with st locked: a commit
+	// calls the Server (store.Subscriber) with the lock held.
+	v *store.View
+	// acks tracks what each delta client holds, for ShootStatus (ack.go).
+	acks acks
+	// delta and sotw are the open streams; nextID numbers them.
+	delta  map[int64]*deltaStream
+	sotw   map[int64]*sotwStream
+	nextID int64
+}
+
+// New returns a Server of st's resources, subscribed to st.
+func New(st *store.Store, cfg Config) *Server {
+	v := st.Lock()
+	st.Unlock()
+	s := &Server{
+		log:       cfg.Log,
+		metrics:   newMetrics(cfg.Registry),
+		tls:       cfg.TLS,
+		authorize: cfg.Authorize,
+		st:        st,
+		v:         v,
+		acks:      newAcks(),
+		delta:     make(map[int64]*deltaStream),
+		sotw:      make(map[int64]*sotwStream),
+	}
+	st.Subscribe((*subscriber)(s))
+	return s
+}
+
+// subscriber is a Server as the store's subscriber, so that the Subscriber methods are not
+// the Server's API.
+type subscriber Server
+
+func (s *subscriber) Replacing(v *store.View, t, name string, cur store.Hash, ok bool) {
+	(*Server)(s).replacing(v, t, name, cur, ok)
+}
+
+func (s *subscriber) Changed(v *store.View, t string, names []string) {
+	(*Server)(s).changed(v, t, names)
+}
+
+func (s *subscriber) Committed(v *store.View, shoots []string) { (*Server)(s).committed(v, shoots) }
+
 // The ADS service. Each stream keeps, per type, what it subscribed and the names that changed
-// since its last response (dirty). Apply adds the names it changed to the dirty sets of the
+// since its last response (dirty). A commit (store.Subscriber) adds the names it changed to the dirty sets of the
 // streams subscribed to them and wakes them; a stream sends one response per type and waits for
 // its answer (ACK or NACK) before it sends the next, so changes that arrive meanwhile go out
 // together. Nothing walks every resource except a client's first subscription: go-control-plane's
@@ -30,7 +118,7 @@ import (
 // per stream.
 //
 // Responses carry the stored encodings as they are (an Any's value), so sending copies nothing
-// but into gRPC's buffers. Apply never blocks on a stream: a client that reads slowly delays only
+// but into gRPC's buffers. A commit never blocks on a stream: a client that reads slowly delays only
 // its own responses, and holds at most one unanswered response per type.
 
 // maxResponseBytes bounds the resources one delta response carries. A client's first sync at
@@ -54,7 +142,7 @@ type subscription struct {
 func (sub *subscription) wants(name string) bool { return sub.wildcard || sub.names[name] }
 
 // stream is one ADS stream with its subscriptions of type S (deltaSub or sotwSub). Its fields
-// are guarded by Server.mu, except wake.
+// are guarded by the store's lock, except wake.
 type stream[S any] struct {
 	id   int64
 	wake chan struct{} // capacity one: a pending wake-up
@@ -70,8 +158,8 @@ type (
 
 // openStream registers a new stream in streams (s.delta or s.sotw).
 func openStream[S any](s *Server, streams map[int64]*stream[S]) *stream[S] {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.st.Lock()
+	defer s.st.Unlock()
 	s.nextID++
 	c := &stream[S]{id: s.nextID, wake: make(chan struct{}, 1), subs: make(map[string]*S)}
 	streams[c.id] = c
@@ -102,9 +190,9 @@ func wakeUp(c chan struct{}) {
 	}
 }
 
-// changed tells the streams subscribed to names of type t that these changed. Called by Apply
-// with s.mu held.
-func (s *Server) changed(t string, names []string) {
+// changed tells the streams subscribed to names of type t that these changed. The store calls
+// it with its lock held (store.Subscriber).
+func (s *Server) changed(_ *store.View, t string, names []string) {
 	for _, c := range s.delta {
 		sub := c.subs[t]
 		if sub == nil {
@@ -124,7 +212,7 @@ func (s *Server) changed(t string, names []string) {
 	// not remove it, so a removed one is not worth a response of all the others.
 	sotwWants := func(sub *sotwSub) func(string) bool {
 		return func(name string) bool {
-			_, present := s.res[t][name]
+			_, present := s.v.Resources(t)[name]
 			return sub.wants(name) && (present || t != resourcev3.EndpointType)
 		}
 	}
@@ -142,7 +230,7 @@ func (s *Server) changed(t string, names []string) {
 
 // Serve serves ADS on l until ctx ends, then stops the gRPC server (Stop, not GracefulStop:
 // xDS streams never end by themselves, and clients reconnect to a replica). Streams opened before
-// the first Apply wait for it: a data plane reconnecting to a restarted control plane names what
+// the store's first commit wait for it: a data plane reconnecting to a restarted control plane names what
 // it holds, and answering it from empty state would withdraw every shoot.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	g := grpc.NewServer(append(s.serverOptions(),
@@ -187,10 +275,10 @@ type ads struct {
 	readers sync.WaitGroup
 }
 
-// waitApplied holds a new stream until the first Apply.
+// waitApplied holds a new stream until the store's first commit.
 func (s *Server) waitApplied(ctx context.Context) error {
 	select {
-	case <-s.applied:
+	case <-s.st.Ready():
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -198,7 +286,7 @@ func (s *Server) waitApplied(ctx context.Context) error {
 }
 
 // serveStream runs one stream: a reader goroutine hands every request to handle (which updates
-// the stream's state under s.mu and wakes it), and this goroutine sends what next builds whenever
+// the stream's state with the store locked and wakes it), and this goroutine sends what next builds whenever
 // the stream is woken.
 func serveStream[Req, Resp any](ctx context.Context, a *ads, wake <-chan struct{}, recv func() (Req, error), handle func(Req) error, next func() []Resp, send func(Resp) error) error {
 	if err := a.s.waitApplied(ctx); err != nil {
@@ -261,9 +349,9 @@ func (a *ads) DeltaAggregatedResources(st discoveryv3.AggregatedDiscoveryService
 // configuration asks for a type it cannot get still runs on the others (Envoy gives up waiting
 // for it after its initial fetch timeout).
 func (s *Server) received(t, nonce string, detail *rpcstatus.Status, node string) bool {
-	if _, ok := typeIndex[t]; !ok {
+	if !store.Served(t) {
 		s.metrics.unsupported.Inc()
-		s.log.Info("xDS client asked for a resource type tendril does not serve; ignored", "node", node, "type", t, "served", Types)
+		s.log.Info("xDS client asked for a resource type tendril does not serve; ignored", "node", node, "type", t, "served", store.Types)
 		return false
 	}
 	s.observeRequest(t, nonce, detail.GetMessage(), detail != nil, node)
@@ -275,8 +363,8 @@ var errStreamClosed = errors.New("xds stream closed")
 
 // closeDelta forgets a delta stream and its ACK state.
 func (s *Server) closeDelta(c *deltaStream) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.st.Lock()
+	defer s.st.Unlock()
 	delete(s.delta, c.id)
 	s.deltaClosed(c.id)
 }
@@ -288,8 +376,8 @@ func (s *Server) deltaRequested(c *deltaStream, req *discoveryv3.DeltaDiscoveryR
 	if !s.received(t, req.GetResponseNonce(), req.GetErrorDetail(), req.GetNode().GetId()) {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.st.Lock()
+	defer s.st.Unlock()
 	if s.delta[c.id] != c {
 		// The stream's handler has returned; its reader delivered one last request. Its ACK
 		// state is gone and must not come back as a client that never leaves.
@@ -306,14 +394,14 @@ func (s *Server) deltaRequested(c *deltaStream, req *discoveryv3.DeltaDiscoveryR
 		c.subs[t] = sub
 		held = req.GetInitialResourceVersions()
 		if sub.wildcard {
-			for name, r := range s.res[t] {
-				if !r.version.is(held[name]) {
+			for name, r := range s.v.Resources(t) {
+				if !r.Version.Is(held[name]) {
 					sub.dirty[name] = true
 				}
 			}
 		}
 		for name := range held {
-			if _, ok := s.res[t][name]; !ok {
+			if _, ok := s.v.Resources(t)[name]; !ok {
 				sub.dirty[name] = true // held but gone: removed
 			}
 		}
@@ -324,7 +412,7 @@ func (s *Server) deltaRequested(c *deltaStream, req *discoveryv3.DeltaDiscoveryR
 		if name == wildcard {
 			if !sub.wildcard {
 				sub.wildcard = true
-				for n := range s.res[t] {
+				for n := range s.v.Resources(t) {
 					sub.dirty[n] = true
 				}
 			}
@@ -336,7 +424,7 @@ func (s *Server) deltaRequested(c *deltaStream, req *discoveryv3.DeltaDiscoveryR
 		sub.names[name] = true
 		// A new subscription asks for the current version, unless the client named it as held
 		// when it subscribed; an unknown name is answered as removed, so the client stops waiting.
-		if v, ok := held[name]; !ok || !s.res[t][name].version.is(v) {
+		if v, ok := held[name]; !ok || !s.v.Resources(t)[name].Version.Is(v) {
 			sub.dirty[name] = true
 		}
 	}
@@ -359,15 +447,15 @@ func (s *Server) deltaRequested(c *deltaStream, req *discoveryv3.DeltaDiscoveryR
 // nextDelta builds the responses of every type that has changes to send and no unanswered
 // response, and records them for the ACK tracking.
 func (s *Server) nextDelta(c *deltaStream) []*discoveryv3.DeltaDiscoveryResponse {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.st.Lock()
+	defer s.st.Unlock()
 	var out []*discoveryv3.DeltaDiscoveryResponse
 	// held: an earlier type's first sync has pieces left to send. A later type waits for it, so
-	// that a client gets its listeners only once it holds every cluster and assignment (Types is
+	// that a client gets its listeners only once it holds every cluster and assignment (store.Types is
 	// in that order): tendril-ingress reports ready, and Envoy activates listeners, once listeners
 	// arrive, and must not then refuse shoots whose clusters are still on their way.
 	held := false
-	for _, t := range Types {
+	for _, t := range store.Types {
 		sub := c.subs[t]
 		if sub == nil || held {
 			continue
@@ -384,7 +472,7 @@ func (s *Server) nextDelta(c *deltaStream) []*discoveryv3.DeltaDiscoveryResponse
 		c.nonce++
 		resp := &discoveryv3.DeltaDiscoveryResponse{
 			TypeUrl:           t,
-			SystemVersionInfo: s.version(t),
+			SystemVersionInfo: s.v.Version(t),
 			Nonce:             strconv.FormatUint(c.nonce, 10),
 		}
 		// At most maxResponseBytes of resources; the rest stays dirty for the next response.
@@ -396,16 +484,16 @@ func (s *Server) nextDelta(c *deltaStream) []*discoveryv3.DeltaDiscoveryResponse
 				break
 			}
 			names = append(names, name)
-			size += len(name) + len(s.res[t][name].b)
+			size += len(name) + len(s.v.Resources(t)[name].Bytes)
 		}
 		slices.Sort(names)
 		for _, name := range names {
 			delete(sub.dirty, name)
-			if r, ok := s.res[t][name]; ok {
+			if r, ok := s.v.Resources(t)[name]; ok {
 				resp.Resources = append(resp.Resources, &discoveryv3.Resource{
 					Name:     name,
-					Version:  r.version.hex(),
-					Resource: &anypb.Any{TypeUrl: t, Value: r.b},
+					Version:  r.Version.Hex(),
+					Resource: &anypb.Any{TypeUrl: t, Value: r.Bytes},
 				})
 			} else {
 				resp.RemovedResources = append(resp.RemovedResources, name)
@@ -432,8 +520,8 @@ func (a *ads) StreamAggregatedResources(st discoveryv3.AggregatedDiscoveryServic
 	s := a.s
 	c := openStream(s, s.sotw)
 	defer func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
+		s.st.Lock()
+		defer s.st.Unlock()
 		delete(s.sotw, c.id)
 	}()
 	auth := s.newAuthorizer(st.Context())
@@ -453,8 +541,8 @@ func (s *Server) sotwRequested(c *sotwStream, req *discoveryv3.DiscoveryRequest)
 	if !s.received(t, req.GetResponseNonce(), req.GetErrorDetail(), req.GetNode().GetId()) {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.st.Lock()
+	defer s.st.Unlock()
 	names := make(map[string]bool, len(req.GetResourceNames()))
 	for _, n := range req.GetResourceNames() {
 		names[n] = true
@@ -466,7 +554,7 @@ func (s *Server) sotwRequested(c *sotwStream, req *discoveryv3.DiscoveryRequest)
 	switch {
 	case sub == nil:
 		// A client reconnecting to this instance may already be current.
-		sub = &sotwSub{dirty: req.GetVersionInfo() != s.version(t)}
+		sub = &sotwSub{dirty: req.GetVersionInfo() != s.v.Version(t)}
 		c.subs[t] = sub
 	case req.GetResponseNonce() != "" && req.GetResponseNonce() != sub.inflight:
 		// An answer to an older response: its subscription is stale too.
@@ -485,23 +573,23 @@ func (s *Server) sotwRequested(c *sotwStream, req *discoveryv3.DiscoveryRequest)
 }
 
 func (s *Server) nextSotw(c *sotwStream) []*discoveryv3.DiscoveryResponse {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.st.Lock()
+	defer s.st.Unlock()
 	var out []*discoveryv3.DiscoveryResponse
-	for _, t := range Types {
+	for _, t := range store.Types {
 		sub := c.subs[t]
 		if sub == nil || sub.inflight != "" || !sub.dirty {
 			continue
 		}
 		c.nonce++
-		resp := &discoveryv3.DiscoveryResponse{TypeUrl: t, VersionInfo: s.version(t), Nonce: strconv.FormatUint(c.nonce, 10)}
+		resp := &discoveryv3.DiscoveryResponse{TypeUrl: t, VersionInfo: s.v.Version(t), Nonce: strconv.FormatUint(c.nonce, 10)}
 		names := maps.Keys(sub.names)
 		if sub.wildcard {
-			names = maps.Keys(s.res[t])
+			names = maps.Keys(s.v.Resources(t))
 		}
 		for _, name := range slices.Sorted(names) {
-			if r, ok := s.res[t][name]; ok {
-				resp.Resources = append(resp.Resources, &anypb.Any{TypeUrl: t, Value: r.b})
+			if r, ok := s.v.Resources(t)[name]; ok {
+				resp.Resources = append(resp.Resources, &anypb.Any{TypeUrl: t, Value: r.Bytes})
 			}
 		}
 		sub.dirty = false
@@ -511,9 +599,4 @@ func (s *Server) nextSotw(c *sotwStream) []*discoveryv3.DiscoveryResponse {
 		out = append(out, resp)
 	}
 	return out
-}
-
-// version is the state-of-the-world version of type t, and every delta response's system version.
-func (s *Server) version(t string) string {
-	return s.prefix + strconv.FormatUint(s.generation[t], 10)
 }

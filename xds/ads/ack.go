@@ -1,4 +1,4 @@
-package server
+package ads
 
 import (
 	"cmp"
@@ -10,6 +10,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 
 	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/store"
 )
 
 // State is how far one shoot's current resources have got to the connected data planes.
@@ -64,7 +65,7 @@ type ShootStatus struct {
 	Detail string
 }
 
-// acks is what each delta stream holds, guarded by Server.mu.
+// acks is what each delta stream holds, guarded by the store's lock.
 type acks struct {
 	streams map[int64]*streamAcks
 	// states is the last evaluated state per shoot; changed names the shoots whose state or
@@ -97,8 +98,8 @@ type streamAcks struct {
 	// name → the version the client holds ("" for none). A name that is not there is held at its
 	// current version, or neither held nor current. Kept as the difference rather than as
 	// everything each client holds: once clients are synced it is nearly empty, where a full map
-	// per client and type cost ~10 MiB at 10,000 shoots and 3 clients. Apply keeps it in step with
-	// the current versions (setCurrent).
+	// per client and type cost ~10 MiB at 10,000 shoots and 3 clients. A commit keeps it in step with
+	// the current versions (replacing).
 	stale map[string]*staleSet
 	// refused are the versions the client NACKed, per type and name, with its detail.
 	refused map[string]map[string]refusal
@@ -129,29 +130,29 @@ func (st *staleSet) del(name string) {
 }
 
 // same reports whether a held version ("" for none) is the current one (ok: there is one).
-func same(held string, cur hash, ok bool) bool {
+func same(held string, cur store.Hash, ok bool) bool {
 	if !ok {
 		return held == ""
 	}
-	return cur.is(held)
+	return cur.Is(held)
 }
 
 // setHeld records that the stream now holds version v ("" for none) of a resource.
 func (s *Server) setHeld(c *streamAcks, t, name, v string) {
-	cur, ok := s.res[t][name]
-	if same(v, cur.version, ok) {
+	cur, ok := s.v.Resources(t)[name]
+	if same(v, cur.Version, ok) {
 		c.stale[t].del(name)
 	} else {
 		c.stale[t].set(name, v)
 	}
 }
 
-// setCurrent keeps every stream's stale set in step with a resource whose current version
-// becomes cur (ok: present; otherwise removed). Called with s.mu held, before the resource
-// changes in s.res.
-func (s *Server) setCurrent(t, name string, cur hash, ok bool) {
-	r, had := s.res[t][name]
-	old := r.version
+// replacing keeps every stream's stale set in step with a resource whose current version
+// becomes cur (ok: present; otherwise removed). The store calls it with its lock held, before
+// the resource changes (store.Subscriber).
+func (s *Server) replacing(v *store.View, t, name string, cur store.Hash, ok bool) {
+	r, had := v.Resource(t, name)
+	old := r.Version
 	for _, c := range s.acks.streams {
 		st := c.stale[t]
 		if st == nil {
@@ -159,7 +160,7 @@ func (s *Server) setCurrent(t, name string, cur hash, ok bool) {
 		}
 		held, stale := st.m[name]
 		if !stale && had {
-			held = old.hex() // held at the version current until now
+			held = old.Hex() // held at the version current until now
 		}
 		if same(held, cur, ok) {
 			st.del(name)
@@ -184,8 +185,8 @@ func (s *Server) StatusChanges() <-chan struct{} { return s.acks.notify }
 // the last call, sorted by name, and forgets them. A removed shoot is reported once with
 // StateUnknown.
 func (s *Server) TakeStatusChanges() []ShootStatus {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.st.Lock()
+	defer s.st.Unlock()
 	out := make([]ShootStatus, 0, len(s.acks.changed))
 	for _, name := range slices.Sorted(maps.Keys(s.acks.changed)) {
 		out = append(out, s.status(name))
@@ -200,8 +201,8 @@ func (s *Server) TakeStatusChanges() []ShootStatus {
 // another control-plane instance, would simply not be counted, and a shoot could be reported
 // programmed that it does not hold. nil or empty: only the connected clients count.
 func (s *Server) SetExpectedNodes(nodes []string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.st.Lock()
+	defer s.st.Unlock()
 	want := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
 		want[n] = true
@@ -215,14 +216,14 @@ func (s *Server) SetExpectedNodes(nodes []string) {
 
 // ShootStatus returns the current status of one shoot.
 func (s *Server) ShootStatus(name string) ShootStatus {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.st.Lock()
+	defer s.st.Unlock()
 	return s.status(name)
 }
 
-// status evaluates one shoot against every synced delta client. Called with s.mu held.
+// status evaluates one shoot against every synced delta client. Called with the store locked.
 func (s *Server) status(name string) ShootStatus {
-	sh, ok := s.shoots[name]
+	sh, ok := s.v.Shoots()[name]
 	if !ok {
 		return ShootStatus{Name: name, State: StateUnknown}
 	}
@@ -243,14 +244,14 @@ func (s *Server) status(name string) ShootStatus {
 		if synced != nil {
 			synced[c.node] = true
 		}
-		for i, names := range s.owned[name] {
-			t := Types[i]
+		for i, names := range s.v.Owned(name) {
+			t := store.Types[i]
 			for _, n := range names {
-				v := s.res[t][n].version
+				v := s.v.Resources(t)[n].Version
 				if _, stale := c.stale[t].m[n]; !stale {
 					continue
 				}
-				if r, ok := c.refused[t][n]; ok && v.is(r.version) {
+				if r, ok := c.refused[t][n]; ok && v.Is(r.version) {
 					if st.Detail == "" {
 						st.Detail = fmt.Sprintf("%s refused %s: %s", cmp.Or(c.node, "a client"), n, r.detail)
 					}
@@ -277,19 +278,22 @@ func (s *Server) status(name string) ShootStatus {
 	return st
 }
 
-// evaluateAll re-evaluates every shoot, after a client came or went. Called with s.mu held.
+// evaluateAll re-evaluates every shoot, after a client came or went. Called with the store locked.
 func (s *Server) evaluateAll() {
-	names := slices.Collect(maps.Keys(s.shoots))
+	names := slices.Collect(maps.Keys(s.v.Shoots()))
 	for n := range s.acks.states {
-		if _, ok := s.shoots[n]; !ok {
+		if _, ok := s.v.Shoots()[n]; !ok {
 			names = append(names, n)
 		}
 	}
 	s.evaluate(names, false)
 }
 
+// committed re-evaluates the shoots a commit changed or removed (store.Subscriber).
+func (s *Server) committed(_ *store.View, shoots []string) { s.evaluate(shoots, true) }
+
 // evaluate re-evaluates the named shoots and records those whose state changed, or all of them
-// when force is set (their model changed). Called with s.mu held.
+// when force is set (their model changed). Called with the store locked.
 func (s *Server) evaluate(names []string, force bool) {
 	grew := false
 	for _, n := range names {
@@ -316,7 +320,7 @@ func (s *Server) evaluate(names []string, force bool) {
 }
 
 // deltaRequest records a delta client's subscription and its answer to an earlier response.
-// Called with s.mu held.
+// Called with the store locked.
 func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) {
 	c := s.acks.streams[id]
 	if c == nil {
@@ -337,14 +341,14 @@ func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) 
 		// so what it names counts as acknowledged.
 		c.subscribed[t] = true
 		iv := req.GetInitialResourceVersions()
-		st := &staleSet{m: make(map[string]string, len(s.res[t]))}
-		for n, cur := range s.res[t] {
-			if v := iv[n]; !cur.version.is(v) {
+		st := &staleSet{m: make(map[string]string, len(s.v.Resources(t)))}
+		for n, cur := range s.v.Resources(t) {
+			if v := iv[n]; !cur.Version.Is(v) {
 				st.m[n] = v
 			}
 		}
 		for n, v := range iv {
-			if _, ok := s.res[t][n]; !ok && v != "" {
+			if _, ok := s.v.Resources(t)[n]; !ok && v != "" {
 				st.m[n] = v
 			}
 		}
@@ -388,10 +392,10 @@ func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) 
 		return
 	}
 	// Only the owners of what the response carried can have changed state (a removal's owner
-	// is gone and was reported by Apply).
+	// is gone and was reported by the commit).
 	owners := make(map[string]bool)
 	for n := range resp.resources {
-		if o, ok := s.owner[t][n]; ok {
+		if o, ok := s.v.Owner(t, n); ok {
 			owners[o] = true
 		}
 	}
@@ -402,7 +406,7 @@ func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) 
 // several responses, see maxResponseBytes) and answered every response.
 func (s *Server) syncedLocked(id int64, c *streamAcks) bool {
 	d := s.delta[id]
-	for _, t := range Types {
+	for _, t := range store.Types {
 		if !c.subscribed[t] || len(c.sent[t]) > 0 || d != nil && d.subs[t] != nil && len(d.subs[t].dirty) > 0 {
 			return false
 		}
@@ -411,7 +415,7 @@ func (s *Server) syncedLocked(id int64, c *streamAcks) bool {
 }
 
 // deltaResponse records what a response carries, to credit it when the client answers. Called
-// with s.mu held, before the response is sent.
+// with the store locked, before the response is sent.
 func (s *Server) deltaResponse(id int64, resp *discoveryv3.DeltaDiscoveryResponse) {
 	c := s.acks.streams[id]
 	t := resp.GetTypeUrl()
@@ -425,7 +429,7 @@ func (s *Server) deltaResponse(id int64, resp *discoveryv3.DeltaDiscoveryRespons
 	c.sent[t][resp.GetNonce()] = r
 }
 
-// deltaClosed forgets a stream; shoots it held back may now be programmed. Called with s.mu held.
+// deltaClosed forgets a stream; shoots it held back may now be programmed. Called with the store locked.
 func (s *Server) deltaClosed(id int64) {
 	c, ok := s.acks.streams[id]
 	if !ok {
