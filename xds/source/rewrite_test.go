@@ -141,9 +141,13 @@ func TestFileInPlaceRewrites(t *testing.T) {
 	wait(0)
 }
 
-// TestFileHalfWritten rewrites a two-shoot route file in place in two writes, the second 1.5
+// TestFileHalfWritten rewrites a two-shoot route file in place in two writes, the second 1.1
 // settle times after the first: a read between them sees a valid file with only the first shoot.
-// A reload needs two identical reads a settle time apart, so that set is never published.
+// A reload needs two identical reads a settle time apart, so that set is never published. The
+// pause is just over one settle time (the first read then falls into it) and leaves 0.9 settle
+// times (90 ms) for the writer's sleep to overrun before the confirming read: with a 40 ms settle
+// and a 1.5× pause the margin was 20 ms, and a loaded machine's late wake-ups published the half
+// file (twice in a helper's runs at load average 10–14).
 func TestFileHalfWritten(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "routes.yaml")
 	full := routeYAML("shoot--a--one", "shoot--a--two")
@@ -154,7 +158,7 @@ func TestFileHalfWritten(t *testing.T) {
 	if err := os.WriteFile(path, []byte(full), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	const settle = 40 * time.Millisecond
+	const settle = 100 * time.Millisecond
 	got := make(chan int, 100)
 	f := &File{Path: path, Log: testr.New(t), Settle: settle}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -177,7 +181,7 @@ func TestFileHalfWritten(t *testing.T) {
 		if _, err := fh.WriteString(half); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(settle * 3 / 2)
+		time.Sleep(settle * 11 / 10)
 		if _, err := fh.WriteString(full[len(half):]); err != nil {
 			t.Fatal(err)
 		}
