@@ -31,6 +31,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/tendril-net/tendril/internal/acceptor"
 )
 
 // Config configures a Relay. Socket, Server and the three certificate files are required.
@@ -135,8 +137,9 @@ type Relay struct {
 	conns   atomic.Int64   // kube-apiserver's connections open, against MaxConnections
 	streams sync.WaitGroup // the relaying goroutines a handler leaves behind (see forward)
 
-	refusedLogged atomic.Int64 // unix nanoseconds of the last "too many connections" log line
-	failedLogged  atomic.Int64 // unix nanoseconds of the last "tendril-server unavailable" log line
+	// refusals and failures log connections refused for MaxConnections and tunnels failed for
+	// want of a stream to tendril-server, each at most once a second (all are counted).
+	refusals, failures acceptor.LimitedLog
 }
 
 // New checks cfg and loads the certificates once (a relay that could never dial fails at start).
@@ -144,7 +147,8 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Log}
+	r := &Relay{cfg: cfg, log: cfg.Log,
+		refusals: acceptor.LimitedLog{Log: cfg.Log, Burst: 1}, failures: acceptor.LimitedLog{Log: cfg.Log, Burst: 1}}
 	r.metrics = newMetrics(cfg.Registry, r)
 	r.certs = &certLoader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, caFile: cfg.CAFile, serverName: cfg.ServerName,
 		log: cfg.Log, loaded: r.metrics.certLoads}
@@ -262,7 +266,8 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			l.r.conns.Add(-1)
 			c.Close()
 			l.r.metrics.connections.WithLabelValues(outcomeTooMany).Inc()
-			l.r.logRefusal()
+			l.r.refusals.Info("Too many connections, refusing (counted in tendril_egress_relay_connections_total{outcome=\"too_many\"})",
+				"max", l.r.cfg.MaxConnections)
 			continue
 		}
 		return &countedConn{Conn: c, r: l.r}, nil
@@ -278,22 +283,6 @@ type countedConn struct {
 func (c *countedConn) Close() error {
 	c.once.Do(func() { c.r.conns.Add(-1) })
 	return c.Conn.Close()
-}
-
-// logRefusal logs a refused connection at most once a second (a flood is in the counter).
-func (r *Relay) logRefusal() {
-	if !onceASecond(&r.refusedLogged) {
-		return
-	}
-	r.log.Info("Too many connections, refusing (counted in tendril_egress_relay_connections_total{outcome=\"too_many\"})",
-		"max", r.cfg.MaxConnections)
-}
-
-// onceASecond reports whether a second passed since it last returned true for last.
-func onceASecond(last *atomic.Int64) bool {
-	now := time.Now().UnixNano()
-	prev := last.Load()
-	return now-prev >= int64(time.Second) && last.CompareAndSwap(prev, now)
 }
 
 // forward relays one of kube-apiserver's Proxy streams as a stream to tendril-server. Two
@@ -313,10 +302,8 @@ func (r *Relay) forward(_ any, down grpc.ServerStream) error {
 	r.metrics.dialSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		r.metrics.connections.WithLabelValues(outcome).Inc()
-		if onceASecond(&r.failedLogged) {
-			r.log.Info("No stream to tendril-server, failing kube-apiserver's tunnel (log lines at most once a second; all counted)",
-				"outcome", outcome, "server", r.cfg.Server, "serverName", r.cfg.ServerName, "error", err.Error())
-		}
+		r.failures.Info("No stream to tendril-server, failing kube-apiserver's tunnel (log lines at most once a second; all counted)",
+			"outcome", outcome, "server", r.cfg.Server, "serverName", r.cfg.ServerName, "error", err.Error())
 		return status.Errorf(codes.Unavailable, "tendril-egress-relay: %v", err)
 	}
 	defer r.up.release(c)

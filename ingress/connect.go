@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/relay"
 )
 
 // serveConnect serves one request on a connect chain: a CONNECT whose destination header passes
@@ -91,7 +93,7 @@ func readRequest(d *downstream, hc *connectConfig) (*http.Request, *refusal) {
 	switch {
 	case err == nil:
 		return req, nil
-	case isTimeout(err):
+	case relay.IsTimeout(err):
 		return nil, &refusal{outcomeRequestTimeout, http.StatusRequestTimeout, "request not complete within " + hc.headersTimeout.String() + "\n", err}
 	case d.limit.N <= 0:
 		return nil, &refusal{outcomeHeadersTooBig, http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("request headers larger than %d bytes\n", hc.maxHeaderBytes), err}

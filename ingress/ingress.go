@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/internal/acceptor"
 	"github.com/tendril-net/tendril/internal/relay"
 )
 
@@ -81,7 +82,8 @@ type Ingress struct {
 	activeMu sync.Mutex
 	active   map[string]*atomic.Int64
 	pending  *pendingSet
-	refusals *rateLimitedLog
+	// refusals logs refused connections, at most 10 lines a second (all are counted).
+	refusals *acceptor.LimitedLog
 	// servers are Serve's listeners' servers, for Open.
 	servers atomic.Pointer[[]*server]
 }
@@ -102,7 +104,7 @@ func New(cfg Config) *Ingress {
 		log:      cfg.Log,
 		metrics:  newMetrics(cfg.Registry),
 		active:   make(map[string]*atomic.Int64),
-		refusals: newRateLimitedLog(cfg.Log, 10, time.Second),
+		refusals: &acceptor.LimitedLog{Log: cfg.Log},
 	}
 	in.pending = newPendingSet(cfg.MaxPending, cfg.MaxPendingPerListener, cfg.MaxPendingPerSource, in.trusted)
 	in.current.Store(&config{

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"time"
 
@@ -241,7 +240,7 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 func (s *server) evict(victim *pendingConn) {
 	victim.c.Close()
 	s.in.metrics.conn(victim.listener, "", outcomePendingEvicted)
-	s.in.refusals.log("Connection refused", "listener", victim.listener, "remote", victim.c.RemoteAddr().String(), "reason", outcomePendingEvicted,
+	s.in.refusals.Info("Connection refused", "listener", victim.listener, "remote", victim.c.RemoteAddr().String(), "reason", outcomePendingEvicted,
 		"error", fmt.Sprintf("%q", "the oldest of the pending connections, closed for a new one"))
 }
 
@@ -331,7 +330,7 @@ func readProxyHeader(d *downstream, allowWithout bool) (*proxyproto.Header, stri
 		}
 		return nil, "", nil
 	case err != nil:
-		if isTimeout(err) {
+		if relay.IsTimeout(err) {
 			return nil, outcomeProxyTimeout, err
 		}
 		return nil, outcomeBadProxyHeader, err
@@ -363,7 +362,7 @@ func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
 	if err != nil {
 		kv = append(kv, "error", fmt.Sprintf("%q", err.Error()))
 	}
-	s.in.refusals.log("Connection refused", kv...)
+	s.in.refusals.Info("Connection refused", kv...)
 }
 
 // dial connects to an endpoint of cl within the cluster's connect timeout and a slot of its
@@ -450,18 +449,12 @@ func addrPort(a net.Addr) netip.AddrPort {
 }
 
 func helloOutcome(err error) string {
-	var ne net.Error
 	switch {
-	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):
+	case relay.IsTimeout(err): // os.ErrDeadlineExceeded is a net.Error that times out
 		return outcomeHelloTimeout
 	case errors.Is(err, sni.ErrNotTLS):
 		return outcomeNotTLS
 	default:
 		return outcomeBadHello
 	}
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }

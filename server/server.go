@@ -346,7 +346,7 @@ func (s *Server) serveConnect(ctx context.Context, c net.Conn, track func(net.Co
 	<-s.dials
 	s.metrics.dialSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		if errors.Is(err, context.DeadlineExceeded) || relay.IsTimeout(err) {
 			s.answer(c, outcomeDialTimeout, http.StatusGatewayTimeout, "dial "+target.String()+" through the tunnel timed out", err)
 		} else {
 			s.answer(c, outcomeDialFailed, http.StatusBadGateway, "dial "+target.String()+" through the tunnel failed", err)
@@ -418,9 +418,4 @@ func (s *Server) answer(c net.Conn, outcome string, status int, reason string, e
 	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s\n",
 		status, http.StatusText(status), len(reason)+1, reason)
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
