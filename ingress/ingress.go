@@ -277,7 +277,7 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	var served sync.WaitGroup
 	servers := make([]*server, 0, len(lns))
 	for name, l := range lns {
-		s := &server{in: in, name: name, l: l, loops: loops, conns: map[net.Conn]struct{}{}}
+		s := newServer(in, name, l, loops)
 		servers = append(servers, s)
 		served.Add(1)
 		go func() {

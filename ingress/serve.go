@@ -14,122 +14,54 @@ import (
 	"github.com/pires/go-proxyproto"
 
 	"github.com/tendril-net/tendril/ingress/sni"
+	"github.com/tendril-net/tendril/internal/acceptor"
 	"github.com/tendril-net/tendril/internal/relay"
 )
 
-// server accepts the connections of one listener and owns their goroutines.
+// server serves one listener: an acceptor.Server whose handler runs the listener filters and
+// hands each established connection to the relay loops.
 type server struct {
 	in   *Ingress
 	name string
-	l    net.Listener
+	// acc accepts and tracks the clients' connections in their handshake or dial; it closes
+	// them when serve's context ends (no drain of its own: Ingress.drain drains every listener
+	// at once).
+	acc acceptor.Server
+	l   net.Listener
 	// loops relay the established connections; pairs holds this listener's, to close them on
-	// shutdown. wg counts them with the handshakes.
-	loops *relay.Loops
-	pairs relay.Group
+	// shutdown, and joined counts them until each has ended.
+	loops  *relay.Loops
+	pairs  relay.Group
+	joined sync.WaitGroup
+}
 
-	mu sync.Mutex
-	// conns holds the clients' connections in their handshake or dial; it is made with the
-	// server and is nil once closeAll has closed them. connsPeak is its largest size since it
-	// was last rebuilt (a Go map keeps the table of its peak).
-	conns     map[net.Conn]struct{}
-	connsPeak int
-	wg        sync.WaitGroup
+func newServer(in *Ingress, name string, l net.Listener, loops *relay.Loops) *server {
+	s := &server{in: in, name: name, l: l, loops: loops}
+	// Out of file descriptors and the like: back off rather than spin, as net/http does.
+	s.acc = acceptor.Server{Handle: s.handle, RetryAccept: true, Log: in.log.WithValues("listener", name)}
+	return s
 }
 
 // serve accepts until the listener is closed (stopAccepting) or ctx ends, and returns once the
 // connections it accepted have ended. When ctx ends it closes the listener and every connection.
 func (s *server) serve(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { s.closeAll() })
+	stop := context.AfterFunc(ctx, func() { s.loops.CloseGroup(&s.pairs) })
 	defer stop()
-	defer s.wg.Wait()
-	var delay time.Duration
-	for {
-		c, err := s.l.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			// Out of file descriptors and the like: back off rather than spin, as net/http does.
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			s.in.log.Error(err, "Accept failed", "listener", s.name, "retryIn", delay.String())
-			select {
-			case <-time.After(delay):
-				continue
-			case <-ctx.Done():
-				return nil
-			}
-		}
-		delay = 0
-		if !s.track(c) {
-			c.Close()
-			return nil
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer s.untrack(c)
-			s.handle(ctx, c)
-		}()
-	}
+	defer s.joined.Wait()
+	return s.acc.Serve(ctx, s.l)
 }
 
 // stopAccepting closes the listener: the kernel refuses new connections from now on, and the
 // accept loop ends.
-func (s *server) stopAccepting() { _ = s.l.Close() }
+func (s *server) stopAccepting() { s.acc.StopAccepting() }
 
 // closeAll closes the listener and every client's connection, in its handshake or relayed, and
-// returns how many. From then on track refuses, and so does the relay for this listener's
-// pairs, so a late upstream dial is closed at once.
-func (s *server) closeAll() int {
-	_ = s.l.Close()
-	s.mu.Lock()
-	n := len(s.conns)
-	for c := range s.conns {
-		c.Close()
-	}
-	s.conns = nil
-	s.mu.Unlock()
-	return n + s.loops.CloseGroup(&s.pairs)
-}
+// returns how many. From then on the acceptor refuses, and so does the relay for this
+// listener's pairs, so a late upstream dial is closed at once.
+func (s *server) closeAll() int { return s.acc.CloseAll() + s.loops.CloseGroup(&s.pairs) }
 
 // downstreams reports how many clients' connections are open.
-func (s *server) downstreams() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pairs.Len() + len(s.conns)
-}
-
-func (s *server) track(c net.Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.conns == nil {
-		return false
-	}
-	s.conns[c] = struct{}{}
-	s.connsPeak = max(s.connsPeak, len(s.conns))
-	return true
-}
-
-func (s *server) untrack(c net.Conn) {
-	s.mu.Lock()
-	s.forget(c)
-	s.mu.Unlock()
-	c.Close()
-}
-
-// forget removes c from conns and, after a peak (a flood of handshakes), gives the map's table
-// back once it holds less than a quarter of it. s.mu is held.
-func (s *server) forget(c net.Conn) {
-	delete(s.conns, c)
-	if s.conns == nil || s.connsPeak < 1024 || len(s.conns) >= s.connsPeak/4 {
-		return
-	}
-	m := make(map[net.Conn]struct{}, len(s.conns))
-	for k, v := range s.conns {
-		m[k] = v
-	}
-	s.conns, s.connsPeak = m, len(m)
-}
+func (s *server) downstreams() int { return s.pairs.Len() + s.acc.Open() }
 
 // Outcomes of a connection, the values of the metrics' outcome label.
 const (
@@ -165,6 +97,8 @@ const maxProxyHeader = 4096 + 16
 // downstream is what the listener filters learned about a connection.
 type downstream struct {
 	c net.Conn
+	// conns tracks c until the relay loops take it over.
+	conns *acceptor.Conns
 	// r reads the connection's remaining bytes: the connection itself, or a buffered reader
 	// that holds bytes read past a PROXY header.
 	r io.Reader
@@ -186,14 +120,14 @@ type downstream struct {
 
 // handle runs the listener filters (PROXY header, ClientHello; bounded in time and size), picks
 // the filter chain, and hands the connection to it.
-func (s *server) handle(ctx context.Context, c net.Conn) {
+func (s *server) handle(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
 	in := s.in
 	lc := in.current.Load().listeners[s.name]
 	if lc == nil {
 		in.metrics.conn(s.name, "", outcomeNoListener)
 		return
 	}
-	d := &downstream{c: c, r: c, local: addrPort(c.LocalAddr()), source: addrPort(c.RemoteAddr())}
+	d := &downstream{c: c, conns: conns, r: c, local: addrPort(c.LocalAddr()), source: addrPort(c.RemoteAddr())}
 	d.trustedPeer = in.trusted(d.source.Addr())
 	p, victim, outcome := in.pending.admit(s.name, c, d.source.Addr())
 	if victim != nil {
@@ -407,7 +341,8 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 
 // join hands the connection and its upstream to the relay loops, with the bytes already read
 // from downstream (replay, then whatever the buffered reader holds) to be sent first, and returns
-// at once: the pair is no longer tracked here but in s.pairs, and s.wg waits for it. release
+// at once: the pair is no longer tracked by the acceptor but in s.pairs, and s.joined waits for
+// it. release
 // frees the cluster's circuit-breaker slot when the pair ends.
 func (s *server) join(d *downstream, up *relay.Socket, release func(), cluster string, replay []byte, idle time.Duration) {
 	in := s.in
@@ -415,24 +350,22 @@ func (s *server) join(d *downstream, up *relay.Socket, release func(), cluster s
 		buffered, _ := d.br.Peek(d.br.Buffered())
 		replay = append(replay, buffered...)
 	}
-	s.mu.Lock()
-	s.forget(d.c)
-	s.mu.Unlock()
+	d.conns.Forget(d.c)
 	in.metrics.active.WithLabelValues(s.name).Inc()
-	s.wg.Add(1)
+	s.joined.Add(1)
 	err := s.loops.JoinDialed(&s.pairs, d.c, up, replay, idle, func(toUp, toDown int64) {
 		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(toUp))
 		in.metrics.bytes.WithLabelValues(s.name, "downstream").Add(float64(toDown))
 		in.metrics.active.WithLabelValues(s.name).Dec()
 		release()
-		s.wg.Done()
+		s.joined.Done()
 	})
 	if err != nil {
 		// Shutting down (the group is closed), or out of descriptors for the duplicates: both
 		// connections are closed already.
 		in.metrics.active.WithLabelValues(s.name).Dec()
 		release()
-		s.wg.Done()
+		s.joined.Done()
 		s.refuse(d, cluster, outcomeRelayFailed, err)
 		return
 	}

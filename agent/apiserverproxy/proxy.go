@@ -170,7 +170,9 @@ func (a *Agent) forward(ctx context.Context, c net.Conn, conns *acceptor.Conns) 
 		a.cfg.Log.Info("Ingress unreachable, connection closed", "client", c.RemoteAddr().String(), "error", err.Error())
 		return
 	}
-	conns.Add(up)
+	if !conns.Add(up) {
+		return // shutting down: up is closed
+	}
 	defer conns.Remove(up)
 	a.metrics.connections.WithLabelValues("forwarded").Inc()
 	a.metrics.active.Inc()
