@@ -80,8 +80,8 @@ func FuzzProxyListener(f *testing.F) {
 		}
 		req, r := readRequest(d, chain.http)
 		if r != nil {
-			if r.outcome == "" {
-				t.Fatalf("request refused without an outcome: %v", r.err)
+			if r.Outcome == "" {
+				t.Fatalf("request refused without an outcome: %v", r.Err)
 			}
 			return
 		}

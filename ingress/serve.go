@@ -15,6 +15,7 @@ import (
 
 	"github.com/tendril-net/tendril/ingress/sni"
 	"github.com/tendril-net/tendril/internal/acceptor"
+	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
 )
 
@@ -75,9 +76,9 @@ const (
 	outcomeProxyTimeout   = "proxy_header_timeout"
 	outcomeNoProxyHeader  = "missing_proxy_header"
 	outcomeUntrustedProxy = "untrusted_proxy_header"
-	outcomeBadRequest     = "bad_request"
-	outcomeRequestTimeout = "request_timeout"
-	outcomeHeadersTooBig  = "request_headers_too_large"
+	outcomeBadRequest     = connect.OutcomeBadRequest
+	outcomeRequestTimeout = connect.OutcomeRequestTimeout
+	outcomeHeadersTooBig  = connect.OutcomeHeadersTooBig
 	outcomeNoRoute        = "no_route"
 	outcomeDirectResponse = "direct_response"
 	outcomeUnknownRoute   = "unknown_route"

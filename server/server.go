@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +35,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/internal/acceptor"
+	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
@@ -257,7 +259,7 @@ func (s *Server) ServeConnect(ctx context.Context, l net.Listener, tlsCfg *tls.C
 // Dial outcomes, the values of the metrics' outcome label.
 const (
 	outcomeOK          = "ok"
-	outcomeBadRequest  = "bad_request"
+	outcomeBadRequest  = connect.OutcomeBadRequest
 	outcomeNotAllowed  = "target_not_allowed"
 	outcomeBadPort     = "target_port_invalid"
 	outcomeTooMany     = "too_many_dials"
@@ -268,17 +270,19 @@ const (
 // maxRequestBytes bounds a CONNECT request: kube-apiserver's are about 100 bytes.
 const maxRequestBytes = 16 << 10
 
+// serveConnect serves one CONNECT: the request is read within the request timeout and
+// maxRequestBytes, its target checked, dialled through the tunnel, answered 200 and relayed; any
+// refusal is answered with its status, counted and logged.
 func (s *Server) serveConnect(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
-	_ = c.SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout))
-	br := bufio.NewReaderSize(io.LimitReader(c, maxRequestBytes), 4096)
-	req, err := http.ReadRequest(br)
-	if err != nil {
-		if !errors.Is(err, io.EOF) {
-			s.answer(c, outcomeBadRequest, http.StatusBadRequest, "malformed request", err)
+	limit := &io.LimitedReader{R: c}
+	br := bufio.NewReaderSize(limit, 4096)
+	req, r := connect.ReadRequest(c, br, limit, maxRequestBytes, s.cfg.RequestTimeout)
+	if r != nil {
+		if r.Status != 0 { // else the client went before a request (a TCP probe, say): not counted
+			s.refuse(c, r)
 		}
 		return
 	}
-	_ = c.SetReadDeadline(time.Time{})
 	if req.Method != http.MethodConnect {
 		s.answer(c, outcomeBadRequest, http.StatusMethodNotAllowed, "only CONNECT is served", nil)
 		return
@@ -315,7 +319,7 @@ func (s *Server) serveConnect(ctx context.Context, c net.Conn, conns *acceptor.C
 	}
 	defer conns.Remove(up)
 	s.metrics.dials.WithLabelValues(outcomeOK).Inc()
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+	if err := connect.Established(c); err != nil {
 		return
 	}
 	// Bytes the client sent right after its request are the tunnel's first bytes.
@@ -363,15 +367,18 @@ func (s *Server) allowed(a netip.Addr) bool {
 	return false
 }
 
-// answer refuses a CONNECT with a status and reason, counts and logs it.
+// answer refuses a CONNECT with a status and reason (refuse).
 func (s *Server) answer(c net.Conn, outcome string, status int, reason string, err error) {
-	s.metrics.dials.WithLabelValues(outcome).Inc()
-	kv := []any{"remote", c.RemoteAddr().String(), "status", status, "reason", reason}
-	if err != nil {
-		kv = append(kv, "error", err.Error())
+	s.refuse(c, &connect.Refusal{Outcome: outcome, Status: status, Body: reason + "\n", Err: err})
+}
+
+// refuse counts and logs a refused CONNECT and answers it with its status.
+func (s *Server) refuse(c net.Conn, r *connect.Refusal) {
+	s.metrics.dials.WithLabelValues(r.Outcome).Inc()
+	kv := []any{"remote", c.RemoteAddr().String(), "status", r.Status, "reason", strings.TrimSuffix(r.Body, "\n")}
+	if r.Err != nil {
+		kv = append(kv, "error", r.Err.Error())
 	}
 	s.log.Info("Egress refused", kv...)
-	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s\n",
-		status, http.StatusText(status), len(reason)+1, reason)
+	r.Answer(c)
 }
