@@ -1,11 +1,9 @@
 package ingress
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 
@@ -56,7 +54,7 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 		s.respond(d, cl.name, outcome, http.StatusBadGateway, "upstream connect failed\n", err)
 		return
 	}
-	if err := connect.Established(d.c); err != nil {
+	if err := connect.Established(d.C); err != nil {
 		release()
 		up.Close()
 		return
@@ -64,15 +62,9 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 	s.join(d, up, release, cl.name, nil, hc.idleTimeout)
 }
 
-// readRequest reads one request within the chain's time and size limits: the request line and
-// headers may use up to maxHeaderBytes more of the limit the listener filters used; the tunnel's
-// bytes are spliced from the connection itself, past it.
+// readRequest reads one request within the chain's time and size limits.
 func readRequest(d *downstream, hc *connectConfig) (*http.Request, *connect.Refusal) {
-	if d.limit == nil {
-		d.limit = &io.LimitedReader{R: d.c}
-		d.br = bufio.NewReaderSize(d.limit, 4096)
-	}
-	return connect.ReadRequest(d.c, d.br, d.limit, hc.maxHeaderBytes, hc.headersTimeout)
+	return d.ReadRequest(hc.maxHeaderBytes, hc.headersTimeout)
 }
 
 // match returns the first route matching req, as Envoy does: CONNECT requests only match
@@ -111,5 +103,5 @@ func (s *server) respond(d *downstream, cluster, outcome string, status int, bod
 	}
 	s.refuse(d, cluster, outcome, err)
 	r := connect.Refusal{Outcome: outcome, Status: status, Body: body, Err: err}
-	r.Answer(d.c)
+	r.Answer(d.C)
 }

@@ -1,19 +1,14 @@
 package ingress
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/netip"
 	"sync"
 	"time"
 
-	"github.com/pires/go-proxyproto"
-
-	"github.com/tendril-net/tendril/ingress/sni"
+	"github.com/tendril-net/tendril/ingress/preamble"
 	"github.com/tendril-net/tendril/internal/acceptor"
 	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
@@ -69,13 +64,13 @@ const (
 	outcomeProxied        = "proxied"
 	outcomeNoListener     = "no_listener"
 	outcomeNoChain        = "no_filter_chain"
-	outcomeBadHello       = "bad_client_hello"
-	outcomeHelloTimeout   = "client_hello_timeout"
-	outcomeNotTLS         = "not_tls"
-	outcomeBadProxyHeader = "bad_proxy_header"
-	outcomeProxyTimeout   = "proxy_header_timeout"
-	outcomeNoProxyHeader  = "missing_proxy_header"
-	outcomeUntrustedProxy = "untrusted_proxy_header"
+	outcomeBadHello       = preamble.OutcomeBadHello
+	outcomeHelloTimeout   = preamble.OutcomeHelloTimeout
+	outcomeNotTLS         = preamble.OutcomeNotTLS
+	outcomeBadProxyHeader = preamble.OutcomeBadProxyHeader
+	outcomeProxyTimeout   = preamble.OutcomeProxyTimeout
+	outcomeNoProxyHeader  = preamble.OutcomeNoProxyHeader
+	outcomeUntrustedProxy = preamble.OutcomeUntrustedProxy
 	outcomeBadRequest     = connect.OutcomeBadRequest
 	outcomeRequestTimeout = connect.OutcomeRequestTimeout
 	outcomeHeadersTooBig  = connect.OutcomeHeadersTooBig
@@ -91,32 +86,11 @@ const (
 	outcomeRelayFailed = "relay_failed"
 )
 
-// maxProxyHeader bounds a PROXY header: go-proxyproto's own v2 limit (MaxV2HeaderSize, 4 KiB)
-// plus the 16-byte fixed part; a v1 header is at most 107 bytes.
-const maxProxyHeader = 4096 + 16
-
-// downstream is what the listener filters learned about a connection.
+// downstream is a client's connection in the ingress's hands: its preamble as read so far, and
+// the tracking that holds it until the relay loops take it over.
 type downstream struct {
-	c net.Conn
-	// conns tracks c until the relay loops take it over.
+	*preamble.Conn
 	conns *acceptor.Conns
-	// r reads the connection's remaining bytes: the connection itself, or a buffered reader
-	// that holds bytes read past a PROXY header.
-	r io.Reader
-	// br is that buffered reader, if one was needed.
-	br *bufio.Reader
-	// limit bounds the bytes the listener filters and an HTTP request may read.
-	limit *io.LimitedReader
-	// local and source are the connection's destination and origin, from the PROXY header
-	// when there is one.
-	local, source netip.AddrPort
-	// trustedPeer: the TCP peer is a load balancer whose own PROXY header is believed.
-	trustedPeer bool
-	// client is the origin the load balancer's header reported, if there was one.
-	client     netip.AddrPort
-	serverName string
-	// hello is the ClientHello, to replay to the upstream.
-	hello []byte
 }
 
 // handle runs the listener filters (PROXY header, ClientHello; bounded in time and size), picks
@@ -128,9 +102,9 @@ func (s *server) handle(ctx context.Context, c net.Conn, conns *acceptor.Conns) 
 		in.metrics.conn(s.name, "", outcomeNoListener)
 		return
 	}
-	d := &downstream{c: c, conns: conns, r: c, local: addrPort(c.LocalAddr()), source: addrPort(c.RemoteAddr())}
-	d.trustedPeer = in.trusted(d.source.Addr())
-	p, victim, outcome := in.pending.admit(s.name, c, d.source.Addr())
+	d := &downstream{Conn: preamble.New(c, false), conns: conns}
+	d.TrustedPeer = in.trusted(d.Peer.Addr())
+	p, victim, outcome := in.pending.admit(s.name, c, d.Peer.Addr())
 	if victim != nil {
 		s.evict(victim)
 	}
@@ -138,7 +112,7 @@ func (s *server) handle(ctx context.Context, c net.Conn, conns *acceptor.Conns) 
 		s.refuse(d, "", outcome, fmt.Errorf("%d connections of this source are in their handshake", in.cfg.MaxPendingPerSource))
 		return
 	}
-	chain, outcome, err := listenerFilters(lc, d)
+	chain, outcome, err := listenerFilters(lc, d.Conn)
 	if chain != nil && chain.http != nil && outcome == "" {
 		s.serveConnect(ctx, d, chain.http, p) // still pending while its request arrives
 		return
@@ -155,7 +129,7 @@ func (s *server) handle(ctx context.Context, c net.Conn, conns *acceptor.Conns) 
 	cfg := in.current.Load()
 	clusterName := chain.tcp.defaultCluster
 	if chain.tcp.clusterFormat != nil {
-		clusterName = chain.tcp.clusterFormat.render(connInfo{serverName: d.serverName, localAddr: d.local.String()})
+		clusterName = chain.tcp.clusterFormat.render(connInfo{serverName: d.ServerName, localAddr: d.Local.String()})
 	}
 	cl := cfg.clusters[clusterName]
 	if cl == nil {
@@ -168,7 +142,7 @@ func (s *server) handle(ctx context.Context, c net.Conn, conns *acceptor.Conns) 
 		s.refuse(d, cl.name, outcome, err)
 		return
 	}
-	s.join(d, up, release, cl.name, d.hello, chain.tcp.idleTimeout)
+	s.join(d, up, release, cl.name, d.Hello, chain.tcp.idleTimeout)
 }
 
 // evict closes a pending connection another one displaced, and counts it on its own listener.
@@ -181,115 +155,27 @@ func (s *server) evict(victim *pendingConn) {
 
 // listenerFilters runs the listener filters and returns the chain, or the outcome that refuses the
 // connection.
-func listenerFilters(lc *listenerConfig, d *downstream) (*chainConfig, string, error) {
-	_ = d.c.SetReadDeadline(time.Now().Add(lc.filterTimeout))
-	defer d.c.SetReadDeadline(time.Time{})
-	if lc.lbProxyProtocol || lc.proxyProtocol != nil {
-		d.limit = &io.LimitedReader{R: d.c}
-		d.br = bufio.NewReaderSize(d.limit, 4096)
-		d.r = d.br
+func listenerFilters(lc *listenerConfig, d *preamble.Conn) (*chainConfig, string, error) {
+	f := preamble.Filters{LBProxyProtocol: lc.lbProxyProtocol, ProxyProtocol: lc.proxyProtocol != nil, TLSInspector: lc.tlsInspector, Timeout: lc.filterTimeout}
+	if outcome, err := f.Read(d); outcome != "" {
+		return nil, outcome, err
 	}
-	if lc.lbProxyProtocol && d.trustedPeer {
-		h, outcome, err := readProxyHeader(d, false)
-		if outcome != "" {
-			return nil, outcome, err
-		}
-		if h != nil {
-			d.client = d.source
-		}
-	}
-	if lc.proxyProtocol != nil {
-		h, outcome, err := readProxyHeader(d, true)
-		if outcome != "" {
-			return nil, outcome, err
-		}
-		if h != nil && lc.lbProxyProtocol && !d.trustedPeer {
-			// Only a load balancer may put its header in front of another one; from anyone
-			// else a second header is an attempt to choose both addresses.
-			var h2 *proxyproto.Header
-			withHeaderAllowance(d, func() {
-				if next, _ := d.br.Peek(1); len(next) == 1 && (next[0] == proxyproto.SIGV1[0] || next[0] == proxyproto.SIGV2[0]) {
-					h2, _ = proxyproto.Read(d.br)
-				}
-			})
-			if h2 != nil {
-				return nil, outcomeUntrustedProxy, fmt.Errorf("two PROXY headers from %v, which is not a trusted proxy", d.c.RemoteAddr())
-			}
-		}
-	}
-	if lc.tlsInspector {
-		if d.limit != nil {
-			d.limit.N += sni.MaxHelloSize
-		}
-		name, raw, err := sni.ReadClientHello(d.r)
-		if err != nil {
-			return nil, helloOutcome(err), err
-		}
-		d.serverName, d.hello = name, raw
-	}
-	chain := lc.chain(d.local.Port())
+	chain := lc.chain(d.Local.Port())
 	if chain == nil {
-		return nil, outcomeNoChain, fmt.Errorf("no filter chain for destination port %d", d.local.Port())
+		return nil, outcomeNoChain, fmt.Errorf("no filter chain for destination port %d", d.Local.Port())
 	}
 	return chain, "", nil
-}
-
-// readProxyHeaderCounted reads a PROXY header within an allowance of maxProxyHeader bytes and
-// leaves the read limit raised by exactly the bytes the header took: nothing when there was none.
-// The bytes read past the header stay buffered and count against what follows, so a CONNECT
-// request stops at the same limit with or without a PROXY header, on every listener.
-func readProxyHeaderCounted(d *downstream) (h *proxyproto.Header, err error) {
-	withHeaderAllowance(d, func() { h, err = proxyproto.Read(d.br) })
-	return h, err
-}
-
-// withHeaderAllowance runs read, which reads from d.br, with maxProxyHeader more bytes allowed,
-// and then leaves the limit raised by exactly the bytes read consumed (bytes it only peeked at
-// stay buffered and count against what follows).
-func withHeaderAllowance(d *downstream, read func()) {
-	d.limit.N += maxProxyHeader
-	before := d.limit.N + int64(d.br.Buffered())
-	read()
-	consumed := before - d.limit.N - int64(d.br.Buffered())
-	d.limit.N += consumed - maxProxyHeader
-}
-
-// readProxyHeader reads one PROXY header (optional when allowWithout) and makes its addresses
-// the connection's. A LOCAL header (the sender's own health check) keeps the connection's.
-func readProxyHeader(d *downstream, allowWithout bool) (*proxyproto.Header, string, error) {
-	h, err := readProxyHeaderCounted(d)
-	switch {
-	case errors.Is(err, proxyproto.ErrNoProxyProtocol):
-		if !allowWithout {
-			return nil, outcomeNoProxyHeader, err
-		}
-		return nil, "", nil
-	case err != nil:
-		if relay.IsTimeout(err) {
-			return nil, outcomeProxyTimeout, err
-		}
-		return nil, outcomeBadProxyHeader, err
-	case !h.Command.IsProxy():
-		return h, "", nil
-	}
-	src, dst, ok := h.TCPAddrs()
-	if !ok {
-		return nil, outcomeBadProxyHeader, fmt.Errorf("PROXY header for %v, want TCP", h.TransportProtocol)
-	}
-	d.source = netip.AddrPortFrom(src.AddrPort().Addr().Unmap(), src.AddrPort().Port())
-	d.local = netip.AddrPortFrom(dst.AddrPort().Addr().Unmap(), dst.AddrPort().Port())
-	return h, "", nil
 }
 
 // refuse counts and logs (rate-limited) a connection the ingress closes without proxying it.
 func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
 	s.in.metrics.conn(s.name, cluster, outcome)
-	kv := []any{"listener", s.name, "remote", d.c.RemoteAddr().String(), "reason", outcome}
-	if d.client.IsValid() {
-		kv = append(kv, "client", d.client.String())
+	kv := []any{"listener", s.name, "remote", d.C.RemoteAddr().String(), "reason", outcome}
+	if d.Client.IsValid() {
+		kv = append(kv, "client", d.Client.String())
 	}
-	if d.source != addrPort(d.c.RemoteAddr()) {
-		kv = append(kv, "source", d.source.String())
+	if d.Source != d.Peer {
+		kv = append(kv, "source", d.Source.String())
 	}
 	if cluster != "" {
 		kv = append(kv, "cluster", cluster)
@@ -347,14 +233,11 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 // frees the cluster's circuit-breaker slot when the pair ends.
 func (s *server) join(d *downstream, up *relay.Socket, release func(), cluster string, replay []byte, idle time.Duration) {
 	in := s.in
-	if d.br != nil && d.br.Buffered() > 0 {
-		buffered, _ := d.br.Peek(d.br.Buffered())
-		replay = append(replay, buffered...)
-	}
-	d.conns.Forget(d.c)
+	replay = append(replay, d.Buffered()...)
+	d.conns.Forget(d.C)
 	in.metrics.active.WithLabelValues(s.name).Inc()
 	s.joined.Add(1)
-	err := s.loops.JoinDialed(&s.pairs, d.c, up, replay, idle, func(toUp, toDown int64) {
+	err := s.loops.JoinDialed(&s.pairs, d.C, up, replay, idle, func(toUp, toDown int64) {
 		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(toUp))
 		in.metrics.bytes.WithLabelValues(s.name, "downstream").Add(float64(toDown))
 		in.metrics.active.WithLabelValues(s.name).Dec()
@@ -371,24 +254,4 @@ func (s *server) join(d *downstream, up *relay.Socket, release func(), cluster s
 		return
 	}
 	in.metrics.conn(s.name, cluster, outcomeProxied)
-}
-
-func addrPort(a net.Addr) netip.AddrPort {
-	if ta, ok := a.(*net.TCPAddr); ok {
-		ap := ta.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
-	ap, _ := netip.ParseAddrPort(a.String())
-	return ap
-}
-
-func helloOutcome(err error) string {
-	switch {
-	case relay.IsTimeout(err): // os.ErrDeadlineExceeded is a net.Error that times out
-		return outcomeHelloTimeout
-	case errors.Is(err, sni.ErrNotTLS):
-		return outcomeNotTLS
-	default:
-		return outcomeBadHello
-	}
 }
