@@ -134,7 +134,7 @@ type Relay struct {
 	up      *upstreams
 	metrics *metrics
 	ready   atomic.Bool
-	conns   atomic.Int64   // kube-apiserver's connections open, against MaxConnections
+	limit   acceptor.Limit // kube-apiserver's connections open, against MaxConnections
 	streams sync.WaitGroup // the relaying goroutines a handler leaves behind (see forward)
 
 	// refusals and failures log connections refused for MaxConnections and tunnels failed for
@@ -149,6 +149,14 @@ func New(cfg Config) (*Relay, error) {
 	}
 	r := &Relay{cfg: cfg, log: cfg.Log,
 		refusals: acceptor.LimitedLog{Log: cfg.Log, Burst: 1}, failures: acceptor.LimitedLog{Log: cfg.Log, Burst: 1}}
+	// Beyond MaxConnections kube-apiserver's connection is closed at once and counted, so that
+	// its dial fails fast and it retries, rather than waiting in the socket's backlog.
+	r.limit.Max = cfg.MaxConnections
+	r.limit.Refused = func(net.Conn) {
+		r.metrics.connections.WithLabelValues(outcomeTooMany).Inc()
+		r.refusals.Info("Too many connections, refusing (counted in tendril_egress_relay_connections_total{outcome=\"too_many\"})",
+			"max", r.cfg.MaxConnections)
+	}
 	r.metrics = newMetrics(cfg.Registry, r)
 	r.certs = &certLoader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, caFile: cfg.CAFile, serverName: cfg.ServerName,
 		log: cfg.Log, loaded: r.metrics.certLoads}
@@ -220,7 +228,7 @@ func (r *Relay) Serve(ctx context.Context, l net.Listener) error {
 		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow), grpc.SharedWriteBuffer(true))
 	served := make(chan error, 1)
 	r.ready.Store(true)
-	go func() { served <- g.Serve(&limitListener{Listener: l, r: r}) }()
+	go func() { served <- g.Serve(r.limit.Listener(l)) }()
 	var err error
 	select {
 	case err = <-served:
@@ -247,42 +255,6 @@ func (r *Relay) Serve(ctx context.Context, l net.Listener) error {
 		return fmt.Errorf("egressrelay: serve: %w", err)
 	}
 	return nil
-}
-
-// limitListener refuses connections beyond MaxConnections: closed at once and counted, so that
-// kube-apiserver's dial fails fast and it retries, rather than waiting in the socket's backlog.
-type limitListener struct {
-	net.Listener
-	r *Relay
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if l.r.conns.Add(1) > int64(l.r.cfg.MaxConnections) {
-			l.r.conns.Add(-1)
-			c.Close()
-			l.r.metrics.connections.WithLabelValues(outcomeTooMany).Inc()
-			l.r.refusals.Info("Too many connections, refusing (counted in tendril_egress_relay_connections_total{outcome=\"too_many\"})",
-				"max", l.r.cfg.MaxConnections)
-			continue
-		}
-		return &countedConn{Conn: c, r: l.r}, nil
-	}
-}
-
-type countedConn struct {
-	net.Conn
-	r    *Relay
-	once sync.Once
-}
-
-func (c *countedConn) Close() error {
-	c.once.Do(func() { c.r.conns.Add(-1) })
-	return c.Conn.Close()
 }
 
 // forward relays one of kube-apiserver's Proxy streams as a stream to tendril-server. Two

@@ -1,9 +1,10 @@
 // Package acceptor is the connection edge's one accept loop: it serves a listener's
 // connections, each in its own goroutine, optionally at most a number at once, tracks them (and
-// whatever else their handlers open) so that shutdown can close them, and drains them. Every
-// listener of tendril's (the ingress's, tendril-server's front-ends, the apiserver-proxy, the
-// egress relay) is a Server with its own Handle. It does not read or write the connections
-// itself.
+// whatever else their handlers open) so that shutdown can close them, and drains them. The
+// ingress's listeners, tendril-server's CONNECT and tunnel front-ends and the apiserver-proxy are
+// each a Server with its own Handle; a listener that gRPC serves itself (the egress relay's)
+// takes the cap alone (Limit). LimitedLog logs the refusals without letting a flood flood the
+// log. It does not read or write the connections itself.
 //
 // Lifecycle of a Server: Serve accepts until one of these, and then returns once every handler
 // has returned:

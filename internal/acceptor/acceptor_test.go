@@ -192,3 +192,48 @@ func TestRetryAccept(t *testing.T) {
 		t.Errorf("Serve: %v", err)
 	}
 }
+
+// TestLimit: a connection beyond Max is refused and closed at once; closing an accepted one
+// frees its place.
+func TestLimit(t *testing.T) {
+	var refused atomic.Int32
+	m := &Limit{Max: 1, Refused: func(net.Conn) { refused.Add(1) }}
+	l := m.Listener(listen(t))
+	defer l.Close()
+	accepted := make(chan net.Conn)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c
+		}
+	}()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	dial()
+	first := <-accepted
+	extra := dial()
+	_ = extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := extra.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("connection beyond Max: %v, want closed", err)
+	}
+	if refused.Load() != 1 || m.Open() != 1 {
+		t.Errorf("refused %d, open %d; want 1, 1", refused.Load(), m.Open())
+	}
+	first.Close()
+	first.Close() // counted once
+	if m.Open() != 0 {
+		t.Errorf("open %d after Close, want 0", m.Open())
+	}
+	dial()
+	(<-accepted).Close()
+}
