@@ -31,6 +31,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/tendril-net/tendril/internal/acceptor"
 )
 
 // Config configures a Relay. Socket, Server and the three certificate files are required.
@@ -132,11 +134,12 @@ type Relay struct {
 	up      *upstreams
 	metrics *metrics
 	ready   atomic.Bool
-	conns   atomic.Int64   // kube-apiserver's connections open, against MaxConnections
+	limit   acceptor.Limit // kube-apiserver's connections open, against MaxConnections
 	streams sync.WaitGroup // the relaying goroutines a handler leaves behind (see forward)
 
-	refusedLogged atomic.Int64 // unix nanoseconds of the last "too many connections" log line
-	failedLogged  atomic.Int64 // unix nanoseconds of the last "tendril-server unavailable" log line
+	// refusals and failures log connections refused for MaxConnections and tunnels failed for
+	// want of a stream to tendril-server, each at most once a second (all are counted).
+	refusals, failures acceptor.LimitedLog
 }
 
 // New checks cfg and loads the certificates once (a relay that could never dial fails at start).
@@ -144,7 +147,16 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Log}
+	r := &Relay{cfg: cfg, log: cfg.Log,
+		refusals: acceptor.LimitedLog{Log: cfg.Log, Burst: 1}, failures: acceptor.LimitedLog{Log: cfg.Log, Burst: 1}}
+	// Beyond MaxConnections kube-apiserver's connection is closed at once and counted, so that
+	// its dial fails fast and it retries, rather than waiting in the socket's backlog.
+	r.limit.Max = cfg.MaxConnections
+	r.limit.Refused = func(net.Conn) {
+		r.metrics.connections.WithLabelValues(outcomeTooMany).Inc()
+		r.refusals.Info("Too many connections, refusing (counted in tendril_egress_relay_connections_total{outcome=\"too_many\"})",
+			"max", r.cfg.MaxConnections)
+	}
 	r.metrics = newMetrics(cfg.Registry, r)
 	r.certs = &certLoader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, caFile: cfg.CAFile, serverName: cfg.ServerName,
 		log: cfg.Log, loaded: r.metrics.certLoads}
@@ -216,7 +228,7 @@ func (r *Relay) Serve(ctx context.Context, l net.Listener) error {
 		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow), grpc.SharedWriteBuffer(true))
 	served := make(chan error, 1)
 	r.ready.Store(true)
-	go func() { served <- g.Serve(&limitListener{Listener: l, r: r}) }()
+	go func() { served <- g.Serve(r.limit.Listener(l)) }()
 	var err error
 	select {
 	case err = <-served:
@@ -245,57 +257,6 @@ func (r *Relay) Serve(ctx context.Context, l net.Listener) error {
 	return nil
 }
 
-// limitListener refuses connections beyond MaxConnections: closed at once and counted, so that
-// kube-apiserver's dial fails fast and it retries, rather than waiting in the socket's backlog.
-type limitListener struct {
-	net.Listener
-	r *Relay
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if l.r.conns.Add(1) > int64(l.r.cfg.MaxConnections) {
-			l.r.conns.Add(-1)
-			c.Close()
-			l.r.metrics.connections.WithLabelValues(outcomeTooMany).Inc()
-			l.r.logRefusal()
-			continue
-		}
-		return &countedConn{Conn: c, r: l.r}, nil
-	}
-}
-
-type countedConn struct {
-	net.Conn
-	r    *Relay
-	once sync.Once
-}
-
-func (c *countedConn) Close() error {
-	c.once.Do(func() { c.r.conns.Add(-1) })
-	return c.Conn.Close()
-}
-
-// logRefusal logs a refused connection at most once a second (a flood is in the counter).
-func (r *Relay) logRefusal() {
-	if !onceASecond(&r.refusedLogged) {
-		return
-	}
-	r.log.Info("Too many connections, refusing (counted in tendril_egress_relay_connections_total{outcome=\"too_many\"})",
-		"max", r.cfg.MaxConnections)
-}
-
-// onceASecond reports whether a second passed since it last returned true for last.
-func onceASecond(last *atomic.Int64) bool {
-	now := time.Now().UnixNano()
-	prev := last.Load()
-	return now-prev >= int64(time.Second) && last.CompareAndSwap(prev, now)
-}
-
 // forward relays one of kube-apiserver's Proxy streams as a stream to tendril-server. Two
 // goroutines copy messages, one per direction. The handler returns as soon as tendril-server's
 // side ended (its status, OK or an error such as a refused dial, goes to kube-apiserver), and
@@ -313,10 +274,8 @@ func (r *Relay) forward(_ any, down grpc.ServerStream) error {
 	r.metrics.dialSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		r.metrics.connections.WithLabelValues(outcome).Inc()
-		if onceASecond(&r.failedLogged) {
-			r.log.Info("No stream to tendril-server, failing kube-apiserver's tunnel (log lines at most once a second; all counted)",
-				"outcome", outcome, "server", r.cfg.Server, "serverName", r.cfg.ServerName, "error", err.Error())
-		}
+		r.failures.Info("No stream to tendril-server, failing kube-apiserver's tunnel (log lines at most once a second; all counted)",
+			"outcome", outcome, "server", r.cfg.Server, "serverName", r.cfg.ServerName, "error", err.Error())
 		return status.Errorf(codes.Unavailable, "tendril-egress-relay: %v", err)
 	}
 	defer r.up.release(c)

@@ -485,7 +485,7 @@ func TestConnectionLimit(t *testing.T) {
 	echo(t, held, 1<<10)
 	held.Close() // ends the single-use tunnel, so its gRPC connection, so the relayed one
 	deadline := time.Now().Add(10 * time.Second)
-	for r.relay.conns.Load() > 0 {
+	for r.relay.limit.Open() > 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("slot not freed")
 		}

@@ -1,14 +1,13 @@
 package ingress
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
-	"time"
+
+	"github.com/tendril-net/tendril/internal/connect"
 )
 
 // serveConnect serves one request on a connect chain: a CONNECT whose destination header passes
@@ -23,11 +22,7 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 		return // evicted while its request arrived: closed and counted
 	}
 	if r != nil {
-		if r.status == 0 {
-			s.refuse(d, "", r.outcome, r.err) // closed before a request: nothing to answer
-		} else {
-			s.respond(d, "", r.outcome, r.status, r.body, r.err)
-		}
+		s.respond(d, "", r.Outcome, r.Status, r.Body, r.Err) // status 0: closed before a request, nothing to answer
 		return
 	}
 	route := hc.match(req)
@@ -59,7 +54,7 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 		s.respond(d, cl.name, outcome, http.StatusBadGateway, "upstream connect failed\n", err)
 		return
 	}
-	if _, err := io.WriteString(d.c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+	if err := connect.Established(d.C); err != nil {
 		release()
 		up.Close()
 		return
@@ -67,39 +62,9 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 	s.join(d, up, release, cl.name, nil, hc.idleTimeout)
 }
 
-// refusal is why a request is not proxied: the outcome counted, and the status and body to
-// answer with (status 0: close without an answer).
-type refusal struct {
-	outcome string
-	status  int
-	body    string
-	err     error
-}
-
 // readRequest reads one request within the chain's time and size limits.
-func readRequest(d *downstream, hc *connectConfig) (*http.Request, *refusal) {
-	if d.limit == nil {
-		d.limit = &io.LimitedReader{R: d.c}
-		d.br = bufio.NewReaderSize(d.limit, 4096)
-	}
-	// The request line and headers may use up to maxHeaderBytes more; once the request is read
-	// the tunnel's bytes are spliced from the connection itself, past this limit.
-	d.limit.N += int64(hc.maxHeaderBytes)
-	_ = d.c.SetReadDeadline(time.Now().Add(hc.headersTimeout))
-	req, err := http.ReadRequest(d.br)
-	_ = d.c.SetReadDeadline(time.Time{})
-	switch {
-	case err == nil:
-		return req, nil
-	case isTimeout(err):
-		return nil, &refusal{outcomeRequestTimeout, http.StatusRequestTimeout, "request not complete within " + hc.headersTimeout.String() + "\n", err}
-	case d.limit.N <= 0:
-		return nil, &refusal{outcomeHeadersTooBig, http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("request headers larger than %d bytes\n", hc.maxHeaderBytes), err}
-	case errors.Is(err, io.EOF):
-		return nil, &refusal{outcome: outcomeBadRequest, err: err}
-	default:
-		return nil, &refusal{outcomeBadRequest, http.StatusBadRequest, "malformed request\n", err}
-	}
+func readRequest(d *downstream, hc *connectConfig) (*http.Request, *connect.Refusal) {
+	return d.ReadRequest(hc.maxHeaderBytes, hc.headersTimeout)
 }
 
 // match returns the first route matching req, as Envoy does: CONNECT requests only match
@@ -130,13 +95,13 @@ func (hc *connectConfig) match(req *http.Request) *connectRoute {
 	return nil
 }
 
-// respond answers a request the ingress does not proxy, counts it and closes the connection.
+// respond answers a request the ingress does not proxy (status 0: closes it without an answer),
+// counts it and closes the connection.
 func (s *server) respond(d *downstream, cluster, outcome string, status int, body string, err error) {
 	if err == nil {
 		err = errors.New(http.StatusText(status))
 	}
 	s.refuse(d, cluster, outcome, err)
-	_ = d.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprintf(d.c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-		status, http.StatusText(status), len(body), body)
+	r := connect.Refusal{Outcome: outcome, Status: status, Body: body, Err: err}
+	r.Answer(d.C)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pires/go-proxyproto"
 
+	"github.com/tendril-net/tendril/ingress/preamble"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -58,30 +59,30 @@ func FuzzProxyListener(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		c := &memConn{r: bytes.NewReader(in)}
-		d := &downstream{c: c, r: c, local: addrPort(c.LocalAddr()), source: addrPort(c.RemoteAddr())}
-		chain, outcome, err := listenerFilters(lc, d)
+		d := &downstream{Conn: preamble.New(c, false)}
+		chain, outcome, err := listenerFilters(lc, d.Conn)
 		if chain == nil {
 			if outcome == "" {
 				t.Fatalf("refused without an outcome (err %v)", err)
 			}
 			return
 		}
-		if !d.local.IsValid() || !d.source.IsValid() {
-			t.Fatalf("invalid addresses after the filters: %v → %v", d.source, d.local)
+		if !d.Local.IsValid() || !d.Source.IsValid() {
+			t.Fatalf("invalid addresses after the filters: %v → %v", d.Source, d.Local)
 		}
 		if chain.http == nil {
-			if chain.destinationPort != uint32(d.local.Port()) {
-				t.Fatalf("tcp chain for port %d chosen for destination %v", chain.destinationPort, d.local)
+			if chain.destinationPort != uint32(d.Local.Port()) {
+				t.Fatalf("tcp chain for port %d chosen for destination %v", chain.destinationPort, d.Local)
 			}
-			if got := chain.tcp.clusterFormat.render(connInfo{localAddr: d.local.String()}); got != translate.ProxyCluster(d.local.Addr()) && d.local.Port() == 443 {
-				t.Fatalf("cluster %q for destination %v", got, d.local)
+			if got := chain.tcp.clusterFormat.render(connInfo{localAddr: d.Local.String()}); got != translate.ProxyCluster(d.Local.Addr()) && d.Local.Port() == 443 {
+				t.Fatalf("cluster %q for destination %v", got, d.Local)
 			}
 			return
 		}
 		req, r := readRequest(d, chain.http)
 		if r != nil {
-			if r.outcome == "" {
-				t.Fatalf("request refused without an outcome: %v", r.err)
+			if r.Outcome == "" {
+				t.Fatalf("request refused without an outcome: %v", r.Err)
 			}
 			return
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/internal/acceptor"
 	"github.com/tendril-net/tendril/internal/relay"
 )
 
@@ -81,7 +82,8 @@ type Ingress struct {
 	activeMu sync.Mutex
 	active   map[string]*atomic.Int64
 	pending  *pendingSet
-	refusals *rateLimitedLog
+	// refusals logs refused connections, at most 10 lines a second (all are counted).
+	refusals *acceptor.LimitedLog
 	// servers are Serve's listeners' servers, for Open.
 	servers atomic.Pointer[[]*server]
 }
@@ -102,7 +104,7 @@ func New(cfg Config) *Ingress {
 		log:      cfg.Log,
 		metrics:  newMetrics(cfg.Registry),
 		active:   make(map[string]*atomic.Int64),
-		refusals: newRateLimitedLog(cfg.Log, 10, time.Second),
+		refusals: &acceptor.LimitedLog{Log: cfg.Log},
 	}
 	in.pending = newPendingSet(cfg.MaxPending, cfg.MaxPendingPerListener, cfg.MaxPendingPerSource, in.trusted)
 	in.current.Store(&config{
@@ -275,7 +277,7 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	var served sync.WaitGroup
 	servers := make([]*server, 0, len(lns))
 	for name, l := range lns {
-		s := &server{in: in, name: name, l: l, loops: loops, conns: map[net.Conn]struct{}{}}
+		s := newServer(in, name, l, loops)
 		servers = append(servers, s)
 		served.Add(1)
 		go func() {

@@ -1,10 +1,6 @@
 package ingress
 
 import (
-	"sync"
-	"time"
-
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -62,42 +58,4 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 func (m *metrics) conn(listener, cluster, outcome string) {
 	m.connections.WithLabelValues(listener, cluster, outcome).Inc()
-}
-
-// rateLimitedLog logs at most burst lines per interval and counts the rest, so a flood of bad
-// connections cannot flood the log; the next line that gets through says how many were dropped.
-type rateLimitedLog struct {
-	l        logr.Logger
-	burst    int
-	interval time.Duration
-
-	mu         sync.Mutex
-	windowEnd  time.Time
-	used       int
-	suppressed int
-}
-
-func newRateLimitedLog(l logr.Logger, burst int, interval time.Duration) *rateLimitedLog {
-	return &rateLimitedLog{l: l, burst: burst, interval: interval}
-}
-
-func (r *rateLimitedLog) log(msg string, kv ...any) {
-	r.mu.Lock()
-	now := time.Now()
-	if now.After(r.windowEnd) {
-		r.windowEnd, r.used = now.Add(r.interval), 0
-	}
-	if r.used >= r.burst {
-		r.suppressed++
-		r.mu.Unlock()
-		return
-	}
-	r.used++
-	suppressed := r.suppressed
-	r.suppressed = 0
-	r.mu.Unlock()
-	if suppressed > 0 {
-		kv = append(kv, "suppressedSinceLast", suppressed)
-	}
-	r.l.Info(msg, kv...)
 }

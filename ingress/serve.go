@@ -1,152 +1,79 @@
 package ingress
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/netip"
-	"os"
 	"sync"
 	"time"
 
-	"github.com/pires/go-proxyproto"
-
-	"github.com/tendril-net/tendril/ingress/sni"
+	"github.com/tendril-net/tendril/ingress/preamble"
+	"github.com/tendril-net/tendril/internal/acceptor"
+	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
 )
 
-// server accepts the connections of one listener and owns their goroutines.
+// server serves one listener: an acceptor.Server whose handler runs the listener filters and
+// hands each established connection to the relay loops.
 type server struct {
 	in   *Ingress
 	name string
-	l    net.Listener
+	// acc accepts and tracks the clients' connections in their handshake or dial; it closes
+	// them when serve's context ends (no drain of its own: Ingress.drain drains every listener
+	// at once).
+	acc acceptor.Server
+	l   net.Listener
 	// loops relay the established connections; pairs holds this listener's, to close them on
-	// shutdown. wg counts them with the handshakes.
-	loops *relay.Loops
-	pairs relay.Group
+	// shutdown, and joined counts them until each has ended.
+	loops  *relay.Loops
+	pairs  relay.Group
+	joined sync.WaitGroup
+}
 
-	mu sync.Mutex
-	// conns holds the clients' connections in their handshake or dial; it is made with the
-	// server and is nil once closeAll has closed them. connsPeak is its largest size since it
-	// was last rebuilt (a Go map keeps the table of its peak).
-	conns     map[net.Conn]struct{}
-	connsPeak int
-	wg        sync.WaitGroup
+func newServer(in *Ingress, name string, l net.Listener, loops *relay.Loops) *server {
+	s := &server{in: in, name: name, l: l, loops: loops}
+	// Out of file descriptors and the like: back off rather than spin, as net/http does.
+	s.acc = acceptor.Server{Handle: s.handle, RetryAccept: true, Log: in.log.WithValues("listener", name)}
+	return s
 }
 
 // serve accepts until the listener is closed (stopAccepting) or ctx ends, and returns once the
 // connections it accepted have ended. When ctx ends it closes the listener and every connection.
 func (s *server) serve(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { s.closeAll() })
+	stop := context.AfterFunc(ctx, func() { s.loops.CloseGroup(&s.pairs) })
 	defer stop()
-	defer s.wg.Wait()
-	var delay time.Duration
-	for {
-		c, err := s.l.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			// Out of file descriptors and the like: back off rather than spin, as net/http does.
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			s.in.log.Error(err, "Accept failed", "listener", s.name, "retryIn", delay.String())
-			select {
-			case <-time.After(delay):
-				continue
-			case <-ctx.Done():
-				return nil
-			}
-		}
-		delay = 0
-		if !s.track(c) {
-			c.Close()
-			return nil
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer s.untrack(c)
-			s.handle(ctx, c)
-		}()
-	}
+	defer s.joined.Wait()
+	return s.acc.Serve(ctx, s.l)
 }
 
 // stopAccepting closes the listener: the kernel refuses new connections from now on, and the
 // accept loop ends.
-func (s *server) stopAccepting() { _ = s.l.Close() }
+func (s *server) stopAccepting() { s.acc.StopAccepting() }
 
 // closeAll closes the listener and every client's connection, in its handshake or relayed, and
-// returns how many. From then on track refuses, and so does the relay for this listener's
-// pairs, so a late upstream dial is closed at once.
-func (s *server) closeAll() int {
-	_ = s.l.Close()
-	s.mu.Lock()
-	n := len(s.conns)
-	for c := range s.conns {
-		c.Close()
-	}
-	s.conns = nil
-	s.mu.Unlock()
-	return n + s.loops.CloseGroup(&s.pairs)
-}
+// returns how many. From then on the acceptor refuses, and so does the relay for this
+// listener's pairs, so a late upstream dial is closed at once.
+func (s *server) closeAll() int { return s.acc.CloseAll() + s.loops.CloseGroup(&s.pairs) }
 
 // downstreams reports how many clients' connections are open.
-func (s *server) downstreams() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.pairs.Len() + len(s.conns)
-}
-
-func (s *server) track(c net.Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.conns == nil {
-		return false
-	}
-	s.conns[c] = struct{}{}
-	s.connsPeak = max(s.connsPeak, len(s.conns))
-	return true
-}
-
-func (s *server) untrack(c net.Conn) {
-	s.mu.Lock()
-	s.forget(c)
-	s.mu.Unlock()
-	c.Close()
-}
-
-// forget removes c from conns and, after a peak (a flood of handshakes), gives the map's table
-// back once it holds less than a quarter of it. s.mu is held.
-func (s *server) forget(c net.Conn) {
-	delete(s.conns, c)
-	if s.conns == nil || s.connsPeak < 1024 || len(s.conns) >= s.connsPeak/4 {
-		return
-	}
-	m := make(map[net.Conn]struct{}, len(s.conns))
-	for k, v := range s.conns {
-		m[k] = v
-	}
-	s.conns, s.connsPeak = m, len(m)
-}
+func (s *server) downstreams() int { return s.pairs.Len() + s.acc.Open() }
 
 // Outcomes of a connection, the values of the metrics' outcome label.
 const (
 	outcomeProxied        = "proxied"
 	outcomeNoListener     = "no_listener"
 	outcomeNoChain        = "no_filter_chain"
-	outcomeBadHello       = "bad_client_hello"
-	outcomeHelloTimeout   = "client_hello_timeout"
-	outcomeNotTLS         = "not_tls"
-	outcomeBadProxyHeader = "bad_proxy_header"
-	outcomeProxyTimeout   = "proxy_header_timeout"
-	outcomeNoProxyHeader  = "missing_proxy_header"
-	outcomeUntrustedProxy = "untrusted_proxy_header"
-	outcomeBadRequest     = "bad_request"
-	outcomeRequestTimeout = "request_timeout"
-	outcomeHeadersTooBig  = "request_headers_too_large"
+	outcomeBadHello       = preamble.OutcomeBadHello
+	outcomeHelloTimeout   = preamble.OutcomeHelloTimeout
+	outcomeNotTLS         = preamble.OutcomeNotTLS
+	outcomeBadProxyHeader = preamble.OutcomeBadProxyHeader
+	outcomeProxyTimeout   = preamble.OutcomeProxyTimeout
+	outcomeNoProxyHeader  = preamble.OutcomeNoProxyHeader
+	outcomeUntrustedProxy = preamble.OutcomeUntrustedProxy
+	outcomeBadRequest     = connect.OutcomeBadRequest
+	outcomeRequestTimeout = connect.OutcomeRequestTimeout
+	outcomeHeadersTooBig  = connect.OutcomeHeadersTooBig
 	outcomeNoRoute        = "no_route"
 	outcomeDirectResponse = "direct_response"
 	outcomeUnknownRoute   = "unknown_route"
@@ -159,44 +86,25 @@ const (
 	outcomeRelayFailed = "relay_failed"
 )
 
-// maxProxyHeader bounds a PROXY header: go-proxyproto's own v2 limit (MaxV2HeaderSize, 4 KiB)
-// plus the 16-byte fixed part; a v1 header is at most 107 bytes.
-const maxProxyHeader = 4096 + 16
-
-// downstream is what the listener filters learned about a connection.
+// downstream is a client's connection in the ingress's hands: its preamble as read so far, and
+// the tracking that holds it until the relay loops take it over.
 type downstream struct {
-	c net.Conn
-	// r reads the connection's remaining bytes: the connection itself, or a buffered reader
-	// that holds bytes read past a PROXY header.
-	r io.Reader
-	// br is that buffered reader, if one was needed.
-	br *bufio.Reader
-	// limit bounds the bytes the listener filters and an HTTP request may read.
-	limit *io.LimitedReader
-	// local and source are the connection's destination and origin, from the PROXY header
-	// when there is one.
-	local, source netip.AddrPort
-	// trustedPeer: the TCP peer is a load balancer whose own PROXY header is believed.
-	trustedPeer bool
-	// client is the origin the load balancer's header reported, if there was one.
-	client     netip.AddrPort
-	serverName string
-	// hello is the ClientHello, to replay to the upstream.
-	hello []byte
+	*preamble.Conn
+	conns *acceptor.Conns
 }
 
 // handle runs the listener filters (PROXY header, ClientHello; bounded in time and size), picks
 // the filter chain, and hands the connection to it.
-func (s *server) handle(ctx context.Context, c net.Conn) {
+func (s *server) handle(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
 	in := s.in
 	lc := in.current.Load().listeners[s.name]
 	if lc == nil {
 		in.metrics.conn(s.name, "", outcomeNoListener)
 		return
 	}
-	d := &downstream{c: c, r: c, local: addrPort(c.LocalAddr()), source: addrPort(c.RemoteAddr())}
-	d.trustedPeer = in.trusted(d.source.Addr())
-	p, victim, outcome := in.pending.admit(s.name, c, d.source.Addr())
+	d := &downstream{Conn: preamble.New(c, false), conns: conns}
+	d.TrustedPeer = in.trusted(d.Peer.Addr())
+	p, victim, outcome := in.pending.admit(s.name, c, d.Peer.Addr())
 	if victim != nil {
 		s.evict(victim)
 	}
@@ -204,7 +112,7 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 		s.refuse(d, "", outcome, fmt.Errorf("%d connections of this source are in their handshake", in.cfg.MaxPendingPerSource))
 		return
 	}
-	chain, outcome, err := listenerFilters(lc, d)
+	chain, outcome, err := listenerFilters(lc, d.Conn)
 	if chain != nil && chain.http != nil && outcome == "" {
 		s.serveConnect(ctx, d, chain.http, p) // still pending while its request arrives
 		return
@@ -221,7 +129,7 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 	cfg := in.current.Load()
 	clusterName := chain.tcp.defaultCluster
 	if chain.tcp.clusterFormat != nil {
-		clusterName = chain.tcp.clusterFormat.render(connInfo{serverName: d.serverName, localAddr: d.local.String()})
+		clusterName = chain.tcp.clusterFormat.render(connInfo{serverName: d.ServerName, localAddr: d.Local.String()})
 	}
 	cl := cfg.clusters[clusterName]
 	if cl == nil {
@@ -234,128 +142,40 @@ func (s *server) handle(ctx context.Context, c net.Conn) {
 		s.refuse(d, cl.name, outcome, err)
 		return
 	}
-	s.join(d, up, release, cl.name, d.hello, chain.tcp.idleTimeout)
+	s.join(d, up, release, cl.name, d.Hello, chain.tcp.idleTimeout)
 }
 
 // evict closes a pending connection another one displaced, and counts it on its own listener.
 func (s *server) evict(victim *pendingConn) {
 	victim.c.Close()
 	s.in.metrics.conn(victim.listener, "", outcomePendingEvicted)
-	s.in.refusals.log("Connection refused", "listener", victim.listener, "remote", victim.c.RemoteAddr().String(), "reason", outcomePendingEvicted,
+	s.in.refusals.Info("Connection refused", "listener", victim.listener, "remote", victim.c.RemoteAddr().String(), "reason", outcomePendingEvicted,
 		"error", fmt.Sprintf("%q", "the oldest of the pending connections, closed for a new one"))
 }
 
 // listenerFilters runs the listener filters and returns the chain, or the outcome that refuses the
 // connection.
-func listenerFilters(lc *listenerConfig, d *downstream) (*chainConfig, string, error) {
-	_ = d.c.SetReadDeadline(time.Now().Add(lc.filterTimeout))
-	defer d.c.SetReadDeadline(time.Time{})
-	if lc.lbProxyProtocol || lc.proxyProtocol != nil {
-		d.limit = &io.LimitedReader{R: d.c}
-		d.br = bufio.NewReaderSize(d.limit, 4096)
-		d.r = d.br
+func listenerFilters(lc *listenerConfig, d *preamble.Conn) (*chainConfig, string, error) {
+	f := preamble.Filters{LBProxyProtocol: lc.lbProxyProtocol, ProxyProtocol: lc.proxyProtocol != nil, TLSInspector: lc.tlsInspector, Timeout: lc.filterTimeout}
+	if outcome, err := f.Read(d); outcome != "" {
+		return nil, outcome, err
 	}
-	if lc.lbProxyProtocol && d.trustedPeer {
-		h, outcome, err := readProxyHeader(d, false)
-		if outcome != "" {
-			return nil, outcome, err
-		}
-		if h != nil {
-			d.client = d.source
-		}
-	}
-	if lc.proxyProtocol != nil {
-		h, outcome, err := readProxyHeader(d, true)
-		if outcome != "" {
-			return nil, outcome, err
-		}
-		if h != nil && lc.lbProxyProtocol && !d.trustedPeer {
-			// Only a load balancer may put its header in front of another one; from anyone
-			// else a second header is an attempt to choose both addresses.
-			var h2 *proxyproto.Header
-			withHeaderAllowance(d, func() {
-				if next, _ := d.br.Peek(1); len(next) == 1 && (next[0] == proxyproto.SIGV1[0] || next[0] == proxyproto.SIGV2[0]) {
-					h2, _ = proxyproto.Read(d.br)
-				}
-			})
-			if h2 != nil {
-				return nil, outcomeUntrustedProxy, fmt.Errorf("two PROXY headers from %v, which is not a trusted proxy", d.c.RemoteAddr())
-			}
-		}
-	}
-	if lc.tlsInspector {
-		if d.limit != nil {
-			d.limit.N += sni.MaxHelloSize
-		}
-		name, raw, err := sni.ReadClientHello(d.r)
-		if err != nil {
-			return nil, helloOutcome(err), err
-		}
-		d.serverName, d.hello = name, raw
-	}
-	chain := lc.chain(d.local.Port())
+	chain := lc.chain(d.Local.Port())
 	if chain == nil {
-		return nil, outcomeNoChain, fmt.Errorf("no filter chain for destination port %d", d.local.Port())
+		return nil, outcomeNoChain, fmt.Errorf("no filter chain for destination port %d", d.Local.Port())
 	}
 	return chain, "", nil
-}
-
-// readProxyHeaderCounted reads a PROXY header within an allowance of maxProxyHeader bytes and
-// leaves the read limit raised by exactly the bytes the header took: nothing when there was none.
-// The bytes read past the header stay buffered and count against what follows, so a CONNECT
-// request stops at the same limit with or without a PROXY header, on every listener.
-func readProxyHeaderCounted(d *downstream) (h *proxyproto.Header, err error) {
-	withHeaderAllowance(d, func() { h, err = proxyproto.Read(d.br) })
-	return h, err
-}
-
-// withHeaderAllowance runs read, which reads from d.br, with maxProxyHeader more bytes allowed,
-// and then leaves the limit raised by exactly the bytes read consumed (bytes it only peeked at
-// stay buffered and count against what follows).
-func withHeaderAllowance(d *downstream, read func()) {
-	d.limit.N += maxProxyHeader
-	before := d.limit.N + int64(d.br.Buffered())
-	read()
-	consumed := before - d.limit.N - int64(d.br.Buffered())
-	d.limit.N += consumed - maxProxyHeader
-}
-
-// readProxyHeader reads one PROXY header (optional when allowWithout) and makes its addresses
-// the connection's. A LOCAL header (the sender's own health check) keeps the connection's.
-func readProxyHeader(d *downstream, allowWithout bool) (*proxyproto.Header, string, error) {
-	h, err := readProxyHeaderCounted(d)
-	switch {
-	case errors.Is(err, proxyproto.ErrNoProxyProtocol):
-		if !allowWithout {
-			return nil, outcomeNoProxyHeader, err
-		}
-		return nil, "", nil
-	case err != nil:
-		if isTimeout(err) {
-			return nil, outcomeProxyTimeout, err
-		}
-		return nil, outcomeBadProxyHeader, err
-	case !h.Command.IsProxy():
-		return h, "", nil
-	}
-	src, dst, ok := h.TCPAddrs()
-	if !ok {
-		return nil, outcomeBadProxyHeader, fmt.Errorf("PROXY header for %v, want TCP", h.TransportProtocol)
-	}
-	d.source = netip.AddrPortFrom(src.AddrPort().Addr().Unmap(), src.AddrPort().Port())
-	d.local = netip.AddrPortFrom(dst.AddrPort().Addr().Unmap(), dst.AddrPort().Port())
-	return h, "", nil
 }
 
 // refuse counts and logs (rate-limited) a connection the ingress closes without proxying it.
 func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
 	s.in.metrics.conn(s.name, cluster, outcome)
-	kv := []any{"listener", s.name, "remote", d.c.RemoteAddr().String(), "reason", outcome}
-	if d.client.IsValid() {
-		kv = append(kv, "client", d.client.String())
+	kv := []any{"listener", s.name, "remote", d.C.RemoteAddr().String(), "reason", outcome}
+	if d.Client.IsValid() {
+		kv = append(kv, "client", d.Client.String())
 	}
-	if d.source != addrPort(d.c.RemoteAddr()) {
-		kv = append(kv, "source", d.source.String())
+	if d.Source != d.Peer {
+		kv = append(kv, "source", d.Source.String())
 	}
 	if cluster != "" {
 		kv = append(kv, "cluster", cluster)
@@ -363,7 +183,7 @@ func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
 	if err != nil {
 		kv = append(kv, "error", fmt.Sprintf("%q", err.Error()))
 	}
-	s.in.refusals.log("Connection refused", kv...)
+	s.in.refusals.Info("Connection refused", kv...)
 }
 
 // dial connects to an endpoint of cl within the cluster's connect timeout and a slot of its
@@ -408,60 +228,30 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 
 // join hands the connection and its upstream to the relay loops, with the bytes already read
 // from downstream (replay, then whatever the buffered reader holds) to be sent first, and returns
-// at once: the pair is no longer tracked here but in s.pairs, and s.wg waits for it. release
+// at once: the pair is no longer tracked by the acceptor but in s.pairs, and s.joined waits for
+// it. release
 // frees the cluster's circuit-breaker slot when the pair ends.
 func (s *server) join(d *downstream, up *relay.Socket, release func(), cluster string, replay []byte, idle time.Duration) {
 	in := s.in
-	if d.br != nil && d.br.Buffered() > 0 {
-		buffered, _ := d.br.Peek(d.br.Buffered())
-		replay = append(replay, buffered...)
-	}
-	s.mu.Lock()
-	s.forget(d.c)
-	s.mu.Unlock()
+	replay = append(replay, d.Buffered()...)
+	d.conns.Forget(d.C)
 	in.metrics.active.WithLabelValues(s.name).Inc()
-	s.wg.Add(1)
-	err := s.loops.JoinDialed(&s.pairs, d.c, up, replay, idle, func(toUp, toDown int64) {
+	s.joined.Add(1)
+	err := s.loops.JoinDialed(&s.pairs, d.C, up, replay, idle, func(toUp, toDown int64) {
 		in.metrics.bytes.WithLabelValues(s.name, "upstream").Add(float64(toUp))
 		in.metrics.bytes.WithLabelValues(s.name, "downstream").Add(float64(toDown))
 		in.metrics.active.WithLabelValues(s.name).Dec()
 		release()
-		s.wg.Done()
+		s.joined.Done()
 	})
 	if err != nil {
 		// Shutting down (the group is closed), or out of descriptors for the duplicates: both
 		// connections are closed already.
 		in.metrics.active.WithLabelValues(s.name).Dec()
 		release()
-		s.wg.Done()
+		s.joined.Done()
 		s.refuse(d, cluster, outcomeRelayFailed, err)
 		return
 	}
 	in.metrics.conn(s.name, cluster, outcomeProxied)
-}
-
-func addrPort(a net.Addr) netip.AddrPort {
-	if ta, ok := a.(*net.TCPAddr); ok {
-		ap := ta.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
-	ap, _ := netip.ParseAddrPort(a.String())
-	return ap
-}
-
-func helloOutcome(err error) string {
-	var ne net.Error
-	switch {
-	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, os.ErrDeadlineExceeded):
-		return outcomeHelloTimeout
-	case errors.Is(err, sni.ErrNotTLS):
-		return outcomeNotTLS
-	default:
-		return outcomeBadHello
-	}
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/tendril-net/tendril/internal/relay"
 )
 
 // ServeGRPC serves konnectivity's ProxyService (the EgressSelector's grpc mode, with
@@ -229,7 +231,7 @@ func (s *Server) checkTarget(protocol, address string) (target netip.AddrPort, o
 }
 
 func dialOutcome(err error) string {
-	if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+	if errors.Is(err, context.DeadlineExceeded) || relay.IsTimeout(err) {
 		return outcomeDialTimeout
 	}
 	return outcomeDialFailed

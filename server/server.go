@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,6 +34,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/tendril-net/tendril/internal/acceptor"
+	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
@@ -202,105 +205,61 @@ func (s *Server) ServeTunnel(ctx context.Context, l net.Listener) error {
 	return g.Wait()
 }
 
-// acceptTunnel attaches every stream accepted on l to the tunnel and asks for a check of the
-// agents when one ends: a killed agent's stream closes at once, and the failover grace starts
-// then rather than at the next watchEvery. The waiter of each stream ends with the stream or
-// with acceptTunnel.
+// acceptTunnel attaches every stream accepted on l to the tunnel, which owns it from then on,
+// and asks for a check of the agents when one ends: a killed agent's stream closes at once, and
+// the failover grace starts then rather than at the next watchEvery. The handler of each
+// attached stream waits for its end or acceptTunnel's (at most one per attached stream: the Bind
+// bounds those by MaxStreams).
 func (s *Server) acceptTunnel(ctx context.Context, l net.Listener) error {
-	var waiters sync.WaitGroup
-	defer waiters.Wait()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // before Wait: the waiters end with ctx
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("server: accept tunnel: %w", err)
-		}
+	// One Attach at a time, as when the accept loop attached: each reads WireGuard's state to pick
+	// the stream a full Bind evicts.
+	var attach sync.Mutex
+	a := &acceptor.Server{Handle: func(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
+		attach.Lock()
 		ep, err := s.tun.Attach(c)
+		attach.Unlock()
 		if err != nil {
 			s.log.Info("Tunnel stream refused", "remote", c.RemoteAddr().String(), "error", err.Error())
-			c.Close()
-			continue
+			return // c is closed
 		}
-		// At most one waiter per attached stream (the Bind bounds those by MaxStreams).
-		waiters.Go(func() {
-			select {
-			case <-ep.Done():
-				s.checkAgentsSoon()
-			case <-ctx.Done():
-			}
-		})
+		conns.Forget(c) // the tunnel's now: it stays open across acceptTunnel's end
 		s.log.V(1).Info("Tunnel stream attached", "remote", c.RemoteAddr().String())
+		select {
+		case <-ep.Done():
+			s.checkAgentsSoon()
+		case <-ctx.Done():
+		}
+	}}
+	if err := a.Serve(ctx, l); err != nil {
+		return fmt.Errorf("server: accept tunnel: %w", err)
 	}
+	return nil
 }
 
 // ServeConnect serves HTTP CONNECT on l until ctx ends, then closes every egress connection.
 // With tlsCfg (mutual TLS: it verifies kube-apiserver's client certificate) the connections are
 // TLS, the handshake bounded by the request timeout; without it (a Unix socket) plain.
 func (s *Server) ServeConnect(ctx context.Context, l net.Listener, tlsCfg *tls.Config) error {
-	var wg sync.WaitGroup
-	conns := make(map[net.Conn]struct{})
-	var mu sync.Mutex
-	closed := false
-	track := func(c net.Conn) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if closed {
-			return false
-		}
-		conns[c] = struct{}{}
-		return true
-	}
-	untrack := func(c net.Conn) {
-		mu.Lock()
-		delete(conns, c)
-		mu.Unlock()
-		c.Close()
-	}
-	stop := context.AfterFunc(ctx, func() {
-		l.Close()
-		mu.Lock()
-		closed = true
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	defer stop()
-	defer wg.Wait()
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("server: accept egress: %w", err)
-		}
+	a := &acceptor.Server{Handle: func(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
 		if tlsCfg != nil {
-			c = tls.Server(&readAhead{Conn: c}, tlsCfg)
+			tc := tls.Server(&readAhead{Conn: c}, tlsCfg)
+			// Closing the TLS connection sends close_notify; on shutdown the acceptor
+			// closes the socket under it.
+			defer tc.Close()
+			c = tc
 		}
-		if !track(c) {
-			c.Close()
-			return nil
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer untrack(c)
-			s.serveConnect(ctx, c, track, untrack)
-		}()
+		s.serveConnect(ctx, c, conns)
+	}}
+	if err := a.Serve(ctx, l); err != nil {
+		return fmt.Errorf("server: accept egress: %w", err)
 	}
+	return nil
 }
 
 // Dial outcomes, the values of the metrics' outcome label.
 const (
 	outcomeOK          = "ok"
-	outcomeBadRequest  = "bad_request"
+	outcomeBadRequest  = connect.OutcomeBadRequest
 	outcomeNotAllowed  = "target_not_allowed"
 	outcomeBadPort     = "target_port_invalid"
 	outcomeTooMany     = "too_many_dials"
@@ -311,17 +270,19 @@ const (
 // maxRequestBytes bounds a CONNECT request: kube-apiserver's are about 100 bytes.
 const maxRequestBytes = 16 << 10
 
-func (s *Server) serveConnect(ctx context.Context, c net.Conn, track func(net.Conn) bool, untrack func(net.Conn)) {
-	_ = c.SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout))
-	br := bufio.NewReaderSize(io.LimitReader(c, maxRequestBytes), 4096)
-	req, err := http.ReadRequest(br)
-	if err != nil {
-		if !errors.Is(err, io.EOF) {
-			s.answer(c, outcomeBadRequest, http.StatusBadRequest, "malformed request", err)
+// serveConnect serves one CONNECT: the request is read within the request timeout and
+// maxRequestBytes, its target checked, dialled through the tunnel, answered 200 and relayed; any
+// refusal is answered with its status, counted and logged.
+func (s *Server) serveConnect(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
+	limit := &io.LimitedReader{R: c}
+	br := bufio.NewReaderSize(limit, 4096)
+	req, r := connect.ReadRequest(c, br, limit, maxRequestBytes, s.cfg.RequestTimeout)
+	if r != nil {
+		if r.Status != 0 { // else the client went before a request (a TCP probe, say): not counted
+			s.refuse(c, r)
 		}
 		return
 	}
-	_ = c.SetReadDeadline(time.Time{})
 	if req.Method != http.MethodConnect {
 		s.answer(c, outcomeBadRequest, http.StatusMethodNotAllowed, "only CONNECT is served", nil)
 		return
@@ -346,20 +307,19 @@ func (s *Server) serveConnect(ctx context.Context, c net.Conn, track func(net.Co
 	<-s.dials
 	s.metrics.dialSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		if errors.Is(err, context.DeadlineExceeded) || relay.IsTimeout(err) {
 			s.answer(c, outcomeDialTimeout, http.StatusGatewayTimeout, "dial "+target.String()+" through the tunnel timed out", err)
 		} else {
 			s.answer(c, outcomeDialFailed, http.StatusBadGateway, "dial "+target.String()+" through the tunnel failed", err)
 		}
 		return
 	}
-	if !track(up) {
-		up.Close()
-		return
+	if !conns.Add(up) {
+		return // shutting down: up is closed
 	}
-	defer untrack(up)
+	defer conns.Remove(up)
 	s.metrics.dials.WithLabelValues(outcomeOK).Inc()
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+	if err := connect.Established(c); err != nil {
 		return
 	}
 	// Bytes the client sent right after its request are the tunnel's first bytes.
@@ -407,20 +367,18 @@ func (s *Server) allowed(a netip.Addr) bool {
 	return false
 }
 
-// answer refuses a CONNECT with a status and reason, counts and logs it.
+// answer refuses a CONNECT with a status and reason (refuse).
 func (s *Server) answer(c net.Conn, outcome string, status int, reason string, err error) {
-	s.metrics.dials.WithLabelValues(outcome).Inc()
-	kv := []any{"remote", c.RemoteAddr().String(), "status", status, "reason", reason}
-	if err != nil {
-		kv = append(kv, "error", err.Error())
-	}
-	s.log.Info("Egress refused", kv...)
-	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s\n",
-		status, http.StatusText(status), len(reason)+1, reason)
+	s.refuse(c, &connect.Refusal{Outcome: outcome, Status: status, Body: reason + "\n", Err: err})
 }
 
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+// refuse counts and logs a refused CONNECT and answers it with its status.
+func (s *Server) refuse(c net.Conn, r *connect.Refusal) {
+	s.metrics.dials.WithLabelValues(r.Outcome).Inc()
+	kv := []any{"remote", c.RemoteAddr().String(), "status", r.Status, "reason", strings.TrimSuffix(r.Body, "\n")}
+	if r.Err != nil {
+		kv = append(kv, "error", r.Err.Error())
+	}
+	s.log.Info("Egress refused", kv...)
+	r.Answer(c)
 }

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +22,7 @@ import (
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
 	"github.com/tendril-net/tendril/internal/metrictest"
+	"github.com/tendril-net/tendril/internal/relay"
 	"github.com/tendril-net/tendril/server"
 	"github.com/tendril-net/tendril/server/servertest"
 	"github.com/tendril-net/tendril/tunnel/wg"
@@ -245,15 +245,10 @@ func TestSilentClientsAreClosed(t *testing.T) {
 		defer c.Close()
 		// Far longer than the request timeout, far shorter than grpc-go's default of 120 s.
 		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
-		if n, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		if n, err := c.Read(make([]byte, 1)); err == nil || relay.IsTimeout(err) {
 			t.Errorf("%s front-end: a silent client's read returned %d bytes, %v; want the connection closed", name, n, err)
 		}
 	}
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // TestThousandConcurrentDials: a burst of 1,000 CONNECTs, four times the dial cap, all succeed

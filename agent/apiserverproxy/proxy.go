@@ -170,7 +170,9 @@ func (a *Agent) forward(ctx context.Context, c net.Conn, conns *acceptor.Conns) 
 		a.cfg.Log.Info("Ingress unreachable, connection closed", "client", c.RemoteAddr().String(), "error", err.Error())
 		return
 	}
-	conns.Add(up)
+	if !conns.Add(up) {
+		return // shutting down: up is closed
+	}
 	defer conns.Remove(up)
 	a.metrics.connections.WithLabelValues("forwarded").Inc()
 	a.metrics.active.Inc()
@@ -206,15 +208,13 @@ func (a *Agent) dialIngress(ctx context.Context, c net.Conn) (net.Conn, error) {
 }
 
 // APIServerDestination is the X-Gardener-Destination value for shoot ns's kube-apiserver.
-func APIServerDestination(ns string) string {
-	return "outbound|443||kube-apiserver." + ns + ".svc.cluster.local"
-}
+func APIServerDestination(ns string) string { return connect.APIServerWireName(ns) }
 
 // connect opens a CONNECT tunnel on up to the shoot's kube-apiserver. The request target must be
 // an authority (host:port); the header routes.
 func (a *Agent) connect(up net.Conn) error {
 	return connect.Open(up, "kube-apiserver."+a.cfg.Namespace+".svc.cluster.local:443",
-		"X-Gardener-Destination", APIServerDestination(a.cfg.Namespace))
+		connect.GardenerDestinationHeader, connect.APIServerWireName(a.cfg.Namespace))
 }
 
 // routineCheck keeps readiness (the ingress accepts TCP) and the link's address up to date.

@@ -95,7 +95,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, errors.New("vpn: the CONNECT destination (outbound|1194||vpn-seed-server.<ns>.svc.cluster.local) is required")
 	}
 	if cfg.Header == "" {
-		cfg.Header = "Reversed-VPN"
+		cfg.Header = connect.ReversedVPNHeader
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second

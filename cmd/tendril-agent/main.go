@@ -21,6 +21,7 @@ import (
 	"github.com/tendril-net/tendril/agent/apiserverproxy"
 	"github.com/tendril-net/tendril/agent/vpn"
 	"github.com/tendril-net/tendril/internal/buildinfo"
+	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/idlemem"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/netflag"
@@ -108,7 +109,7 @@ func parseVPN(args []string) (VPNConfig, error) {
 	fs.Var((*netflag.Prefixes)(&cfg.VPN.ShootCIDRs), "shoot-cidrs", "the shoot's node, pod and service networks, comma-separated: the only destinations the seed may reach")
 	fs.StringVar(&cfg.VPN.Seed, "seed", "", "the ingress's tunnel listener (host:8132), or with --direct the server's tunnel port")
 	fs.BoolVar(&cfg.VPN.Direct, "direct", false, "dial the server directly, without CONNECT")
-	fs.StringVar(&cfg.VPN.Header, "header", "Reversed-VPN", "CONNECT header naming the destination (Reversed-VPN on 8132, X-Gardener-Destination on 8443)")
+	fs.StringVar(&cfg.VPN.Header, "header", connect.ReversedVPNHeader, "CONNECT header naming the destination (Reversed-VPN on 8132, X-Gardener-Destination on 8443)")
 	fs.StringVar(&cfg.VPN.Destination, "destination", "", "CONNECT destination: outbound|1194||vpn-seed-server.<namespace>.svc.cluster.local")
 	fs.DurationVar(&cfg.VPN.HeartbeatInterval, "heartbeat-interval", time.Second, "how often to send a heartbeat through the tunnel (the server echoes it)")
 	fs.DurationVar(&cfg.VPN.PathTimeout, "path-timeout", 5*time.Second, "end the stream and dial again when heartbeats go unanswered this long")

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tendril-net/tendril/internal/connect"
 )
 
 // Agent metrics ports on the shoot side; the apiserver-proxy uses the host network, so its
@@ -115,7 +117,7 @@ func AgentDeployment(v Values, i int) *appsv1.Deployment {
 		"--server-addresses=" + joinAddrs(v.Tunnel.ServerAddresses),
 		"--shoot-cidrs=" + joinPrefixes(v.ShootCIDRs),
 		"--seed=" + hostPort(v.Ingress, PortIngressTunnel),
-		"--header=Reversed-VPN",
+		"--header=" + connect.ReversedVPNHeader,
 		"--destination=" + TunnelDestination(v.Namespace),
 		"--metrics-address=:" + strconv.Itoa(portAgentMetrics),
 	}

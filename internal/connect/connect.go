@@ -1,7 +1,10 @@
-// Package connect is the client side of an HTTP CONNECT tunnel over an open connection, as
-// tendril's shoot agents open them through the ingress: one request, one answer, and nothing of
-// the tunnel's own bytes consumed with the answer. It does not dial and sets no deadlines; the
-// caller owns the connection.
+// Package connect is HTTP CONNECT as tendril speaks it, both halves and its wire names. The
+// client half (Open) is how tendril's shoot agents open a tunnel through the ingress over an open
+// connection: one request, one answer, and nothing of the tunnel's own bytes consumed with the
+// answer; it does not dial and sets no deadlines. The server half (ReadRequest, Refusal,
+// Established) is the ingress's CONNECT listeners' and tendril-server's CONNECT front-end's:
+// one request read within a time and a size limit, then a refusal with its status and counted
+// outcome, or 200. Neither half dials or relays; the caller owns the connection.
 package connect
 
 import (

@@ -77,7 +77,7 @@ func half(dst, src net.Conn, idle time.Duration) int64 {
 		case err == nil: // end of stream: the peer finished sending
 			closeWrite(dst)
 			return total
-		case isTimeout(err) && n > 0:
+		case IsTimeout(err) && n > 0:
 			continue // bytes moved within the window: not idle
 		}
 		src.Close()
@@ -95,7 +95,10 @@ func spliceable(dst, src net.Conn) bool {
 	return d && s
 }
 
-func isTimeout(err error) bool {
+// IsTimeout reports whether err is a deadline's expiry (a read or write deadline, a dial's
+// timeout): the one test of it for every package of the connection edge, which counts a timeout
+// apart from other failures.
+func IsTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -97,7 +97,7 @@ func TestResetEndsBoth(t *testing.T) {
 		t.Fatal("a reset did not end the relay")
 	}
 	_ = server.SetReadDeadline(time.Now().Add(time.Second))
-	if _, err := io.ReadAll(server); isTimeout(err) {
+	if _, err := io.ReadAll(server); IsTimeout(err) {
 		t.Fatal("the server's connection is still open after the client's reset")
 	}
 }

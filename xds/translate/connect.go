@@ -13,6 +13,8 @@ import (
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tendril-net/tendril/internal/connect"
 )
 
 // The in-cluster (GEP-8) and reversed-VPN (GEP-14) entry points.
@@ -28,9 +30,9 @@ const (
 	ProxyClusterPrefix = "proxy|"
 
 	// GardenerDestinationHeader carries the cluster on the unified port (Gardener ≥ 1.130);
-	// ReversedVPNHeader is the reversed VPN's own header on 8132.
-	GardenerDestinationHeader = "X-Gardener-Destination"
-	ReversedVPNHeader         = "Reversed-VPN"
+	// ReversedVPNHeader is the reversed VPN's own header on 8132 (spelled in internal/connect).
+	GardenerDestinationHeader = connect.GardenerDestinationHeader
+	ReversedVPNHeader         = connect.ReversedVPNHeader
 
 	// DownstreamLocalAddress is the command operator for the connection's destination, which
 	// the proxy_protocol filter restores from the PROXY header.
@@ -64,14 +66,10 @@ const (
 
 // APIServerWireName is the cluster, and the header value, that reaches shoot ns's kube-apiserver
 // through CONNECT; the form is Gardener's, so its clients work unchanged.
-func APIServerWireName(ns string) string {
-	return "outbound|443||kube-apiserver." + ns + ".svc.cluster.local"
-}
+func APIServerWireName(ns string) string { return connect.APIServerWireName(ns) }
 
 // VPNServerWireName is the cluster, and the header value, that reaches shoot ns's vpn server.
-func VPNServerWireName(ns string) string {
-	return "outbound|1194||vpn-seed-server." + ns + ".svc.cluster.local"
-}
+func VPNServerWireName(ns string) string { return connect.VPNServerWireName(ns) }
 
 // ProxyCluster is the cluster a PROXY header with destination advertised:443 selects.
 func ProxyCluster(advertised netip.Addr) string {
