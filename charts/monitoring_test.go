@@ -25,7 +25,7 @@ import (
 	"github.com/tendril-net/tendril/agent/vpn"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/ingress"
-	"github.com/tendril-net/tendril/server/servertest"
+	"github.com/tendril-net/tendril/seedserver/seedservertest"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/kubesource"
 	xdsserver "github.com/tendril-net/tendril/xds/server"
@@ -126,7 +126,7 @@ func exporters(t *testing.T) map[string]*exporter {
 		"tendril-server": newExporter(), "tendril-agent": newExporter(),
 		"tendril-seed": newExporter(), "tendril-ingress": newExporter(),
 	}
-	servertest.Start(t, servertest.Options{Registry: ex["tendril-server"]})
+	seedservertest.Start(t, seedservertest.Options{Registry: ex["tendril-server"]})
 
 	agentKey, err := wg.GenerateKey()
 	if err != nil {
@@ -138,7 +138,7 @@ func exporters(t *testing.T) map[string]*exporter {
 	}
 	a, err := vpn.New(vpn.Config{
 		PrivateKey: agentKey, ServerPublicKey: serverKey.PublicKey(),
-		Address: servertest.AgentAddr, ServerAddresses: []netip.Addr{servertest.ServerAddr},
+		Address: seedservertest.AgentAddr, ServerAddresses: []netip.Addr{seedservertest.ServerAddr},
 		ShootCIDRs: []netip.Prefix{netip.MustParsePrefix("10.250.0.0/16")},
 		Seed:       "127.0.0.1:1", Destination: manifest.TunnelDestination("shoot--dev--alpha"),
 		Registry: ex["tendril-agent"],

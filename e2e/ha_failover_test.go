@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -213,7 +213,7 @@ func (r *haRig) bothLive() int {
 		if err != nil {
 			return err
 		}
-		states := server.AgentStates(m)
+		states := seedserver.AgentStates(m)
 		active = -1
 		for i, key := range r.agentPub {
 			if !states[key].Live {

@@ -20,7 +20,7 @@ import (
 
 	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/frame"
 	"github.com/tendril-net/tendril/tunnel/wg"
@@ -152,8 +152,8 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 		if _, err := get("http://" + serverMetrics + "/readyz"); err != nil {
 			break
 		}
-		if time.Since(killedAt) > server.TunnelLiveWindow+time.Second {
-			t.Fatalf("/readyz still 200 %v after the agent was killed (live window %v)", time.Since(killedAt), server.TunnelLiveWindow)
+		if time.Since(killedAt) > seedserver.TunnelLiveWindow+time.Second {
+			t.Fatalf("/readyz still 200 %v after the agent was killed (live window %v)", time.Since(killedAt), seedserver.TunnelLiveWindow)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -23,7 +23,7 @@ import (
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
 	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -232,7 +232,7 @@ func TestReversedVPN(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		states := server.AgentStates(m)
+		states := seedserver.AgentStates(m)
 		for key := range agents {
 			if !states[key].Live {
 				return fmt.Errorf("agent %s not live", key)
@@ -258,7 +258,7 @@ func TestReversedVPN(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if states := server.AgentStates(m); states[active].Active || !strings.Contains(m, "tendril_server_agent_failovers_total 1") {
+	if states := seedserver.AgentStates(m); states[active].Active || !strings.Contains(m, "tendril_server_agent_failovers_total 1") {
 		t.Errorf("after killing the active agent: %v, metrics:\n%s", states, grepLines(m, "tendril_server_agent"))
 	}
 }

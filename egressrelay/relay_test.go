@@ -27,7 +27,7 @@ import (
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
 	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/server/servertest"
+	"github.com/tendril-net/tendril/seedserver/seedservertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -36,7 +36,7 @@ const serverName = "tendril-server.shoot--p--s.svc"
 
 // echoTarget is the backend's echo (client speaks first, as kube-apiserver's TLS does) on the
 // agent's inner address, the only shoot network.
-var echoTarget = netip.AddrPortFrom(servertest.AgentAddr, 8081).String()
+var echoTarget = netip.AddrPortFrom(seedservertest.AgentAddr, 8081).String()
 
 // backend is a real tendril-server with its konnectivity front-end on mutual TLS and an agent end
 // of the tunnel over a loopback TCP stream; the agent serves echoTarget.
@@ -47,7 +47,7 @@ type backend struct {
 
 func newBackend(t *testing.T) *backend {
 	t.Helper()
-	b := servertest.Start(t, servertest.Options{ServerName: serverName})
+	b := seedservertest.Start(t, seedservertest.Options{ServerName: serverName})
 	b.ServeEcho(t, 8081, "")
 	b.WaitReady(t)
 	return &backend{grpc: b.GRPC, ca: b.CA}

@@ -28,7 +28,7 @@ import (
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/seedserver"
 )
 
 // Names of the checks, in the order they run.
@@ -176,7 +176,7 @@ func (s *seed) checkAgents(ctx context.Context, sh *shoot) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	states := server.AgentStates(string(b))
+	states := seedserver.AgentStates(string(b))
 	known, live, active := len(states), 0, 0
 	for _, st := range states {
 		if st.Live {

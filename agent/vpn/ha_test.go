@@ -15,7 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tendril-net/tendril/internal/testnet"
-	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
@@ -54,7 +54,7 @@ func udpEchoServer(t *testing.T) string {
 // proxy (which the test can blackhole), all forwarding into "the shoot's network": loopback,
 // where an echo server runs.
 type haWorld struct {
-	srv     *server.Server
+	srv     *seedserver.Server
 	agents  []*Agent
 	keys    []wg.Key
 	proxies []*testnet.Proxy
@@ -107,7 +107,7 @@ func newHAWorldPath(t *testing.T, n int, minBackoff, maxBackoff, rtt time.Durati
 		w.keys = append(w.keys, k)
 		peers = append(peers, wg.Peer{PublicKey: k.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(haAgentAddr(i), 128)}})
 	}
-	srv, err := server.New(server.Config{
+	srv, err := seedserver.New(seedserver.Config{
 		Tunnel:     wg.Config{PrivateKey: serverKey, LocalAddresses: []netip.Addr{serverAddr, serverAddr4}, Peers: peers},
 		ShootCIDRs: shoot,
 		Log:        testr.New(t).WithName("server"),

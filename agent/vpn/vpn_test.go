@@ -16,7 +16,7 @@ import (
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
 	"github.com/tendril-net/tendril/internal/testnet"
-	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/model"
 	xdsserver "github.com/tendril-net/tendril/xds/server"
@@ -82,8 +82,8 @@ func TestThroughIngress(t *testing.T) {
 	var wgr sync.WaitGroup
 	defer func() { cancel(); wgr.Wait() }()
 	// startServer runs a tendril-server end on addr until the returned func is called.
-	startServer := func(addr string) (*server.Server, net.Listener, func()) {
-		srv, err := server.New(server.Config{
+	startServer := func(addr string) (*seedserver.Server, net.Listener, func()) {
+		srv, err := seedserver.New(seedserver.Config{
 			Tunnel: wg.Config{PrivateKey: serverKey, LocalAddresses: []netip.Addr{serverAddr},
 				Peers: []wg.Peer{{PublicKey: agentKey.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)}}}},
 			ShootCIDRs: []netip.Prefix{netip.PrefixFrom(agentAddr, 128)},
@@ -190,7 +190,7 @@ func eventually(t *testing.T, what string, f func() error) {
 }
 
 // TestKeepaliveIsTheServers: tendril-server's live window is built on the agent's persistent
-// keepalive (server.AgentKeepalive); the agent's default must be that value.
+// keepalive (seedserver.AgentKeepalive); the agent's default must be that value.
 func TestKeepaliveIsTheServers(t *testing.T) {
 	key, err := wg.GenerateKey()
 	if err != nil {
@@ -202,7 +202,7 @@ func TestKeepaliveIsTheServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	if a.cfg.Keepalive != server.AgentKeepalive {
-		t.Errorf("agent keepalive %v, server.AgentKeepalive %v", a.cfg.Keepalive, server.AgentKeepalive)
+	if a.cfg.Keepalive != seedserver.AgentKeepalive {
+		t.Errorf("agent keepalive %v, seedserver.AgentKeepalive %v", a.cfg.Keepalive, seedserver.AgentKeepalive)
 	}
 }

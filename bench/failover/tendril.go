@@ -16,7 +16,7 @@ import (
 
 	"github.com/tendril-net/tendril/bench/netns"
 	"github.com/tendril-net/tendril/bench/peers"
-	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -262,7 +262,7 @@ func (rig *tendrilRig) bothLive(ctx context.Context) (int, error) {
 		if err != nil {
 			return err
 		}
-		states := server.AgentStates(m)
+		states := seedserver.AgentStates(m)
 		active = -1
 		for i, key := range rig.agentPub {
 			if !states[key].Live {

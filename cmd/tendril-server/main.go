@@ -29,7 +29,7 @@ import (
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/netflag"
 	"github.com/tendril-net/tendril/internal/probe"
-	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
@@ -139,7 +139,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	reg := probe.NewRegistry()
-	srv, err := server.New(server.Config{
+	srv, err := seedserver.New(seedserver.Config{
 		Tunnel: wg.Config{
 			PrivateKey:     priv,
 			LocalAddresses: cfg.Addresses,

@@ -13,7 +13,7 @@ import (
 var forbidden = []string{"k8s.io/", "sigs.k8s.io/controller-runtime", "github.com/gardener/"}
 
 // guarded are the packages (with everything below them) that must stay free of them.
-var guarded = []string{"ingress", "tunnel", "server", "agent", "bench", "egressrelay", "cmd/tendril-egress-relay", "xds/model", "xds/translate", "xds/store", "xds/ads", "xds/server"}
+var guarded = []string{"ingress", "tunnel", "seedserver", "agent", "bench", "egressrelay", "cmd/tendril-egress-relay", "xds/model", "xds/translate", "xds/store", "xds/ads", "xds/server"}
 
 const module = "github.com/tendril-net/tendril/"
 

@@ -1,4 +1,4 @@
-package server_test
+package seedserver_test
 
 import (
 	"bufio"
@@ -23,22 +23,22 @@ import (
 
 	"github.com/tendril-net/tendril/internal/metrictest"
 	"github.com/tendril-net/tendril/internal/relay"
-	"github.com/tendril-net/tendril/server"
-	"github.com/tendril-net/tendril/server/servertest"
+	"github.com/tendril-net/tendril/seedserver"
+	"github.com/tendril-net/tendril/seedserver/seedservertest"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var agentAddr = servertest.AgentAddr
+var agentAddr = seedservertest.AgentAddr
 
 // newRig starts a server with its egress front-end on mutual TLS and an agent end of the tunnel
 // connected to it over a real TCP stream (an agent key other than zero is not the server's
 // peer). The agent serves an echo that greets with "echo\n" on port 8080 of its inner address,
 // which is the only "shoot network" the server allows.
-func newRig(t *testing.T, agentKey wg.Key, dialTimeout time.Duration) *servertest.Backend {
+func newRig(t *testing.T, agentKey wg.Key, dialTimeout time.Duration) *seedservertest.Backend {
 	t.Helper()
-	r := servertest.Start(t, servertest.Options{
+	r := seedservertest.Start(t, seedservertest.Options{
 		AgentKey:    agentKey,
 		DialTimeout: dialTimeout,
 		// The request deadline covers the TLS handshake too: as generous as the dial's, so that
@@ -50,7 +50,7 @@ func newRig(t *testing.T, agentKey wg.Key, dialTimeout time.Duration) *servertes
 }
 
 // connectTo opens a CONNECT to target over mutual TLS and returns the status and the connection.
-func connectTo(t *testing.T, r *servertest.Backend, target string) (int, net.Conn, *bufio.Reader) {
+func connectTo(t *testing.T, r *seedservertest.Backend, target string) (int, net.Conn, *bufio.Reader) {
 	t.Helper()
 	c, err := tls.Dial("tcp", r.Connect, r.ClientTLS)
 	if err != nil {
@@ -68,7 +68,7 @@ func connectTo(t *testing.T, r *servertest.Backend, target string) (int, net.Con
 
 func TestConnectThroughTunnel(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := servertest.Start(t, servertest.Options{Registry: reg})
+	r := seedservertest.Start(t, seedservertest.Options{Registry: reg})
 	r.ServeEcho(t, 8080, "echo\n")
 	target := netip.AddrPortFrom(agentAddr, 8080).String()
 	// The first dial also brings the tunnel up (the agent's keepalive starts the handshake).
@@ -236,7 +236,7 @@ func TestKonnectivityClient(t *testing.T) {
 // TestSilentClientsAreClosed: a client that connects to a front-end and sends nothing (no TLS
 // handshake) is disconnected after the request timeout, not held.
 func TestSilentClientsAreClosed(t *testing.T) {
-	r := servertest.Start(t, servertest.Options{RequestTimeout: 300 * time.Millisecond})
+	r := seedservertest.Start(t, seedservertest.Options{RequestTimeout: 300 * time.Millisecond})
 	for name, addr := range map[string]string{"CONNECT": r.Connect, "gRPC": r.GRPC} {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -306,7 +306,7 @@ func TestThousandConcurrentDials(t *testing.T) {
 // count it as target_port_invalid.
 func TestPortZeroRefused(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := servertest.Start(t, servertest.Options{Registry: reg})
+	r := seedservertest.Start(t, seedservertest.Options{Registry: reg})
 	r.ServeEcho(t, 8080, "echo\n")
 	r.WaitReady(t)
 	target := netip.AddrPortFrom(agentAddr, 0).String()
@@ -338,7 +338,7 @@ func TestPortZeroRefused(t *testing.T) {
 // stream closes), although its handshake is seconds old, not WireGuard's 180 s.
 func TestReadyFollowsTheTunnel(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := servertest.Start(t, servertest.Options{Registry: reg})
+	r := seedservertest.Start(t, seedservertest.Options{Registry: reg})
 	r.WaitReady(t)
 	if live := metrictest.Sum(t, reg, "tendril_server_tunnel_live", nil); live != 1 {
 		t.Errorf("tendril_server_tunnel_live %v with the tunnel up, want 1", live)
@@ -351,7 +351,7 @@ func TestReadyFollowsTheTunnel(t *testing.T) {
 			t.Logf("not ready %v after the agent closed: %s", time.Since(gone).Round(time.Millisecond), why)
 			break
 		}
-		if time.Since(gone) > server.TunnelLiveWindow {
+		if time.Since(gone) > seedserver.TunnelLiveWindow {
 			t.Fatalf("still ready %v after the agent closed", time.Since(gone))
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -1,8 +1,8 @@
-// Package servertest starts a real tendril-server for tests: its egress (CONNECT) and
+// Package seedservertest starts a real tendril-server for tests: its egress (CONNECT) and
 // konnectivity (gRPC) front-ends on mutual TLS, and an agent end of the tunnel attached to it
 // over a loopback TCP stream, as it would be through the ingress. The agent's inner address is
 // the only shoot network the server allows. Like package server it imports no Kubernetes code.
-package servertest
+package seedservertest
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/server"
+	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
@@ -37,7 +37,7 @@ type Options struct {
 	// ServerName is the name on tendril-server's certificate and the client's expected name. If
 	// empty, "tendril-server".
 	ServerName string
-	// DialTimeout and RequestTimeout are the server's (server.Config); zero: its defaults.
+	// DialTimeout and RequestTimeout are the server's (seedserver.Config); zero: its defaults.
 	DialTimeout, RequestTimeout time.Duration
 	// Registry receives the server's metrics; nil: not registered.
 	Registry prometheus.Registerer
@@ -46,7 +46,7 @@ type Options struct {
 // Backend is a running tendril-server with an agent attached. Everything stops when the test
 // ends.
 type Backend struct {
-	Server *server.Server
+	Server *seedserver.Server
 	// Agent is the agent's end of the tunnel; it listens on AgentAddr.
 	Agent *wg.Tunnel
 	// CA signed the server's certificate and is the only CA the server trusts for clients.
@@ -82,7 +82,7 @@ func Start(t *testing.T, o Options) *Backend {
 	if agentKey.IsZero() {
 		agentKey = realAgent
 	}
-	srv, err := server.New(server.Config{
+	srv, err := seedserver.New(seedserver.Config{
 		Tunnel: wg.Config{
 			PrivateKey:     serverKey,
 			LocalAddresses: []netip.Addr{ServerAddr},

@@ -1,4 +1,4 @@
-// Package server is tendril-server, the seed side of one shoot's reversed VPN. It accepts the
+// Package seedserver is tendril-server, the seed side of one shoot's reversed VPN. It accepts the
 // shoot agent's tunnel streams (which the ingress forwards from the agent's CONNECT), runs
 // WireGuard over them, and serves kube-apiserver's egress: an HTTP CONNECT (over mutual TLS or a
 // Unix socket) to a pod, service or node address becomes its own TCP connection through the
@@ -13,7 +13,7 @@
 // server has no UDP front-end: HTTP CONNECT is TCP, and kube-apiserver's konnectivity client
 // dials "tcp" only (konnectivity's own server has no UDP either). UDP through the tunnel is for
 // in-tunnel use: Tunnel().DialContext(ctx, "udp", "<shoot DNS IP>:53").
-package server
+package seedserver
 
 import (
 	"bufio"
