@@ -401,38 +401,34 @@ func TestWrongClientCertificate(t *testing.T) {
 func TestWrongServer(t *testing.T) {
 	b := newBackend(t)
 	f := writeFiles(t, t.TempDir(), b.ca, b.ca)
-	r := startRelay(t, Config{Server: b.grpc, ServerName: "tendril-server.other.svc", CertFile: f.cert, KeyFile: f.key, CAFile: f.ca})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	// konnectivity-client logs the relay's status (which names the server name) and returns
-	// "tunnel closed" from the dial.
-	if c, err := dialThrough(ctx, r); err == nil {
-		c.Close()
-		t.Error("dial through a server with another name succeeded")
-	}
-	if got := r.count(outcomeUnavailable); got != 1 {
-		t.Errorf("failures counted: %v", got)
-	}
-	if !strings.Contains(r.logs.String(), "tendril-server.other.svc") {
-		t.Errorf("log does not name the server name:\n%s", r.logs.String())
-	}
-
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	closed := l.Addr().String()
 	l.Close()
-	r2 := startRelay(t, Config{Server: closed, ServerName: serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca})
-	if c, err := dialThrough(ctx, r2); err == nil {
-		c.Close()
-		t.Error("dial through a closed port succeeded")
-	}
-	if got := r2.count(outcomeUnavailable); got != 1 {
-		t.Errorf("failures counted: %v", got)
-	}
-	if !strings.Contains(r2.logs.String(), "connection refused") {
-		t.Errorf("log does not say why:\n%s", r2.logs.String())
+	for _, tc := range []struct {
+		name, server, serverName string
+		why                      string // in the relay's log
+	}{
+		{"another name", b.grpc, "tendril-server.other.svc", "tendril-server.other.svc"},
+		{"a closed port", closed, serverName, "connection refused"},
+	} {
+		r := startRelay(t, Config{Server: tc.server, ServerName: tc.serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		// konnectivity-client logs the relay's status (which says why) and returns "tunnel
+		// closed" from the dial.
+		if c, err := dialThrough(ctx, r); err == nil {
+			c.Close()
+			t.Errorf("%s: dial succeeded", tc.name)
+		}
+		cancel()
+		if got := r.count(outcomeUnavailable); got != 1 {
+			t.Errorf("%s: failures counted: %v", tc.name, got)
+		}
+		if !strings.Contains(r.logs.String(), tc.why) {
+			t.Errorf("%s: the log does not say %q:\n%s", tc.name, tc.why, r.logs.String())
+		}
 	}
 }
 
