@@ -484,30 +484,13 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	if len(rep.Rate) > 0 {
 		fmt.Fprintf(&b, "\nNew TLS connections per second. %s\n", rep.rateTitle())
-		t := Table{Header: []string{"conc", "target", "conn/s", "×direct", "×" + rep.Baseline, "TTFB p50", "p90", "p99",
-			"CPU/conn", "CPU ×" + rep.Baseline, "others", "errors"},
-			Left: []bool{false, true, false, false, false, false, false, false, false, false, false, true}}
-		last := 0
-		for _, r := range rep.Rate {
-			if last != 0 && r.Concurrency != last {
-				t.Rows = append(t.Rows, nil)
-			}
-			last = r.Concurrency
-			t.Rows = append(t.Rows, []string{strconv.Itoa(r.Concurrency), r.Target, fmt.Sprintf("%.0f", r.ConnsPerSec),
-				fmtRatio(r.VsDirect), fmtRatio(r.VsBaseline), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
-				fmtUS(r.CPUPerConn), fmtRatio(r.CPUVsBaseline), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
-		}
+		t := rep.rateTable()
 		t.Write(&b)
 		fmt.Fprintf(&b, "%s\n", cpuPerConnNote)
 	}
 	if len(rep.Bulk) > 0 {
 		fmt.Fprintf(&b, "\nBulk throughput: %s\n", rep.Settings.bulkTitle())
-		t := Table{Header: []string{"target", "MB/s", "×direct", "×" + rep.Baseline, "transfers", "others", "errors"},
-			Left: []bool{true, false, false, false, false, false, true}}
-		for _, r := range rep.Bulk {
-			t.Rows = append(t.Rows, []string{r.Target, fmt.Sprintf("%.0f", r.MBps), fmtRatio(r.VsDirect),
-				fmtRatio(r.VsBaseline), strconv.FormatInt(r.Transfers, 10), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
-		}
+		t := rep.bulkTable()
 		t.Write(&b)
 	}
 	_, err := io.WriteString(w, b.String())
@@ -539,23 +522,14 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 	}
 	if len(rep.Rate) > 0 {
 		fmt.Fprintf(&b, "\n## New TLS connections per second\n\n%s\n\n", rep.rateTitle())
-		fmt.Fprintf(&b, "| concurrency | target | conn/s | × direct | × %s | TTFB p50 | TTFB p90 | TTFB p99 | CPU/conn | CPU × %s | others | errors |\n",
-			rep.Baseline, rep.Baseline)
-		b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
-		for _, r := range rep.Rate {
-			fmt.Fprintf(&b, "| %d | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Concurrency, r.Target, r.ConnsPerSec,
-				fmtRatio(r.VsDirect), fmtRatio(r.VsBaseline), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
-				fmtUS(r.CPUPerConn), fmtRatio(r.CPUVsBaseline), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors))
-		}
+		t := rep.rateTable()
+		t.WriteMarkdown(&b)
 		fmt.Fprintf(&b, "\n%s\n", cpuPerConnNote)
 	}
 	if len(rep.Bulk) > 0 {
 		fmt.Fprintf(&b, "\n## Bulk throughput\n\n%s\n\n", rep.Settings.bulkTitle())
-		fmt.Fprintf(&b, "| target | MB/s | × direct | × %s | transfers | others | errors |\n|---|---:|---:|---:|---:|---:|---|\n", rep.Baseline)
-		for _, r := range rep.Bulk {
-			fmt.Fprintf(&b, "| %s | %.0f | %s | %s | %d | %s | %s |\n", r.Target, r.MBps, fmtRatio(r.VsDirect),
-				fmtRatio(r.VsBaseline), r.Transfers, fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors))
-		}
+		t := rep.bulkTable()
+		t.WriteMarkdown(&b)
 	}
 	if len(rep.Upstreams) > 0 {
 		b.WriteString("\n## Upstreams\n\nRequests each upstream answered over the whole run (warm-ups and readiness probes included). " +
@@ -566,20 +540,64 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d |\n", u.Shoot, u.Host, u.Small, u.Bulk, u.Misrouted, u.Failed)
 		}
 	}
-	var cfgs []TargetInfo
+	var cfgs []PeerConfig
 	for _, t := range rep.Targets {
-		if t.Config != "" {
-			cfgs = append(cfgs, t)
-		}
+		cfgs = append(cfgs, PeerConfig{Name: t.Name, Config: t.Config})
 	}
-	if len(cfgs) > 0 {
-		b.WriteString("\n## Peer configurations\n")
-		for _, t := range cfgs {
-			fmt.Fprintf(&b, "\n<details><summary>%s</summary>\n\n```\n%s```\n\n</details>\n", t.Name, t.Config)
-		}
-	}
+	WritePeerConfigs(&b, "Peer configurations", cfgs)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// rateTable is the connection-rate table of both the text and the Markdown report: rows by
+// concurrency, an empty line (text only) between concurrencies.
+func (rep *Report) rateTable() Table {
+	t := Table{Header: []string{"concurrency", "target", "conn/s", "× direct", "× " + rep.Baseline, "TTFB p50", "TTFB p90", "TTFB p99",
+		"CPU/conn", "CPU × " + rep.Baseline, "others", "errors"},
+		Left: []bool{false, true, false, false, false, false, false, false, false, false, false, true}}
+	last := 0
+	for _, r := range rep.Rate {
+		if last != 0 && r.Concurrency != last {
+			t.Rows = append(t.Rows, nil)
+		}
+		last = r.Concurrency
+		t.Rows = append(t.Rows, []string{strconv.Itoa(r.Concurrency), r.Target, fmt.Sprintf("%.0f", r.ConnsPerSec),
+			fmtRatio(r.VsDirect), fmtRatio(r.VsBaseline), fmtMS(r.TTFB.P50), fmtMS(r.TTFB.P90), fmtMS(r.TTFB.P99),
+			fmtUS(r.CPUPerConn), fmtRatio(r.CPUVsBaseline), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
+	}
+	return t
+}
+
+// bulkTable is the bulk-throughput table of both reports.
+func (rep *Report) bulkTable() Table {
+	t := Table{Header: []string{"target", "MB/s", "× direct", "× " + rep.Baseline, "transfers", "others", "errors"},
+		Left: []bool{true, false, false, false, false, false, true}}
+	for _, r := range rep.Bulk {
+		t.Rows = append(t.Rows, []string{r.Target, fmt.Sprintf("%.0f", r.MBps), fmtRatio(r.VsDirect),
+			fmtRatio(r.VsBaseline), strconv.FormatInt(r.Transfers, 10), fmtCPU(r.OtherCPU), fmtErrorsShort(r.Errors)})
+	}
+	return t
+}
+
+// PeerConfig is one peer's configuration file as a report shows it.
+type PeerConfig struct{ Name, Config string }
+
+// WritePeerConfigs writes the Markdown section title with each non-empty configuration in a
+// collapsed block; nothing if none has one.
+func WritePeerConfigs(b *strings.Builder, title string, cfgs []PeerConfig) {
+	var shown []PeerConfig
+	for _, c := range cfgs {
+		if c.Config != "" {
+			shown = append(shown, c)
+		}
+	}
+	if len(shown) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n## %s\n", title)
+	for _, c := range shown {
+		fmt.Fprintf(b, "\n<details><summary>%s</summary>\n\n```\n%s\n```\n\n</details>\n", c.Name, strings.TrimRight(c.Config, "\n"))
+	}
 }
 
 // MDEscape makes s fit in a Markdown table cell: a "|" escaped, line breaks

@@ -345,18 +345,11 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d |\n", u.Shoot, u.Host, u.Held, u.Small, u.Misrouted, u.Failed)
 		}
 	}
-	var cfgs []*Result
+	var cfgs []harness.PeerConfig
 	for _, r := range rep.Results {
-		if r.Config != "" {
-			cfgs = append(cfgs, r)
-		}
+		cfgs = append(cfgs, harness.PeerConfig{Name: r.Target + ", " + r.Listener + " listener", Config: r.Config})
 	}
-	if len(cfgs) > 0 {
-		b.WriteString("\n## Peer configurations\n")
-		for _, r := range cfgs {
-			fmt.Fprintf(&b, "\n<details><summary>%s, %s listener</summary>\n\n```\n%s```\n\n</details>\n", r.Target, r.Listener, r.Config)
-		}
-	}
+	harness.WritePeerConfigs(&b, "Peer configurations", cfgs)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -757,18 +757,11 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 			}
 		}
 	}
-	var cfgs []*StackResult
+	var cfgs []harness.PeerConfig
 	for _, s := range rep.Stacks {
-		if s.Config != "" {
-			cfgs = append(cfgs, s)
-		}
+		cfgs = append(cfgs, harness.PeerConfig{Name: s.Name, Config: s.Config})
 	}
-	if len(cfgs) > 0 {
-		b.WriteString("\n## Configurations\n")
-		for _, s := range cfgs {
-			fmt.Fprintf(&b, "\n<details><summary>%s</summary>\n\n```\n%s\n```\n\n</details>\n", s.Name, strings.TrimRight(s.Config, "\n"))
-		}
-	}
+	harness.WritePeerConfigs(&b, "Configurations", cfgs)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
