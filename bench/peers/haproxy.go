@@ -75,17 +75,7 @@ func RenderHAProxy(c HAProxyConfig) (string, error) {
 // Name implements Peer.
 func (HAProxy) Name() string { return "haproxy" }
 
-func (h HAProxy) bin() (string, error) {
-	name := h.Bin
-	if name == "" {
-		name = "haproxy"
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("%s not found (Debian: apt-get install haproxy): %w", name, err)
-	}
-	return p, nil
-}
+func (h HAProxy) bin() (string, error) { return lookBin(h.Bin, "haproxy", "haproxy") }
 
 // Check implements Peer.
 func (h HAProxy) Check(context.Context) error {

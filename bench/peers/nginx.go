@@ -77,17 +77,7 @@ func RenderNginx(c NginxConfig) (string, error) {
 // Name implements Peer.
 func (Nginx) Name() string { return "nginx" }
 
-func (n Nginx) bin() (string, error) {
-	name := n.Bin
-	if name == "" {
-		name = "nginx"
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("%s not found (Debian: apt-get install nginx libnginx-mod-stream): %w", name, err)
-	}
-	return p, nil
-}
+func (n Nginx) bin() (string, error) { return lookBin(n.Bin, "nginx", "nginx libnginx-mod-stream") }
 
 // StreamModule returns the absolute path of the stream module to load, or ""
 // when nginx has it built in, or an error when nginx has no usable stream

@@ -33,17 +33,7 @@ type OpenVPN struct {
 func (OpenVPN) Name() string { return "openvpn" }
 
 // Path returns the binary's path, or why it is missing.
-func (o OpenVPN) Path() (string, error) {
-	name := o.Bin
-	if name == "" {
-		name = "openvpn"
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("%s not found (Debian: apt-get install --no-install-recommends openvpn): %w", name, err)
-	}
-	return p, nil
-}
+func (o OpenVPN) Path() (string, error) { return lookBin(o.Bin, "openvpn", "openvpn") }
 
 // Check reports why OpenVPN cannot run here: the binary, or the tun device
 // (/dev/net/tun) is missing.

@@ -366,3 +366,17 @@ func writeFile(path, content string) error {
 	}
 	return nil
 }
+
+// lookBin finds a peer's binary: bin if set (a name or a path), else def, on PATH. The error
+// names the Debian packages that provide it.
+func lookBin(bin, def, debianPackages string) (string, error) {
+	name := bin
+	if name == "" {
+		name = def
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%s not found (Debian: apt-get install --no-install-recommends %s): %w", name, debianPackages, err)
+	}
+	return p, nil
+}

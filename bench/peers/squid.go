@@ -74,17 +74,7 @@ func RenderSquid(c SquidConfig) (string, error) {
 // Name implements Peer.
 func (Squid) Name() string { return "squid" }
 
-func (s Squid) bin() (string, error) {
-	name := s.Bin
-	if name == "" {
-		name = "squid"
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("%s not found (Debian: apt-get install squid): %w", name, err)
-	}
-	return p, nil
-}
+func (s Squid) bin() (string, error) { return lookBin(s.Bin, "squid", "squid") }
 
 // Check implements Peer.
 func (s Squid) Check(context.Context) error {
