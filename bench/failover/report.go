@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/machine"
 )
 
@@ -72,21 +73,23 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 
 // WriteTable writes the report as a plain-text table.
 func (rep *Report) WriteTable(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "Failover: kill → next successful dial (%d repetitions)\n", rep.Repetitions)
-	fmt.Fprintln(tw, "kind\tstack\truns\tp50\tworst\tall")
+	var b strings.Builder
+	fmt.Fprintf(&b, "Failover: kill → next successful dial (%d repetitions)\n", rep.Repetitions)
+	t := harness.Table{Header: []string{"kind", "stack", "runs", "p50", "worst", "all"}, Left: []bool{true, true, false, false, false, true}}
 	for _, r := range rep.Rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Kind, r.Stack, len(r.Times), seconds(r.P50()), seconds(r.Worst()), all(r.sorted()))
+		t.Rows = append(t.Rows, []string{r.Kind, r.Stack, strconv.Itoa(len(r.Times)), seconds(r.P50()), seconds(r.Worst()), all(r.sorted())})
 	}
+	t.Write(&b)
 	for _, r := range rep.Rows {
 		if r.Note != "" {
-			fmt.Fprintf(tw, "%s: %s\n", r.Kind, r.Note)
+			fmt.Fprintf(&b, "%s: %s\n", r.Kind, r.Note)
 		}
 	}
 	if rep.Partial {
-		fmt.Fprintln(tw, "(partial: the run was interrupted or failed)")
+		b.WriteString("(partial: the run was interrupted or failed)\n")
 	}
-	return tw.Flush()
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 func all(ds []time.Duration) string {
@@ -111,10 +114,11 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 	if rep.Partial {
 		b.WriteString("**Partial**: the run was interrupted or failed.\n\n")
 	}
-	b.WriteString("| killed | stack | recovers by | runs | p50 | worst |\n|---|---|---|---|---|---|\n")
+	t := harness.Table{Header: []string{"killed", "stack", "recovers by", "runs", "p50", "worst"}, Left: []bool{true, true, true, true, true, true}}
 	for _, r := range rep.Rows {
-		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s |\n", r.Killed, r.Stack, r.Recovers, len(r.Times), seconds(r.P50()), seconds(r.Worst()))
+		t.Rows = append(t.Rows, []string{r.Killed, r.Stack, r.Recovers, strconv.Itoa(len(r.Times)), seconds(r.P50()), seconds(r.Worst())})
 	}
+	t.WriteMarkdown(&b)
 	for _, r := range rep.Rows {
 		if r.Note != "" {
 			fmt.Fprintf(&b, "\n- %s: %s", r.Kind, r.Note)
