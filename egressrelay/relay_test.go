@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/seedserver/seedservertest"
 )
@@ -151,6 +151,21 @@ func (r *running) tunnel(ctx context.Context) (konnectivity.Tunnel, error) {
 		grpc.WithReturnConnectionError(), grpc.WithTransportCredentials(insecure.NewCredentials())) //nolint:staticcheck // as kube-apiserver does
 }
 
+// dial opens a single-use tunnel through the relay and dials target with it, as kube-apiserver
+// does; closing the connection ends the tunnel, and a failed dial closes it.
+func (r *running) dial(ctx context.Context, target string) (net.Conn, error) {
+	tun, err := r.tunnel(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("tunnel: %w", err)
+	}
+	c, err := tun.DialContext(ctx, "tcp", target)
+	if err != nil {
+		tun.Done()
+		return nil, err
+	}
+	return c, nil
+}
+
 func (r *running) count(outcome string) float64 {
 	c, err := r.relay.metrics.connections.GetMetricWithLabelValues(outcome)
 	if err != nil {
@@ -177,12 +192,12 @@ func echo(t *testing.T, c net.Conn, size int) {
 // reaches a target in the shoot through tendril-server, several tunnels at once; a target outside
 // the shoot is refused by tendril-server, and the refusal reaches the client through the relay.
 // All tunnels, one after another and at once, travel over one TCP connection to tendril-server
-// (counted by a forwarder between the two): a dial costs no TLS handshake.
+// (counted by a testnet.Proxy between the two): a dial costs no TLS handshake.
 func TestKonnectivityThroughRelay(t *testing.T) {
 	b := newBackend(t)
 	f := writeFiles(t, t.TempDir(), b.ca, b.ca)
-	fw := newForwarder(t, b.grpc)
-	r := startRelay(t, Config{Server: fw.addr, ServerName: serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca})
+	fw := testnet.NewProxy(t, b.grpc)
+	r := startRelay(t, Config{Server: fw.Addr, ServerName: serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca})
 	fi, err := os.Stat(r.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -197,12 +212,7 @@ func TestKonnectivityThroughRelay(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tun, err := r.tunnel(ctx)
-			if err != nil {
-				t.Errorf("tunnel %d: %v", i, err)
-				return
-			}
-			c, err := tun.DialContext(ctx, "tcp", echoTarget)
+			c, err := r.dial(ctx, echoTarget)
 			if err != nil {
 				t.Errorf("dial %d: %v", i, err)
 				return
@@ -212,19 +222,11 @@ func TestKonnectivityThroughRelay(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	tun, err := r.tunnel(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tun.DialContext(ctx, "tcp", "10.0.0.1:443"); err == nil || !strings.Contains(err.Error(), "outside the shoot") {
+	if _, err := r.dial(ctx, "10.0.0.1:443"); err == nil || !strings.Contains(err.Error(), "outside the shoot") {
 		t.Errorf("dial outside the shoot's networks: %v", err)
 	}
 	for range 10 {
-		tun, err := r.tunnel(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := tun.DialContext(ctx, "tcp", echoTarget)
+		c, err := r.dial(ctx, echoTarget)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,62 +236,12 @@ func TestKonnectivityThroughRelay(t *testing.T) {
 	if got := r.count(outcomeRelayed); got != 15 {
 		t.Errorf("relayed %v connections, want 15", got)
 	}
-	if got := fw.accepted.Load(); got != 1 {
+	if got := fw.Accepted(); got != 1 {
 		t.Errorf("%d TCP connections to tendril-server for 15 tunnels, want 1", got)
 	}
 	if got := r.relay.up.connections(); got != 1 {
 		t.Errorf("relay holds %d connections to tendril-server", got)
 	}
-}
-
-// forwarder passes TCP connections on to a target and counts them.
-type forwarder struct {
-	addr     string
-	accepted atomic.Int64
-}
-
-func newForwarder(t *testing.T, target string) *forwarder {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fw := &forwarder{addr: l.Addr().String()}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			fw.accepted.Add(1)
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, up)
-			mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); io.Copy(up, c); up.Close() }()
-			go func() { defer wg.Done(); io.Copy(c, up); c.Close() }()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return fw
 }
 
 // TestStalledTunnelHoldsUpNoOther: a tunnel whose kube-apiserver side stops reading (a log
@@ -303,11 +255,7 @@ func TestStalledTunnelHoldsUpNoOther(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dial := func() net.Conn {
-		tun, err := r.tunnel(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := tun.DialContext(ctx, "tcp", echoTarget)
+		c, err := r.dial(ctx, echoTarget)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -334,6 +282,9 @@ func TestStalledTunnelHoldsUpNoOther(t *testing.T) {
 	n := <-written
 	t.Logf("the stalled tunnel took %d KiB before its writes blocked for 1 s", n>>10)
 	other := dial()
+	// Held up, the echo would block for good: closing the connection after 20 s fails it.
+	stop := time.AfterFunc(20*time.Second, func() { other.Close() })
+	defer stop.Stop()
 	for range 4 {
 		echo(t, other, 1<<20)
 	}
@@ -358,7 +309,7 @@ func TestWrongClientCertificate(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	// kube-apiserver's tunnel to the relay opens; its dial fails.
-	if c, err := dialThrough(ctx, r); err == nil {
+	if c, err := r.dial(ctx, echoTarget); err == nil {
 		c.Close()
 		t.Fatal("dial with an untrusted client certificate succeeded")
 	}
@@ -380,11 +331,7 @@ func TestWrongClientCertificate(t *testing.T) {
 	}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel2()
-	tun, err := r.tunnel(ctx2)
-	if err != nil {
-		t.Fatalf("after rotation: %v", err)
-	}
-	c, err := tun.DialContext(ctx2, "tcp", echoTarget)
+	c, err := r.dial(ctx2, echoTarget)
 	if err != nil {
 		t.Fatalf("first dial after rotation: %v", err)
 	}
@@ -418,7 +365,7 @@ func TestWrongServer(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		// konnectivity-client logs the relay's status (which says why) and returns "tunnel
 		// closed" from the dial.
-		if c, err := dialThrough(ctx, r); err == nil {
+		if c, err := r.dial(ctx, echoTarget); err == nil {
 			c.Close()
 			t.Errorf("%s: dial succeeded", tc.name)
 		}
@@ -432,21 +379,6 @@ func TestWrongServer(t *testing.T) {
 	}
 }
 
-// dialThrough opens a tunnel through the relay and dials the echo target with it, as
-// kube-apiserver does; the tunnel is closed afterwards.
-func dialThrough(ctx context.Context, r *running) (net.Conn, error) {
-	tun, err := r.tunnel(ctx)
-	if err != nil {
-		return nil, err
-	}
-	c, err := tun.DialContext(ctx, "tcp", echoTarget)
-	if err != nil {
-		tun.Done()
-		return nil, err
-	}
-	return c, nil
-}
-
 // TestConnectionLimit: a connection beyond MaxConnections is closed at once and counted, and a
 // slot freed is usable again.
 func TestConnectionLimit(t *testing.T) {
@@ -455,11 +387,7 @@ func TestConnectionLimit(t *testing.T) {
 	r := startRelay(t, Config{Server: b.grpc, ServerName: serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca, MaxConnections: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	tun, err := r.tunnel(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := tun.DialContext(ctx, "tcp", echoTarget)
+	held, err := r.dial(ctx, echoTarget)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,11 +415,7 @@ func TestConnectionLimit(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	tun2, err := r.tunnel(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := tun2.DialContext(ctx, "tcp", echoTarget)
+	c, err := r.dial(ctx, echoTarget)
 	if err != nil {
 		t.Fatal(err)
 	}

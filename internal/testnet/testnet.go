@@ -115,6 +115,8 @@ type Proxy struct {
 	// Addr is the listener's address.
 	Addr string
 
+	accepted atomic.Int64
+
 	mu     sync.Mutex
 	holes  []*atomic.Bool
 	cut    bool // Cut: new connections are blackholed too
@@ -139,6 +141,7 @@ func NewProxy(t testing.TB, target string) *Proxy {
 			if err != nil {
 				return
 			}
+			p.accepted.Add(1)
 			up, err := net.Dial("tcp", target)
 			if err != nil {
 				c.Close()
@@ -173,6 +176,9 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	})
 	return p
 }
+
+// Accepted is the number of connections the Proxy has accepted.
+func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
 
 // Blackhole stops forwarding on every connection accepted so far, without closing any.
 func (p *Proxy) Blackhole() {
