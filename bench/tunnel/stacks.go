@@ -260,19 +260,10 @@ func waitFor(ctx context.Context, timeout time.Duration, f func() error, procs .
 	}
 }
 
-func acceptsUnix(path string) func() error {
+// accepts reports whether something accepts connections on addr (network "tcp" or "unix").
+func accepts(network, addr string) func() error {
 	return func() error {
-		c, err := net.DialTimeout("unix", path, time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	}
-}
-
-func acceptsTCP(a string) func() error {
-	return func() error {
-		c, err := net.DialTimeout("tcp", a, time.Second)
+		c, err := net.DialTimeout(network, addr, time.Second)
 		if err == nil {
 			c.Close()
 		}
@@ -356,7 +347,7 @@ func (r *runner) tendrilStack() *stack {
 		s.servers = append(s.servers, srv)
 		s.config = strings.Join(argv, " ")
 		if err := waitFor(ctx, 10*time.Second, func() error {
-			return errors.Join(acceptsTCP(connectAddr)(), acceptsTCP(grpcAddr)(), httpOK("http://"+metrics+"/healthz")())
+			return errors.Join(accepts("tcp", connectAddr)(), accepts("tcp", grpcAddr)(), httpOK("http://"+metrics+"/healthz")())
 		}, srv); err != nil {
 			return fmt.Errorf("tendril-server: %w", err)
 		}
@@ -391,7 +382,7 @@ func (r *runner) tendrilStack() *stack {
 			}
 			s.servers = append(s.servers, rel)
 			s.config += "\n" + strings.Join(rargv, " ")
-			if err := waitFor(ctx, 10*time.Second, acceptsUnix(relaySock), rel); err != nil {
+			if err := waitFor(ctx, 10*time.Second, accepts("unix", relaySock), rel); err != nil {
 				return fmt.Errorf("tendril-egress-relay: %w", err)
 			}
 			s.dial[TargetTendrilRelay] = grpcDialer(r.cfg.Konnectivity, "unix://"+relaySock, nil, pod)
@@ -535,10 +526,10 @@ func (r *runner) konnectivityStack(mode, target string, uds bool) *stack {
 		sc := peers.KonnectivityServerConfig{Mode: mode, Frontend: front,
 			ServerCert: fc, ServerKey: fk, ServerCA: r.pki.caFile, AgentListen: agentPort, ClusterCert: cc, ClusterKey: ck,
 			Admin: "127.0.0.1:" + strconv.Itoa(p[2]), Health: health}
-		accepts := acceptsTCP(front)
+		serving := accepts("tcp", front)
 		if uds {
 			sc.UDS = filepath.Join(dir, "konnectivity.sock")
-			accepts = acceptsUnix(sc.UDS)
+			serving = accepts("unix", sc.UDS)
 		}
 		argv, err := k.ServerArgs(sc)
 		if err != nil {
@@ -551,7 +542,7 @@ func (r *runner) konnectivityStack(mode, target string, uds bool) *stack {
 		s.servers = append(s.servers, srv)
 		s.config = strings.Join(argv, " ")
 		if err := waitFor(ctx, 20*time.Second, func() error {
-			return errors.Join(accepts(), httpOK("http://"+health+"/healthz")())
+			return errors.Join(serving(), httpOK("http://"+health+"/healthz")())
 		}, srv); err != nil {
 			return fmt.Errorf("proxy-server: %w", err)
 		}
