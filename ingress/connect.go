@@ -101,7 +101,7 @@ func (s *server) respond(d *downstream, cluster, outcome string, status int, bod
 	if err == nil {
 		err = errors.New(http.StatusText(status))
 	}
-	s.refuse(d, cluster, outcome, err)
+	s.refuse(d.Conn, cluster, outcome, err)
 	r := connect.Refusal{Outcome: outcome, Status: status, Body: body, Err: err}
 	r.Answer(d.C)
 }

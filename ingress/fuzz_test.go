@@ -10,7 +10,6 @@ import (
 
 	"github.com/pires/go-proxyproto"
 
-	"github.com/tendril-net/tendril/ingress/preamble"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -58,15 +57,23 @@ func FuzzProxyListener(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		c := &memConn{r: bytes.NewReader(in)}
-		d := &downstream{Conn: preamble.New(c, false)}
-		chain, outcome, err := listenerFilters(lc, d.Conn)
-		if chain == nil {
-			if outcome == "" {
-				t.Fatalf("refused without an outcome (err %v)", err)
-			}
+		// The loops' way: every byte at once, then the end of the stream.
+		pd, more, outcome, err := lc.filters().Parse(netip.MustParseAddrPort("10.0.0.2:50000"), netip.MustParseAddrPort("10.0.0.1:8443"), false, in, io.EOF)
+		if more {
+			t.Fatal("more bytes asked for after the end of the stream")
+		}
+		if outcome != "" {
 			return
 		}
+		if err != nil {
+			t.Fatalf("error without an outcome: %v", err)
+		}
+		chain := lc.chain(pd.Local.Port())
+		if chain == nil {
+			return
+		}
+		pd.Continue(&memConn{r: bytes.NewReader(nil)})
+		d := &downstream{Conn: pd}
 		if !d.Local.IsValid() || !d.Source.IsValid() {
 			t.Fatalf("invalid addresses after the filters: %v → %v", d.Source, d.Local)
 		}

@@ -236,11 +236,15 @@ func (in *Ingress) Run(ctx context.Context, xds xdsclient.Config) error {
 	return in.Serve(ctx, lns, xds)
 }
 
-// listenConfig keeps TCP keepalive on clients' connections, so a client that vanished without a
-// FIN is found, but probes an idle connection after 5 minutes (the kernel's interval and count
+// listenConfig binds the listeners; the relay loops accept on them (relay.Listen sets the
+// accepted connections' options on the listening socket).
+var listenConfig = net.ListenConfig{}
+
+// clientKeepAlive keeps TCP keepalive on clients' connections, so a client that vanished without
+// a FIN is found, but probes an idle connection after 5 minutes (the kernel's interval and count
 // after that) rather than Go's 15 s: a replica holding 100,000 idle watches would otherwise send
-// 6,667 probes a second, and Go's four setsockopt calls per connection become two.
-var listenConfig = net.ListenConfig{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Minute, Interval: -1, Count: -1}}
+// 6,667 probes a second. Set on the listening socket, it costs no system call per connection.
+const clientKeepAlive = 5 * time.Minute
 
 // Serve is Run with the listeners already bound (tests bind 127.0.0.1:0). When ctx ends, Serve
 // drains (drain) and returns once the last connection has ended or been closed. The xDS client
@@ -267,6 +271,20 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 		return fmt.Errorf("relay loops: %w", err)
 	}
 	defer loops.Close()
+	servers := make([]*server, 0, len(lns))
+	for name, l := range lns {
+		s, err := newServer(in, name, l, loops)
+		if err != nil {
+			for _, l := range lns {
+				l.Close() // the ones taken over are closed already
+			}
+			for _, s := range servers {
+				s.stopAccepting()
+			}
+			return err
+		}
+		servers = append(servers, s)
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -275,10 +293,7 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	}()
 	// served ends once every listener is closed and its connections have ended.
 	var served sync.WaitGroup
-	servers := make([]*server, 0, len(lns))
-	for name, l := range lns {
-		s := newServer(in, name, l, loops)
-		servers = append(servers, s)
+	for _, s := range servers {
 		served.Add(1)
 		go func() {
 			defer served.Done()

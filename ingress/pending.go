@@ -57,9 +57,16 @@ type pendingSet struct {
 	sources   map[netip.Addr]int
 }
 
+// pendingCloser is what the set closes to evict a connection: a relay.Handshake on the loops, or
+// the net.Conn a CONNECT request is read from.
+type pendingCloser interface {
+	Close() error
+	RemoteAddr() net.Addr
+}
+
 // pendingConn is one connection in its handshake. Its fields are guarded by the set's mutex.
 type pendingConn struct {
-	c        net.Conn
+	c        pendingCloser
 	listener string
 	source   netip.Addr // the per-source key; invalid when exempt
 	elem     *list.Element
@@ -88,7 +95,7 @@ func sourceKey(a netip.Addr) netip.Addr {
 // admit registers c, accepted on listener from source, as pending. It refuses it (nil and the
 // outcome) when its source is at its limit; when a listener or the total is at its limit it
 // evicts the oldest pending connection, which the caller closes and counts.
-func (p *pendingSet) admit(listener string, c net.Conn, source netip.Addr) (pc, victim *pendingConn, outcome string) {
+func (p *pendingSet) admit(listener string, c pendingCloser, source netip.Addr) (pc, victim *pendingConn, outcome string) {
 	key := netip.Addr{}
 	if !p.trusted(source.Unmap()) {
 		key = sourceKey(source)
@@ -159,6 +166,19 @@ func (p *pendingSet) release(pc *pendingConn) bool {
 	defer p.mu.Unlock()
 	p.remove(pc)
 	return !pc.evicted
+}
+
+// rebind makes c what evicting pc closes (the connection moved from the loops to a goroutine);
+// if pc was evicted meanwhile, it closes c and reports false.
+func (p *pendingSet) rebind(pc *pendingConn, c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pc.evicted {
+		c.Close()
+		return false
+	}
+	pc.c = c
+	return true
 }
 
 // count is the number of pending connections.

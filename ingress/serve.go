@@ -8,56 +8,89 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	"github.com/tendril-net/tendril/ingress/preamble"
 	"github.com/tendril-net/tendril/internal/acceptor"
 	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
 )
 
-// server serves one listener: an acceptor.Server whose handler runs the listener filters and
-// hands each established connection to the relay loops.
+// server serves one listener: the relay loops accept its connections and read their listener
+// filters' bytes (a shake each decides where one goes), dial the upstream and relay the pair; a
+// connection for an HTTP connection manager (CONNECT) is handed to a goroutine for its request.
 type server struct {
 	in   *Ingress
 	name string
-	// acc accepts and tracks the clients' connections in their handshake or dial; it closes
-	// them when serve's context ends (no drain of its own: Ingress.drain drains every listener
-	// at once).
-	acc acceptor.Server
-	l   net.Listener
-	// loops relay the established connections; pairs holds this listener's, to close them on
-	// shutdown, and joined counts them until each has ended.
-	loops  *relay.Loops
-	pairs  relay.Group
+	ln   *relay.Listener
+	// loops run the handshakes and relay the established connections; pairs holds this
+	// listener's (and its handshakes), to close them on shutdown.
+	loops *relay.Loops
+	pairs relay.Group
+	// handed tracks the connections handed to a goroutine (a CONNECT request); ctx is theirs.
+	handed *acceptor.Conns
+	ctx    context.Context
+	// joined counts every accepted connection until it has ended: closed in its handshake,
+	// relayed to its end, or served by its goroutine.
 	joined sync.WaitGroup
+	log    logr.Logger
 }
 
-func newServer(in *Ingress, name string, l net.Listener, loops *relay.Loops) *server {
-	s := &server{in: in, name: name, l: l, loops: loops}
-	// Out of file descriptors and the like: back off rather than spin, as net/http does.
-	s.acc = acceptor.Server{Handle: s.handle, RetryAccept: true, Log: in.log.WithValues("listener", name)}
-	return s
+func newServer(in *Ingress, name string, l net.Listener, loops *relay.Loops) (*server, error) {
+	ln, err := relay.Listen(l, clientKeepAlive)
+	if err != nil {
+		return nil, fmt.Errorf("listener %s: %w", name, err)
+	}
+	return &server{in: in, name: name, ln: ln, loops: loops, handed: acceptor.NewConns(), log: in.log.WithValues("listener", name)}, nil
 }
+
+// The pause after a failed accept (out of file descriptors, say): it doubles from the minimum
+// at every failure in a row, up to the maximum, as net/http's does, so that the ingress does not
+// spin while the connections it holds go on.
+const (
+	acceptPauseMin = 5 * time.Millisecond
+	acceptPauseMax = time.Second
+)
 
 // serve accepts until the listener is closed (stopAccepting) or ctx ends, and returns once the
 // connections it accepted have ended. When ctx ends it closes the listener and every connection.
 func (s *server) serve(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { s.loops.CloseGroup(&s.pairs) })
+	s.ctx = ctx
+	stop := context.AfterFunc(ctx, func() { s.closeAll() })
 	defer stop()
 	defer s.joined.Wait()
-	return s.acc.Serve(ctx, s.l)
+	var pause time.Duration
+	for {
+		err := s.loops.Serve(&s.pairs, s.ln, s.accepted)
+		if err == nil {
+			return nil
+		}
+		pause = min(max(2*pause, acceptPauseMin), acceptPauseMax)
+		s.log.Error(err, "Accept failed", "retryIn", pause.String())
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		}
+	}
 }
 
 // stopAccepting closes the listener: the kernel refuses new connections from now on, and the
 // accept loop ends.
-func (s *server) stopAccepting() { s.acc.StopAccepting() }
+func (s *server) stopAccepting() { _ = s.ln.Close() }
 
 // closeAll closes the listener and every client's connection, in its handshake or relayed, and
-// returns how many. From then on the acceptor refuses, and so does the relay for this
-// listener's pairs, so a late upstream dial is closed at once.
-func (s *server) closeAll() int { return s.acc.CloseAll() + s.loops.CloseGroup(&s.pairs) }
+// returns how many. From then on the loops refuse this listener's pairs, so a late upstream dial
+// is closed at once.
+func (s *server) closeAll() int {
+	s.stopAccepting()
+	return s.handed.CloseAll() + s.loops.CloseGroup(&s.pairs)
+}
 
 // downstreams reports how many clients' connections are open.
-func (s *server) downstreams() int { return s.pairs.Len() + s.acc.Open() }
+func (s *server) downstreams() int { return s.pairs.Len() + s.pairs.Handshakes() + s.handed.Len() }
 
 // Outcomes of a connection, the values of the metrics' outcome label.
 const (
@@ -86,63 +119,34 @@ const (
 	outcomeRelayFailed = "relay_failed"
 )
 
-// downstream is a client's connection in the ingress's hands: its preamble as read so far, and
-// the tracking that holds it until the relay loops take it over.
+// downstream is a client's connection handed to a goroutine (a CONNECT request): its preamble
+// as read so far, and the tracking that holds it until the relay loops take it over.
 type downstream struct {
 	*preamble.Conn
 	conns *acceptor.Conns
 }
 
-// handle runs the listener filters (PROXY header, ClientHello; bounded in time and size), picks
-// the filter chain, and hands the connection to it.
-func (s *server) handle(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
+// accepted admits a connection the loops accepted to the pending set and gives it a shake, which
+// decides on the loop where it goes.
+func (s *server) accepted(hs *relay.Handshake) (relay.Handshaker, time.Duration, int) {
 	in := s.in
 	lc := in.current.Load().listeners[s.name]
 	if lc == nil {
 		in.metrics.conn(s.name, "", outcomeNoListener)
-		return
+		return nil, 0, 0
 	}
-	d := &downstream{Conn: preamble.New(c, false), conns: conns}
-	d.TrustedPeer = in.trusted(d.Peer.Addr())
-	p, victim, outcome := in.pending.admit(s.name, c, d.Peer.Addr())
+	t := &shake{s: s, hs: hs, lc: lc, trusted: in.trusted(hs.Peer.Addr())}
+	p, victim, outcome := in.pending.admit(s.name, hs, hs.Peer.Addr())
 	if victim != nil {
 		s.evict(victim)
 	}
 	if p == nil {
-		s.refuse(d, "", outcome, fmt.Errorf("%d connections of this source are in their handshake", in.cfg.MaxPendingPerSource))
-		return
+		s.refuse(t.conn(), "", outcome, fmt.Errorf("%d connections of this source are in their handshake", in.cfg.MaxPendingPerSource))
+		return nil, 0, 0
 	}
-	chain, outcome, err := listenerFilters(lc, d.Conn)
-	if chain != nil && chain.http != nil && outcome == "" {
-		s.serveConnect(ctx, d, chain.http, p) // still pending while its request arrives
-		return
-	}
-	if !in.pending.release(p) {
-		return // evicted meanwhile: closed and counted
-	}
-	if outcome != "" {
-		s.refuse(d, "", outcome, err)
-		return
-	}
-	// The configuration current now picks the route: the listener filters may have taken a
-	// while, and a route added meanwhile should be found.
-	cfg := in.current.Load()
-	clusterName := chain.tcp.defaultCluster
-	if chain.tcp.clusterFormat != nil {
-		clusterName = chain.tcp.clusterFormat.render(connInfo{serverName: d.ServerName, localAddr: d.Local.String()})
-	}
-	cl := cfg.clusters[clusterName]
-	if cl == nil {
-		// The name comes from the client; quoting keeps it from forging log fields.
-		s.refuse(d, "", outcomeUnknownRoute, fmt.Errorf("no cluster %q", clusterName))
-		return
-	}
-	up, release, outcome, err := s.dial(ctx, cfg, cl, chain.tcp.connectAttempts)
-	if outcome != "" {
-		s.refuse(d, cl.name, outcome, err)
-		return
-	}
-	s.join(d, up, release, cl.name, d.Hello, chain.tcp.idleTimeout)
+	t.p = p
+	s.joined.Add(1)
+	return t, lc.filterTimeout, preamble.MaxBytes
 }
 
 // evict closes a pending connection another one displaced, and counts it on its own listener.
@@ -153,24 +157,10 @@ func (s *server) evict(victim *pendingConn) {
 		"error", fmt.Sprintf("%q", "the oldest of the pending connections, closed for a new one"))
 }
 
-// listenerFilters runs the listener filters and returns the chain, or the outcome that refuses the
-// connection.
-func listenerFilters(lc *listenerConfig, d *preamble.Conn) (*chainConfig, string, error) {
-	f := preamble.Filters{LBProxyProtocol: lc.lbProxyProtocol, ProxyProtocol: lc.proxyProtocol != nil, TLSInspector: lc.tlsInspector, Timeout: lc.filterTimeout}
-	if outcome, err := f.Read(d); outcome != "" {
-		return nil, outcome, err
-	}
-	chain := lc.chain(d.Local.Port())
-	if chain == nil {
-		return nil, outcomeNoChain, fmt.Errorf("no filter chain for destination port %d", d.Local.Port())
-	}
-	return chain, "", nil
-}
-
 // refuse counts and logs (rate-limited) a connection the ingress closes without proxying it.
-func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
+func (s *server) refuse(d *preamble.Conn, cluster, outcome string, err error) {
 	s.in.metrics.conn(s.name, cluster, outcome)
-	kv := []any{"listener", s.name, "remote", d.C.RemoteAddr().String(), "reason", outcome}
+	kv := []any{"listener", s.name, "remote", d.Peer.String(), "reason", outcome}
 	if d.Client.IsValid() {
 		kv = append(kv, "client", d.Client.String())
 	}
@@ -186,11 +176,12 @@ func (s *server) refuse(d *downstream, cluster, outcome string, err error) {
 	s.in.refusals.Info("Connection refused", kv...)
 }
 
-// dial connects to an endpoint of cl within the cluster's connect timeout and a slot of its
-// circuit breaker, making up to attempts dials, each to the next endpoint in round-robin order
-// (as Envoy's tcp_proxy picks a host per attempt). The relay loops dial, so the socket goes to
-// the pair as it is. The caller joins or closes the socket and releases the slot. A failure
-// reports the last attempt's outcome; every failed attempt is counted.
+// dial connects a CONNECT request's tunnel to an endpoint of cl within the cluster's connect
+// timeout and a slot of its circuit breaker, making up to attempts dials, each to the next
+// endpoint in round-robin order (as Envoy's tcp_proxy picks a host per attempt). The relay loops
+// dial, so the socket goes to the pair as it is. The caller joins or closes the socket and
+// releases the slot. A failure reports the last attempt's outcome; every failed attempt is
+// counted.
 func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attempts int) (*relay.Socket, func(), string, error) {
 	eps := cfg.upstreams(cl)
 	if len(eps) == 0 {
@@ -250,7 +241,7 @@ func (s *server) join(d *downstream, up *relay.Socket, release func(), cluster s
 		in.metrics.active.WithLabelValues(s.name).Dec()
 		release()
 		s.joined.Done()
-		s.refuse(d, cluster, outcomeRelayFailed, err)
+		s.refuse(d.Conn, cluster, outcomeRelayFailed, err)
 		return
 	}
 	in.metrics.conn(s.name, cluster, outcomeProxied)

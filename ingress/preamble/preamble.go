@@ -11,6 +11,7 @@ package preamble
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -58,19 +59,26 @@ type Conn struct {
 	// ServerName and Hello are the ClientHello's server name and bytes (to replay upstream).
 	ServerName string
 	Hello      []byte
+	// First is, after Parse, what the upstream is sent first: the ClientHello and what the
+	// client sent after it. parsed is what it sent after the filters' bytes.
+	First  []byte
+	parsed []byte
 
-	// r reads the connection's remaining bytes: the connection itself, or br, which holds
-	// bytes read past a PROXY header. limit bounds what the filters and a request may read.
-	r     io.Reader
-	br    *bufio.Reader
-	limit *io.LimitedReader
+	// r reads the connection's remaining bytes: src, or br, which holds bytes read past a PROXY
+	// header. limit bounds what the filters and a request may read. src is the connection, or
+	// what Parse was given, or (after Continue) prefix and then the connection.
+	r      io.Reader
+	br     *bufio.Reader
+	limit  *io.LimitedReader
+	src    io.Reader
+	prefix *bytes.Reader
 }
 
 // New starts reading c's preamble; trustedPeer says whether its TCP peer is a trusted load
 // balancer.
 func New(c net.Conn, trustedPeer bool) *Conn {
 	peer := addrPort(c.RemoteAddr())
-	return &Conn{C: c, r: c, Peer: peer, Local: addrPort(c.LocalAddr()), Source: peer, TrustedPeer: trustedPeer}
+	return &Conn{C: c, r: c, src: c, Peer: peer, Local: addrPort(c.LocalAddr()), Source: peer, TrustedPeer: trustedPeer}
 }
 
 // Filters are a listener's filters, read in this order.
@@ -90,6 +98,11 @@ type Filters struct {
 func (f Filters) Read(d *Conn) (string, error) {
 	_ = d.C.SetReadDeadline(time.Now().Add(f.Timeout))
 	defer d.C.SetReadDeadline(time.Time{})
+	return f.read(d)
+}
+
+// read runs the filters on what d.r reads.
+func (f Filters) read(d *Conn) (string, error) {
 	if f.LBProxyProtocol || f.ProxyProtocol {
 		d.buffer()
 	}
@@ -117,7 +130,7 @@ func (f Filters) Read(d *Conn) (string, error) {
 				}
 			})
 			if h2 != nil {
-				return OutcomeUntrustedProxy, fmt.Errorf("two PROXY headers from %v, which is not a trusted proxy", d.C.RemoteAddr())
+				return OutcomeUntrustedProxy, fmt.Errorf("two PROXY headers from %v, which is not a trusted proxy", d.Peer)
 			}
 		}
 	}
@@ -145,17 +158,22 @@ func (d *Conn) ReadRequest(maxHeader int, timeout time.Duration) (*http.Request,
 // Buffered returns the bytes read past the preamble: the relayed stream's first, to be sent
 // upstream after anything replayed.
 func (d *Conn) Buffered() []byte {
-	if d.br == nil || d.br.Buffered() == 0 {
-		return nil
+	var b []byte
+	if d.br != nil && d.br.Buffered() > 0 {
+		b, _ = d.br.Peek(d.br.Buffered())
 	}
-	b, _ := d.br.Peek(d.br.Buffered())
+	if d.prefix != nil && d.prefix.Len() > 0 {
+		rest := make([]byte, d.prefix.Len())
+		_, _ = d.prefix.Read(rest)
+		b = append(b[:len(b):len(b)], rest...)
+	}
 	return b
 }
 
 // buffer reads the connection through a limit and a buffered reader from now on.
 func (d *Conn) buffer() {
 	if d.limit == nil {
-		d.limit = &io.LimitedReader{R: d.C}
+		d.limit = &io.LimitedReader{R: d.src}
 		d.br = bufio.NewReaderSize(d.limit, bufferSize)
 		d.r = d.br
 	}
@@ -221,4 +239,88 @@ func helloOutcome(err error) string {
 	default:
 		return OutcomeBadHello
 	}
+}
+
+// MaxBytes bounds what the filters read of a connection: two PROXY headers and a ClientHello at
+// their largest, (4,096 + 16) × 2 + 16,389 = 24,613 bytes. A client that sends that much
+// without completing them has been refused by one of their own limits already.
+const MaxBytes = 2*maxProxyHeader + sni.MaxHelloSize
+
+// errMore ends the bytes Parse was given while more may come.
+var errMore = errors.New("more bytes needed")
+
+// Parse runs the filters on data, what a connection from peer to local has sent so far, without
+// waiting: end says why nothing more will come (nil while more may; io.EOF; a read error;
+// os.ErrDeadlineExceeded once the filters' time is up, which Parse reports as their timeout).
+// more reports that the filters need more bytes than data holds (with end nil only). Otherwise
+// the refusal comes as its outcome and an error, or Conn holds what the filters learned and
+// First the part of data the upstream is to be sent (the ClientHello and what followed it; the
+// PROXY headers are not relayed). It is called again with all the bytes when more arrive: the
+// filters' few hundred bytes are cheaper to parse again than to hold a parser's state.
+func (f Filters) Parse(peer, local netip.AddrPort, trustedPeer bool, data []byte, end error) (d *Conn, more bool, outcome string, err error) {
+	if end == nil && f.TLSInspector && !f.LBProxyProtocol && !f.ProxyProtocol && incompleteRecord(data) {
+		// A client that sends its ClientHello a few bytes at a time is answered without a
+		// parse per read: its first record's header says how much is still to come.
+		return nil, true, "", nil
+	}
+	in := &bytesThen{data: data, end: end}
+	d = &Conn{r: in, src: in, Peer: peer, Local: local, Source: peer, TrustedPeer: trustedPeer}
+	outcome, err = f.read(d)
+	if in.starved && end == nil {
+		// Even a success: a filter that looked past its own bytes (is a second PROXY header
+		// next?) decides again with them.
+		return nil, true, "", nil
+	}
+	if outcome != "" {
+		return d, false, outcome, err
+	}
+	consumed := in.off
+	if d.br != nil {
+		consumed -= d.br.Buffered()
+	}
+	d.First = data[consumed-len(d.Hello):]
+	d.parsed = data[consumed:]
+	return d, false, "", nil
+}
+
+// Continue goes on reading the connection on c, after Parse: the bytes Parse was given past the
+// filters are read first.
+func (d *Conn) Continue(c net.Conn) {
+	d.C = c
+	d.prefix = bytes.NewReader(d.parsed)
+	d.src = io.MultiReader(d.prefix, c)
+	d.r = d.src
+	if d.limit != nil {
+		// What br held was counted against the limit when it was read; it is read again.
+		d.limit = &io.LimitedReader{R: d.src, N: d.limit.N + int64(d.br.Buffered())}
+		d.br = bufio.NewReaderSize(d.limit, bufferSize)
+		d.r = d.br
+	}
+}
+
+// incompleteRecord reports whether data is the start of a TLS handshake record that has not all
+// arrived (5-byte header: type 22, version, 16-bit length).
+func incompleteRecord(data []byte) bool {
+	return len(data) >= 5 && data[0] == 22 && len(data) < 5+int(data[3])<<8|int(data[4])
+}
+
+// bytesThen reads data, and then returns end, or errMore while end is nil.
+type bytesThen struct {
+	data    []byte
+	off     int
+	end     error
+	starved bool
+}
+
+func (r *bytesThen) Read(p []byte) (int, error) {
+	if r.off >= len(r.data) {
+		r.starved = true
+		if r.end != nil {
+			return 0, r.end
+		}
+		return 0, errMore
+	}
+	n := copy(p, r.data[r.off:])
+	r.off += n
+	return n, nil
 }

@@ -238,6 +238,13 @@ type Conns struct {
 	peak int
 }
 
+// NewConns returns an empty, open Conns, for an owner that tracks connections outside a Server.
+func NewConns() *Conns { return &Conns{m: map[net.Conn]struct{}{}} }
+
+// CloseAll closes every tracked connection, stops tracking (Add refuses from now on), and
+// returns how many it closed.
+func (s *Conns) CloseAll() int { return s.closeAll() }
+
 // Add tracks c until Remove or Forget and reports true; once the connections have been closed
 // it closes c and reports false.
 func (s *Conns) Add(c net.Conn) bool {

@@ -17,11 +17,16 @@ type LoopsConfig struct {
 // empty, open group.
 type Group struct {
 	open   atomic.Int64
+	shakes atomic.Int64
 	closed atomic.Bool
 }
 
 // Len reports how many of the group's pairs are open.
 func (g *Group) Len() int { return int(g.open.Load()) }
+
+// Handshakes reports how many of the group's accepted connections are in their handshake (read
+// or dialing for, on the loops).
+func (g *Group) Handshakes() int { return int(g.shakes.Load()) }
 
 // ErrClosed is returned by Join once the Loops or the group are closed.
 var ErrClosed = errors.New("relay loops closed")

@@ -105,7 +105,8 @@ func (ls *Loops) Join(g *Group, a, b net.Conn, first []byte, idle time.Duration,
 	l := ls.pick()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.join(g, fa, &sock{fd: fb}, true, first, idle, done)
+	_, err = l.join(g, sock{fd: fa}, sock{fd: fb}, true, true, first, idle, done)
+	return err
 }
 
 // JoinDialed is Join for an upstream the loops dialed: b is consumed (closed on error).
@@ -124,21 +125,28 @@ func (ls *Loops) JoinDialed(g *Group, a net.Conn, b *Socket, first []byte, idle 
 	}
 	b.closed = true
 	delete(l.dialing, int32(b.fd))
-	return l.join(g, fa, &sock{fd: b.fd, readable: b.readable, ended: b.ended, writable: true}, false, first, idle, done)
+	p, err := l.join(g, sock{fd: fa}, sock{fd: b.fd, readable: b.readable, ended: b.ended, writable: true}, true, false, first, idle, done)
+	if err == nil {
+		// b's connect was its last writable edge: no event will come for the first bytes.
+		l.pump(p, p.last)
+	}
+	return err
 }
 
 func (ls *Loops) pick() *loop { return ls.loops[ls.next.Add(1)%uint32(len(ls.loops))] }
 
-// join makes the pair of fa and b on l, registering fa, and b too unless it is registered
-// already (a dialed socket, whose readiness b carries). l.mu is held.
-func (l *loop) join(g *Group, fa int, b *sock, registerB bool, first []byte, idle time.Duration, done func(aToB, bToA int64)) error {
+// join makes the pair of a and b on l, registering those that are not registered already (a
+// dialed socket, an accepted one read on the loop: their readiness comes with them). l.mu is held.
+// The caller pumps the pair when its sockets will bring no new edge for what is to move.
+func (l *loop) join(g *Group, a, b sock, registerA, registerB bool, first []byte, idle time.Duration, done func(aToB, bToA int64)) (*pair, error) {
+	fa := a.fd
 	if l.closing || g.closed.Load() {
 		unix.Close(fa)
 		unix.Close(b.fd)
-		return ErrClosed
+		return nil, ErrClosed
 	}
-	p := &pair{g: g, idle: idle, done: done, b: *b}
-	p.a.fd, p.a.p = fa, p
+	p := &pair{g: g, idle: idle, done: done, a: a, b: b}
+	p.a.p = p
 	p.b.p = p
 	p.ab.src, p.ab.dst = &p.a, &p.b
 	p.ba.src, p.ba.dst = &p.b, &p.a
@@ -147,28 +155,26 @@ func (l *loop) join(g *Group, fa int, b *sock, registerB bool, first []byte, idl
 	if idle > 0 && (l.minIdle == 0 || idle < l.minIdle) {
 		l.minIdle = idle
 		// The loop may be waiting out a longer sweep interval.
-		_ = l.file.SetReadDeadline(time.Now().Add(l.sweepEvery()))
+		l.wakeBy(l.now() + l.sweepEvery())
 	}
-	if err := l.register(fa); err != nil {
-		unix.Close(fa)
-		unix.Close(b.fd)
-		return err
+	if registerA {
+		if err := l.register(fa); err != nil {
+			unix.Close(fa)
+			unix.Close(b.fd)
+			return nil, err
+		}
 	}
 	if registerB {
 		if err := l.register(b.fd); err != nil {
 			unix.Close(fa) // also leaves the epoll set
 			unix.Close(b.fd)
-			return err
+			return nil, err
 		}
 	}
 	l.socks[int32(fa)], l.socks[int32(b.fd)] = &p.a, &p.b
 	l.peak = max(l.peak, len(l.socks))
 	g.open.Add(1)
-	if !registerB {
-		// b's connect was its last writable edge: no event will come for the first bytes.
-		l.pump(p, p.last)
-	}
-	return nil
+	return p, nil
 }
 
 // register adds fd to the loop's epoll set: edge-triggered, both directions, once. The loop
@@ -202,25 +208,8 @@ func (ls *Loops) Dial(ctx context.Context, addr netip.AddrPort) (*Socket, error)
 	if err := ctx.Err(); err != nil {
 		return nil, dialError(addr, err)
 	}
-	ip := addr.Addr().Unmap()
-	var sa unix.Sockaddr
-	family := unix.AF_INET
-	if ip.Is4() {
-		sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: ip.As4()}
-	} else {
-		family = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Port: int(addr.Port()), Addr: ip.As16()}
-	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := connect(addr)
 	if err != nil {
-		return nil, dialError(addr, err)
-	}
-	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
-		unix.Close(fd)
-		return nil, dialError(addr, err)
-	}
-	if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
-		unix.Close(fd)
 		return nil, dialError(addr, err)
 	}
 	l := ls.pick()
@@ -282,25 +271,18 @@ func (l *loop) dialEvent(d *Socket, events uint32) {
 		return
 	}
 	d.reported = true
-	errno, err := unix.GetsockoptInt(d.fd, unix.SOL_SOCKET, unix.SO_ERROR)
-	switch {
-	case err != nil:
-		d.result <- err
-	case errno != 0:
-		d.result <- unix.Errno(errno)
-	default:
-		d.result <- nil
-	}
+	d.result <- connectResult(d.fd)
 }
 
-// CloseGroup closes every pair of g (calling their done funcs) and refuses new ones for it; it
-// returns how many it closed.
+// CloseGroup closes every pair of g (calling their done funcs) and every connection of g in its
+// handshake, and refuses new ones for it; it returns how many connections it closed.
 func (ls *Loops) CloseGroup(g *Group) int {
 	g.closed.Store(true)
 	n := 0
 	for _, l := range ls.loops {
 		l.mu.Lock()
 		n += l.closeWhere(func(p *pair) bool { return p.g == g })
+		n += l.closeShakes(func(hs *Handshake) bool { return hs.g == g })
 		l.mu.Unlock()
 	}
 	return n
@@ -357,6 +339,13 @@ type loop struct {
 	socks map[int32]*sock
 	// dialing are the sockets Dial is connecting and their owners have not joined or closed.
 	dialing map[int32]*Socket
+	// shakes are the accepted connections in their handshake, upstreams the sockets dialed for
+	// them, timers their deadlines; wake is the deadline set on file (since start; 0: none
+	// earlier than the sweep's).
+	shakes    map[int32]*Handshake
+	upstreams map[int32]*Handshake
+	timers    timers
+	wake      time.Duration
 	// peak is the most sockets socks held since it was last rebuilt: a Go map keeps the table
 	// of its largest size, and after a peak of connections that is most of an idle loop's memory.
 	peak    int
@@ -413,7 +402,8 @@ func newLoop() (*loop, error) {
 		return nil, fmt.Errorf("epoll fd: %w", err)
 	}
 	return &loop{epfd: epfd, file: os.NewFile(uintptr(epfd), "epoll"), start: time.Now(),
-		socks: map[int32]*sock{}, dialing: map[int32]*Socket{}, buf: make([]byte, loopBuffer)}, nil
+		socks: map[int32]*sock{}, dialing: map[int32]*Socket{}, shakes: map[int32]*Handshake{}, upstreams: map[int32]*Handshake{},
+		buf: make([]byte, loopBuffer)}, nil
 }
 
 func (l *loop) now() time.Duration { return time.Since(l.start) }
@@ -432,13 +422,16 @@ func (l *loop) run() {
 	var lastSweep time.Duration
 	for {
 		l.mu.Lock()
-		sweep := l.sweepEvery()
-		l.mu.Unlock()
 		// The loop is a goroutine parked in Go's poller until the epoll set has events (the
 		// epoll descriptor is readable then), not a thread blocked in epoll_wait: no thread
 		// hand-off per wake-up, and the scheduler runs it like any other goroutine. The
-		// deadline wakes it for the idle sweep.
-		_ = l.file.SetReadDeadline(time.Now().Add(sweep))
+		// deadline wakes it for the idle sweep or the first handshake's deadline.
+		l.wake = l.now() + l.sweepEvery()
+		if len(l.timers) > 0 {
+			l.wake = min(l.wake, l.timers[0].deadline)
+		}
+		_ = l.file.SetReadDeadline(l.start.Add(l.wake))
+		l.mu.Unlock()
 		err := rc.Read(func(uintptr) bool {
 			for {
 				n, err := unix.EpollWait(l.epfd, events, 0)
@@ -452,6 +445,7 @@ func (l *loop) run() {
 				}
 				now := l.now()
 				l.handle(events[:max(n, 0)], now)
+				l.expire(now)
 				l.sweep(&lastSweep, now)
 				more := n == len(events) || len(l.again) > 0
 				l.mu.Unlock()
@@ -466,7 +460,9 @@ func (l *loop) run() {
 			l.mu.Unlock()
 			return
 		}
-		l.sweep(&lastSweep, l.now())
+		now := l.now()
+		l.expire(now)
+		l.sweep(&lastSweep, now)
 		l.mu.Unlock()
 	}
 }
@@ -493,10 +489,8 @@ func (l *loop) handle(events []unix.EpollEvent, now time.Duration) {
 	for _, ev := range events {
 		s := l.socks[ev.Fd]
 		if s == nil {
-			if d := l.dialing[ev.Fd]; d != nil {
-				l.dialEvent(d, ev.Events)
-			}
-			continue // a socket closed earlier in this batch
+			l.otherEvent(ev)
+			continue
 		}
 		if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 			s.readable = true
@@ -518,10 +512,37 @@ func (l *loop) handle(events []unix.EpollEvent, now time.Duration) {
 	l.shrink()
 }
 
-// stop closes every pair and fails every dial in progress. l.mu is held.
+// otherEvent handles an event of a socket that is not in a pair: one being dialed, or in its
+// handshake, or dialed for one; or none (closed earlier in this batch). l.mu is held.
+func (l *loop) otherEvent(ev unix.EpollEvent) {
+	if d := l.dialing[ev.Fd]; d != nil {
+		l.dialEvent(d, ev.Events)
+		return
+	}
+	if hs := l.upstreams[ev.Fd]; hs != nil {
+		l.upstreamEvent(hs, ev.Events)
+		return
+	}
+	hs := l.shakes[ev.Fd]
+	if hs == nil {
+		return
+	}
+	if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		hs.readable = true
+	}
+	if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		hs.ended = true
+	}
+	if hs.up < 0 { // while it dials, what the client sends waits for the pair
+		l.readShake(hs)
+	}
+}
+
+// stop closes every pair and handshake and fails every dial in progress. l.mu is held.
 func (l *loop) stop() {
 	l.closing = true
 	l.closeWhere(func(*pair) bool { return true })
+	l.closeShakes(func(*Handshake) bool { return true })
 	for _, d := range l.dialing {
 		if !d.reported {
 			d.reported = true

@@ -4,6 +4,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"sync"
@@ -104,4 +105,30 @@ func (ls *Loops) Dial(ctx context.Context, addr netip.AddrPort) (*Socket, error)
 // JoinDialed is Join for a dialed upstream.
 func (ls *Loops) JoinDialed(g *Group, a net.Conn, b *Socket, first []byte, idle time.Duration, done func(aToB, bToA int64)) error {
 	return ls.Join(g, a, b.c, first, idle, done)
+}
+
+// Handshake is an accepted connection in its handshake; see the Linux documentation.
+type Handshake struct{ Peer, Local netip.AddrPort }
+
+// RemoteAddr is the client's address.
+func (hs *Handshake) RemoteAddr() net.Addr { return net.TCPAddrFromAddrPort(hs.Peer) }
+
+// Close does nothing: without epoll no handshake runs on the loops.
+func (hs *Handshake) Close() error { return nil }
+
+// Listener is a TCP listener for Serve.
+type Listener struct{ net.Listener }
+
+// Listen takes ln over.
+func Listen(ln net.Listener, _ time.Duration) (*Listener, error) { return &Listener{ln}, nil }
+
+// Addr is the listener's address.
+func (ln *Listener) Addr() netip.AddrPort {
+	ap, _ := netip.ParseAddrPort(ln.Listener.Addr().String())
+	return ap
+}
+
+// Serve needs epoll: handshakes on the loops are Linux only.
+func (ls *Loops) Serve(*Group, *Listener, Accept) error {
+	return errors.New("relay: handshakes on the loops need epoll (Linux)")
 }

@@ -1,0 +1,182 @@
+package ingress
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/tendril-net/tendril/ingress/preamble"
+	"github.com/tendril-net/tendril/internal/relay"
+)
+
+// shake decides, on a relay loop, where one accepted connection goes: it runs the listener
+// filters over the bytes the loop has read (PROXY headers, ClientHello), picks the filter chain
+// and the cluster, and names an endpoint to dial (the next one per attempt), or refuses, or hands
+// a CONNECT chain's connection to a goroutine. Its methods run on the loop (relay.Handshaker):
+// nothing here blocks. Every path ends the server's joined count for the connection once.
+type shake struct {
+	s       *server
+	hs      *relay.Handshake
+	lc      *listenerConfig
+	p       *pendingConn
+	trusted bool
+	// After the filters: what they learned and the chain.
+	d     *preamble.Conn
+	chain *chainConfig
+	// While dialing: the cluster, its endpoints, the attempts made, and the circuit-breaker
+	// slot the connection holds until its pair ends.
+	cl       *clusterConfig
+	eps      []netip.AddrPort
+	attempts int
+	release  func()
+}
+
+// conn is what the refusal log says of the connection: what the filters learned, or its
+// addresses before them.
+func (t *shake) conn() *preamble.Conn {
+	if t.d != nil {
+		return t.d
+	}
+	return &preamble.Conn{Peer: t.hs.Peer, Local: t.hs.Local, Source: t.hs.Peer}
+}
+
+// Read runs the filters over what the client sent so far.
+func (t *shake) Read(data []byte, end error) relay.Verdict {
+	in, lc := t.s.in, t.lc
+	d, more, outcome, err := lc.filters().Parse(t.hs.Peer, t.hs.Local, t.trusted, data, end)
+	if more {
+		return relay.Verdict{Step: relay.StepMore}
+	}
+	t.d = d
+	if outcome == "" {
+		if t.chain = lc.chain(d.Local.Port()); t.chain == nil {
+			outcome, err = outcomeNoChain, fmt.Errorf("no filter chain for destination port %d", d.Local.Port())
+		}
+	}
+	if outcome == "" && t.chain.http != nil {
+		return relay.Verdict{Step: relay.StepHandOff} // still pending while its request arrives
+	}
+	if !in.pending.release(t.p) {
+		return t.close() // evicted: counted by the eviction
+	}
+	if outcome != "" {
+		return t.refuse("", outcome, err)
+	}
+	// The configuration current now picks the route: the listener filters may have taken a
+	// while, and a route added meanwhile should be found.
+	cfg := in.current.Load()
+	clusterName := t.chain.tcp.defaultCluster
+	if t.chain.tcp.clusterFormat != nil {
+		clusterName = t.chain.tcp.clusterFormat.render(connInfo{serverName: d.ServerName, localAddr: d.Local.String()})
+	}
+	cl := cfg.clusters[clusterName]
+	if cl == nil {
+		// The name comes from the client; quoting keeps it from forging log fields.
+		return t.refuse("", outcomeUnknownRoute, fmt.Errorf("no cluster %q", clusterName))
+	}
+	eps := cfg.upstreams(cl)
+	if len(eps) == 0 {
+		return t.refuse(cl.name, outcomeNoEndpoint, nil)
+	}
+	release, ok := in.acquire(cl.name, cl.maxConnections)
+	if !ok {
+		return t.refuse(cl.name, outcomeCircuitOpen, nil)
+	}
+	t.cl, t.eps, t.release = cl, eps, release
+	return t.dial()
+}
+
+// dial names the next endpoint in round-robin order, as Envoy's tcp_proxy picks a host per
+// attempt.
+func (t *shake) dial() relay.Verdict {
+	t.attempts++
+	return relay.Verdict{Step: relay.StepDial, Addr: t.eps[t.cl.next.Add(1)%uint64(len(t.eps))], Timeout: t.cl.connectTimeout,
+		First: t.d.First, Idle: t.chain.tcp.idleTimeout, Done: t.done}
+}
+
+// DialFailed retries with the next endpoint while the chain allows attempts; every failed
+// attempt is counted, and a refusal reports the last one's outcome.
+func (t *shake) DialFailed(err error) relay.Verdict {
+	outcome := outcomeDialFailed
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		outcome = outcomeDialTimeout
+	}
+	if t.attempts < max(t.chain.tcp.connectAttempts, 1) {
+		t.s.in.metrics.retries.WithLabelValues(t.s.name, t.cl.name, outcome).Inc()
+		return t.dial()
+	}
+	t.release()
+	t.release = nil
+	return t.refuse(t.cl.name, outcome, err)
+}
+
+// Joined counts the connection as proxied; done ends it.
+func (t *shake) Joined() {
+	m := t.s.in.metrics
+	m.active.WithLabelValues(t.s.name).Inc()
+	m.conn(t.s.name, t.cl.name, outcomeProxied)
+}
+
+func (t *shake) done(toUp, toDown int64) {
+	m := t.s.in.metrics
+	m.bytes.WithLabelValues(t.s.name, "upstream").Add(float64(toUp))
+	m.bytes.WithLabelValues(t.s.name, "downstream").Add(float64(toDown))
+	m.active.WithLabelValues(t.s.name).Dec()
+	t.release()
+	t.s.joined.Done()
+}
+
+// Closed: the connection was closed in its handshake (evicted, or the ingress shuts down).
+func (t *shake) Closed() {
+	t.s.in.pending.release(t.p)
+	if t.release != nil {
+		t.release()
+	}
+	t.s.joined.Done()
+}
+
+// HandOff serves a CONNECT chain's request on a goroutine of its own.
+func (t *shake) HandOff(c net.Conn, err error) {
+	s := t.s
+	if err != nil {
+		s.in.pending.release(t.p)
+		s.refuse(t.conn(), "", outcomeRelayFailed, err)
+		s.joined.Done()
+		return
+	}
+	if !s.in.pending.rebind(t.p, c) || !s.handed.Add(c) {
+		// Evicted meanwhile (counted there), or shutting down: c is closed.
+		s.in.pending.release(t.p)
+		s.joined.Done()
+		return
+	}
+	t.d.Continue(c)
+	go func() {
+		defer s.joined.Done()
+		defer func() {
+			if s.handed.Forget(c) {
+				c.Close()
+			}
+		}()
+		s.serveConnect(s.ctx, &downstream{Conn: t.d, conns: s.handed}, t.chain.http, t.p)
+	}()
+}
+
+// refuse counts and logs a refusal and closes the connection.
+func (t *shake) refuse(cluster, outcome string, err error) relay.Verdict {
+	t.s.refuse(t.conn(), cluster, outcome, err)
+	return t.close()
+}
+
+func (t *shake) close() relay.Verdict {
+	t.s.joined.Done()
+	return relay.Verdict{Step: relay.StepClose}
+}
+
+// filters are the listener's filters, for preamble.Parse: its deadline is the loops' (the
+// handshake's timeout).
+func (lc *listenerConfig) filters() preamble.Filters {
+	return preamble.Filters{LBProxyProtocol: lc.lbProxyProtocol, ProxyProtocol: lc.proxyProtocol != nil, TLSInspector: lc.tlsInspector}
+}
