@@ -1,9 +1,13 @@
 // Package ingress is tendril-ingress, the embedded data plane: it subscribes to tendril's xDS
 // resources over delta ADS, keeps them as one immutable configuration swapped atomically on every
 // change, and serves the listeners they describe — today the SNI passthrough listener, which
-// routes a TLS connection by its ClientHello's server name without terminating TLS. It serves
-// exactly the subset of Envoy's API that tendril generates and NACKs anything else. It knows
-// nothing of Kubernetes or Gardener.
+// routes a TLS connection by its ClientHello's server name without terminating TLS, the PROXY
+// listener and HTTP CONNECT. It serves exactly the subset of Envoy's API that tendril generates
+// and NACKs anything else. It knows nothing of Kubernetes or Gardener.
+//
+// Connections run on internal/relay's event loops from accept to close: the loops read the
+// listener filters' bytes, a shake (one per connection, called on the loop) parses them and
+// picks the route, the loops dial and relay. Only a CONNECT request is read in a goroutine.
 package ingress
 
 import (

@@ -2,7 +2,9 @@
 // ended, passing each end of stream on as a half-close, with an idle timeout. Pipe does it with
 // two goroutines for any net.Conn (zero-copy splice(2) between TCP connections); Loops does it for
 // TCP connections on a few epoll event loops, so an idle pair holds nothing but its sockets, and
-// dials upstreams for them. It does not parse or count anything else.
+// dials upstreams for them. Loops also accept (Serve): a connection's first bytes are read on a
+// loop and a Handshaker decides where it goes, so a new connection takes no goroutine either. It
+// does not parse or count anything itself: the Handshaker does.
 package relay
 
 import (
