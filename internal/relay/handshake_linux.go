@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -129,11 +130,13 @@ func (ls *Loops) Serve(g *Group, ln *Listener, accept Accept) error {
 			// A batch, then back to Read: a flood of connections does not keep this goroutine
 			// from seeing the listener close.
 			for range acceptBatch {
-				fd, sa, err := unix.Accept4(int(lfd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+				// syscall's, not x/sys/unix's: that one asks every IPv4 or IPv6 socket for its
+				// protocol (one getsockopt per connection, to tell L2TP apart).
+				fd, sa, err := syscall.Accept4(int(lfd), syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
 				switch {
-				case err == unix.EAGAIN:
+				case err == syscall.EAGAIN:
 					return false
-				case err == unix.EINTR || err == unix.ECONNABORTED:
+				case err == syscall.EINTR || err == syscall.ECONNABORTED:
 					continue
 				case err != nil:
 					aerr = os.NewSyscallError("accept4", err)
@@ -141,7 +144,7 @@ func (ls *Loops) Serve(g *Group, ln *Listener, accept Accept) error {
 				}
 				hs := &Handshake{Peer: sockaddrPort(sa), Local: ln.addr, fd: fd, g: g, up: -1, index: -1}
 				if wildcard {
-					if own, err := unix.Getsockname(fd); err == nil {
+					if own, err := syscall.Getsockname(fd); err == nil {
 						hs.Local = sockaddrPort(own)
 					}
 				}
@@ -426,11 +429,11 @@ func connectResult(fd int) error {
 	return nil
 }
 
-func sockaddrPort(sa unix.Sockaddr) netip.AddrPort {
+func sockaddrPort(sa syscall.Sockaddr) netip.AddrPort {
 	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
+	case *syscall.SockaddrInet4:
 		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
-	case *unix.SockaddrInet6:
+	case *syscall.SockaddrInet6:
 		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
 	}
 	return netip.AddrPort{}
