@@ -130,9 +130,7 @@ func (ls *Loops) Serve(g *Group, ln *Listener, accept Accept) error {
 			// A batch, then back to Read: a flood of connections does not keep this goroutine
 			// from seeing the listener close.
 			for range acceptBatch {
-				// syscall's, not x/sys/unix's: that one asks every IPv4 or IPv6 socket for its
-				// protocol (one getsockopt per connection, to tell L2TP apart).
-				fd, sa, err := syscall.Accept4(int(lfd), syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
+				fd, peer, err := rawAccept(int(lfd))
 				switch {
 				case err == syscall.EAGAIN:
 					return false
@@ -142,10 +140,10 @@ func (ls *Loops) Serve(g *Group, ln *Listener, accept Accept) error {
 					aerr = os.NewSyscallError("accept4", err)
 					return true
 				}
-				hs := &Handshake{Peer: sockaddrPort(sa), Local: ln.addr, fd: fd, g: g, up: -1, index: -1}
+				hs := &Handshake{Peer: peer, Local: ln.addr, fd: fd, g: g, up: -1, index: -1}
 				if wildcard {
-					if own, err := syscall.Getsockname(fd); err == nil {
-						hs.Local = sockaddrPort(own)
+					if own := rawLocal(fd); own.IsValid() {
+						hs.Local = own
 					}
 				}
 				ls.handshake(hs, accept)
@@ -171,7 +169,7 @@ func (ls *Loops) handshake(hs *Handshake, accept Accept) {
 	hs.l = ls.pick()
 	h, timeout, maxBytes := accept(hs)
 	if h == nil {
-		unix.Close(hs.fd)
+		rawClose(hs.fd)
 		return
 	}
 	hs.h, hs.max = h, maxBytes
@@ -179,13 +177,13 @@ func (ls *Loops) handshake(hs *Handshake, accept Accept) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closing || hs.g.closed.Load() {
-		unix.Close(hs.fd)
+		rawClose(hs.fd)
 		hs.over = true
 		h.Closed()
 		return
 	}
 	if err := l.register(hs.fd); err != nil {
-		unix.Close(hs.fd)
+		rawClose(hs.fd)
 		hs.over = true
 		h.Closed()
 		return
@@ -203,7 +201,7 @@ func (l *loop) readShake(hs *Handshake) {
 	before := len(hs.buf)
 	for hs.end == nil && hs.readable && len(hs.buf) < hs.max {
 		want := min(len(l.buf), hs.max-len(hs.buf))
-		n, err := unix.Read(hs.fd, l.buf[:want])
+		n, err := rawRead(hs.fd, l.buf[:want])
 		switch {
 		case err == unix.EAGAIN:
 			hs.readable = false
@@ -247,7 +245,7 @@ func (l *loop) apply(hs *Handshake, v Verdict) {
 			fd, err := connect(v.Addr)
 			if err == nil {
 				if err = l.register(fd); err != nil {
-					unix.Close(fd)
+					rawClose(fd)
 				}
 			}
 			if err != nil {
@@ -271,7 +269,7 @@ func (l *loop) apply(hs *Handshake, v Verdict) {
 func (l *loop) handOff(hs *Handshake) {
 	// Out of the epoll set first: the descriptor Go's poller gets is a duplicate, which would
 	// keep this registration alive after the close below.
-	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, hs.fd, nil)
+	_ = rawEpollCtl(l.epfd, unix.EPOLL_CTL_DEL, hs.fd, nil)
 	l.dropShake(hs, false)
 	f := os.NewFile(uintptr(hs.fd), "handshake")
 	c, err := net.FileConn(f)
@@ -319,7 +317,7 @@ func (l *loop) closeUpstream(hs *Handshake) {
 		return
 	}
 	delete(l.upstreams, int32(hs.up))
-	unix.Close(hs.up)
+	rawClose(hs.up)
 	hs.up = -1
 }
 
@@ -336,7 +334,7 @@ func (l *loop) dropShake(hs *Handshake, closeConn bool) {
 		heap.Remove(&l.timers, hs.index)
 	}
 	if closeConn {
-		unix.Close(hs.fd)
+		rawClose(hs.fd)
 	}
 	hs.g.shakes.Add(-1)
 }
@@ -407,11 +405,11 @@ func connect(addr netip.AddrPort) (int, error) {
 		return -1, os.NewSyscallError("socket", err)
 	}
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
-		unix.Close(fd)
+		rawClose(fd)
 		return -1, os.NewSyscallError("setsockopt", err)
 	}
 	if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
-		unix.Close(fd)
+		rawClose(fd)
 		return -1, os.NewSyscallError("connect", err)
 	}
 	return fd, nil
@@ -427,16 +425,6 @@ func connectResult(fd int) error {
 		return os.NewSyscallError("connect", unix.Errno(errno))
 	}
 	return nil
-}
-
-func sockaddrPort(sa syscall.Sockaddr) netip.AddrPort {
-	switch a := sa.(type) {
-	case *syscall.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
-	case *syscall.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
-	}
-	return netip.AddrPort{}
 }
 
 func addrPort(a net.Addr) netip.AddrPort {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -278,5 +279,46 @@ func TestServeHandsOffAndClosesGroups(t *testing.T) {
 	}
 	if got := s.seen(); got[len(got)-1] != "closed" {
 		t.Fatalf("events %q, want closed last", got)
+	}
+}
+
+// TestRawAcceptAddresses: the raw accept reads the peer's address and port (network byte order)
+// right, for IPv4 and IPv6, and getsockname the connection's own.
+func TestRawAcceptAddresses(t *testing.T) {
+	for _, network := range []string{"127.0.0.1:0", "[::1]:0"} {
+		ln, err := net.Listen("tcp", network)
+		if err != nil {
+			t.Skipf("%s: %v", network, err)
+		}
+		rl, err := Listen(ln, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := net.Dial("tcp", rl.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := rl.f.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fd int
+		var peer netip.AddrPort
+		if err := rc.Read(func(lfd uintptr) bool {
+			fd, peer, err = rawAccept(int(lfd))
+			return err != syscall.EAGAIN
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := c.LocalAddr().(*net.TCPAddr).AddrPort()
+		if peer != netip.AddrPortFrom(want.Addr().Unmap(), want.Port()) || rawLocal(fd) != rl.Addr() {
+			t.Errorf("%s: peer %v local %v, want %v and %v", network, peer, rawLocal(fd), want, rl.Addr())
+		}
+		rawClose(fd)
+		c.Close()
+		rl.Close()
 	}
 }

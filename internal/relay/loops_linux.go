@@ -99,7 +99,7 @@ func (ls *Loops) Join(g *Group, a, b net.Conn, first []byte, idle time.Duration,
 	}
 	fb, err := takeFD(b)
 	if err != nil {
-		unix.Close(fa)
+		rawClose(fa)
 		return err
 	}
 	l := ls.pick()
@@ -120,7 +120,7 @@ func (ls *Loops) JoinDialed(g *Group, a net.Conn, b *Socket, first []byte, idle 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if b.closed {
-		unix.Close(fa)
+		rawClose(fa)
 		return ErrClosed
 	}
 	b.closed = true
@@ -141,8 +141,8 @@ func (ls *Loops) pick() *loop { return ls.loops[ls.next.Add(1)%uint32(len(ls.loo
 func (l *loop) join(g *Group, a, b sock, registerA, registerB bool, first []byte, idle time.Duration, done func(aToB, bToA int64)) (*pair, error) {
 	fa := a.fd
 	if l.closing || g.closed.Load() {
-		unix.Close(fa)
-		unix.Close(b.fd)
+		rawClose(fa)
+		rawClose(b.fd)
 		return nil, ErrClosed
 	}
 	p := &pair{g: g, idle: idle, done: done, a: a, b: b}
@@ -159,15 +159,15 @@ func (l *loop) join(g *Group, a, b sock, registerA, registerB bool, first []byte
 	}
 	if registerA {
 		if err := l.register(fa); err != nil {
-			unix.Close(fa)
-			unix.Close(b.fd)
+			rawClose(fa)
+			rawClose(b.fd)
 			return nil, err
 		}
 	}
 	if registerB {
 		if err := l.register(b.fd); err != nil {
-			unix.Close(fa) // also leaves the epoll set
-			unix.Close(b.fd)
+			rawClose(fa) // also leaves the epoll set
+			rawClose(b.fd)
 			return nil, err
 		}
 	}
@@ -181,7 +181,7 @@ func (l *loop) join(g *Group, a, b sock, registerA, registerB bool, first []byte
 // never changes a registration; it remembers readiness until a read or write says EAGAIN.
 func (l *loop) register(fd int) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+	if err := rawEpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("epoll_ctl: %w", err)
 	}
 	return nil
@@ -217,14 +217,14 @@ func (ls *Loops) Dial(ctx context.Context, addr netip.AddrPort) (*Socket, error)
 	l.mu.Lock()
 	if l.closing {
 		l.mu.Unlock()
-		unix.Close(fd)
+		rawClose(fd)
 		return nil, ErrClosed
 	}
 	// Registered before the connect completes or right after: either way the first writable
 	// (or error) edge reports it.
 	if err := l.register(fd); err != nil {
 		l.mu.Unlock()
-		unix.Close(fd)
+		rawClose(fd)
 		return nil, err
 	}
 	l.dialing[int32(fd)] = d
@@ -255,7 +255,7 @@ func (d *Socket) Close() {
 	}
 	d.closed = true
 	delete(d.l.dialing, int32(d.fd))
-	unix.Close(d.fd)
+	rawClose(d.fd)
 }
 
 // dialEvent handles an event of a socket being dialed: the first writable, hang-up or error edge
@@ -398,7 +398,7 @@ func newLoop() (*loop, error) {
 	}
 	// Non-blocking, so os.NewFile hands it to Go's poller: the loop waits there (run).
 	if err := unix.SetNonblock(epfd, true); err != nil {
-		unix.Close(epfd)
+		rawClose(epfd)
 		return nil, fmt.Errorf("epoll fd: %w", err)
 	}
 	return &loop{epfd: epfd, file: os.NewFile(uintptr(epfd), "epoll"), start: time.Now(),
@@ -434,7 +434,7 @@ func (l *loop) run() {
 		l.mu.Unlock()
 		err := rc.Read(func(uintptr) bool {
 			for {
-				n, err := unix.EpollWait(l.epfd, events, 0)
+				n, err := rawEpollWait(l.epfd, events)
 				if err != nil && err != unix.EINTR {
 					return true // only a closed or broken epoll descriptor
 				}
@@ -571,7 +571,7 @@ func (l *loop) move(p *pair, h *direction, budget *int, now time.Duration) bool 
 			if !h.dst.writable {
 				return true
 			}
-			n, err := unix.Write(h.dst.fd, h.pend)
+			n, err := rawWrite(h.dst.fd, h.pend)
 			if n > 0 {
 				h.pend = h.pend[n:]
 				h.n += int64(n)
@@ -597,7 +597,7 @@ func (l *loop) move(p *pair, h *direction, budget *int, now time.Duration) bool 
 		if h.eof {
 			// Pass the end of stream on as a direction-close, as Pipe does. ENOTCONN: the peer
 			// is gone already; the other direction will say so.
-			if err := unix.Shutdown(h.dst.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+			if err := rawShutdown(h.dst.fd, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
 				return false
 			}
 			h.shut = true
@@ -613,7 +613,7 @@ func (l *loop) move(p *pair, h *direction, budget *int, now time.Duration) bool 
 			}
 			return true
 		}
-		n, err := unix.Read(h.src.fd, l.buf)
+		n, err := rawRead(h.src.fd, l.buf)
 		switch {
 		case err == unix.EAGAIN:
 			h.src.readable = false
@@ -633,7 +633,7 @@ func (l *loop) move(p *pair, h *direction, budget *int, now time.Duration) bool 
 		}
 		data := l.buf[:n]
 		if h.dst.writable {
-			m, err := unix.Write(h.dst.fd, data)
+			m, err := rawWrite(h.dst.fd, data)
 			if m > 0 {
 				data = data[m:]
 				h.n += int64(m)
@@ -699,7 +699,7 @@ func (l *loop) closePair(p *pair) {
 	p.closed = true
 	for _, s := range []*sock{&p.a, &p.b} {
 		delete(l.socks, int32(s.fd))
-		unix.Close(s.fd) // also drops it from the epoll set: no other descriptor refers to it
+		rawClose(s.fd) // also drops it from the epoll set: no other descriptor refers to it
 	}
 	p.ab.release()
 	p.ba.release()
