@@ -112,11 +112,14 @@ func (t *shake) DialFailed(err error) relay.Verdict {
 	return t.refuse(t.cl.name, outcome, err)
 }
 
-// Joined counts the connection as proxied; done ends it.
+// Joined counts the connection as proxied; done ends it. The pair holds the shake (its done func)
+// for as long as it is open, an idle watch for hours: what the handshake needed (its bytes, the
+// filters' findings, the configuration's pieces) is let go here, so it holds a few pointers.
 func (t *shake) Joined() {
 	m := t.s.in.metrics
 	m.active.WithLabelValues(t.s.name).Inc()
 	m.conn(t.s.name, t.cl.name, outcomeProxied)
+	t.hs, t.lc, t.p, t.d, t.chain, t.eps = nil, nil, nil, nil, nil, nil
 }
 
 func (t *shake) done(toUp, toDown int64) {

@@ -302,6 +302,8 @@ func (l *loop) upstreamEvent(hs *Handshake, events uint32) {
 	delete(l.upstreams, int32(hs.up))
 	hs.up = -1
 	l.dropShake(hs, false)
+	// The Handshaker may keep hs; what it read is the pair's now (v.First), or done with.
+	hs.buf, hs.dial = nil, Verdict{}
 	p, err := l.join(hs.g, a, b, false, false, v.First, v.Idle, v.Done)
 	if err != nil {
 		hs.h.Closed()
