@@ -44,14 +44,6 @@ func newServer(in *Ingress, name string, l net.Listener, loops *relay.Loops) (*s
 	return &server{in: in, name: name, ln: ln, loops: loops, handed: acceptor.NewConns(), log: in.log.WithValues("listener", name)}, nil
 }
 
-// The pause after a failed accept (out of file descriptors, say): it doubles from the minimum
-// at every failure in a row, up to the maximum, as net/http's does, so that the ingress does not
-// spin while the connections it holds go on.
-const (
-	acceptPauseMin = 5 * time.Millisecond
-	acceptPauseMax = time.Second
-)
-
 // serve accepts until the listener is closed (stopAccepting) or ctx ends, and returns once the
 // connections it accepted have ended. When ctx ends it closes the listener and every connection.
 func (s *server) serve(ctx context.Context) error {
@@ -59,19 +51,20 @@ func (s *server) serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { s.closeAll() })
 	defer stop()
 	defer s.joined.Wait()
+	// An accept that failed (out of file descriptors, say) is retried after a pause that grows,
+	// as net/http's does, so that the ingress does not spin while the connections it holds go
+	// on. Serve accepted in between if it returned only after a while: the pause starts over.
 	var pause time.Duration
 	for {
+		start := time.Now()
 		err := s.loops.Serve(&s.pairs, s.ln, s.accepted)
 		if err == nil {
 			return nil
 		}
-		pause = min(max(2*pause, acceptPauseMin), acceptPauseMax)
-		s.log.Error(err, "Accept failed", "retryIn", pause.String())
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if time.Since(start) > time.Second {
+			pause = 0
+		}
+		if !acceptor.Pause(ctx, s.log, err, &pause) {
 			return nil
 		}
 	}

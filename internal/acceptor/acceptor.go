@@ -75,6 +75,23 @@ const (
 	acceptPauseMax = time.Second
 )
 
+// Pause logs a failed accept and waits before the next: *pause doubles from acceptPauseMin at
+// every failure in a row (the caller zeroes it after a success), up to acceptPauseMax. It reports
+// false if ctx ended first. For an owner with an accept loop of its own (the ingress's, on the
+// relay loops).
+func Pause(ctx context.Context, log logr.Logger, err error, pause *time.Duration) bool {
+	*pause = min(max(2**pause, acceptPauseMin), acceptPauseMax)
+	log.Error(err, "Accept failed", "retryIn", pause.String())
+	t := time.NewTimer(*pause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 func (s *Server) init() {
 	s.once.Do(func() {
 		if s.Max > 0 {
@@ -195,16 +212,10 @@ func (s *Server) accept(ctx context.Context, l net.Listener, serve func(net.Conn
 			if !s.RetryAccept {
 				return err
 			}
-			pause = min(max(2*pause, acceptPauseMin), acceptPauseMax)
-			s.Log.Error(err, "Accept failed", "retryIn", pause.String())
-			t := time.NewTimer(pause)
-			select {
-			case <-t.C:
-				continue
-			case <-ctx.Done():
-				t.Stop()
+			if !Pause(ctx, s.Log, err, &pause) {
 				return nil
 			}
+			continue
 		}
 		pause = 0
 		if s.slots != nil {

@@ -101,7 +101,8 @@ func Listen(ln net.Listener, keepAliveIdle time.Duration) (*Listener, error) {
 		f.Close()
 		return nil, err
 	}
-	return &Listener{f: f, addr: addrPort(ln.Addr())}, nil
+	ap := tl.Addr().(*net.TCPAddr).AddrPort()
+	return &Listener{f: f, addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}, nil
 }
 
 // Addr is the listener's address.
@@ -427,15 +428,6 @@ func connectResult(fd int) error {
 		return os.NewSyscallError("connect", unix.Errno(errno))
 	}
 	return nil
-}
-
-func addrPort(a net.Addr) netip.AddrPort {
-	if ta, ok := a.(*net.TCPAddr); ok {
-		ap := ta.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
-	ap, _ := netip.ParseAddrPort(a.String())
-	return ap
 }
 
 // timers orders a loop's handshakes by deadline.
