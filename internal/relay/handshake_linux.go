@@ -183,18 +183,22 @@ func (ls *Loops) handshake(hs *Handshake, accept Accept) {
 		h.Closed()
 		return
 	}
-	if err := l.register(hs.fd); err != nil {
-		rawClose(hs.fd)
-		hs.over = true
-		h.Closed()
-		return
-	}
 	l.shakes[int32(hs.fd)] = hs
 	hs.g.shakes.Add(1)
 	l.setDeadline(hs, l.now()+timeout)
-	// Its first bytes are often there already: the client sends them as its connect returns.
+	// Its first bytes are often there already (the client sends them as its connect returns),
+	// and they are read before the socket is registered: registered with bytes waiting, it
+	// would report them again, a wake-up for nothing. Bytes that arrive after the read are
+	// reported by the registration.
 	hs.readable = true
 	l.readShake(hs)
+	if hs.over {
+		return
+	}
+	if err := l.register(hs.fd, false); err != nil {
+		l.dropShake(hs, true)
+		h.Closed()
+	}
 }
 
 // readShake reads what the client sent since the last call and asks the Handshaker. l.mu is held.
@@ -222,7 +226,7 @@ func (l *loop) readShake(hs *Handshake) {
 		}
 	}
 	if hs.asked && len(hs.buf) == before && hs.end == nil {
-		return // an edge without news (the first writable one)
+		return // an edge without news
 	}
 	hs.asked = true
 	v := hs.h.Read(hs.buf, hs.end)
@@ -245,7 +249,7 @@ func (l *loop) apply(hs *Handshake, v Verdict) {
 		case StepDial:
 			fd, err := connect(v.Addr)
 			if err == nil {
-				if err = l.register(fd); err != nil {
+				if err = l.register(fd, true); err != nil {
 					rawClose(fd)
 				}
 			}
@@ -296,10 +300,9 @@ func (l *loop) upstreamEvent(hs *Handshake, events uint32) {
 		return
 	}
 	v := hs.dial
-	// The client's socket is taken as writable: its first writable edge came during the
-	// handshake, and a write that finds it full says EAGAIN and waits for the next.
+	// The client's socket is taken as writable, as every socket is until a write says EAGAIN.
 	a := sock{fd: hs.fd, readable: hs.readable || hs.end != nil, ended: hs.ended || hs.end != nil, writable: true}
-	b := sock{fd: hs.up, readable: hs.upReadable, ended: hs.upEnded, writable: true}
+	b := sock{fd: hs.up, readable: hs.upReadable, ended: hs.upEnded, writable: true, outArmed: true}
 	delete(l.upstreams, int32(hs.up))
 	hs.up = -1
 	l.dropShake(hs, false)

@@ -105,7 +105,7 @@ func (ls *Loops) Join(g *Group, a, b net.Conn, first []byte, idle time.Duration,
 	l := ls.pick()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	_, err = l.join(g, sock{fd: fa}, sock{fd: fb}, true, true, first, idle, done)
+	_, err = l.join(g, sock{fd: fa, writable: true}, sock{fd: fb, writable: true}, true, true, first, idle, done)
 	return err
 }
 
@@ -125,7 +125,7 @@ func (ls *Loops) JoinDialed(g *Group, a net.Conn, b *Socket, first []byte, idle 
 	}
 	b.closed = true
 	delete(l.dialing, int32(b.fd))
-	p, err := l.join(g, sock{fd: fa}, sock{fd: b.fd, readable: b.readable, ended: b.ended, writable: true}, true, false, first, idle, done)
+	p, err := l.join(g, sock{fd: fa, writable: true}, sock{fd: b.fd, readable: b.readable, ended: b.ended, writable: true, outArmed: true}, true, false, first, idle, done)
 	if err == nil {
 		// b's connect was its last writable edge: no event will come for the first bytes.
 		l.pump(p, p.last)
@@ -158,14 +158,14 @@ func (l *loop) join(g *Group, a, b sock, registerA, registerB bool, first []byte
 		l.wakeBy(l.now() + l.sweepEvery())
 	}
 	if registerA {
-		if err := l.register(fa); err != nil {
+		if err := l.register(fa, false); err != nil {
 			rawClose(fa)
 			rawClose(b.fd)
 			return nil, err
 		}
 	}
 	if registerB {
-		if err := l.register(b.fd); err != nil {
+		if err := l.register(b.fd, false); err != nil {
 			rawClose(fa) // also leaves the epoll set
 			rawClose(b.fd)
 			return nil, err
@@ -177,14 +177,35 @@ func (l *loop) join(g *Group, a, b sock, registerA, registerB bool, first []byte
 	return p, nil
 }
 
-// register adds fd to the loop's epoll set: edge-triggered, both directions, once. The loop
-// never changes a registration; it remembers readiness until a read or write says EAGAIN.
-func (l *loop) register(fd int) error {
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+// register adds fd to the loop's epoll set, edge-triggered, for reading (and hang-ups), and for
+// writing too if out (a socket being connected: its first writable edge ends the connect). The
+// loop remembers readiness until a read or write says EAGAIN; a socket is taken as writable until
+// a write says otherwise, and only then asks for writable edges (armOut). A socket registered for
+// writing from the start reports a writable edge at once, which wakes the loop for nothing on
+// every connection; most small exchanges never fill a socket.
+func (l *loop) register(fd int, out bool) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+	if out {
+		ev.Events |= unix.EPOLLOUT
+	}
 	if err := rawEpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("epoll_ctl: %w", err)
 	}
 	return nil
+}
+
+// armOut asks for s's writable edges from now on: a write said EAGAIN. The change reports the
+// socket's state at once, so an edge that came before it is not lost.
+func (l *loop) armOut(s *sock) bool {
+	if s.outArmed {
+		return true
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(s.fd)}
+	if err := rawEpollCtl(l.epfd, unix.EPOLL_CTL_MOD, s.fd, &ev); err != nil {
+		return false
+	}
+	s.outArmed = true
+	return true
 }
 
 // Socket is a TCP connection the loops are dialing or have dialed, not yet joined. Its owner
@@ -222,7 +243,7 @@ func (ls *Loops) Dial(ctx context.Context, addr netip.AddrPort) (*Socket, error)
 	}
 	// Registered before the connect completes or right after: either way the first writable
 	// (or error) edge reports it.
-	if err := l.register(fd); err != nil {
+	if err := l.register(fd, true); err != nil {
 		l.mu.Unlock()
 		rawClose(fd)
 		return nil, err
@@ -372,6 +393,8 @@ type sock struct {
 	fd                 int
 	p                  *pair
 	readable, writable bool
+	// outArmed: the socket is registered for writable edges (armOut).
+	outArmed bool
 	// ended: an event said the peer finished or failed (RDHUP, HUP, ERR). Until then a read
 	// shorter than the buffer has emptied the socket, and bytes arriving after it bring a new
 	// edge, so the loop does not read again just to be told EAGAIN (a third of the reads).
@@ -580,7 +603,7 @@ func (l *loop) move(p *pair, h *direction, budget *int, now time.Duration) bool 
 			switch {
 			case err == unix.EAGAIN:
 				h.dst.writable = false
-				return true
+				return l.armOut(h.dst)
 			case err == unix.EINTR:
 				continue
 			case err != nil:
@@ -641,6 +664,9 @@ func (l *loop) move(p *pair, h *direction, budget *int, now time.Duration) bool 
 			switch {
 			case err == unix.EAGAIN:
 				h.dst.writable = false
+				if !l.armOut(h.dst) {
+					return false
+				}
 			case err != nil && err != unix.EINTR:
 				return false
 			}
