@@ -52,7 +52,13 @@ func (hs *Handshake) Close() error {
 	l := hs.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !hs.over {
+	switch {
+	case hs.over:
+	case hs.h == nil:
+		// Accepted but not yet on its loop (another listener's accept evicted it between its
+		// admission and its placing): handshake closes it when it gets there.
+		hs.over = true
+	default:
 		l.dropShake(hs, true)
 		hs.h.Closed()
 	}
@@ -173,11 +179,11 @@ func (ls *Loops) handshake(hs *Handshake, accept Accept) {
 		rawClose(hs.fd)
 		return
 	}
-	hs.h, hs.max = h, maxBytes
 	l := hs.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closing || hs.g.closed.Load() {
+	hs.h, hs.max = h, maxBytes
+	if hs.over || l.closing || hs.g.closed.Load() { // closed already (Close), or shutting down
 		rawClose(hs.fd)
 		hs.over = true
 		h.Closed()

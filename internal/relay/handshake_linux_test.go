@@ -322,3 +322,44 @@ func TestRawAcceptAddresses(t *testing.T) {
 		rl.Close()
 	}
 }
+
+// TestServeClosedBeforePlaced: a handshake closed between its accept and its placing on a loop
+// (another listener's accept evicting it) is closed when it gets there, and its Handshaker told.
+func TestServeClosedBeforePlaced(t *testing.T) {
+	ls := newLoops(t)
+	var g Group
+	s := &lineShaker{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, err := Listen(ln, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		errc <- ls.Serve(&g, rl, func(hs *Handshake) (Handshaker, time.Duration, int) {
+			hs.Close()
+			return s, time.Minute, 1024
+		})
+	}()
+	defer func() {
+		rl.Close()
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	}()
+	c, err := net.Dial("tcp", rl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read: %v, want the connection closed", err)
+	}
+	if got := s.seen(); len(got) != 1 || got[0] != "closed" || g.Handshakes() != 0 {
+		t.Fatalf("events %q, %d handshakes; want closed and 0", got, g.Handshakes())
+	}
+}
