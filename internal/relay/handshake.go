@@ -55,8 +55,8 @@ type Handshaker interface {
 	// HandOff receives the connection after StepHandOff (or the error that stopped it from being
 	// made a net.Conn: then it is closed). It must start its own goroutine for it.
 	HandOff(c net.Conn, err error)
-	// Closed says the connection was closed while in its handshake, by Handshake.Close,
-	// CloseGroup or Loops.Close.
+	// Closed says the connection is closed in its handshake by Handshake.Close, CloseGroup or
+	// Loops.Close (told just before the close, so that its peer sees the close after it).
 	Closed()
 }
 

@@ -59,8 +59,8 @@ func (hs *Handshake) Close() error {
 		// admission and its placing): handshake closes it when it gets there.
 		hs.over = true
 	default:
-		l.dropShake(hs, true)
 		hs.h.Closed()
+		l.dropShake(hs, true)
 	}
 	return nil
 }
@@ -184,9 +184,9 @@ func (ls *Loops) handshake(hs *Handshake, accept Accept) {
 	defer l.mu.Unlock()
 	hs.h, hs.max = h, maxBytes
 	if hs.over || l.closing || hs.g.closed.Load() { // closed already (Close), or shutting down
-		rawClose(hs.fd)
 		hs.over = true
 		h.Closed()
+		rawClose(hs.fd)
 		return
 	}
 	l.shakes[int32(hs.fd)] = hs
@@ -202,8 +202,8 @@ func (ls *Loops) handshake(hs *Handshake, accept Accept) {
 		return
 	}
 	if err := l.register(hs.fd, false); err != nil {
-		l.dropShake(hs, true)
 		h.Closed()
+		l.dropShake(hs, true)
 	}
 }
 
@@ -345,10 +345,11 @@ func (l *loop) dropShake(hs *Handshake, closeConn bool) {
 	if hs.index >= 0 {
 		heap.Remove(&l.timers, hs.index)
 	}
+	// Counted out before the close: whoever sees the connection end sees the count without it.
+	hs.g.shakes.Add(-1)
 	if closeConn {
 		rawClose(hs.fd)
 	}
-	hs.g.shakes.Add(-1)
 }
 
 // setDeadline (re)sets hs's deadline and makes sure the loop wakes for it. l.mu is held.
@@ -393,8 +394,8 @@ func (l *loop) closeShakes(match func(*Handshake) bool) int {
 	n := 0
 	for _, hs := range l.shakes {
 		if match(hs) {
-			l.dropShake(hs, true)
 			hs.h.Closed()
+			l.dropShake(hs, true)
 			n++
 		}
 	}

@@ -150,13 +150,22 @@ func TestServeDialsWhatTheHandshakeNamesAndRetries(t *testing.T) {
 	ls := newLoops(t)
 	var g Group
 	up := echoServer(t)
-	// A port nobody listens on: the first dial fails, the retry goes to the echo server.
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	// A port bound and not listening: a connect to it is refused, and no other test (go test
+	// runs packages at once) can take the port meanwhile. The first dial fails there, the retry
+	// goes to the echo server.
+	bound, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead := closed.Addr().(*net.TCPAddr).AddrPort()
-	closed.Close()
+	defer unix.Close(bound)
+	if err := unix.Bind(bound, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(bound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*unix.SockaddrInet4).Port))
 	s := &lineShaker{done: make(chan [2]int64, 2), dials: []netip.AddrPort{dead}}
 	addr := serving(t, ls, &g, s, 5*time.Second, 1024)
 	c, err := net.Dial("tcp", addr)
