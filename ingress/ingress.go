@@ -227,7 +227,9 @@ func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, remo
 func (in *Ingress) Run(ctx context.Context, xds xdsclient.Config) error {
 	lns := make(map[string]net.Listener, len(in.cfg.Listeners))
 	for name, addr := range in.cfg.Listeners {
-		l, err := listenConfig.Listen(ctx, "tcp", addr)
+		// No keepalive configuration here: the relay loops accept, and relay.Listen sets the
+		// accepted connections' options on the listening socket (clientKeepAlive).
+		l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
 		if err != nil {
 			for _, o := range lns {
 				o.Close()
@@ -239,10 +241,6 @@ func (in *Ingress) Run(ctx context.Context, xds xdsclient.Config) error {
 	}
 	return in.Serve(ctx, lns, xds)
 }
-
-// listenConfig binds the listeners; the relay loops accept on them (relay.Listen sets the
-// accepted connections' options on the listening socket).
-var listenConfig = net.ListenConfig{}
 
 // clientKeepAlive keeps TCP keepalive on clients' connections, so a client that vanished without
 // a FIN is found, but probes an idle connection after 5 minutes (the kernel's interval and count

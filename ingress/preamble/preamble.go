@@ -74,13 +74,6 @@ type Conn struct {
 	prefix *bytes.Reader
 }
 
-// New starts reading c's preamble; trustedPeer says whether its TCP peer is a trusted load
-// balancer.
-func New(c net.Conn, trustedPeer bool) *Conn {
-	peer := addrPort(c.RemoteAddr())
-	return &Conn{C: c, r: c, src: c, Peer: peer, Local: addrPort(c.LocalAddr()), Source: peer, TrustedPeer: trustedPeer}
-}
-
 // Filters are a listener's filters, read in this order.
 type Filters struct {
 	// LBProxyProtocol: the load balancer's own PROXY header comes first on every connection;
@@ -90,15 +83,6 @@ type Filters struct {
 	ProxyProtocol bool
 	// TLSInspector: the ClientHello comes next; its server name is read.
 	TLSInspector bool
-	// Timeout bounds them all.
-	Timeout time.Duration
-}
-
-// Read runs the filters on d within f.Timeout. A refusal comes as its outcome and an error.
-func (f Filters) Read(d *Conn) (string, error) {
-	_ = d.C.SetReadDeadline(time.Now().Add(f.Timeout))
-	defer d.C.SetReadDeadline(time.Time{})
-	return f.read(d)
 }
 
 // read runs the filters on what d.r reads.
@@ -219,15 +203,6 @@ func (d *Conn) readProxyHeader(allowWithout bool) (*proxyproto.Header, string, e
 	d.Source = netip.AddrPortFrom(src.AddrPort().Addr().Unmap(), src.AddrPort().Port())
 	d.Local = netip.AddrPortFrom(dst.AddrPort().Addr().Unmap(), dst.AddrPort().Port())
 	return h, "", nil
-}
-
-func addrPort(a net.Addr) netip.AddrPort {
-	if ta, ok := a.(*net.TCPAddr); ok {
-		ap := ta.AddrPort()
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
-	ap, _ := netip.ParseAddrPort(a.String())
-	return ap
 }
 
 func helloOutcome(err error) string {

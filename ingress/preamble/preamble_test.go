@@ -15,6 +15,32 @@ import (
 	"github.com/pires/go-proxyproto"
 )
 
+// New and Read read a preamble from a connection with the blocking parsers, as the ingress did
+// before its listeners' connections moved to the relay loops: the reference Parse is held to.
+
+// New starts reading c's preamble; trustedPeer says whether its TCP peer is a trusted load
+// balancer.
+func New(c net.Conn, trustedPeer bool) *Conn {
+	peer := addrPort(c.RemoteAddr())
+	return &Conn{C: c, r: c, src: c, Peer: peer, Local: addrPort(c.LocalAddr()), Source: peer, TrustedPeer: trustedPeer}
+}
+
+// Read runs the filters on d within timeout. A refusal comes as its outcome and an error.
+func (f Filters) Read(d *Conn, timeout time.Duration) (string, error) {
+	_ = d.C.SetReadDeadline(time.Now().Add(timeout))
+	defer d.C.SetReadDeadline(time.Time{})
+	return f.read(d)
+}
+
+func addrPort(a net.Addr) netip.AddrPort {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	ap, _ := netip.ParseAddrPort(a.String())
+	return ap
+}
+
 // conn sends b on a loopback connection and returns the server's end.
 func conn(t *testing.T, b []byte) net.Conn {
 	t.Helper()
@@ -55,10 +81,11 @@ func TestProxyHeaders(t *testing.T) {
 	inner := header(t, "10.1.0.5:40000", "10.2.0.1:443")
 	outer := header(t, "192.0.2.7:50000", "198.51.100.1:8443")
 	both := append(append([]byte(nil), outer...), inner...)
-	f := Filters{LBProxyProtocol: true, ProxyProtocol: true, Timeout: 5 * time.Second}
+	f := Filters{LBProxyProtocol: true, ProxyProtocol: true}
+	timeout := 5 * time.Second
 
 	d := New(conn(t, both), true)
-	if outcome, err := f.Read(d); outcome != "" {
+	if outcome, err := f.Read(d, timeout); outcome != "" {
 		t.Fatalf("trusted load balancer's header and an inner one: %s %v", outcome, err)
 	}
 	if d.Client.String() != "192.0.2.7:50000" || d.Source.String() != "10.1.0.5:40000" || d.Local.String() != "10.2.0.1:443" {
@@ -66,18 +93,18 @@ func TestProxyHeaders(t *testing.T) {
 	}
 
 	d = New(conn(t, both), false)
-	if outcome, _ := f.Read(d); outcome != OutcomeUntrustedProxy {
+	if outcome, _ := f.Read(d, timeout); outcome != OutcomeUntrustedProxy {
 		t.Errorf("two headers from an untrusted peer: %q, want %s", outcome, OutcomeUntrustedProxy)
 	}
 
 	d = New(conn(t, []byte("GET / HTTP/1.1\r\n\r\n")), true)
-	if outcome, _ := f.Read(d); outcome != OutcomeNoProxyHeader {
+	if outcome, _ := f.Read(d, timeout); outcome != OutcomeNoProxyHeader {
 		t.Errorf("trusted peer without its header: %q, want %s", outcome, OutcomeNoProxyHeader)
 	}
 
 	d = New(conn(t, proxyproto.SIGV2[:8]), false) // and then nothing
-	f.Timeout = 100 * time.Millisecond
-	if outcome, _ := f.Read(d); outcome != OutcomeProxyTimeout {
+	timeout = 100 * time.Millisecond
+	if outcome, _ := f.Read(d, timeout); outcome != OutcomeProxyTimeout {
 		t.Errorf("incomplete header: %q, want %s", outcome, OutcomeProxyTimeout)
 	}
 }
@@ -92,9 +119,9 @@ func TestRequestAfterHeader(t *testing.T) {
 	}
 	inner := header(t, "10.1.0.5:40000", "10.2.0.1:443")
 	for _, prefix := range [][]byte{nil, inner} {
-		f := Filters{ProxyProtocol: true, Timeout: 5 * time.Second}
+		f := Filters{ProxyProtocol: true}
 		d := New(conn(t, append(append(append([]byte(nil), prefix...), request(maxHeader)...), "tunnel"...)), false)
-		if outcome, err := f.Read(d); outcome != "" {
+		if outcome, err := f.Read(d, 5*time.Second); outcome != "" {
 			t.Fatal(outcome, err)
 		}
 		if _, r := d.ReadRequest(maxHeader, 5*time.Second); r != nil {
@@ -104,7 +131,7 @@ func TestRequestAfterHeader(t *testing.T) {
 		}
 		// Beyond the limit and the 4 KiB the buffer may already hold.
 		d = New(conn(t, append(append([]byte(nil), prefix...), request(maxHeader+2*bufferSize)...)), false)
-		if outcome, err := f.Read(d); outcome != "" {
+		if outcome, err := f.Read(d, 5*time.Second); outcome != "" {
 			t.Fatal(outcome, err)
 		}
 		if _, r := d.ReadRequest(maxHeader, 5*time.Second); r == nil || r.Status != 431 {
@@ -159,9 +186,7 @@ func TestParseAgreesWithReadAtEverySplit(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			want := New(conn(t, c.in), c.trusted)
-			f := c.f
-			f.Timeout = 5 * time.Second
-			wantOutcome, _ := f.Read(want)
+			wantOutcome, _ := c.f.Read(want, 5*time.Second)
 			decided := -1
 			for k := 0; k <= len(c.in); k++ {
 				d, more, outcome, err := c.f.Parse(peer, local, c.trusted, c.in[:k], nil)

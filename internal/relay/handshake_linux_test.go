@@ -21,7 +21,7 @@ type lineShaker struct {
 	mu      sync.Mutex
 	events  []string
 	ends    []error
-	dials   []netip.AddrPort // tried in order; the first lines's address is appended last
+	dials   []netip.AddrPort // tried in order; the first line's address is appended last
 	handOff bool
 	first   []byte
 	conns   chan net.Conn
