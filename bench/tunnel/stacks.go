@@ -339,7 +339,7 @@ func (r *runner) tendrilStack() *stack {
 		argv := []string{r.bin("tendril-server"), "--private-key-file", f("server.key"), "--agent-public-key", "@" + f("agent.pub"),
 			"--shoot-cidrs", r.topo.podNet.String(), "--tunnel-address", "127.0.0.1:" + strconv.Itoa(in.ports.tendrilTunnel),
 			"--connect-address", connectAddr, "--grpc-address", grpcAddr, "--connect-socket", sock,
-			"--tls-cert-file", cert, "--tls-key-file", key, "--client-ca-file", r.pki.caFile, "--metrics-address", metrics}
+			"--tls-cert-file", cert, "--tls-key-file", key, "--client-ca-file", r.pki.caFile, "--metrics-address", metrics, "--profiling"}
 		srv, err := peers.StartProcess("tendril-server", f("tendril-server.log"), argv[0], argv[1:]...)
 		if err != nil {
 			return err

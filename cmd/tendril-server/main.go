@@ -59,7 +59,9 @@ type Config struct {
 	// MemoryLimitMiB is the Go runtime's soft memory limit; 0 leaves Go's (none). The
 	// environment's GOMEMLIMIT, if set, wins.
 	MemoryLimitMiB int
-	Log            logr.Logger
+	// Profiling serves the Go profiler on the metrics address.
+	Profiling bool
+	Log       logr.Logger
 }
 
 func main() {
@@ -98,6 +100,7 @@ func main() {
 	flag.IntVar(&cfg.MaxConcurrentDials, "max-concurrent-dials", 256, "dials in flight through the tunnel at once; more wait up to the dial timeout, then get 503")
 	flag.BoolVar(&cfg.ReleaseStartupPages, "release-startup-pages", true, "once serving, and again once the first agent's tunnel is up, drop the binary's code and constant pages that startup touched from the resident set (they stay in the page cache and fault back in when used): an idle server's RSS goes from about 19 to 12 MiB")
 	flag.IntVar(&cfg.MemoryLimitMiB, "memory-limit-mib", idlemem.TunnelSoftLimitMiB, "soft limit of the Go runtime's memory, MiB (0: none; GOMEMLIMIT in the environment wins): bounds the peak of a load, above it the GC runs more often")
+	flag.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -206,7 +209,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("metrics listener: %w", err)
 		}
-		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, srv.Ready, false)) })
+		g.Go(func() error { return probe.Serve(ctx, ml, probe.Handler(reg, srv.Ready, cfg.Profiling)) })
 	}
 	if cfg.ReleaseStartupPages {
 		releaseStartupMemory(cfg.Log)

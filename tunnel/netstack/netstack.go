@@ -88,13 +88,27 @@ const (
 // 60,000. Measured on loopback (tunnel/wg BenchmarkThroughput, 2 vCPUs, interleaved runs), an
 // 8 MiB maximum moved 6–13 % more at MTU 60,000 than 4 MiB, 16 MiB no more than 8 MiB, 4 MiB
 // to start with (receive and send buffers) no more either; moderation off lost a third. Only
-// a connection whose reader keeps up while the window is the bottleneck grows that far. The
-// send buffer stays gVisor's 1 MiB: gVisor does not grow it.
+// a connection whose reader keeps up while the window is the bottleneck grows that far.
 const (
 	tcpReceiveMin     = 4 << 10 // gVisor's tcp.MinBufferSize
 	tcpReceiveDefault = 1 << 20 // gVisor's tcp.DefaultReceiveBufferSize
 	tcpReceiveMax     = 8 << 20
 )
+
+// tcpSendMax caps a connection's send buffer, which bounds what it has in flight. gVisor grows
+// the buffer with the congestion window (2 × window × MSS) up to 4 MiB, and a sending end holds
+// what is in flight twice: in that buffer until the peer acknowledges it, and as WireGuard's
+// 64 KiB packet buffers while the packets wait for the outer stream, which is the bottleneck.
+// Under the tunnel ends' 32 MiB soft memory limit (idlemem.TunnelSoftLimitMiB) four bulk
+// connections at 4 MiB (4 × 4 MiB × 2 = 32 MiB) kept tendril-server's garbage collector
+// running 110–150 times a second, and every cycle emptied WireGuard's and gVisor's buffer
+// pools, so each packet took a fresh 64 KiB buffer: 160–200 MB/s allocated, 4.0–4.9 ms of
+// server CPU per MB against 2.6 with one connection. At 2 MiB (4 × 2 MiB × 2 = 16 MiB) it ran
+// about 40 times a second at 2.7–3.0 ms per MB, with one connection within the run-to-run
+// spread of before; 1 MiB in flight (a receive buffer capped there) made one connection 10–20 %
+// slower, so a connection needs a little more than that. (tendril-bench tunnel,
+// tendril-connect, to the shoot; figures in docs/performance.md.)
+const tcpSendMax = 2 << 20
 
 // timeWait is how long a connection stays in TIME-WAIT after the side that closed first sent
 // its last ACK (gVisor's default: 60 s). TIME-WAIT keeps delayed duplicates of an old connection
@@ -238,6 +252,8 @@ func (s *Stack) setup() error {
 		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
 		ptr(tcpip.TCPTimeWaitTimeoutOption(timeWait)),
 		&tcpip.TCPReceiveBufferSizeRangeOption{Min: tcpReceiveMin, Default: tcpReceiveDefault, Max: tcpReceiveMax},
+		// gVisor's minimum and default (4 KiB, 1 MiB), and tcpSendMax.
+		&tcpip.TCPSendBufferSizeRangeOption{Min: tcpReceiveMin, Default: tcpReceiveDefault, Max: tcpSendMax},
 	}
 	for _, o := range opts {
 		if err := s.stack.SetTransportProtocolOption(tcp.ProtocolNumber, o); err != nil {
