@@ -32,6 +32,7 @@ func (s *Server) ServeGRPC(ctx context.Context, l net.Listener, creds credential
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
+	opts = append(opts, grpc.ForceServerCodecV2(newPacketCodec()))
 	g := grpc.NewServer(opts...)
 	client.RegisterProxyServiceServer(g, &proxyService{s: s})
 	stop := context.AfterFunc(ctx, g.Stop)
@@ -54,12 +55,6 @@ type proxyService struct {
 // reader's buffer is this large only while a connection is open; kube-apiserver's gRPC client
 // takes messages up to 4 MiB.
 const dataChunk = 128 << 10
-
-// dataBuffers are the readers' buffers, reused across connections: allocating and zeroing
-// 128 KiB per dial cost 2.77–3.00 against 2.37–2.80 CPU ms per dial pooled (tendril-bench
-// tunnel, tendril-grpc, 32 dial workers, 3 alternating pairs). Bound: one per open gRPC
-// tunnel; what a load leaves in the pool goes with the next two GCs (internal/idlemem).
-var dataBuffers = sync.Pool{New: func() any { return new([dataChunk]byte) }}
 
 // Proxy serves one gRPC stream: DIAL_REQ → dial through the tunnel → DIAL_RSP; DATA both ways;
 // CLOSE_REQ/CLOSE_RSP; DIAL_CLS cancels a dial in flight. Packets are sent by one goroutine at a
@@ -84,10 +79,10 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 		mu.Unlock()
 		wg.Wait()
 	}()
-	send := func(pkt *client.Packet) error {
+	send := func(pkt any) error { // a *client.Packet, or a *dataOut
 		sendMu.Lock()
 		defer sendMu.Unlock()
-		return stream.Send(pkt)
+		return stream.SendMsg(pkt)
 	}
 	dialResponse := func(random int64, id int64, err string) {
 		_ = send(&client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{
@@ -147,16 +142,17 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 				s.metrics.active.Inc()
 				defer s.metrics.active.Dec()
 				dialResponse(req.GetRandom(), id, "")
-				// Shoot → apiserver: read and send until the target ends.
-				pooled := dataBuffers.Get().(*[dataChunk]byte)
-				defer dataBuffers.Put(pooled)
-				buf := pooled[:]
+				// Shoot → apiserver: read and send until the target ends. A buffer sent is
+				// gRPC's (packetCodec): each read takes one from the pool.
 				for {
-					n, err := c.Read(buf)
-					if n > 0 {
+					buf := dataChunks.Get(dataChunk)
+					n, err := c.Read(*buf)
+					if n == 0 {
+						dataChunks.Put(buf)
+					} else {
+						*buf = (*buf)[:n]
 						s.metrics.bytes.WithLabelValues("from_shoot").Add(float64(n))
-						if serr := send(&client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{
-							Data: &client.Data{ConnectID: id, Data: append([]byte(nil), buf[:n]...)}}}); serr != nil {
+						if serr := send(&dataOut{id: id, buf: buf}); serr != nil {
 							break
 						}
 					}
