@@ -92,11 +92,31 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 		_ = send(&client.Packet{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{
 			CloseResponse: &client.CloseResponse{ConnectID: id, Error: err}}})
 	}
+	toShoot := func(id int64, data []byte) {
+		mu.Lock()
+		c := conns[id]
+		mu.Unlock()
+		if c == nil {
+			closeResponse(id, "unknown connection")
+			return
+		}
+		if _, err := c.Write(data); err != nil {
+			c.Close() // the reader ends and answers CLOSE_RSP
+			return
+		}
+		s.metrics.bytes.WithLabelValues("to_shoot").Add(float64(len(data)))
+	}
 	for {
-		pkt, err := stream.Recv()
-		if err != nil {
+		var in packetIn
+		if err := stream.RecvMsg(&in); err != nil {
 			return nil // the client ended the stream (or it broke): close everything
 		}
+		if in.buf != nil { // DATA, its bytes in a buffer of dataChunks (packetCodec)
+			toShoot(in.id, *in.buf)
+			dataChunks.Put(in.buf)
+			continue
+		}
+		pkt := in.pkt
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_REQ:
 			req := pkt.GetDialRequest()
@@ -169,20 +189,8 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 					closeResponse(id, "")
 				}
 			}()
-		case client.PacketType_DATA:
-			d := pkt.GetData()
-			mu.Lock()
-			c := conns[d.GetConnectID()]
-			mu.Unlock()
-			if c == nil {
-				closeResponse(d.GetConnectID(), "unknown connection")
-				continue
-			}
-			if _, err := c.Write(d.GetData()); err != nil {
-				c.Close() // the reader ends and answers CLOSE_RSP
-				continue
-			}
-			s.metrics.bytes.WithLabelValues("to_shoot").Add(float64(len(d.GetData())))
+		case client.PacketType_DATA: // one packetCodec did not take apart itself
+			toShoot(pkt.GetData().GetConnectID(), pkt.GetData().GetData())
 		case client.PacketType_CLOSE_REQ:
 			id := pkt.GetCloseRequest().GetConnectID()
 			mu.Lock()
