@@ -32,7 +32,8 @@ func (s *Server) ServeGRPC(ctx context.Context, l net.Listener, creds credential
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
-	opts = append(opts, grpc.ForceServerCodecV2(newPacketCodec()))
+	opts = append(opts, grpc.ForceServerCodecV2(newPacketCodec()),
+		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow))
 	g := grpc.NewServer(opts...)
 	client.RegisterProxyServiceServer(g, &proxyService{s: s})
 	stop := context.AfterFunc(ctx, g.Stop)
@@ -42,6 +43,22 @@ func (s *Server) ServeGRPC(ctx context.Context, l net.Listener, creds credential
 	}
 	return nil
 }
+
+// HTTP/2 flow control toward kube-apiserver (and tendril-egress-relay), static as the relay's
+// own: a stream's window bounds what gRPC holds of it here before Proxy writes it into the
+// tunnel. gRPC's default grows a stream's window with its estimate of the bandwidth-delay
+// product, up to 16 MiB: four bulk streams to the shoot held 6.7 MB of received frames, which
+// with the tunnel's send buffers kept the heap at the 32 MiB soft limit (100–130 collections a
+// second, 190–220 MB/s allocated for 150–200 MB/s moved). With 256 KiB: 1 collection a second,
+// 274 MB/s at 2.7 server CPU ms per MB against 198 at 4.7; one stream within the run-to-run
+// spread (219–258 MB/s in the same runs). (tendril-bench tunnel, tendril-grpc; docs/performance.md.)
+// Bound: 256 KiB per stream whose connection through the tunnel takes bytes slower than
+// kube-apiserver sends them (the connection window, returned on receipt, bounds bytes in
+// flight, not memory).
+const (
+	streamWindow = 256 << 10
+	connWindow   = 16 << 20
+)
 
 type proxyService struct {
 	client.UnimplementedProxyServiceServer
