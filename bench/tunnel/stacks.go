@@ -373,9 +373,14 @@ func (r *runner) tendrilStack() *stack {
 				return err
 			}
 			relaySock := f("relay.sock")
+			rp, err := freePorts(1)
+			if err != nil {
+				return err
+			}
+			// Metrics and the profiler on loopback, as tendril-server's: for looking into a run.
 			rargv := []string{r.bin("tendril-egress-relay"), "--socket", relaySock, "--server", grpcAddr,
 				"--server-name", certTendrilServer, "--tls-cert-file", rc, "--tls-key-file", rk, "--ca-file", r.pki.caFile,
-				"--metrics-address", ""}
+				"--metrics-address", "127.0.0.1:" + strconv.Itoa(rp[0]), "--profiling"}
 			rel, err := peers.StartProcess("tendril-egress-relay", f("tendril-egress-relay.log"), rargv[0], rargv[1:]...)
 			if err != nil {
 				return err

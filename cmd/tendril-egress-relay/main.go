@@ -30,7 +30,9 @@ type Config struct {
 	Relay egressrelay.Config
 	// MetricsAddress serves /metrics, /healthz and /readyz; empty: off.
 	MetricsAddress string
-	Log            logr.Logger
+	// Profiling serves the Go profiler on the metrics address.
+	Profiling bool
+	Log       logr.Logger
 }
 
 func main() {
@@ -74,6 +76,7 @@ func parse(args []string) (Config, error) {
 	flags.DurationVar(&cfg.Relay.IdleTimeout, "idle-timeout", time.Hour, "a relayed connection without a byte for this long is closed")
 	flags.DurationVar(&cfg.Relay.DrainTimeout, "drain-timeout", 30*time.Second, "how long relayed connections may continue after SIGTERM")
 	flags.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:16913", "address for /metrics, /healthz and /readyz (empty: off); loopback, as the relay shares kube-apiserver's pod")
+	flags.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
 	flags.IntVar(&verbosity, "v", 0, "log verbosity")
 	version := flags.Bool("version", false, "print the version and exit")
 	if err := flags.Parse(args); err != nil {
@@ -104,7 +107,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	if err := probe.Start(ctx, g, cfg.MetricsAddress, reg, r.Ready, false); err != nil {
+	if err := probe.Start(ctx, g, cfg.MetricsAddress, reg, r.Ready, cfg.Profiling); err != nil {
 		return err
 	}
 	g.Go(func() error { return r.Run(ctx) })

@@ -23,7 +23,7 @@ func TestParse(t *testing.T) {
 	}
 	r := cfg.Relay
 	if r.Socket != "/s/relay.sock" || r.Server != "tendril-server.ns.svc:8090" || r.SocketMode != 0o660 || r.MaxConnections != 7 ||
-		r.CertFile != "c" || r.KeyFile != "k" || r.CAFile != "ca" || cfg.MetricsAddress != "127.0.0.1:16913" {
+		r.CertFile != "c" || r.KeyFile != "k" || r.CAFile != "ca" || cfg.MetricsAddress != "127.0.0.1:16913" || cfg.Profiling {
 		t.Errorf("config %+v", cfg)
 	}
 	if _, err := parse([]string{"--version"}); !errors.Is(err, errVersion) {
@@ -65,7 +65,7 @@ func TestRun(t *testing.T) {
 	metrics := l.Addr().String()
 	l.Close()
 	cfg, err := parse([]string{"--socket=" + filepath.Join(dir, "relay.sock"), "--server=127.0.0.1:1",
-		"--tls-cert-file=" + cert, "--tls-key-file=" + key, "--ca-file=" + bundle, "--metrics-address=" + metrics})
+		"--tls-cert-file=" + cert, "--tls-key-file=" + key, "--ca-file=" + bundle, "--metrics-address=" + metrics, "--profiling"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +96,14 @@ func TestRun(t *testing.T) {
 	resp.Body.Close()
 	if !strings.Contains(string(body), "tendril_egress_relay_max_connections 1024") {
 		t.Errorf("metrics lack the relay's:\n%.2000s", body)
+	}
+	if resp, err := http.Get("http://" + metrics + "/debug/pprof/goroutine?debug=1"); err != nil {
+		t.Error(err)
+	} else {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("--profiling: /debug/pprof/goroutine answered %s", resp.Status)
+		}
 	}
 	cancel()
 	if err := <-done; err != nil {
