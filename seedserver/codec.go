@@ -19,7 +19,8 @@ import (
 // tendril-grpc, four connections from the shoot: 150 collections and 330 MB allocated a second
 // for 79 MB/s moved), and every collection emptied the buffer pools. Here the packet is a few
 // bytes of protobuf header and the reader's buffer itself, which gRPC returns to dataChunks once
-// written. Everything else, and every packet received, goes through gRPC's protobuf codec.
+// written. DATA packets received are taken apart here too (Unmarshal); every other packet goes
+// through gRPC's protobuf codec.
 type packetCodec struct{ proto encoding.CodecV2 }
 
 func newPacketCodec() packetCodec { return packetCodec{proto: encoding.GetCodecV2("proto")} }
