@@ -136,8 +136,8 @@ func copyFrom(dst []byte, data mem.BufferSlice, skip int) int {
 	return n
 }
 
-// dataOut is a DATA packet to kube-apiserver: connection id and the bytes read, in a buffer
-// from dataChunks. Sending it hands the buffer to gRPC: the sender must not touch it again.
+// dataOut is a DATA packet to kube-apiserver: connection id and the bytes read (never none),
+// in a buffer from dataChunks. Sending it hands the buffer to gRPC: the sender must not touch it again.
 type dataOut struct {
 	id  int64
 	buf *[]byte
@@ -167,10 +167,6 @@ func (d *dataOut) encode() mem.BufferSlice {
 	if d.id != 0 {
 		hdr = protowire.AppendTag(hdr, dataIDField, protowire.VarintType)
 		hdr = protowire.AppendVarint(hdr, uint64(d.id))
-	}
-	if n == 0 {
-		dataChunks.Put(d.buf)
-		return mem.BufferSlice{mem.SliceBuffer(hdr)}
 	}
 	hdr = protowire.AppendTag(hdr, dataDataField, protowire.BytesType)
 	hdr = protowire.AppendVarint(hdr, uint64(n))

@@ -252,8 +252,7 @@ func (s *Stack) setup() error {
 		ptr(tcpip.TCPModerateReceiveBufferOption(true)),
 		ptr(tcpip.TCPTimeWaitTimeoutOption(timeWait)),
 		&tcpip.TCPReceiveBufferSizeRangeOption{Min: tcpReceiveMin, Default: tcpReceiveDefault, Max: tcpReceiveMax},
-		// gVisor's minimum and default (4 KiB, 1 MiB), and tcpSendMax.
-		&tcpip.TCPSendBufferSizeRangeOption{Min: tcpReceiveMin, Default: tcpReceiveDefault, Max: tcpSendMax},
+		&tcpip.TCPSendBufferSizeRangeOption{Min: tcp.MinBufferSize, Default: tcp.DefaultSendBufferSize, Max: tcpSendMax},
 	}
 	for _, o := range opts {
 		if err := s.stack.SetTransportProtocolOption(tcp.ProtocolNumber, o); err != nil {
