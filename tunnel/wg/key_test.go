@@ -113,8 +113,8 @@ func TestParsePeers(t *testing.T) {
 		"allowed_ip=fd8f:6d53:b97a:1::2/128\n" +
 		"public_key=" + strings.Repeat("ab", 32) + "\nprotocol_version=1\n" +
 		"last_handshake_time_sec=0\nlast_handshake_time_nsec=0\ntx_bytes=0\nrx_bytes=0\n"
-	peers, err := parsePeers(uapi)
-	if err != nil {
+	peers := map[Key]PeerStatus{}
+	if err := parsePeers([]byte(uapi), peers); err != nil {
 		t.Fatal(err)
 	}
 	p := peers[k]
@@ -129,7 +129,7 @@ func TestParsePeers(t *testing.T) {
 		t.Fatalf("second peer: %+v, %v", q, ok)
 	}
 	for _, bad := range []string{"endpoint=stream/1\n", "public_key=zz\n", "public_key=" + rfcPublicHex + "\nrx_bytes=-1\n"} {
-		if _, err := parsePeers(bad); err == nil {
+		if err := parsePeers([]byte(bad), peers); err == nil {
 			t.Errorf("parsePeers(%q) succeeded", bad)
 		}
 	}

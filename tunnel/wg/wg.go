@@ -9,6 +9,7 @@
 package wg
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -115,6 +116,10 @@ type Tunnel struct {
 	// traffic, which arrived on the peer's endpoint.
 	seenMu sync.Mutex
 	seen   map[Key]rxSeen
+	// state and byKey are the last reading of the device's state, kept for the next one
+	// (guarded by seenMu): a reading then allocates next to nothing.
+	state bytes.Buffer
+	byKey map[Key]PeerStatus
 
 	// muted silences wireguard-go's log lines from Close on: its peer routines log their
 	// "stopped" line after the device stopped waiting for them, which would otherwise reach the
@@ -159,7 +164,7 @@ func newTunnel(cfg Config, newStack func(netstack.Config) (innerStack, error)) (
 	if err != nil {
 		return nil, fmt.Errorf("wg: create netstack: %w", err)
 	}
-	t := &Tunnel{cfg: cfg, log: cfg.Logger, stack: st, kaOn: make(map[Key]bool), seen: make(map[Key]rxSeen)}
+	t := &Tunnel{cfg: cfg, log: cfg.Logger, stack: st, kaOn: make(map[Key]bool), seen: make(map[Key]rxSeen), byKey: make(map[Key]PeerStatus)}
 	t.bind = bind.New(bcfg)
 	t.dev = device.NewDevice(st, t.bind, deviceLogger(cfg.Logger, &t.muted))
 	for _, p := range cfg.Peers {
@@ -506,20 +511,19 @@ type PeerStatus struct {
 
 // Peers returns every peer's status, in Config order.
 func (t *Tunnel) Peers() ([]PeerStatus, error) {
-	out, err := t.dev.IpcGet()
-	if err != nil {
+	t.seenMu.Lock()
+	defer t.seenMu.Unlock()
+	t.state.Reset()
+	if err := t.dev.IpcGetOperation(&t.state); err != nil {
 		return nil, fmt.Errorf("wg: read device state: %w", err)
 	}
-	byKey, err := parsePeers(out)
-	if err != nil {
+	if err := parsePeers(t.state.Bytes(), t.byKey); err != nil {
 		return nil, err
 	}
 	now := time.Now()
 	st := make([]PeerStatus, 0, len(t.peers))
-	t.seenMu.Lock()
-	defer t.seenMu.Unlock()
 	for _, k := range t.peers {
-		p, ok := byKey[k]
+		p, ok := t.byKey[k]
 		if !ok {
 			continue
 		}
