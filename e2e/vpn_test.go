@@ -224,6 +224,47 @@ func TestReversedVPN(t *testing.T) {
 	t.Logf("100 MiB beside a stalled connection in %v", time.Since(begin))
 	c.Close()
 
+	// Idle connections hold no copy buffer in their direction from the shoot: it waits for the
+	// tunnel connection's bytes without one (an idle connection held 2 × 128 KiB, plus 128 KiB
+	// read ahead from kube-apiserver's socket). The direction from kube-apiserver's TLS
+	// connection keeps one: TLS may hold decrypted bytes that its socket no longer shows. The
+	// stalled connection holds its two.
+	relayBuffers := func() (int, error) {
+		m, err := get("http://" + serverMetrics + "/metrics")
+		if err != nil {
+			return 0, err
+		}
+		for _, l := range strings.Split(m, "\n") {
+			if v, ok := strings.CutPrefix(l, "tendril_server_relay_buffers "); ok {
+				var n int
+				_, err = fmt.Sscan(v, &n)
+				return n, err
+			}
+		}
+		return 0, errors.New("no tendril_server_relay_buffers in the metrics")
+	}
+	holds := func(want int) func() error {
+		return func() error {
+			n, err := relayBuffers()
+			if err == nil && n != want {
+				err = fmt.Errorf("%d relay buffers held, want %d", n, want)
+			}
+			return err
+		}
+	}
+	eventually(t, "the stalled connection's two buffers", holds(2))
+	const idleConns = 8
+	for range idleConns {
+		_, br := egress("/")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	eventually(t, "one buffer per idle connection", holds(2+idleConns))
+
 	// HA: both agents are live; the active one dies (SIGKILL); the shoot's networks move to the
 	// other, and the pod answers again through it.
 	var active string

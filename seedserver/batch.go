@@ -5,6 +5,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/relay"
 )
 
 // batchRoom is the least room a Read must have left to try for another TLS record: a record
@@ -61,10 +63,10 @@ func (b *recordBatcher) Read(p []byte) (int, error) {
 // put in the socket at once, where TLS alone reads a record or two per read.
 const readAheadSize = 128 << 10
 
-// readAheads are readAhead's buffers, held only while they hold bytes: an idle connection
-// keeps none. Bound: one per CONNECT connection reading at the moment (at most the connections
-// open, themselves bounded by Config.MaxConcurrentDials while dialing); what a load leaves in
-// the pool goes with the next two GCs, which internal/idlemem runs once the server is idle.
+// readAheads are readAhead's buffers, held only while they hold bytes: a read takes one once
+// the socket has bytes (relay.WaitReadable), so an idle connection keeps none. Bound: one per
+// CONNECT connection whose bytes are being read at the moment; what a load leaves in the pool
+// goes with the next two GCs, which internal/idlemem runs once the server is idle.
 var readAheads = sync.Pool{New: func() any { return new([readAheadSize]byte) }}
 
 // readAhead is the socket under a TLS server connection. It takes in everything the socket
@@ -80,6 +82,10 @@ type readAhead struct {
 
 func (c *readAhead) Read(p []byte) (int, error) {
 	if c.buf == nil {
+		// The socket's read deadline (TLS's) bounds the wait.
+		if _, err := relay.WaitReadable(c.Conn, time.Time{}); err != nil {
+			return 0, err
+		}
 		buf := readAheads.Get().(*[readAheadSize]byte)
 		n, err := c.Conn.Read(buf[:])
 		if n == 0 {

@@ -180,8 +180,12 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 				defer s.metrics.active.Dec()
 				dialResponse(req.GetRandom(), id, "")
 				// Shoot → apiserver: read and send until the target ends. A buffer sent is
-				// gRPC's (packetCodec): each read takes one from the pool.
+				// gRPC's (packetCodec): each read takes one from the pool, once there are bytes
+				// to read, so an idle connection holds none.
 				for {
+					if _, err := relay.WaitReadable(c, time.Time{}); err != nil {
+						break
+					}
 					buf := dataChunks.Get(dataChunk)
 					n, err := c.Read(*buf)
 					if n == 0 {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tendril-net/tendril/internal/relay"
 	"github.com/tendril-net/tendril/tunnel/bind"
 )
 
@@ -72,6 +73,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tendril_server_tunnel_streams_active", Help: "Streams attached now, authenticated or not.",
 		}, func() float64 { return float64(s.tun.BindStats().StreamsActive) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tendril_server_relay_buffers",
+			Help: "128 KiB copy buffers the CONNECT front-end's connections hold now: one per direction moving bytes, and one per open TLS connection (its direction to the shoot); an idle connection's direction from the shoot holds none.",
+		}, func() float64 { return float64(relay.BuffersHeld()) }),
 	)
 	// The tunnel's own packets (WireGuard, encrypted, on the agents' streams): bytes over
 	// packets is the average packet size, which says whether bulk transfers fill the tunnel's

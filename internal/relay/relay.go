@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -28,11 +29,21 @@ const bufferSize = 128 << 10
 
 // buffers are the copy buffers, reused across connections: every connection through a tunnel
 // needs two, and allocating (and zeroing) 256 KiB per dial was 5–6% of tendril-server's CPU in a
-// dial-rate benchmark. Bound: two per relayed connection that cannot splice, for as long as it
-// is open, so at most 2 × 128 KiB × the connections open at once; a sync.Pool keeps no more
-// than were in use at once, and drops them over two garbage collections (tendril-server and
-// tendril-agent run those once a load is over: internal/idlemem).
+// dial-rate benchmark. A direction holds one only from the moment its source has bytes (or its
+// end) until it has written them on and a read has found the source drained (WaitReadable),
+// so an idle connection holds none; a source it cannot wait on (a TLS connection) keeps its
+// buffer while open. Bound: the directions moving bytes at the moment, plus two per open TLS
+// connection; a sync.Pool keeps no more than were in use at once, and drops them over two
+// garbage collections (tendril-server and tendril-agent run those once a load is over:
+// internal/idlemem). BuffersHeld counts them.
 var buffers = sync.Pool{New: func() any { return new([bufferSize]byte) }}
+
+// held is the number of copy buffers directions hold now (BuffersHeld).
+var held atomic.Int64
+
+// BuffersHeld is how many 128 KiB copy buffers connections hold now: directions moving bytes,
+// and sources that cannot be waited on.
+func BuffersHeld() int64 { return held.Load() }
 
 // Pipe copies a to b and b to a until both directions have ended, half-closing each write side
 // when its read side reaches end of stream (as Envoy's tcp_proxy does), and returns the bytes
@@ -55,23 +66,85 @@ func Pipe(a, b net.Conn, idle time.Duration) (aToB, bToA int64) {
 // timeout is measured per chunk: a direction is idle once a whole deadline passes without a
 // byte, so it ends between idle and twice idle after its last byte.
 func half(dst, src net.Conn, idle time.Duration) int64 {
-	var total int64
-	var buf []byte // nil between TCP connections: the kernel splices, no user-space buffer
-	w := io.Writer(dst)
-	if !spliceable(dst, src) {
-		b := buffers.Get().(*[bufferSize]byte)
-		defer buffers.Put(b)
-		buf = b[:]
-		// A *net.TCPConn destination would take the copy over with its ReadFrom, which
-		// splices only from another socket and otherwise copies through a 32 KiB buffer of
-		// its own, allocated per call: the agent wrote to the pod in 32 KiB pieces.
-		w = writerOnly{dst}
+	if spliceable(dst, src) {
+		return splice(dst, src, idle)
 	}
+	var total, sinceDeadline int64
+	var deadline time.Time
+	setDeadline := func() {
+		if idle > 0 {
+			deadline = time.Now().Add(idle)
+			_ = src.SetReadDeadline(deadline)
+		}
+		sinceDeadline = 0
+	}
+	var buf *[bufferSize]byte
+	release := func() {
+		if buf != nil {
+			buffers.Put(buf)
+			held.Add(-1)
+			buf = nil
+		}
+	}
+	defer release()
+	setDeadline()
+	for {
+		var err error
+		if buf == nil {
+			// Bytes first, then a buffer for them.
+			if _, err = WaitReadable(src, deadline); err == nil {
+				buf = buffers.Get().(*[bufferSize]byte)
+				held.Add(1)
+			}
+		}
+		var n int
+		if err == nil {
+			n, err = src.Read(buf[:])
+		}
+		if n > 0 {
+			// Write directly: a *net.TCPConn destination's ReadFrom (which io.Copy would
+			// use) splices only from another socket and otherwise copies through a 32 KiB
+			// buffer of its own, allocated per call: the agent wrote to the pod in 32 KiB
+			// pieces.
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				src.Close()
+				dst.Close()
+				return total
+			}
+			total += int64(n)
+			sinceDeadline += int64(n)
+		}
+		switch {
+		case err == nil:
+			if n < bufferSize && canWait(src) {
+				release() // drained, most likely: the next read waits without it
+			}
+			if sinceDeadline >= chunk {
+				setDeadline()
+			}
+			continue
+		case err == io.EOF: // the peer finished sending
+			closeWrite(dst)
+			return total
+		case IsTimeout(err) && sinceDeadline > 0:
+			setDeadline() // bytes moved within the window: not idle
+			continue
+		}
+		src.Close()
+		dst.Close()
+		return total
+	}
+}
+
+// splice copies between two TCP connections: the kernel moves the bytes (splice(2)), no
+// user-space buffer.
+func splice(dst, src net.Conn, idle time.Duration) int64 {
+	var total int64
 	for {
 		if idle > 0 {
 			_ = src.SetReadDeadline(time.Now().Add(idle))
 		}
-		n, err := io.CopyBuffer(w, io.LimitReader(src, chunk), buf)
+		n, err := io.Copy(dst, io.LimitReader(src, chunk))
 		total += n
 		switch {
 		case err == nil && n == chunk:
@@ -86,6 +159,32 @@ func half(dst, src net.Conn, idle time.Duration) int64 {
 		dst.Close()
 		return total
 	}
+}
+
+// WaitReadable waits until a Read of c would not block — bytes, the end of stream, an error —
+// without a buffer. deadline is the read deadline the caller set on c (the zero Time: none);
+// past it, the error is a timeout. It reports false, at once, for a connection it cannot wait
+// on: anything but a TCP socket or a tunnel connection (tunnel/netstack's, which waits itself).
+// A TLS connection is one of those: what it has decrypted already is not in its socket.
+func WaitReadable(c net.Conn, deadline time.Time) (bool, error) {
+	switch c := c.(type) {
+	case interface{ WaitReadable(time.Time) error }:
+		return true, c.WaitReadable(deadline)
+	case *net.TCPConn:
+		return waitSocket(c)
+	}
+	return false, nil
+}
+
+// canWait reports whether WaitReadable waits on c.
+func canWait(c net.Conn) bool {
+	switch c.(type) {
+	case interface{ WaitReadable(time.Time) error }:
+		return true
+	case *net.TCPConn:
+		return socketWaits
+	}
+	return false
 }
 
 // writerOnly hides everything of a writer but Write (its ReadFrom in particular) from io.Copy.

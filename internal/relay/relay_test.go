@@ -140,3 +140,50 @@ func TestCopiesThroughItsOwnBuffer(t *testing.T) {
 	server.Close()
 	<-done
 }
+
+// opaque hides a connection's type: Pipe can neither splice it nor wait on it without a
+// buffer, as with a TLS connection.
+type opaque struct{ net.Conn }
+
+// TestIdleDirectionHoldsNoBuffer: a direction whose source is a socket takes a copy buffer
+// only while bytes move; an idle connection through a tunnel held 128 KiB per direction for
+// as long as it was open (a kube-apiserver's idle connections to webhooks, logs -f, exec).
+// A source that cannot be waited on keeps its buffer.
+func TestIdleDirectionHoldsNoBuffer(t *testing.T) {
+	client, a := tcpPair(t)
+	b, server := tcpPair(t)
+	base := BuffersHeld()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Pipe(a, opaque{b}, time.Minute)
+		a.Close()
+		b.Close()
+	}()
+	heldNow := func(want int64, what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for BuffersHeld()-base != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d copy buffers held, want %d", what, BuffersHeld()-base, want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Idle: only the opaque source's direction (server → client) holds one.
+	heldNow(1, "idle")
+	payload := bytes.Repeat([]byte("p"), 3<<20)
+	go func() { _, _ = client.Write(payload) }()
+	if _, err := io.ReadFull(server, make([]byte, len(payload))); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = server.Write(payload) }()
+	if _, err := io.ReadFull(client, make([]byte, len(payload))); err != nil {
+		t.Fatal(err)
+	}
+	heldNow(1, "idle after bytes both ways")
+	client.Close()
+	server.Close()
+	<-done
+	heldNow(0, "closed")
+}

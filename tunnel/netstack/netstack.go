@@ -395,10 +395,45 @@ func (s *Stack) DialTCP(ctx context.Context, addr netip.AddrPort) (net.Conn, err
 // deadline held about 2 KB for that hour (TestClosedConnKeepsNoTimers).
 type TCPConn struct {
 	*gonet.TCPConn
+	// wq and ep are the connection's, for WaitReadable; nil for an accepted connection
+	// (gonet's listener does not hand them out).
+	wq *waiter.Queue
+	ep tcpip.Endpoint
 }
 
 func newTCPConn(wq *waiter.Queue, ep tcpip.Endpoint) *TCPConn {
-	return &TCPConn{gonet.NewTCPConn(wq, ep)}
+	return &TCPConn{TCPConn: gonet.NewTCPConn(wq, ep), wq: wq, ep: ep}
+}
+
+// readReady are the events after which a Read does not block: bytes, the peer's end of
+// stream, a reset or a local close.
+const readReady = waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr
+
+// WaitReadable waits until a Read would not block, or deadline passes (os.ErrDeadlineExceeded;
+// the zero Time: no deadline), without a buffer: a relay takes its copy buffer only then, so an
+// idle connection holds none. On an accepted connection it returns at once.
+func (c *TCPConn) WaitReadable(deadline time.Time) error {
+	if c.ep == nil || c.ep.Readiness(readReady) != 0 {
+		return nil
+	}
+	e, ready := waiter.NewChannelEntry(readReady)
+	c.wq.EventRegister(&e)
+	defer c.wq.EventUnregister(&e)
+	if c.ep.Readiness(readReady) != 0 { // an event between the check and the registration
+		return nil
+	}
+	var expired <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case <-ready:
+		return nil
+	case <-expired:
+		return os.ErrDeadlineExceeded
+	}
 }
 
 // Close closes the connection and stops its deadline timers.
@@ -418,7 +453,7 @@ func (l tcpListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &TCPConn{c.(*gonet.TCPConn)}, nil
+	return &TCPConn{TCPConn: c.(*gonet.TCPConn)}, nil
 }
 
 // bindNextPort binds ep to the next free port of the stack's ephemeral range, in turn, instead

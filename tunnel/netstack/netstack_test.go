@@ -686,3 +686,87 @@ func TestSendBufferBoundsInFlight(t *testing.T) {
 		t.Errorf("only %d KiB in flight: the wire was not the bottleneck, the test proves nothing", most>>10)
 	}
 }
+
+// TestWaitReadable: a dialed connection waits without a buffer until a Read would not block —
+// bytes, the peer's end of stream, its own close — or until the deadline.
+func TestWaitReadable(t *testing.T) {
+	a, b := pair(t, Config{Addresses: []netip.Addr{addrA}, MTU: 60000}, Config{Addresses: []netip.Addr{addrB}, MTU: 60000})
+	ln, err := b.Listen("tcp", ":7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers := make(chan net.Conn, 3)
+	testnet.Serve(t, ln, func(c net.Conn) {
+		peers <- c
+		var q [1]byte
+		_, _ = c.Read(q[:]) // until the test's end closes it
+	})
+	waitFor := func(c net.Conn, deadline time.Time) chan error {
+		done := make(chan error, 1)
+		go func() { done <- c.(*TCPConn).WaitReadable(deadline) }()
+		return done
+	}
+	quiet := func(done chan error, what string) {
+		t.Helper()
+		select {
+		case err := <-done:
+			t.Fatalf("%s: WaitReadable returned %v with nothing to read", what, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	returns := func(done chan error, what string) error {
+		t.Helper()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: WaitReadable still waiting", what)
+		}
+		return nil
+	}
+	conn := func() (net.Conn, net.Conn) {
+		c, err := dial(t, a, "tcp", "[fd00::2]:7000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c, <-peers
+	}
+
+	c, peer := conn()
+	done := waitFor(c, time.Time{})
+	quiet(done, "idle")
+	if _, err := peer.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := returns(done, "bytes"); err != nil {
+		t.Fatalf("bytes: %v", err)
+	}
+	// Bytes not read yet: at once.
+	if err := returns(waitFor(c, time.Time{}), "bytes still there"); err != nil {
+		t.Fatal(err)
+	}
+	var q [1]byte
+	if _, err := c.Read(q[:]); err != nil {
+		t.Fatal(err)
+	}
+	done = waitFor(c, time.Time{})
+	quiet(done, "read empty")
+	peer.(interface{ CloseWrite() error }).CloseWrite()
+	if err := returns(done, "end of stream"); err != nil {
+		t.Fatalf("end of stream: %v", err)
+	}
+
+	c, _ = conn()
+	done = waitFor(c, time.Time{})
+	quiet(done, "second idle")
+	c.Close()
+	if err := returns(done, "local close"); err != nil {
+		t.Fatalf("local close: %v", err)
+	}
+
+	c, _ = conn()
+	if err := returns(waitFor(c, time.Now().Add(50*time.Millisecond)), "deadline"); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("deadline: %v, want %v", err, os.ErrDeadlineExceeded)
+	}
+}
