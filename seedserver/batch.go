@@ -23,6 +23,23 @@ const batchRoom = 16 << 10
 type recordBatcher struct {
 	*tls.Conn
 	deadline time.Time // the read deadline the caller set, restored after each batch
+	// drained: the last Read ended because the next record was not there yet (a read with room
+	// for a whole record timed out at once), so TLS holds no bytes to hand out and readAhead
+	// none either: whatever comes next arrives on the socket first.
+	drained bool
+}
+
+// WaitReadable waits without a buffer until the socket has bytes, if the last Read drained
+// what TLS and readAhead held (relay.WaitReadable); otherwise it returns at once, as for a
+// Read that may find bytes TLS holds. So a connection from kube-apiserver that went idle after
+// its last bytes holds no relay buffer either.
+func (b *recordBatcher) WaitReadable(deadline time.Time) error {
+	ra, ok := b.Conn.NetConn().(*readAhead)
+	if !b.drained || !ok || ra.buf != nil {
+		return nil
+	}
+	_, err := relay.WaitReadable(ra.Conn, deadline)
+	return err
 }
 
 // past is a read deadline that has passed: a Read with it returns what TLS holds and does not
@@ -40,6 +57,7 @@ func (b *recordBatcher) SetDeadline(t time.Time) error {
 }
 
 func (b *recordBatcher) Read(p []byte) (int, error) {
+	b.drained = false
 	n, err := b.Conn.Read(p)
 	if err != nil || len(p)-n < batchRoom {
 		return n, err
@@ -51,6 +69,9 @@ func (b *recordBatcher) Read(p []byte) (int, error) {
 		m, err := b.Conn.Read(p[n:])
 		n += m
 		if err != nil {
+			// With the deadline past, the socket is not read: TLS timed out because it
+			// needed more than it and readAhead held, and it took all readAhead held.
+			b.drained = m == 0 && relay.IsTimeout(err)
 			break
 		}
 	}

@@ -141,3 +141,69 @@ func TestReadAheadHoldsNoBufferWhenEmpty(t *testing.T) {
 		t.Errorf("readAhead keeps its %d-byte buffer with nothing in it", readAheadSize)
 	}
 }
+
+// TestWaitReadableAfterDrain: once a Read has taken everything TLS and readAhead held, the
+// relay waits for the socket without a buffer; before that (or with bytes possibly in TLS)
+// it must not wait.
+func TestWaitReadableAfterDrain(t *testing.T) {
+	client, _, server, _ := tlsPair(t)
+	returns := func(what string) error {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- server.WaitReadable(time.Time{}) }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: WaitReadable still waiting", what)
+		}
+		return nil
+	}
+	if err := returns("before any Read"); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 128<<10)
+	if _, err := client.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := server.Read(buf); err != nil || string(buf[:n]) != "ping" {
+		t.Fatalf("read %q (%v), want ping", buf[:n], err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- server.WaitReadable(time.Time{}) }()
+	select {
+	case err := <-done:
+		t.Fatalf("drained, nothing sent: WaitReadable returned %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if _, err := client.Write([]byte("pong")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitReadable still waiting after the client wrote")
+	}
+	if n, err := server.Read(buf); err != nil || string(buf[:n]) != "pong" {
+		t.Fatalf("read %q (%v), want pong", buf[:n], err)
+	}
+	// The caller's read deadline ends the wait.
+	_ = server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if err := returns("deadline"); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("wait past the deadline: %v", err)
+	}
+	// A Read whose buffer filled may have left records in TLS: no wait.
+	_ = server.SetReadDeadline(time.Time{})
+	if _, err := client.Write(bytes.Repeat([]byte("y"), 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := server.Read(buf[:1024]); err != nil {
+		t.Fatal(err)
+	}
+	if err := returns("records left in TLS"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -75,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		}, func() float64 { return float64(s.tun.BindStats().StreamsActive) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tendril_server_relay_buffers",
-			Help: "128 KiB copy buffers the CONNECT front-end's connections hold now: one per direction moving bytes, and one per open TLS connection (its direction to the shoot); an idle connection's direction from the shoot holds none.",
+			Help: "128 KiB copy buffers the CONNECT front-end's connections hold now: one per direction moving bytes or blocked writing them; an idle connection holds none.",
 		}, func() float64 { return float64(relay.BuffersHeld()) }),
 	)
 	// The tunnel's own packets (WireGuard, encrypted, on the agents' streams): bytes over

@@ -31,9 +31,9 @@ const bufferSize = 128 << 10
 // needs two, and allocating (and zeroing) 256 KiB per dial was 5–6% of tendril-server's CPU in a
 // dial-rate benchmark. A direction holds one only from the moment its source has bytes (or its
 // end) until it has written them on and a read has found the source drained (WaitReadable),
-// so an idle connection holds none; a source it cannot wait on (a TLS connection) keeps its
-// buffer while open. Bound: the directions moving bytes at the moment, plus two per open TLS
-// connection; a sync.Pool keeps no more than were in use at once, and drops them over two
+// so an idle connection holds none; a source it cannot wait on (a bare TLS connection) keeps
+// its buffer while open. Bound: the directions moving bytes at the moment, plus one per such
+// source; a sync.Pool keeps no more than were in use at once, and drops them over two
 // garbage collections (tendril-server and tendril-agent run those once a load is over:
 // internal/idlemem). BuffersHeld counts them.
 var buffers = sync.Pool{New: func() any { return new([bufferSize]byte) }}
@@ -41,8 +41,8 @@ var buffers = sync.Pool{New: func() any { return new([bufferSize]byte) }}
 // held is the number of copy buffers directions hold now (BuffersHeld).
 var held atomic.Int64
 
-// BuffersHeld is how many 128 KiB copy buffers connections hold now: directions moving bytes,
-// and sources that cannot be waited on.
+// BuffersHeld is how many 128 KiB copy buffers connections hold now: directions moving bytes
+// (or blocked writing them), and sources that cannot be waited on.
 func BuffersHeld() int64 { return held.Load() }
 
 // Pipe copies a to b and b to a until both directions have ended, half-closing each write side
@@ -164,8 +164,9 @@ func splice(dst, src net.Conn, idle time.Duration) int64 {
 // WaitReadable waits until a Read of c would not block — bytes, the end of stream, an error —
 // without a buffer. deadline is the read deadline the caller set on c (the zero Time: none);
 // past it, the error is a timeout. It reports false, at once, for a connection it cannot wait
-// on: anything but a TCP socket or a tunnel connection (tunnel/netstack's, which waits itself).
-// A TLS connection is one of those: what it has decrypted already is not in its socket.
+// on: anything but a TCP socket or a connection that waits itself (tunnel/netstack's, the
+// CONNECT front-end's TLS connections). A bare TLS connection is one of those: what it has
+// decrypted already is not in its socket.
 func WaitReadable(c net.Conn, deadline time.Time) (bool, error) {
 	switch c := c.(type) {
 	case interface{ WaitReadable(time.Time) error }:
