@@ -151,13 +151,7 @@ func TestWaitReadableAfterDrain(t *testing.T) {
 		t.Helper()
 		done := make(chan error, 1)
 		go func() { done <- server.WaitReadable(time.Time{}) }()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%s: WaitReadable still waiting", what)
-		}
-		return nil
+		return testwait.Receive(t, what, done)
 	}
 	if err := returns("before any Read"); err != nil {
 		t.Fatal(err)
@@ -179,13 +173,8 @@ func TestWaitReadableAfterDrain(t *testing.T) {
 	if _, err := client.Write([]byte("pong")); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("WaitReadable still waiting after the client wrote")
+	if err := testwait.Receive(t, "WaitReadable after the client wrote", done); err != nil {
+		t.Fatal(err)
 	}
 	if n, err := server.Read(buf); err != nil || string(buf[:n]) != "pong" {
 		t.Fatalf("read %q (%v), want pong", buf[:n], err)

@@ -10,8 +10,9 @@
 //
 // What stays live is not its business: a release returns only free pages. The pools it lets
 // empty are bounded by the load that filled them (each buffer in a sync.Pool was in use at once:
-// two 128 KiB relay buffers per connection through a netstack, bounded by the server's dials in
-// flight and the agent's Forward.MaxInFlight plus its open connections).
+// up to two 128 KiB relay buffers per connection through a netstack moving bytes at once,
+// bounded by the server's dials in flight and the agent's Forward.MaxInFlight plus its open
+// connections; idle connections hold none).
 //
 // Run watches the allocation rate and, once an interval allocated next to nothing after one that
 // did (the load is over), runs debug.FreeOSMemory (a GC, then every free page back to the system)

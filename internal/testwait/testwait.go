@@ -27,3 +27,17 @@ func For(t testing.TB, what string, f func() error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// Receive returns the value that arrives on ch, and fails t, with what, if none arrives
+// within Deadline.
+func Receive[T any](t testing.TB, what string, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(Deadline):
+		t.Fatalf("%s: nothing after %v", what, Deadline)
+	}
+	var zero T
+	return zero
+}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/internal/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -716,13 +717,7 @@ func TestWaitReadable(t *testing.T) {
 	}
 	returns := func(done chan error, what string) error {
 		t.Helper()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%s: WaitReadable still waiting", what)
-		}
-		return nil
+		return testwait.Receive(t, what, done)
 	}
 	conn := func() (net.Conn, net.Conn) {
 		c, err := dial(t, a, "tcp", "[fd00::2]:7000")
