@@ -164,6 +164,29 @@ func TestReversedVPN(t *testing.T) {
 		t.Errorf("a target outside the shoot's networks answered %q", got)
 	}
 
+	// holds checks one of tendril-server's buffer gauges.
+	holds := func(gauge string, want int) func() error {
+		return func() error {
+			m, err := get("http://" + serverMetrics + "/metrics")
+			if err != nil {
+				return err
+			}
+			for _, l := range strings.Split(m, "\n") {
+				if v, ok := strings.CutPrefix(l, gauge+" "); ok {
+					var n int
+					if _, err := fmt.Sscan(v, &n); err != nil {
+						return err
+					}
+					if n != want {
+						return fmt.Errorf("%s %d, want %d", gauge, n, want)
+					}
+					return nil
+				}
+			}
+			return fmt.Errorf("no %s in the metrics", gauge)
+		}
+	}
+
 	// The same through konnectivity's gRPC protocol, with konnectivity-client as kube-apiserver
 	// uses it (one single-use tunnel per connection).
 	clientCert, err := tls.LoadX509KeyPair(filepath.Join(dir, "api.pem"), filepath.Join(dir, "api-key.pem"))
@@ -189,6 +212,9 @@ func TestReversedVPN(t *testing.T) {
 	if string(body) != "pod 10.216.0.2:8080" {
 		t.Errorf("the pod through konnectivity answered %q", body)
 	}
+	// The connection stays open in hc's pool, idle: its reader waits for the pod's bytes
+	// without a buffer (it held one until the pod spoke again).
+	eventually(t, "no gRPC buffer for the idle tunnel", holds("tendril_server_grpc_buffers", 0))
 
 	// Head-of-line through the whole path (CONNECT over mutual TLS → server → tunnel → ingress →
 	// agent → pod): one connection's reader stalls with the pod's answer piling up behind it,
@@ -227,30 +253,7 @@ func TestReversedVPN(t *testing.T) {
 	// Idle connections hold no copy buffer: each direction waits for bytes without one (an
 	// idle connection held 2 × 128 KiB, plus 128 KiB read ahead from kube-apiserver's socket).
 	// The stalled connection holds one, in its direction from the shoot, blocked writing.
-	relayBuffers := func() (int, error) {
-		m, err := get("http://" + serverMetrics + "/metrics")
-		if err != nil {
-			return 0, err
-		}
-		for _, l := range strings.Split(m, "\n") {
-			if v, ok := strings.CutPrefix(l, "tendril_server_relay_buffers "); ok {
-				var n int
-				_, err = fmt.Sscan(v, &n)
-				return n, err
-			}
-		}
-		return 0, errors.New("no tendril_server_relay_buffers in the metrics")
-	}
-	holds := func(want int) func() error {
-		return func() error {
-			n, err := relayBuffers()
-			if err == nil && n != want {
-				err = fmt.Errorf("%d relay buffers held, want %d", n, want)
-			}
-			return err
-		}
-	}
-	eventually(t, "the stalled connection's buffer", holds(1))
+	eventually(t, "the stalled connection's buffer", holds("tendril_server_relay_buffers", 1))
 	const idleConns = 8
 	for range idleConns {
 		_, br := egress("/")
@@ -261,7 +264,7 @@ func TestReversedVPN(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
-	eventually(t, "no buffer for the idle connections", holds(1))
+	eventually(t, "no buffer for the idle connections", holds("tendril_server_relay_buffers", 1))
 
 	// HA: both agents are live; the active one dies (SIGKILL); the shoot's networks move to the
 	// other, and the pod answers again through it.

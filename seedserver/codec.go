@@ -2,6 +2,7 @@ package seedserver
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto" // registers the "proto" codec packetCodec falls back to
@@ -179,7 +180,10 @@ func (d *dataOut) encode() mem.BufferSlice {
 // alternating pairs). Bound: one per connection being read, plus those gRPC has not written yet
 // (a stream's send quota, 64 KiB, lets at most two wait); what a load leaves goes with the next two
 // GCs (internal/idlemem).
-type chunkPool struct{ sync.Pool }
+type chunkPool struct {
+	sync.Pool
+	held atomic.Int64 // taken and not put back: tendril_server_grpc_buffers
+}
 
 var dataChunks = &chunkPool{Pool: sync.Pool{New: func() any {
 	b := make([]byte, dataChunk)
@@ -190,11 +194,13 @@ var dataChunks = &chunkPool{Pool: sync.Pool{New: func() any {
 func (p *chunkPool) Get(n int) *[]byte {
 	b := p.Pool.Get().(*[]byte)
 	*b = (*b)[:n]
+	p.held.Add(1)
 	return b
 }
 
 // Put takes a buffer back (gRPC calls it once a sent packet is written).
 func (p *chunkPool) Put(b *[]byte) {
 	*b = (*b)[:cap(*b)]
+	p.held.Add(-1)
 	p.Pool.Put(b)
 }

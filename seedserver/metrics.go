@@ -77,6 +77,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "tendril_server_relay_buffers",
 			Help: "128 KiB copy buffers the CONNECT front-end's connections hold now: one per direction moving bytes or blocked writing them; an idle connection holds none.",
 		}, func() float64 { return float64(relay.BuffersHeld()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tendril_server_grpc_buffers",
+			Help: "128 KiB buffers of the gRPC front-end's connections held now: bytes read from the shoot until gRPC has sent them, bytes from kube-apiserver until written into the tunnel; an idle connection holds none.",
+		}, func() float64 { return float64(dataChunks.held.Load()) }),
 	)
 	// The tunnel's own packets (WireGuard, encrypted, on the agents' streams): bytes over
 	// packets is the average packet size, which says whether bulk transfers fill the tunnel's

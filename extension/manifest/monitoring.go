@@ -30,6 +30,7 @@ var ServerMetrics = []string{
 	"tendril_server_tunnel_streams_total",
 	"tendril_server_tunnel_streams_active",
 	"tendril_server_relay_buffers",
+	"tendril_server_grpc_buffers",
 	"tendril_server_tunnel_streams_detached_total",
 	"tendril_server_tunnel_streams_refused_total",
 	"tendril_server_tunnel_send_dropped_total",

@@ -188,9 +188,6 @@ func canWait(c net.Conn) bool {
 	return false
 }
 
-// writerOnly hides everything of a writer but Write (its ReadFrom in particular) from io.Copy.
-type writerOnly struct{ io.Writer }
-
 func spliceable(dst, src net.Conn) bool {
 	_, d := dst.(*net.TCPConn)
 	_, s := src.(*net.TCPConn)
