@@ -404,24 +404,19 @@ func (l *loop) closeShakes(match func(*Handshake) bool) int {
 
 // connect starts a connect to addr from a non-blocking socket.
 func connect(addr netip.AddrPort) (int, error) {
-	ip := addr.Addr().Unmap()
-	var sa unix.Sockaddr
 	family := unix.AF_INET
-	if ip.Is4() {
-		sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: ip.As4()}
-	} else {
+	if !addr.Addr().Unmap().Is4() {
 		family = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Port: int(addr.Port()), Addr: ip.As16()}
 	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0) // raw already
 	if err != nil {
 		return -1, os.NewSyscallError("socket", err)
 	}
-	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+	if err := rawSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		rawClose(fd)
 		return -1, os.NewSyscallError("setsockopt", err)
 	}
-	if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
+	if err := rawConnect(fd, addr); err != nil && err != unix.EINPROGRESS {
 		rawClose(fd)
 		return -1, os.NewSyscallError("connect", err)
 	}
@@ -430,12 +425,12 @@ func connect(addr netip.AddrPort) (int, error) {
 
 // connectResult is the outcome of a non-blocking connect once its socket is writable.
 func connectResult(fd int) error {
-	errno, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	errno, err := rawSoError(fd)
 	switch {
 	case err != nil:
 		return os.NewSyscallError("getsockopt", err)
 	case errno != 0:
-		return os.NewSyscallError("connect", unix.Errno(errno))
+		return os.NewSyscallError("connect", errno)
 	}
 	return nil
 }

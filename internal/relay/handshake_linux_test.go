@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -370,5 +371,40 @@ func TestServeClosedBeforePlaced(t *testing.T) {
 	}
 	if got := s.seen(); len(got) != 1 || got[0] != "closed" || g.Handshakes() != 0 {
 		t.Fatalf("events %q, %d handshakes; want closed and 0", got, g.Handshakes())
+	}
+}
+
+// TestConnectBothFamilies: the loops' raw connect reaches IPv4 and IPv6 listeners (the port in
+// network byte order, the family's own address layout) and reports a refusal as ECONNREFUSED.
+func TestConnectBothFamilies(t *testing.T) {
+	ls := newLoops(t)
+	for _, network := range []string{"127.0.0.1:0", "[::1]:0"} {
+		l, err := net.Listen("tcp", network)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := netip.MustParseAddrPort(l.Addr().String())
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			c, _ := l.Accept()
+			accepted <- c
+		}()
+		up, err := ls.Dial(context.Background(), addr)
+		if err != nil {
+			t.Fatalf("%s: %v", addr, err)
+		}
+		c := <-accepted
+		if c == nil {
+			t.Fatalf("%s: nothing accepted", addr)
+		}
+		if got := c.LocalAddr().String(); got != addr.String() {
+			t.Errorf("connected to %s, want %s", got, addr)
+		}
+		c.Close()
+		up.Close()
+		l.Close()
+		if _, err := ls.Dial(context.Background(), addr); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("%s closed: %v, want ECONNREFUSED", addr, err)
+		}
 	}
 }

@@ -97,6 +97,52 @@ func rawAddrPort(sa *unix.RawSockaddrAny) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
+// rawSetsockoptInt sets an int socket option.
+func rawSetsockoptInt(fd, level, opt, value int) error {
+	v := int32(value)
+	if _, _, e := unix.RawSyscall6(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(unsafe.Pointer(&v)), 4, 0); e != 0 {
+		return e
+	}
+	return nil
+}
+
+// rawSoError is a socket's pending error (SO_ERROR), which reading clears: a non-blocking
+// connect's outcome once the socket is writable.
+func rawSoError(fd int) (unix.Errno, error) {
+	var v int32
+	size := uint32(4)
+	if _, _, e := unix.RawSyscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_ERROR, uintptr(unsafe.Pointer(&v)), uintptr(unsafe.Pointer(&size)), 0); e != 0 {
+		return 0, e
+	}
+	return unix.Errno(v), nil
+}
+
+// rawConnect starts a connect of a non-blocking socket to addr (EINPROGRESS, or done at once).
+func rawConnect(fd int, addr netip.AddrPort) error {
+	var sa unix.RawSockaddrAny
+	var size uintptr
+	if ip := addr.Addr().Unmap(); ip.Is4() {
+		a := (*unix.RawSockaddrInet4)(unsafe.Pointer(&sa))
+		a.Family, a.Port, a.Addr = unix.AF_INET, htons(addr.Port()), ip.As4()
+		size = unsafe.Sizeof(*a)
+	} else {
+		a := (*unix.RawSockaddrInet6)(unsafe.Pointer(&sa))
+		a.Family, a.Port, a.Addr = unix.AF_INET6, htons(addr.Port()), ip.As16()
+		size = unsafe.Sizeof(*a)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa)), size); e != 0 {
+		return e
+	}
+	return nil
+}
+
+// htons writes a port as the kernel stores it: network byte order.
+func htons(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return *(*uint16)(unsafe.Pointer(&b[0]))
+}
+
 // ntohs reads a port as the kernel stores it: network byte order.
 func ntohs(p uint16) uint16 {
 	var b [2]byte
