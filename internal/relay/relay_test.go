@@ -61,7 +61,29 @@ func TestHalfClose(t *testing.T) {
 }
 
 func TestIdleTimeout(t *testing.T) {
-	client, server, done := relayed(t, 100*time.Millisecond)
+	for _, through := range []struct {
+		name string
+		wrap func(net.Conn) net.Conn
+	}{
+		{"splice", func(c net.Conn) net.Conn { return c }},
+		// A destination that cannot splice: the directions copy, and the one from the
+		// socket waits for bytes without a buffer, the deadline bounding the wait.
+		{"copy", func(c net.Conn) net.Conn { return opaque{c} }},
+	} {
+		t.Run(through.name, func(t *testing.T) { testIdleTimeout(t, through.wrap) })
+	}
+}
+
+func testIdleTimeout(t *testing.T, wrap func(net.Conn) net.Conn) {
+	client, a := tcpPair(t)
+	b, server := tcpPair(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Pipe(a, wrap(b), 100*time.Millisecond)
+		a.Close()
+		b.Close()
+	}()
 	// The relay's idle clock starts when it copies the byte, which is after this write and
 	// before the server reads it: timing from the write bounds the idle time from below (timing
 	// from the read did not, and failed on a loaded machine).
