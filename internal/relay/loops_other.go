@@ -133,7 +133,4 @@ func (ls *Loops) Serve(*Group, *Listener, Accept) error {
 	return errors.New("relay: handshakes on the loops need epoll (Linux)")
 }
 
-// socketWaits: waitSocket does not wait without epoll's peek (Linux only here).
-const socketWaits = false
-
 func waitSocket(*net.TCPConn) (bool, error) { return false, nil }

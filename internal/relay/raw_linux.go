@@ -150,9 +150,6 @@ func ntohs(p uint16) uint16 {
 	return binary.BigEndian.Uint16(b[:])
 }
 
-// socketWaits: waitSocket waits.
-const socketWaits = true
-
 // waitSocket waits until c's socket has bytes, its end or an error (a one-byte MSG_PEEK that
 // does not say EAGAIN), or c's read deadline passes, through Go's poller.
 func waitSocket(c *net.TCPConn) (bool, error) {

@@ -79,6 +79,8 @@ func half(dst, src net.Conn, idle time.Duration) int64 {
 		sinceDeadline = 0
 	}
 	var buf *[bufferSize]byte
+	// waitable: WaitReadable waits on src, so a drained direction can give its buffer back.
+	var waitable bool
 	release := func() {
 		if buf != nil {
 			buffers.Put(buf)
@@ -92,7 +94,7 @@ func half(dst, src net.Conn, idle time.Duration) int64 {
 		var err error
 		if buf == nil {
 			// Bytes first, then a buffer for them.
-			if _, err = WaitReadable(src, deadline); err == nil {
+			if waitable, err = WaitReadable(src, deadline); err == nil {
 				buf = buffers.Get().(*[bufferSize]byte)
 				held.Add(1)
 			}
@@ -116,7 +118,7 @@ func half(dst, src net.Conn, idle time.Duration) int64 {
 		}
 		switch {
 		case err == nil:
-			if n < bufferSize && canWait(src) {
+			if n < bufferSize && waitable {
 				release() // drained, most likely: the next read waits without it
 			}
 			if sinceDeadline >= chunk {
@@ -175,17 +177,6 @@ func WaitReadable(c net.Conn, deadline time.Time) (bool, error) {
 		return waitSocket(c)
 	}
 	return false, nil
-}
-
-// canWait reports whether WaitReadable waits on c.
-func canWait(c net.Conn) bool {
-	switch c.(type) {
-	case interface{ WaitReadable(time.Time) error }:
-		return true
-	case *net.TCPConn:
-		return socketWaits
-	}
-	return false
 }
 
 func spliceable(dst, src net.Conn) bool {
