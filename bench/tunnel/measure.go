@@ -96,6 +96,15 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 		res.Agent = memOf(s.agent)
 		r.logf("%s: idle RSS: %s %s, %s %s", s.name, res.Server.Process, fmtMiB(res.Server.IdleRSS),
 			res.Agent.Process, fmtMiB(res.Agent.IdleRSS))
+		if r.cfg.Settle > 0 {
+			if !harness.SleepCtx(ctx, r.cfg.Settle) {
+				return
+			}
+			res.Server.IdleSettledRSS = memOf(s.servers[0]).IdleRSS
+			res.Agent.IdleSettledRSS = memOf(s.agent).IdleRSS
+			r.logf("%s: idle RSS %v later: %s %s, %s %s", s.name, r.cfg.Settle, res.Server.Process,
+				fmtMiB(res.Server.IdleSettledRSS), res.Agent.Process, fmtMiB(res.Agent.IdleSettledRSS))
+		}
 	}
 	r.pathCPU = s.cpu(r.ingress)
 	defer func() { r.pathCPU = nil }()

@@ -75,6 +75,11 @@ type ProcMemory struct {
 	NoAgentRSS int64 `json:"no_agent_rss_bytes,omitempty"`
 	IdleRSS    int64 `json:"idle_rss_bytes,omitempty"`
 	Peak       int64 `json:"peak_rss_bytes,omitempty"`
+	// IdleSettledRSS is the RSS Config.Settle after IdleRSS, still idle (0: not measured): what
+	// AfterRSS compares with. IdleRSS comes a second after tendril-server dropped its binary's
+	// pages (tunnel up), AfterRSS tens of seconds after it dropped them again (idlemem, after the
+	// load), and the idle process faults code back in over those seconds.
+	IdleSettledRSS int64 `json:"idle_settled_rss_bytes,omitempty"`
 	// AfterRSS is the RSS Config.Settle after the last measurement (0: not measured).
 	AfterRSS int64 `json:"after_rss_bytes,omitempty"`
 }
@@ -574,29 +579,33 @@ func (rep *Report) tables() []table {
 	ut := table{title: "Tunnel up time (agent process start → first dial through the tunnel that reached the pod; median, " +
 		"min–max) and resident memory (no agent: the seed side 1 s after it serves; idle: tunnel up, after the up-time runs " +
 		"and before any measurement; peak: VmHWM after all measurements)."}
-	ut.Header = []string{"stack", "up ms", "min–max", "seed side", "no agent", "idle", "peak", "shoot side", "idle", "peak"}
-	ut.Left = []bool{true, false, false, true, false, false, false, true, false, false}
 	settle := rep.Settings.SettleSeconds > 0
+	side := func(name string) []string { return []string{name, "idle", "peak"} }
 	if settle {
-		// The after figure goes next to each side's peak.
-		after := fmt.Sprintf("%.0f s after", rep.Settings.SettleSeconds)
-		ut.Header = slices.Insert(ut.Header, 7, after)
-		ut.Header = append(ut.Header, after)
-		ut.Left = append(ut.Left, false, false)
-		ut.title += " After: RSS that long after the last measurement."
+		// Each side's settled idle figure next to its idle one, the after figure next to its peak.
+		idle, after := fmt.Sprintf("idle %.0f s on", rep.Settings.SettleSeconds), fmt.Sprintf("%.0f s after", rep.Settings.SettleSeconds)
+		side = func(name string) []string { return []string{name, "idle", idle, "peak", after} }
+		ut.title += fmt.Sprintf(" Idle %.0f s on: the idle reading repeated that much later, still idle (what the after figure compares with). "+
+			"After: RSS that long after the last measurement.", rep.Settings.SettleSeconds)
 	}
+	seedSide := side("seed side")
+	ut.Header = append(append(append([]string{"stack", "up ms", "min–max"}, seedSide[0], "no agent"), seedSide[1:]...), side("shoot side")...)
+	ut.Left = make([]bool, len(ut.Header))
+	ut.Left[0], ut.Left[3], ut.Left[4+len(seedSide)] = true, true, true
 	for _, s := range rep.Stacks {
 		if s.Skipped != "" || len(s.UpMS) == 0 {
 			continue
 		}
 		lo, hi := slices.Min(s.UpMS), slices.Max(s.UpMS)
-		seed := []string{s.Server.Process, fmtMiB(s.Server.NoAgentRSS), fmtMiB(s.Server.IdleRSS), fmtMiB(s.Server.Peak)}
-		shoot := []string{s.Agent.Process, fmtMiB(s.Agent.IdleRSS), fmtMiB(s.Agent.Peak)}
-		if settle {
-			seed, shoot = append(seed, fmtMiB(s.Server.AfterRSS)), append(shoot, fmtMiB(s.Agent.AfterRSS))
+		memory := func(m ProcMemory) []string {
+			if settle {
+				return []string{fmtMiB(m.IdleRSS), fmtMiB(m.IdleSettledRSS), fmtMiB(m.Peak), fmtMiB(m.AfterRSS)}
+			}
+			return []string{fmtMiB(m.IdleRSS), fmtMiB(m.Peak)}
 		}
-		row := append([]string{s.Name, fmtMS(s.UpMedian()), fmtMS(lo) + "–" + fmtMS(hi)}, seed...)
-		ut.Rows = append(ut.Rows, append(row, shoot...))
+		row := []string{s.Name, fmtMS(s.UpMedian()), fmtMS(lo) + "–" + fmtMS(hi), s.Server.Process, fmtMiB(s.Server.NoAgentRSS)}
+		row = append(append(append(row, memory(s.Server)...), s.Agent.Process), memory(s.Agent)...)
+		ut.Rows = append(ut.Rows, row)
 	}
 	for _, s := range rep.Stacks {
 		if s.ProbeVia != "" && s.Skipped == "" {

@@ -339,7 +339,10 @@ func (r *runner) tendrilStack() *stack {
 		argv := []string{r.bin("tendril-server"), "--private-key-file", f("server.key"), "--agent-public-key", "@" + f("agent.pub"),
 			"--shoot-cidrs", r.topo.podNet.String(), "--tunnel-address", "127.0.0.1:" + strconv.Itoa(in.ports.tendrilTunnel),
 			"--connect-address", connectAddr, "--grpc-address", grpcAddr, "--connect-socket", sock,
-			"--tls-cert-file", cert, "--tls-key-file", key, "--client-ca-file", r.pki.caFile, "--metrics-address", metrics, "--profiling"}
+			"--tls-cert-file", cert, "--tls-key-file", key, "--client-ca-file", r.pki.caFile, "--metrics-address", metrics}
+		if r.cfg.Profiling {
+			argv = append(argv, "--profiling")
+		}
 		srv, err := peers.StartProcess("tendril-server", f("tendril-server.log"), argv[0], argv[1:]...)
 		if err != nil {
 			return err
@@ -377,10 +380,14 @@ func (r *runner) tendrilStack() *stack {
 			if err != nil {
 				return err
 			}
-			// Metrics and the profiler on loopback, as tendril-server's: for looking into a run.
+			// Metrics (and with Profiling the profiler) on loopback, as tendril-server's: for
+			// looking into a run.
 			rargv := []string{r.bin("tendril-egress-relay"), "--socket", relaySock, "--server", grpcAddr,
 				"--server-name", certTendrilServer, "--tls-cert-file", rc, "--tls-key-file", rk, "--ca-file", r.pki.caFile,
-				"--metrics-address", "127.0.0.1:" + strconv.Itoa(rp[0]), "--profiling"}
+				"--metrics-address", "127.0.0.1:" + strconv.Itoa(rp[0])}
+			if r.cfg.Profiling {
+				rargv = append(rargv, "--profiling")
+			}
 			rel, err := peers.StartProcess("tendril-egress-relay", f("tendril-egress-relay.log"), rargv[0], rargv[1:]...)
 			if err != nil {
 				return err

@@ -92,8 +92,14 @@ type Config struct {
 	// DialsOnly skips the bulk and head-of-line tests.
 	DialsOnly bool
 	// Settle, if not 0, is how long after the last measurement of a stack its processes' RSS
-	// is read once more (ProcMemory.AfterRSS): whether the memory of the load comes back.
+	// is read once more (ProcMemory.AfterRSS): whether the memory of the load comes back. The
+	// idle RSS is then read a second time too, Settle after the first (IdleSettledRSS).
 	Settle time.Duration
+	// Profiling serves the Go profiler on tendril-server's and tendril-egress-relay's metrics
+	// address (--profiling), for looking into a run. Off by default, as in production: with the
+	// profiler served the runtime samples allocations for the heap profile, ~1 MiB of
+	// tendril-server's RSS after a load (internal/probe.SampleHeap).
+	Profiling bool
 	// UpRuns is how often each stack's agent is started for the up-time
 	// figure; 0 means 3.
 	UpRuns int

@@ -38,6 +38,7 @@ modes:
 `
 
 func main() {
+	probe.SampleHeap(false) // no profiler
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)

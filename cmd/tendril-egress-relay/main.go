@@ -37,6 +37,7 @@ type Config struct {
 
 func main() {
 	cfg, err := parse(os.Args[1:])
+	probe.SampleHeap(cfg.Profiling)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)

@@ -115,6 +115,7 @@ func main() {
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")
 	version := fs.Bool("version", false, "print the version and exit")
 	_ = fs.Parse(os.Args[1:]) // ExitOnError
+	probe.SampleHeap(cfg.Profiling)
 	if *version {
 		fmt.Println(buildinfo.String("tendril-seed"))
 		return

@@ -104,6 +104,7 @@ func main() {
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	probe.SampleHeap(cfg.Profiling)
 	if *version {
 		fmt.Println(buildinfo.String("tendril-server"))
 		return
