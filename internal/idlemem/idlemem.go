@@ -18,8 +18,9 @@
 // did (the load is over), runs debug.FreeOSMemory (a GC, then every free page back to the system)
 // and once more an interval later, when the pools' victim caches from the first GC are garbage
 // too. Under load it does nothing: pages handed back would fault in again at once.
-// ReleaseBinaryPages drops the code pages a load (or start-up) faulted in; TunnelSoftLimitMiB is
-// the soft memory limit that bounds a load's peak in the tunnel's processes.
+// ReleaseBinaryPages drops the code pages a load (or start-up) faulted in; Held drops the pages
+// of buffers a reader keeps for good (wireguard-go's) once its reads are small; TunnelSoftLimitMiB
+// is the soft memory limit that bounds a load's peak in the tunnel's processes.
 package idlemem
 
 import (

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"unsafe"
 )
 
 // ReleaseBinaryPages drops the executable's read-only pages (code and constant data) from the
@@ -81,4 +82,24 @@ func ReleaseBinaryPages() (int, error) {
 		}
 	}
 	return len(candidates), nil
+}
+
+// dropPages drops the whole pages inside bufs from the resident set (MADV_DONTNEED): on the Go
+// heap's private anonymous memory they read as zeros afterwards, and writing faults in a zeroed
+// page. A pointer-free object's bytes mean nothing to the runtime, so this is a write of zeros
+// as far as anything can tell; the caller owns bufs and needs none of their contents.
+func dropPages(bufs [][]byte) {
+	for _, b := range bufs {
+		if len(b) < pageSize {
+			continue
+		}
+		p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		start := (p + uintptr(pageSize) - 1) &^ (uintptr(pageSize) - 1)
+		end := (p + uintptr(len(b))) &^ (uintptr(pageSize) - 1)
+		if end > start {
+			// Only EINVAL or ENOMEM can come back, for a range that is not a mapping's: not
+			// possible for a live slice, and nothing to do about it but keep the pages.
+			_, _, _ = syscall.Syscall(syscall.SYS_MADVISE, start, end-start, syscall.MADV_DONTNEED)
+		}
+	}
 }

@@ -55,6 +55,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.zx2c4.com/wireguard/conn"
 
+	"github.com/tendril-net/tendril/internal/idlemem"
 	"github.com/tendril-net/tendril/tunnel/frame"
 )
 
@@ -74,9 +75,10 @@ const (
 	// DefaultBatchSize is how many packets one ReceiveFunc call returns at most and Send
 	// accepts. wireguard-go keeps the device's batch size (the larger of the Bind's and the
 	// TUN's: netstack's is 4) in 64 KiB message buffers twice for as long as the device lives,
-	// in its receive goroutine and in its TUN reader, and a load leaves them resident: 8 holds
-	// 2 × 8 × 64 KiB = 1 MiB where 32 held 4 MiB (live in tendril-server's heap 60 s after a
-	// dial run) and conn.IdealBatchSize (128) would hold 16 MiB. With 60 KB packets a batch
+	// in its receive goroutine and in its TUN reader: 8 holds 2 × 8 × 64 KiB = 1 MiB where 32
+	// held 4 MiB (live in tendril-server's heap 60 s after a dial run) and conn.IdealBatchSize
+	// (128) would hold 16 MiB. Their pages leave the resident set once the packets have been
+	// small for a while (idlemem.Held, in receive and in netstack's Read). With 60 KB packets a batch
 	// of 8 is 480 KB; tunnel/wg BenchmarkThroughput/forward-mtu-60000, alternating 5-op runs:
 	// 415–451 MB/s at 3.4–3.7 CPU ms per MB with 8, 286–482 MB/s at 3.2–3.5 with 32.
 	DefaultBatchSize = 8
@@ -329,8 +331,10 @@ func (b *Bind) Open(port uint16) ([]conn.ReceiveFunc, uint16, error) {
 	// queue itself, only on its own buffers (MaxStreams × StreamBuffers pointers: 4 KiB).
 	b.queue = make(chan *packet, b.cfg.MaxStreams*b.cfg.StreamBuffers)
 	closed, queue := b.closed, b.queue
+	// The device calls its ReceiveFunc from one goroutine, with the same buffers each time.
+	held := new(idlemem.Held)
 	recv := func(packets [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
-		return b.receive(closed, queue, packets, sizes, eps)
+		return b.receive(closed, queue, held, packets, sizes, eps)
 	}
 	return []conn.ReceiveFunc{recv}, port, nil
 }
@@ -500,8 +504,9 @@ func (b *Bind) Stats() Stats {
 }
 
 // receive is the ReceiveFunc of one Open: it waits for one packet, then takes whatever else is
-// already queued, up to the batch.
-func (b *Bind) receive(closed <-chan struct{}, queue <-chan *packet, packets [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
+// already queued, up to the batch. held gives the pages of the device's buffers back once the
+// packets have been small for a while.
+func (b *Bind) receive(closed <-chan struct{}, queue <-chan *packet, held *idlemem.Held, packets [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
 	// Closed wins over queued packets: after Close the device must see net.ErrClosed, not
 	// what was still in flight.
 	select {
@@ -509,6 +514,7 @@ func (b *Bind) receive(closed <-chan struct{}, queue <-chan *packet, packets [][
 		return 0, net.ErrClosed
 	default:
 	}
+	held.Waiting(packets)
 	var p *packet
 	select {
 	case <-closed:
@@ -520,6 +526,7 @@ func (b *Bind) receive(closed <-chan struct{}, queue <-chan *packet, packets [][
 		// wireguard-go's receive buffers are MaxMessageSize (65,535) and frames never exceed
 		// MaxFrameSize ≤ 65,535, so the copy is whole.
 		sizes[n] = copy(packets[n], p.buf[:p.n])
+		held.Filled(sizes[n])
 		eps[n] = p.home.ep
 		b.packetsIn.Add(1)
 		b.bytesIn.Add(uint64(p.n))

@@ -32,6 +32,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tendril-net/tendril/internal/idlemem"
 	"golang.zx2c4.com/wireguard/tun"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
@@ -175,6 +176,9 @@ type Stack struct {
 	done   chan struct{} // closed by Close: Read returns
 
 	dropped [numDropReasons]atomic.Uint64
+	// held gives the pages of the buffers wireguard-go's TUN reader passes to Read back once
+	// the packets have been small for a while; only that reader uses it.
+	held idlemem.Held
 
 	// nextPort is the last ephemeral port offset DialTCP took (bindNextPort); it starts at
 	// random so that a restarted stack does not begin where its predecessor did.
@@ -746,6 +750,7 @@ func (s *Stack) BatchSize() int { return batchSize }
 // queued, up to len(bufs), into bufs at offset: one copy per packet, straight from the stack's
 // buffers. It returns an error wrapping os.ErrClosed once the Stack is closed.
 func (s *Stack) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	s.held.Waiting(bufs)
 	var pkt *stack.PacketBuffer
 	select {
 	case pkt = <-s.link.queue:
@@ -756,6 +761,7 @@ func (s *Stack) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	n := 0
 	for {
 		sizes[n] = copyPacket(bufs[n][offset:], pkt)
+		s.held.Filled(sizes[n])
 		pkt.DecRef()
 		n++
 		if n == len(bufs) || n == batchSize {
