@@ -131,13 +131,15 @@ func TestReversedVPN(t *testing.T) {
 	// Two replicas of the agent, each with its own key and inner address (the server's defaults:
 	// ::2 for the first key, ::3 for the second).
 	agents := map[string]*exec.Cmd{}
+	// Their metrics in the shoot's namespace, which the host reaches over the veth.
+	agentMetrics := []string{"10.215.0.2:9101", "10.215.0.2:9102"}
 	for i, a := range []struct{ key, pub, address string }{
 		{agentKeyFile, agentKey.PublicKey().String(), "fd8f:6d53:b97a:1::2"},
 		{agentKeyFile2, agentKey2.PublicKey().String(), "fd8f:6d53:b97a:1::3"},
 	} {
 		agents[a.pub] = startKillable(t, fmt.Sprintf("tendril-agent-%d", i+1), "ip", "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
 			"--private-key-file", a.key, "--address", a.address, "--server-public-key", "@"+serverPub, "--shoot-cidrs", "10.216.0.0/24",
-			"--seed", "10.215.0.1:"+port, "--destination", translate.VPNServerWireName(ns), "--metrics-address", "")
+			"--seed", "10.215.0.1:"+port, "--destination", translate.VPNServerWireName(ns), "--metrics-address", agentMetrics[i])
 	}
 	eventually(t, "server ready (tunnel up)", func() error { _, err := get("http://" + serverMetrics + "/readyz"); return err })
 
@@ -164,26 +166,37 @@ func TestReversedVPN(t *testing.T) {
 		t.Errorf("a target outside the shoot's networks answered %q", got)
 	}
 
-	// holds checks one of tendril-server's buffer gauges.
-	holds := func(gauge string, want int) func() error {
+	// holds checks a buffer gauge, summed over the processes whose metrics are at addrs
+	// (tendril-server's by default).
+	holds := func(gauge string, want int, addrs ...string) func() error {
+		if len(addrs) == 0 {
+			addrs = []string{serverMetrics}
+		}
 		return func() error {
-			m, err := get("http://" + serverMetrics + "/metrics")
-			if err != nil {
-				return err
-			}
-			for _, l := range strings.Split(m, "\n") {
-				if v, ok := strings.CutPrefix(l, gauge+" "); ok {
-					var n int
-					if _, err := fmt.Sscan(v, &n); err != nil {
-						return err
+			sum := 0
+			for _, addr := range addrs {
+				m, err := get("http://" + addr + "/metrics")
+				if err != nil {
+					return err
+				}
+				found := false
+				for _, l := range strings.Split(m, "\n") {
+					if v, ok := strings.CutPrefix(l, gauge+" "); ok {
+						var n int
+						if _, err := fmt.Sscan(v, &n); err != nil {
+							return err
+						}
+						sum, found = sum+n, true
 					}
-					if n != want {
-						return fmt.Errorf("%s %d, want %d", gauge, n, want)
-					}
-					return nil
+				}
+				if !found {
+					return fmt.Errorf("no %s in the metrics of %s", gauge, addr)
 				}
 			}
-			return fmt.Errorf("no %s in the metrics", gauge)
+			if sum != want {
+				return fmt.Errorf("%s %d, want %d", gauge, sum, want)
+			}
+			return nil
 		}
 	}
 
@@ -253,7 +266,10 @@ func TestReversedVPN(t *testing.T) {
 	// Idle connections hold no copy buffer: each direction waits for bytes without one (an
 	// idle connection held 2 × 128 KiB, plus 128 KiB read ahead from kube-apiserver's socket).
 	// The stalled connection holds one, in its direction from the shoot, blocked writing.
+	// On the agents (the active one carries them) likewise: the stalled connection's direction
+	// from the pod is blocked writing into the tunnel.
 	eventually(t, "the stalled connection's buffer", holds("tendril_server_relay_buffers", 1))
+	eventually(t, "the stalled connection's buffer on the agent", holds("tendril_agent_vpn_relay_buffers", 1, agentMetrics...))
 	const idleConns = 8
 	for range idleConns {
 		_, br := egress("/")
@@ -265,6 +281,7 @@ func TestReversedVPN(t *testing.T) {
 		resp.Body.Close()
 	}
 	eventually(t, "no buffer for the idle connections", holds("tendril_server_relay_buffers", 1))
+	eventually(t, "no buffer for the idle connections on the agent", holds("tendril_agent_vpn_relay_buffers", 1, agentMetrics...))
 
 	// HA: both agents are live; the active one dies (SIGKILL); the shoot's networks move to the
 	// other, and the pod answers again through it.

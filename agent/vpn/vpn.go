@@ -159,7 +159,10 @@ func New(cfg Config) (*Agent, error) {
 				return time.Since(last).Seconds()
 			}
 			return -1
-		}))
+		}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tendril_agent_vpn_relay_buffers",
+			Help: "128 KiB copy buffers the agent's connections into the shoot hold now: one per direction moving bytes or blocked writing them; an idle connection holds none.",
+		}, func() float64 { return float64(relay.BuffersHeld()) }))
 	}
 	return a, nil
 }

@@ -52,6 +52,7 @@ var AgentMetrics = []string{
 	"tendril_agent_vpn_path_timeouts_total",
 	"tendril_agent_vpn_dial_errors_total",
 	"tendril_agent_vpn_handshake_age_seconds",
+	"tendril_agent_vpn_relay_buffers",
 }
 
 func monitoringMeta(name, namespace string) metav1.ObjectMeta {
