@@ -51,7 +51,8 @@ func (r *Ready) Get() (bool, string) {
 type ReadyFunc func() (bool, string)
 
 // SampleHeap says whether the Go runtime samples allocations for the heap profile; a binary
-// calls it first thing in main, with whether it serves the profiler (Handler's profiling).
+// calls it in main as soon as its flags say whether it serves the profiler (Handler's
+// profiling): what package initialisation allocated before is sampled at the default rate.
 // Linking the profiler (this package does) keeps the runtime's default of one sample per 512 KiB
 // allocated, and each allocation stack sampled takes a page of the runtime's bucket table
 // (179,999 × 8 bytes = 1.4 MB, pages touched at random): after a load 0.8–0.9 MiB of
