@@ -261,7 +261,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err != nil {
 		return rep, err
 	}
-	if err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(cfg.BinDir, "tendril-ingress"),
+	if _, err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(cfg.BinDir, "tendril-ingress"),
 		append(xdsFlags, "--xds", s.cfg.XDSAddress, "--node-id", "tendril-ingress-local",
 			"--sni-address", s.cfg.SNIAddress, "--proxy-address", s.cfg.ProxyAddress, "--tunnel-address", s.cfg.TunnelAddress,
 			"--metrics-address", s.cfg.IngressMetrics)...); err != nil {

@@ -109,7 +109,8 @@ func (s *seed) startAPIServerProxy(ctx context.Context, sh *shoot) error {
 	if err := clientcmd.WriteToFile(*kc, sh.inCluster); err != nil {
 		return err
 	}
-	return s.procs.start(manifest.APIServerProxyName+" "+sh.namespace, filepath.Join(sh.dir, "apiserver-proxy.log"), sh.netns, filepath.Join(s.cfg.BinDir, p.binary), p.args...)
+	_, err = s.procs.start(manifest.APIServerProxyName+" "+sh.namespace, filepath.Join(sh.dir, "apiserver-proxy.log"), sh.netns, filepath.Join(s.cfg.BinDir, p.binary), p.args...)
+	return err
 }
 
 // checkInCluster: kubectl in the shoot's node namespace reaches kube-apiserver's advertised

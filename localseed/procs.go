@@ -26,11 +26,11 @@ func newProcs(ctx context.Context) *procs {
 }
 
 // start runs path with args, output to logPath; netns, when not empty, is a named network
-// namespace (ip netns) to run it in.
-func (p *procs) start(name, logPath, netns, path string, args ...string) error {
+// namespace (ip netns) to run it in. The process is running until ended is closed.
+func (p *procs) start(name, logPath, netns, path string, args ...string) (ended <-chan struct{}, err error) {
 	lf, err := os.Create(logPath)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if netns != "" {
 		args = append([]string{"netns", "exec", netns, path}, args...)
@@ -42,18 +42,34 @@ func (p *procs) start(name, logPath, netns, path string, args ...string) error {
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
 		lf.Close()
-		return fmt.Errorf("start %s (run make build first): %w", name, err)
+		return nil, fmt.Errorf("start %s (run make build first): %w", name, err)
 	}
+	done := make(chan struct{})
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		defer lf.Close()
 		err := cmd.Wait()
+		close(done)
 		if p.ctx.Err() == nil {
 			p.exited <- fmt.Errorf("%s exited: %v (log %s)", name, err, logPath)
 		}
 	}()
-	return nil
+	return done, nil
+}
+
+// logTail is the end of a process's log (at most 2 KiB), for an error that says why it never
+// became ready.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	const most = 2 << 10
+	if len(b) > most {
+		b = b[len(b)-most:]
+	}
+	return string(b)
 }
 
 func (p *procs) stop() {

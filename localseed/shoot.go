@@ -226,12 +226,14 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 	}
 	sh.serverPorts = pod.ports
 	sh.caFile = filepath.Join(pod.mounts["ca"], "bundle.crt")
-	if err := s.procs.start(manifest.ServerName+" "+sh.namespace, filepath.Join(sh.dir, "tendril-server.log"), "", filepath.Join(s.cfg.BinDir, pod.binary), pod.args...); err != nil {
+	serverLog := filepath.Join(sh.dir, "tendril-server.log")
+	ended, err := s.procs.start(manifest.ServerName+" "+sh.namespace, serverLog, "", filepath.Join(s.cfg.BinDir, pod.binary), pod.args...)
+	if err != nil {
 		return err
 	}
 	metrics := net.JoinHostPort(s.hostIP.String(), strconv.Itoa(pod.ports["metrics"]))
-	if err := waitHTTP(ctx, "http://"+metrics+"/healthz"); err != nil {
-		return fmt.Errorf("tendril-server: %w", err)
+	if err := waitHTTP(ctx, "http://"+metrics+"/healthz", ended); err != nil {
+		return fmt.Errorf("tendril-server: %w; its log ends:\n%s", err, logTail(serverLog))
 	}
 	if err := s.publishServerEndpoints(ctx, sh); err != nil {
 		return err
@@ -265,6 +267,8 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 	if sh.ha {
 		agents = tendrilv1alpha1.MaxAgents
 	}
+	var agentLogs []string
+	var agentsEnded []<-chan struct{}
 	for i := range agents {
 		name := manifest.AgentObjectName(i)
 		agent := &appsv1.Deployment{}
@@ -281,13 +285,16 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 			}
 		}
 		sh.agentMetrics = append(sh.agentMetrics, net.JoinHostPort("127.0.0.1", strconv.Itoa(apod.ports["metrics"])))
-		if err := s.procs.start(name+" "+sh.namespace, filepath.Join(sh.dir, name+".log"), "", filepath.Join(s.cfg.BinDir, apod.binary), apod.args...); err != nil {
+		agentLog := filepath.Join(sh.dir, name+".log")
+		ended, err := s.procs.start(name+" "+sh.namespace, agentLog, "", filepath.Join(s.cfg.BinDir, apod.binary), apod.args...)
+		if err != nil {
 			return err
 		}
+		agentLogs, agentsEnded = append(agentLogs, agentLog), append(agentsEnded, ended)
 	}
 	for i, m := range sh.agentMetrics {
-		if err := waitHTTP(ctx, "http://"+m+"/readyz"); err != nil {
-			return fmt.Errorf("%s's tunnel: %w", manifest.AgentObjectName(i), err)
+		if err := waitHTTP(ctx, "http://"+m+"/readyz", agentsEnded[i]); err != nil {
+			return fmt.Errorf("%s's tunnel: %w; its log ends:\n%s", manifest.AgentObjectName(i), err, logTail(agentLogs[i]))
 		}
 	}
 	if s.netns {
@@ -481,9 +488,19 @@ func poll(ctx context.Context, f func() error) error {
 	}
 }
 
-func waitHTTP(ctx context.Context, url string) error {
+func waitHTTP(ctx context.Context, url string, ended <-chan struct{}) error {
 	c := &http.Client{Timeout: 2 * time.Second}
-	return poll(ctx, func() error {
+	// A process that ended will never answer: stop waiting at once.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // and so ends the goroutine
+	go func() {
+		select {
+		case <-ended:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := poll(ctx, func() error {
 		r, err := c.Get(url)
 		if err != nil {
 			return err
@@ -494,6 +511,14 @@ func waitHTTP(ctx context.Context, url string) error {
 		}
 		return nil
 	})
+	select {
+	case <-ended:
+		if err != nil {
+			return fmt.Errorf("the process ended: %w", err)
+		}
+	default:
+	}
+	return err
 }
 
 // startGRM runs Gardener's resource manager controllers for the shoot (seed namespace →
