@@ -3,6 +3,7 @@ package localseed
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -490,17 +491,16 @@ func poll(ctx context.Context, f func() error) error {
 
 func waitHTTP(ctx context.Context, url string, ended <-chan struct{}) error {
 	c := &http.Client{Timeout: 2 * time.Second}
-	// A process that ended will never answer: stop waiting at once.
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // and so ends the goroutine
-	go func() {
-		select {
-		case <-ended:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	defer cancel()
+	errEnded := errors.New("the process ended")
 	err := poll(ctx, func() error {
+		select {
+		case <-ended: // it will never answer: poll stops at once
+			cancel()
+			return errEnded
+		default:
+		}
 		r, err := c.Get(url)
 		if err != nil {
 			return err
@@ -511,12 +511,8 @@ func waitHTTP(ctx context.Context, url string, ended <-chan struct{}) error {
 		}
 		return nil
 	})
-	select {
-	case <-ended:
-		if err != nil {
-			return fmt.Errorf("the process ended: %w", err)
-		}
-	default:
+	if errors.Is(err, errEnded) {
+		return errEnded
 	}
 	return err
 }

@@ -90,16 +90,17 @@ func ReleaseBinaryPages() (int, error) {
 // as far as anything can tell; the caller owns bufs and needs none of their contents.
 func dropPages(bufs [][]byte) {
 	for _, b := range bufs {
-		if len(b) < pageSize {
-			continue
-		}
-		p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-		start := (p + uintptr(pageSize) - 1) &^ (uintptr(pageSize) - 1)
-		end := (p + uintptr(len(b))) &^ (uintptr(pageSize) - 1)
-		if end > start {
+		if start, end := wholePages(b); end > start {
 			// Only EINVAL or ENOMEM can come back, for a range that is not a mapping's: not
 			// possible for a live slice, and nothing to do about it but keep the pages.
 			_, _, _ = syscall.Syscall(syscall.SYS_MADVISE, start, end-start, syscall.MADV_DONTNEED)
 		}
 	}
+}
+
+// wholePages is the range of the whole pages inside b: start rounded up, end rounded down to a
+// page boundary (end ≤ start: none).
+func wholePages(b []byte) (start, end uintptr) {
+	p, mask := uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(pageSize)-1
+	return (p + mask) &^ mask, (p + uintptr(len(b))) &^ mask
 }

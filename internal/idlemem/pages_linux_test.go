@@ -47,9 +47,7 @@ func rssFileKiB(t *testing.T) int {
 // resident counts the resident pages among the whole pages inside b (mincore).
 func resident(t *testing.T, b []byte) int {
 	t.Helper()
-	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	start := (p + uintptr(pageSize) - 1) &^ (uintptr(pageSize) - 1)
-	end := (p + uintptr(len(b))) &^ (uintptr(pageSize) - 1)
+	start, end := wholePages(b)
 	vec := make([]byte, (end-start)/uintptr(pageSize))
 	if _, _, e := syscall.Syscall(syscall.SYS_MINCORE, start, end-start, uintptr(unsafe.Pointer(unsafe.SliceData(vec)))); e != 0 {
 		t.Fatalf("mincore: %v", e)
