@@ -23,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/internal/relay"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/netstack"
+	"github.com/tendril-net/tendril/tunnel/tundev"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
@@ -63,6 +64,12 @@ type Config struct {
 	// Dial dials the real destination of a connection the seed opened into the shoot. If nil,
 	// a net.Dialer's DialContext.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// TUN, if set, names a TUN device for the tunnel and the kernel's TCP/IP stack carries
+	// its connections (needs NET_ADMIN, and IP forwarding on for UDP): the seed's TCP
+	// connections into ShootCIDRs are redirected to the agent, which dials each with Dial as
+	// ever; UDP (DNS) is forwarded by the kernel, masqueraded, and not counted. Empty: the
+	// userspace netstack.
+	TUN string
 	// Log receives the agent's logs. The zero value discards them.
 	Log logr.Logger
 	// Registry receives the metrics. If nil, they are not registered.
@@ -127,6 +134,7 @@ func New(cfg Config) (*Agent, error) {
 			PersistentKeepalive: cfg.Keepalive,
 		}},
 		Logger: cfg.Log.WithName("tunnel"),
+		TUN:    cfg.TUN,
 	}
 	a := &Agent{cfg: cfg}
 	a.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -145,6 +153,7 @@ func New(cfg Config) (*Agent, error) {
 		// Connections the seed opens to the shoot's networks end in the netstack; each is
 		// dialled for real here. Anything else is reset by the netstack.
 		wcfg.Forward = netstack.Forward{Prefixes: cfg.ShootCIDRs, Handler: a.forward, UDP: a.forwardUDP}
+		wcfg.TUNHandler = a.forwardTUN
 	}
 	t, err := wg.New(wcfg)
 	if err != nil {
@@ -352,6 +361,24 @@ func (a *Agent) forward(ctx context.Context, r *netstack.Request) {
 		a.forwards.WithLabelValues("accept_failed").Inc()
 		return
 	}
+	a.forwards.WithLabelValues("ok").Inc()
+	relay.Pipe(c, up, time.Hour)
+}
+
+// forwardTUN serves one connection from the seed into the shoot on a TUN device (Config.TUN):
+// the kernel completed the seed's handshake already, so a failed dial resets the connection
+// where forward refuses it.
+func (a *Agent) forwardTUN(ctx context.Context, c *net.TCPConn, dst netip.AddrPort) {
+	dctx, cancel := context.WithTimeout(ctx, forwardDialTimeout)
+	up, err := a.cfg.Dial(dctx, "tcp", dst.String())
+	cancel()
+	if err != nil {
+		a.forwards.WithLabelValues("dial_failed").Inc()
+		a.cfg.Log.V(1).Info("Forwarded dial failed", "destination", dst.String(), "error", err.Error())
+		tundev.Reset(c)
+		return
+	}
+	defer up.Close()
 	a.forwards.WithLabelValues("ok").Inc()
 	relay.Pipe(c, up, time.Hour)
 }

@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/machine"
-	"github.com/tendril-net/tendril/bench/netns"
+	"github.com/tendril-net/tendril/internal/netns"
 )
 
 // Kinds of failure, in report order.

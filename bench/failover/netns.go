@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tendril-net/tendril/bench/netns"
+	"github.com/tendril-net/tendril/internal/netns"
 )
 
 // topology is the benchmark's network. The seed is this process's namespace; the shoot gets

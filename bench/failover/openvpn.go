@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tendril-net/tendril/bench/netns"
 	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/internal/netns"
 	"github.com/tendril-net/tendril/internal/testpki"
 )
 

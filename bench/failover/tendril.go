@@ -14,8 +14,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tendril-net/tendril/bench/netns"
 	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/internal/netns"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"

@@ -260,7 +260,7 @@ func (rep *Report) evaluate() {
 	// CONNECT and gRPC over mutual TLS per dial, and kube-apiserver's grpc egress over a Unix
 	// socket (tendril-egress-relay's one long-lived connection; proxy-server beside kube-apiserver).
 	pairs := [][2]string{{TargetTendrilConnect, TargetKonnectivityConnect}, {TargetTendrilGRPC, TargetKonnectivityGRPC},
-		{TargetTendrilRelay, TargetKonnectivityUDS}}
+		{TargetTendrilRelay, TargetKonnectivityUDS}, {TargetTendrilTUN, TargetKonnectivityConnect}, {TargetTendrilTUNRelay, TargetKonnectivityUDS}}
 	add := func(metric, tendril, versus string, v, o, want float64, unit string) {
 		if math.IsNaN(v) || math.IsNaN(o) || o == 0 && v == 0 {
 			return

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/machine"
-	"github.com/tendril-net/tendril/bench/netns"
 	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/internal/netns"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -121,7 +121,8 @@ func (r *runner) stacks() []*stack {
 	}
 	add(r.directStack(), TargetDirect)
 	add(r.tlsRelayStack(), TargetTLSRelay)
-	add(r.tendrilStack(), TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay)
+	add(r.tendrilStack(false), TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay)
+	add(r.tendrilStack(true), TargetTendrilTUN, TargetTendrilTUNRelay)
 	add(r.openvpnStack(), TargetOpenVPN)
 	add(r.konnectivityStack("grpc", TargetKonnectivityGRPC, false), TargetKonnectivityGRPC)
 	add(r.konnectivityStack("http-connect", TargetKonnectivityConnect, false), TargetKonnectivityConnect)
@@ -295,13 +296,30 @@ func writeFiles(files map[string]string) error {
 	return nil
 }
 
-func (r *runner) tendrilStack() *stack {
+// tendrilStack is tendril-server and its agent; with kernel, both on TUN devices (--tun), for
+// the targets tendril-tun and tendril-tun-relay, else on gVisor's netstack.
+func (r *runner) tendrilStack(kernel bool) *stack {
 	s := &stack{name: "tendril", probeEvery: 5 * time.Millisecond, probeTimeout: time.Second,
 		path: "tendril-server (seed) ⇄ tendril-ingress (Reversed-VPN CONNECT) ⇄ tendril-agent vpn (shoot): WireGuard over one framed TCP stream, gVisor netstack at both ends"}
+	connectTarget, grpcTarget, relayTarget := TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay
+	var serverTUN, agentTUN []string
+	if kernel {
+		s.name = "tendril-tun"
+		s.path = "as tendril, with both ends on TUN devices (--tun): the kernel's TCP/IP stack at both ends, the agent's kernel forwarding to the pod network (masqueraded)"
+		connectTarget, grpcTarget, relayTarget = TargetTendrilTUN, "", TargetTendrilTUNRelay
+		// The server's device is in the seed's namespace, this process's: a name of this run.
+		serverTUN = []string{"--tun", "tbt" + strconv.Itoa(os.Getpid())}
+		agentTUN = []string{"--tun", "tendril0"}
+	}
 	s.check = func(context.Context) error {
 		for _, b := range []string{"tendril-seed", "tendril-ingress", "tendril-server", "tendril-agent", "tendril-egress-relay"} {
 			if _, err := os.Stat(r.bin(b)); err != nil {
 				return fmt.Errorf("%s not found (make build)", r.bin(b))
+			}
+		}
+		if kernel {
+			if _, err := os.Stat("/dev/net/tun"); err != nil {
+				return fmt.Errorf("no TUN devices here: %w", err)
 			}
 		}
 		return nil
@@ -340,6 +358,7 @@ func (r *runner) tendrilStack() *stack {
 			"--shoot-cidrs", r.topo.podNet.String(), "--tunnel-address", "127.0.0.1:" + strconv.Itoa(in.ports.tendrilTunnel),
 			"--connect-address", connectAddr, "--grpc-address", grpcAddr, "--connect-socket", sock,
 			"--tls-cert-file", cert, "--tls-key-file", key, "--client-ca-file", r.pki.caFile, "--metrics-address", metrics}
+		argv = append(argv, serverTUN...)
 		if r.cfg.Profiling {
 			argv = append(argv, "--profiling")
 		}
@@ -358,17 +377,18 @@ func (r *runner) tendrilStack() *stack {
 			"--private-key-file", f("agent.key"), "--server-public-key", "@"+f("server.pub"),
 			"--shoot-cidrs", r.topo.podNet.String(), "--seed", in.listen,
 			"--destination", translate.VPNServerWireName(nsTendril), "--metrics-address", "")
+		agentArgs = append(agentArgs, agentTUN...)
 		s.config += "\n" + strings.Join(agentArgs, " ")
 		pod := r.podTarget()
 		s.probe = connectDialer("unix", sock, nil, pod)
 		s.probeVia = "tendril-server's CONNECT Unix socket (no TLS), a new attempt every 5 ms"
 		s.dial = map[string]dialFunc{
-			TargetTendrilConnect: connectDialer("tcp", connectAddr, r.pki.clientTLS(certTendrilServer), pod),
+			connectTarget: connectDialer("tcp", connectAddr, r.pki.clientTLS(certTendrilServer), pod),
 		}
-		if r.cfg.Konnectivity != nil {
-			s.dial[TargetTendrilGRPC] = grpcDialer(r.cfg.Konnectivity, grpcAddr, r.pki.clientTLS(certTendrilServer), pod)
+		if r.cfg.Konnectivity != nil && grpcTarget != "" {
+			s.dial[grpcTarget] = grpcDialer(r.cfg.Konnectivity, grpcAddr, r.pki.clientTLS(certTendrilServer), pod)
 		}
-		if r.cfg.Konnectivity != nil && slices.Contains(s.targets, TargetTendrilRelay) {
+		if r.cfg.Konnectivity != nil && slices.Contains(s.targets, relayTarget) {
 			// kube-apiserver's pod with egress grpc: the relay beside it on a Unix socket, one
 			// long-lived mutual-TLS connection to tendril-server for every tunnel.
 			rc, rk, err := r.pki.pair(dir, "relay-client", certAPIServer)
@@ -397,7 +417,7 @@ func (r *runner) tendrilStack() *stack {
 			if err := waitFor(ctx, 10*time.Second, accepts("unix", relaySock), rel); err != nil {
 				return fmt.Errorf("tendril-egress-relay: %w", err)
 			}
-			s.dial[TargetTendrilRelay] = grpcDialer(r.cfg.Konnectivity, "unix://"+relaySock, nil, pod)
+			s.dial[relayTarget] = grpcDialer(r.cfg.Konnectivity, "unix://"+relaySock, nil, pod)
 		}
 		return nil
 	}

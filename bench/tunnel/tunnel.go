@@ -45,16 +45,20 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/harness"
-	"github.com/tendril-net/tendril/bench/netns"
+	"github.com/tendril-net/tendril/internal/netns"
 )
 
 // Target names, in report order.
 const (
-	TargetDirect              = "direct"
-	TargetTLSRelay            = "tls-relay"
-	TargetTendrilConnect      = "tendril-connect"
-	TargetTendrilGRPC         = "tendril-grpc"
-	TargetTendrilRelay        = "tendril-relay"
+	TargetDirect         = "direct"
+	TargetTLSRelay       = "tls-relay"
+	TargetTendrilConnect = "tendril-connect"
+	TargetTendrilGRPC    = "tendril-grpc"
+	TargetTendrilRelay   = "tendril-relay"
+	// TargetTendrilTUN and TargetTendrilTUNRelay are tendril-connect and tendril-relay with
+	// both ends on TUN devices (--tun): the kernel's TCP/IP stack instead of gVisor's.
+	TargetTendrilTUN          = "tendril-tun"
+	TargetTendrilTUNRelay     = "tendril-tun-relay"
 	TargetOpenVPN             = "openvpn"
 	TargetKonnectivityGRPC    = "konnectivity-grpc"
 	TargetKonnectivityConnect = "konnectivity-connect"
@@ -62,7 +66,8 @@ const (
 )
 
 // Targets are all targets in report order.
-var Targets = []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay, TargetOpenVPN,
+var Targets = []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay,
+	TargetTendrilTUN, TargetTendrilTUNRelay, TargetOpenVPN,
 	TargetKonnectivityGRPC, TargetKonnectivityConnect, TargetKonnectivityUDS}
 
 // Directions of a transfer.

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/internal/benchtest"
-	"github.com/tendril-net/tendril/bench/netns"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/cmd/tendril-bench/konnectivity"
+	"github.com/tendril-net/tendril/internal/netns"
 )
 
 // TestRunMini runs the tunnel mode in miniature through the same code as a
@@ -36,7 +36,7 @@ func TestRunMini(t *testing.T) {
 			t.Fatalf("%s/%s missing: run make build first", binDir, b)
 		}
 	}
-	targets := []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay}
+	targets := []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay, TargetTendrilTUN}
 	if (peers.OpenVPN{}).Check(context.Background()) == nil {
 		targets = append(targets, TargetOpenVPN)
 	} else {
@@ -58,7 +58,7 @@ func TestRunMini(t *testing.T) {
 	}
 	for _, tr := range rep.Targets {
 		strict := tr.Name == TargetDirect || tr.Name == TargetTLSRelay || tr.Name == TargetTendrilConnect || tr.Name == TargetTendrilGRPC ||
-			tr.Name == TargetTendrilRelay
+			tr.Name == TargetTendrilRelay || tr.Name == TargetTendrilTUN
 		if tr.Skipped != "" {
 			if strict {
 				t.Errorf("%s skipped: %s", tr.Name, tr.Skipped)
@@ -131,7 +131,10 @@ func TestRunMini(t *testing.T) {
 	if !strings.Contains(md.String(), "# tendril-bench tunnel — ") || !strings.Contains(md.String(), "| target |") {
 		t.Errorf("markdown lacks the title or the tables:\n%s", md.String())
 	}
-	// Everything is cleaned up.
+	// Everything is cleaned up: tendril-tun's server device too.
+	if _, err := net.InterfaceByName("tbt" + strconv.Itoa(os.Getpid())); err == nil {
+		t.Error("tendril-tun's server device left behind")
+	}
 	entries, _ := os.ReadDir("/run/netns")
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), nsPrefix+strconv.Itoa(os.Getpid())+"-") {

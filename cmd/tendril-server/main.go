@@ -56,6 +56,9 @@ type Config struct {
 	// ReleaseStartupPages drops the binary's pages that startup touched from the resident set
 	// once serving and again once the tunnel is up (releaseStartupMemory).
 	ReleaseStartupPages bool
+	// TUN, if set, names the TUN device the tunnel runs on (the kernel's TCP/IP stack; needs
+	// NET_ADMIN); empty: the userspace netstack.
+	TUN string
 	// MemoryLimitMiB is the Go runtime's soft memory limit; 0 leaves Go's (none). The
 	// environment's GOMEMLIMIT, if set, wins.
 	MemoryLimitMiB int
@@ -99,6 +102,7 @@ func main() {
 	flag.StringVar(&cfg.MetricsAddress, "metrics-address", ":9090", "address for /metrics, /healthz and /readyz (empty: off)")
 	flag.IntVar(&cfg.MaxConcurrentDials, "max-concurrent-dials", 256, "dials in flight through the tunnel at once; more wait up to the dial timeout, then get 503")
 	flag.BoolVar(&cfg.ReleaseStartupPages, "release-startup-pages", true, "once serving, and again once the first agent's tunnel is up, drop the binary's code and constant pages that startup touched from the resident set (they stay in the page cache and fault back in when used): an idle server's RSS goes from about 19 to 12 MiB")
+	flag.StringVar(&cfg.TUN, "tun", "", "create a TUN device of this name and carry the tunnel's connections with the kernel's TCP/IP stack (needs NET_ADMIN and /dev/net/tun; the agent runs with --tun too); empty: gVisor's userspace TCP/IP stack, unprivileged")
 	flag.IntVar(&cfg.MemoryLimitMiB, "memory-limit-mib", idlemem.TunnelSoftLimitMiB, "soft limit of the Go runtime's memory, MiB (0: none; GOMEMLIMIT in the environment wins): bounds the peak of a load, above it the GC runs more often")
 	flag.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
@@ -148,6 +152,7 @@ func Run(ctx context.Context, cfg Config) error {
 			PrivateKey:     priv,
 			LocalAddresses: cfg.Addresses,
 			Peers:          peers,
+			TUN:            cfg.TUN,
 		},
 		ShootCIDRs:         cfg.ShootCIDRs,
 		AgentTimeout:       cfg.AgentTimeout,

@@ -14,6 +14,7 @@ import (
 	"golang.zx2c4.com/wireguard/tun"
 	wgnetstack "golang.zx2c4.com/wireguard/tun/netstack"
 
+	"github.com/tendril-net/tendril/internal/netns"
 	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 )
@@ -58,6 +59,20 @@ func BenchmarkThroughput(b *testing.B) {
 		w, _ := newForwardWorld(b, worldOpts{mtu: 60000}, func(c net.Conn) { received <- drain(c) })
 		benchTransfer(b, size, received, func() (net.Conn, error) {
 			return dialAddr(b, w.server, netip.MustParseAddrPort("10.123.0.5:9000"), 10*time.Second)
+		})
+	})
+	b.Run("kernel-mtu-60000", func(b *testing.B) {
+		k := newKernelNet(b)
+		w := newWorld(b, worldOpts{mtu: 60000, kernel: &[2]string{k.seed, k.shoot}})
+		var ln net.Listener
+		if err := netns.In(k.shoot, func() (err error) { ln, err = w.agent.ListenTCP(netip.AddrPortFrom(agentAddr, 9000)); return err }); err != nil {
+			b.Fatal(err)
+		}
+		received := make(chan int64, 1)
+		testnet.Serve(b, ln, func(c net.Conn) { received <- drain(c) })
+		benchTransfer(b, size, received, func() (c net.Conn, err error) {
+			err = errors.Join(err, netns.In(k.seed, func() error { c, err = dial(b, w.server, agentAddr, 9000, 10*time.Second); return nil }))
+			return c, err
 		})
 	})
 	b.Run("direct-tcp", func(b *testing.B) {

@@ -1,6 +1,7 @@
 // Package wg runs a userspace WireGuard device (golang.zx2c4.com/wireguard) with a gVisor
 // netstack (package netstack) as its interface, over the framed streams of package bind: no
-// TUN device, no privileges, no UDP. A Tunnel dials and listens on its own inner addresses like
+// TUN device, no privileges, no UDP. With Config.TUN it uses a TUN device and the kernel's
+// TCP/IP stack instead (package tundev; privileged, opt-in). A Tunnel dials and listens on its own inner addresses like
 // package net does, optionally terminates TCP connections to destinations inside configured
 // prefixes and hands them to a handler (the agent's forwarder into the shoot's networks), and
 // reports per-peer handshake and byte counters. It does not dial or accept the outer streams
@@ -27,6 +28,7 @@ import (
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/frame"
 	"github.com/tendril-net/tendril/tunnel/netstack"
+	"github.com/tendril-net/tendril/tunnel/tundev"
 )
 
 const (
@@ -76,6 +78,16 @@ type Config struct {
 	// AllowedIPs) and needs an inner address of each family it dials: an IPv4 one, which the
 	// agent's Peer for the server allows, to reach IPv4 networks.
 	Forward netstack.Forward
+	// TUN, if set, is the name of a TUN device to create: the kernel's TCP/IP stack then
+	// carries the inner connections (package tundev) in place of the userspace netstack, which
+	// needs CAP_NET_ADMIN. Forward's Prefixes are then reached through the kernel (see
+	// TUNHandler; UDP forwarded with a masquerade) and its handlers and limits are not used.
+	// The default, empty, needs no privilege.
+	TUN string
+	// TUNHandler, with TUN, serves each TCP connection into Forward's Prefixes, which the
+	// kernel completed for this end (the agent: dial the destination, then relay). Without it
+	// the kernel forwards TCP as well; UDP it forwards either way.
+	TUNHandler tundev.Handler
 	// Logger receives the tunnel's and WireGuard's log lines: WireGuard's errors at V(0),
 	// rate-limited to about one a second (a dead stream would otherwise log every packet), its
 	// verbose lines at V(2). The zero Logger discards.
@@ -128,8 +140,9 @@ type Tunnel struct {
 	closeOnce sync.Once
 }
 
-// innerStack is what a Tunnel uses of its netstack. It is a *netstack.Stack; the throughput
-// benchmark puts wireguard-go's own tun/netstack behind it for comparison.
+// innerStack is what a Tunnel uses of its netstack. It is a *netstack.Stack, or a
+// *tundev.Stack with Config.TUN; the throughput benchmark puts wireguard-go's own tun/netstack
+// behind it for comparison.
 type innerStack interface {
 	tun.Device
 	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
@@ -141,6 +154,15 @@ type innerStack interface {
 
 // New validates cfg, starts the device and returns the Tunnel. No stream is attached yet.
 func New(cfg Config) (*Tunnel, error) {
+	if cfg.TUN != "" {
+		return newTunnel(cfg, func(nc netstack.Config) (innerStack, error) {
+			tc := tundev.Config{Name: cfg.TUN, Addresses: nc.Addresses, MTU: nc.MTU, Forward: nc.Forward.Prefixes, Handler: cfg.TUNHandler}
+			for _, p := range cfg.Peers {
+				tc.Routes = append(tc.Routes, p.AllowedIPs...)
+			}
+			return tundev.New(tc)
+		})
+	}
 	return newTunnel(cfg, func(cfg netstack.Config) (innerStack, error) { return netstack.New(cfg) })
 }
 
@@ -420,6 +442,12 @@ func (t *Tunnel) Route(peer Key, prefixes []netip.Prefix) error {
 	}
 	if err := t.dev.IpcSet(b.String()); err != nil {
 		return fmt.Errorf("wg: route to peer %s: %w", peer, err)
+	}
+	if r, ok := t.stack.(interface{ AddRoutes([]netip.Prefix) error }); ok {
+		// The kernel's stack routes into the device only what it was told to.
+		if err := r.AddRoutes(prefixes); err != nil {
+			return fmt.Errorf("wg: route to peer %s: %w", peer, err)
+		}
 	}
 	return nil
 }

@@ -16,10 +16,12 @@ import (
 	"github.com/go-logr/logr/testr"
 	"go.uber.org/goleak"
 
+	"github.com/tendril-net/tendril/internal/netns"
 	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/frame"
 	"github.com/tendril-net/tendril/tunnel/netstack"
+	"github.com/tendril-net/tendril/tunnel/tundev"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -61,6 +63,11 @@ type worldOpts struct {
 	routed []netip.Prefix
 	// newStack, if set, builds both ends' netstacks (the benchmark's comparison).
 	newStack func(netstack.Config) (innerStack, error)
+	// kernel, if set, are the network namespaces of the server and the agent: each end then
+	// runs on a TUN device "tendril0" in its namespace (Config.TUN), made there.
+	kernel *[2]string
+	// tunHandler, with kernel, is the agent's TUNHandler.
+	tunHandler tundev.Handler
 }
 
 func newKey(t testing.TB) Key {
@@ -109,14 +116,24 @@ func newWorld(t testing.TB, o worldOpts) *world {
 		serverCfg.Peers[0].AllowedIPs = append(append(serverCfg.Peers[0].AllowedIPs, o.forward.Prefixes...), o.routed...)
 		agentCfg.Peers[0].AllowedIPs = append(agentCfg.Peers[0].AllowedIPs, netip.PrefixFrom(serverAddr4, 32))
 		agentCfg.Forward = *o.forward
+		agentCfg.TUNHandler = o.tunHandler
+	}
+	// start starts the server's end (0) or the agent's (1).
+	start := func(cfg Config, _ int) (*Tunnel, error) { return newTunnel(cfg, newStack) }
+	if o.kernel != nil {
+		serverCfg.TUN, agentCfg.TUN = "tendril0", "tendril0"
+		start = func(cfg Config, end int) (tun *Tunnel, err error) {
+			err = netns.In(o.kernel[end], func() (err error) { tun, err = New(cfg); return err })
+			return tun, err
+		}
 	}
 	var err error
-	w.server, err = newTunnel(serverCfg, newStack)
+	w.server, err = start(serverCfg, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.server.Close() })
-	w.agent, err = newTunnel(agentCfg, newStack)
+	w.agent, err = start(agentCfg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

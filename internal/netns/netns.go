@@ -1,6 +1,7 @@
-// Package netns runs the benchmarks' network namespaces: it checks that they can be made, runs
-// ip(8), removes the namespaces a killed run left behind, and runs code or programs inside one.
-// It does not decide a topology: the benchmarks (bench/tunnel, bench/failover) lay out their own.
+// Package netns runs network namespaces for the benchmarks and for tests that cross one: it
+// checks that they can be made, runs ip(8), removes the namespaces a killed run left behind, and
+// runs code or programs inside one. It does not decide a topology: its users (bench/tunnel,
+// bench/failover, tunnel/wg's kernel-stack test) lay out their own.
 package netns
 
 import (
