@@ -207,6 +207,7 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 		Ingress:           a.cfg.Ingress,
 		APIServerProxy:    pc.APIServerProxyEnabled(),
 		Egress:            pc.EgressOrDefault(),
+		KernelTunnel:      pc.TunnelStackOrDefault() == tendrilv1alpha1.TunnelStackKernel,
 		Tunnel: manifest.Tunnel{
 			ServerAddresses: st.ServerAddresses,
 			ServerPublicKey: string(server[DataKeyPublicKey]),

@@ -227,6 +227,50 @@ func TestExtension(t *testing.T) {
 	t.Run("hibernation", func(t *testing.T) { testHibernation(t, env.Client) })
 	t.Run("force delete", func(t *testing.T) { testForceDelete(t, env.Client) })
 	t.Run("high availability", func(t *testing.T) { testHighAvailability(t, env.Client) })
+	t.Run("kernel tunnel", func(t *testing.T) { testKernelTunnel(t, env.Client) })
+}
+
+// testKernelTunnel: providerConfig tunnel.stack kernel puts tendril-server and the agent on TUN
+// devices (--tun, NET_ADMIN, the node's /dev/net/tun, root) and gives the agent's pod the
+// init container that turns on forwarding; a stack it does not know is a configuration problem.
+func testKernelTunnel(t *testing.T, c client.Client) {
+	ctx := context.Background()
+	ns := "shoot--local--lambda"
+	shoot(t, c, ns, false)
+	start := time.Now().Add(-time.Second)
+	must(t, c.Create(ctx, newExtension(ns, `{"tunnel":{"stack":"kernel"}}`)))
+	waitSucceeded(t, c, client.ObjectKey{Namespace: ns, Name: "tendril"}, start)
+
+	d := &appsv1.Deployment{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, d))
+	ctr := d.Spec.Template.Spec.Containers[0]
+	if !slices.Contains(ctr.Args, "--tun="+manifest.TUNDevice) || ctr.SecurityContext.Capabilities == nil ||
+		!slices.Contains(ctr.SecurityContext.Capabilities.Add, "NET_ADMIN") {
+		t.Errorf("tendril-server: args %v, security context %+v; want --tun and NET_ADMIN", ctr.Args, ctr.SecurityContext)
+	}
+	mr := &resourcesv1alpha1.ManagedResource{}
+	must(t, c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.ManagedResourceName}, mr))
+	data := managedResourceData(t, c, mr)
+	for _, want := range []string{"--tun=" + manifest.TUNDevice, "name: " + manifest.AgentName + "-sysctl", "net.ipv4.ip_forward=1", "path: /dev/net/tun"} {
+		if !strings.Contains(data, want) {
+			t.Errorf("the shoot's objects lack %q", want)
+		}
+	}
+
+	bad := "shoot--local--mu"
+	shoot(t, c, bad, false)
+	must(t, c.Create(ctx, newExtension(bad, `{"tunnel":{"stack":"tun"}}`)))
+	testwait.For(t, "configuration problem", func() error {
+		_, e, err := lastOp(c, client.ObjectKey{Namespace: bad, Name: "tendril"})
+		if err != nil {
+			return err
+		}
+		if e.Status.LastError == nil || !slices.Contains(e.Status.LastError.Codes, gardencorev1beta1.ErrorConfigurationProblem) ||
+			!strings.Contains(e.Status.LastError.Description, "tunnel.stack") {
+			return fmt.Errorf("lastError %+v", e.Status.LastError)
+		}
+		return nil
+	})
 }
 
 // haControlPlane makes the shoot's control plane highly available (zone failure tolerance).

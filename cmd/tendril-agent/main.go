@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/netflag"
 	"github.com/tendril-net/tendril/internal/probe"
+	"github.com/tendril-net/tendril/internal/sysctl"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
@@ -34,6 +36,7 @@ const usage = `usage: tendril-agent <mode> [flags]
 modes:
   vpn               keep the reversed VPN to the seed up and serve the seed's connections into the shoot
   apiserver-proxy   forward in-cluster connections to kube-apiserver's advertised address to the seed ingress
+  sysctl NAME=VALUE…  set kernel parameters of the network namespace (vpn --tun's init container: net.ipv4.ip_forward=1)
   --version         print the version and exit
 `
 
@@ -66,6 +69,8 @@ func main() {
 			log = cfg.Log
 			err = RunAPIServerProxy(ctx, cfg)
 		}
+	case "sysctl":
+		err = runSysctl(os.Args[2:])
 	default:
 		fmt.Fprintf(os.Stderr, "tendril-agent: unknown mode %q\n%s", os.Args[1], usage)
 		os.Exit(2)
@@ -78,6 +83,24 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// runSysctl sets each NAME=VALUE of args (sysctl's dotted names) and prints what it set.
+func runSysctl(args []string) error {
+	if len(args) == 0 {
+		return errors.New("sysctl: want NAME=VALUE arguments")
+	}
+	for _, a := range args {
+		name, value, ok := strings.Cut(a, "=")
+		if !ok {
+			return fmt.Errorf("sysctl: %q is not NAME=VALUE", a)
+		}
+		if err := sysctl.Ensure(name, value); err != nil {
+			return err
+		}
+		fmt.Printf("%s = %s\n", name, value)
+	}
+	return nil
 }
 
 // VPNConfig is the configuration of `tendril-agent vpn`.

@@ -86,6 +86,9 @@ type Values struct {
 	Egress tendrilv1alpha1.EgressMode
 	// Tunnel holds the WireGuard identities and inner addresses.
 	Tunnel Tunnel
+	// KernelTunnel runs both tunnel ends on TUN devices with the kernel's TCP/IP stack
+	// (tendrilv1alpha1.TunnelStackKernel): privileged, see kernelTunnel.
+	KernelTunnel bool
 	// Secrets names the secrets-manager Secrets in the shoot namespace.
 	Secrets SecretNames
 	// IngressNamespace is where the seed ingress runs (default garden); tendril-server's
@@ -219,6 +222,26 @@ func restricted() *corev1.SecurityContext {
 	}
 }
 
+// TUNDevice is the TUN device tendril-server and the agents create with KernelTunnel, each in
+// its own pod's network namespace.
+const TUNDevice = "tendril0"
+
+// kernelTunnel turns container c of pod spec p into a tunnel end on a TUN device (--tun), as
+// Gardener runs vpn-seed-server and vpn-shoot: root with NET_ADMIN (a non-root user gets no
+// effective capability from the container's set) and the node's /dev/net/tun. The rest of the
+// restricted context stays: no privilege escalation, a read-only root, the runtime's seccomp
+// profile, every other capability dropped.
+func kernelTunnel(p *corev1.PodSpec, c *corev1.Container) {
+	c.Args = append(c.Args, "--tun="+TUNDevice)
+	c.SecurityContext.RunAsNonRoot = ptr.To(false)
+	c.SecurityContext.RunAsUser = ptr.To[int64](0)
+	c.SecurityContext.Capabilities.Add = []corev1.Capability{"NET_ADMIN"}
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "dev-net-tun", MountPath: "/dev/net/tun"})
+	p.Volumes = append(p.Volumes, corev1.Volume{Name: "dev-net-tun", VolumeSource: corev1.VolumeSource{
+		HostPath: &corev1.HostPathVolumeSource{Path: "/dev/net/tun", Type: ptr.To(corev1.HostPathCharDev)},
+	}})
+}
+
 func secretVolume(name, secret string) corev1.Volume {
 	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 		SecretName: secret, DefaultMode: ptr.To[int32](0o400),
@@ -268,7 +291,7 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 		v1beta1constants.GardenRole:                 v1beta1constants.GardenRoleControlPlane,
 		v1beta1constants.LabelPodMaintenanceRestart: "true",
 	}
-	return &appsv1.Deployment{
+	d := &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: metav1.ObjectMeta{Name: ServerName, Namespace: v.Namespace, Labels: labels},
 		Spec: appsv1.DeploymentSpec{
@@ -326,6 +349,10 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 			},
 		},
 	}
+	if v.KernelTunnel {
+		kernelTunnel(&d.Spec.Template.Spec, &d.Spec.Template.Spec.Containers[0])
+	}
+	return d
 }
 
 // ServerService exposes tendril-server's ports inside the seed and tells Gardener's

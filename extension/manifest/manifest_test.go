@@ -57,6 +57,8 @@ func TestGolden(t *testing.T) {
 	hib := v
 	hib.Hibernated, hib.APIServerProxy = true, false
 	ha := haValues()
+	kernel := v
+	kernel.KernelTunnel, kernel.APIServerProxy = true, false
 	for name, objs := range map[string][]client.Object{
 		"seed.yaml":            append(SeedObjects(v), Route(v)),
 		"shoot.yaml":           ShootObjects(v),
@@ -64,6 +66,8 @@ func TestGolden(t *testing.T) {
 		"shoot-no-proxy.yaml":  ShootObjects(hib),
 		"seed-ha.yaml":         SeedObjects(ha),
 		"shoot-ha.yaml":        ShootObjects(ha),
+		"seed-kernel.yaml":     SeedObjects(kernel),
+		"shoot-kernel.yaml":    ShootObjects(kernel),
 	} {
 		var b strings.Builder
 		for _, o := range objs {

@@ -105,8 +105,9 @@ func AgentPodDisruptionBudget(v Values) *policyv1.PodDisruptionBudget {
 }
 
 // AgentDeployment is agent i, `tendril-agent vpn` in the shoot's kube-system. It needs no
-// privileges and no API credentials: WireGuard runs in user space and the agent only dials
-// out. Each agent is its own Deployment of one replica, so that each pod mounts its own key.
+// API credentials, and by default no privileges: WireGuard runs in user space and the agent
+// only dials out (KernelTunnel: see kernelTunnel). Each agent is its own Deployment of one
+// replica, so that each pod mounts its own key.
 func AgentDeployment(v Values, i int) *appsv1.Deployment {
 	name, labels := AgentObjectName(i), agentLabels(i)
 	args := []string{
@@ -122,7 +123,7 @@ func AgentDeployment(v Values, i int) *appsv1.Deployment {
 		"--metrics-address=:" + strconv.Itoa(portAgentMetrics),
 	}
 	live, ready := probes("", portAgentMetrics, "/readyz")
-	return &appsv1.Deployment{
+	d := &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ShootNamespace, Labels: labels},
 		Spec: appsv1.DeploymentSpec{
@@ -155,6 +156,42 @@ func AgentDeployment(v Values, i int) *appsv1.Deployment {
 			},
 		},
 	}
+	if v.KernelTunnel {
+		spec := &d.Spec.Template.Spec
+		kernelTunnel(spec, &spec.Containers[0])
+		// DNS into the shoot is forwarded by the kernel, which needs IP forwarding in the pod's
+		// namespace; a container's /proc/sys is read-only, so a privileged init container
+		// turns it on, as Gardener's vpn-shoot-init does.
+		spec.InitContainers = []corev1.Container{{
+			Name:    AgentName + "-sysctl",
+			Image:   v.Image,
+			Command: []string{"/tendril-agent"},
+			Args:    append([]string{"sysctl"}, forwardingSysctls(v.ShootCIDRs)...),
+			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+				corev1.ResourceCPU:    resource.MustParse("5m"),
+				corev1.ResourceMemory: resource.MustParse("8Mi"),
+			}},
+			SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)},
+		}}
+	}
+	return d
+}
+
+// forwardingSysctls are the sysctls that turn on forwarding for the families of prefixes.
+func forwardingSysctls(prefixes []netip.Prefix) []string {
+	var v4, v6 bool
+	for _, p := range prefixes {
+		v4 = v4 || p.Addr().Is4()
+		v6 = v6 || p.Addr().Is6()
+	}
+	var out []string
+	if v4 {
+		out = append(out, "net.ipv4.ip_forward=1")
+	}
+	if v6 {
+		out = append(out, "net.ipv6.conf.all.forwarding=1")
+	}
+	return out
 }
 
 // APIServerProxyDaemonSet is `tendril-agent apiserver-proxy` on every node: it holds

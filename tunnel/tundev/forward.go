@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -86,16 +87,24 @@ func hasFamily(prefixes []netip.Prefix, is4 bool) bool {
 
 func (f *forwarder) accept(l *net.TCPListener) {
 	defer f.wg.Done()
+	var backoff time.Duration
 	for {
 		c, err := l.AcceptTCP()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// A connection that went away before it was accepted, or no descriptor left: the
-			// next one may fare better (the listen backlog holds the rest meanwhile).
+			// No descriptor left, say: wait before the next try (5 ms doubling to 1 s, as
+			// net/http does) while the listen backlog holds the connections.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			select {
+			case <-f.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
 			continue
 		}
+		backoff = 0
 		dst, err := originalDst(c)
 		if err != nil || !f.forwarded(dst.Addr()) {
 			// Not redirected (a peer dialled the listener's port itself): nothing to forward.

@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/tun"
 
+	"github.com/tendril-net/tendril/internal/sysctl"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 )
 
@@ -117,8 +118,9 @@ func New(cfg Config) (_ *Stack, err error) {
 	return s, nil
 }
 
-// enableForwarding turns on the kernel's forwarding for the families of prefixes. It is a
-// setting of the whole namespace (the table above limits what comes from the device).
+// enableForwarding turns on the kernel's forwarding for the families of prefixes, unless it
+// is on already (a container's /proc/sys is read-only; in a pod an init container sets it). It
+// is a setting of the whole namespace (the table above limits what comes from the device).
 func enableForwarding(prefixes []netip.Prefix) error {
 	var v4, v6 bool
 	for _, p := range prefixes {
@@ -127,13 +129,12 @@ func enableForwarding(prefixes []netip.Prefix) error {
 	}
 	for _, f := range []struct {
 		on   bool
-		path string
-	}{{v4, "/proc/sys/net/ipv4/ip_forward"}, {v6, "/proc/sys/net/ipv6/conf/all/forwarding"}} {
-		if !f.on {
-			continue
-		}
-		if err := os.WriteFile(f.path, []byte("1\n"), 0o644); err != nil {
-			return fmt.Errorf("tundev: enable forwarding (a privileged init container sets it in a pod): %w", err)
+		name string
+	}{{v4, "net.ipv4.ip_forward"}, {v6, "net.ipv6.conf.all.forwarding"}} {
+		if f.on {
+			if err := sysctl.Ensure(f.name, "1"); err != nil {
+				return fmt.Errorf("tundev: enable forwarding (in a pod: set by a privileged init container): %w", err)
+			}
 		}
 	}
 	return nil

@@ -12,6 +12,7 @@ func TestDecodeProviderConfig(t *testing.T) {
 		wantEgress EgressMode
 		wantProxy  bool
 		wantAgents int // AgentsOr(7): 7 means "not configured"
+		wantStack  TunnelStack
 	}{
 		{name: "empty is the default", raw: "", wantEgress: EgressHTTPConnect},
 		{name: "full", raw: `{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true},"egress":"httpConnect"}`, wantEgress: EgressHTTPConnect, wantProxy: true},
@@ -21,6 +22,10 @@ func TestDecodeProviderConfig(t *testing.T) {
 		{name: "one agent", raw: `{"highAvailability":{"agents":1}}`, wantEgress: EgressHTTPConnect, wantAgents: 1},
 		{name: "zero agents", raw: `{"highAvailability":{"agents":0}}`, wantErr: "spec.providerConfig.highAvailability.agents: Invalid value: 0: must be between 1 and 2"},
 		{name: "three agents", raw: `{"highAvailability":{"agents":3}}`, wantErr: "spec.providerConfig.highAvailability.agents: Invalid value: 3"},
+		{name: "kernel tunnel", raw: `{"tunnel":{"stack":"kernel"}}`, wantEgress: EgressHTTPConnect, wantStack: TunnelStackKernel},
+		{name: "userspace tunnel", raw: `{"tunnel":{"stack":"userspace"}}`, wantEgress: EgressHTTPConnect},
+		{name: "tunnel without a stack", raw: `{"tunnel":{}}`, wantEgress: EgressHTTPConnect},
+		{name: "bad tunnel stack", raw: `{"tunnel":{"stack":"tun"}}`, wantErr: `spec.providerConfig.tunnel.stack: Unsupported value: "tun"`},
 		{name: "unknown field", raw: `{"egres":"grpc"}`, wantErr: `unknown field "egres"`},
 		{name: "bad egress", raw: `{"egress":"socks"}`, wantErr: `spec.providerConfig.egress: Unsupported value: "socks"`},
 		{name: "wrong kind", raw: `{"kind":"Other"}`, wantErr: "spec.providerConfig.kind"},
@@ -48,6 +53,13 @@ func TestDecodeProviderConfig(t *testing.T) {
 			}
 			if got := cfg.AgentsOr(7); got != want {
 				t.Fatalf("agents %d, want %d", got, want)
+			}
+			wantStack := tc.wantStack
+			if wantStack == "" {
+				wantStack = TunnelStackUserspace
+			}
+			if got := cfg.TunnelStackOrDefault(); got != wantStack {
+				t.Fatalf("tunnel stack %q, want %q", got, wantStack)
 			}
 		})
 	}
