@@ -305,7 +305,7 @@ func (r *runner) tendrilStack(kernel bool) *stack {
 	var serverTUN, agentTUN []string
 	if kernel {
 		s.name = "tendril-tun"
-		s.path = "as tendril, with both ends on TUN devices (--tun): the kernel's TCP/IP stack at both ends, the agent's kernel forwarding to the pod network (masqueraded)"
+		s.path = "as tendril, with both ends on TUN devices (--tun): the kernel's TCP/IP stack at both ends, the seed's TCP redirected to the agent, which dials the pod"
 		connectTarget, grpcTarget, relayTarget = TargetTendrilTUN, "", TargetTendrilTUNRelay
 		// The server's device is in the seed's namespace, this process's: a name of this run.
 		serverTUN = []string{"--tun", "tbt" + strconv.Itoa(os.Getpid())}

@@ -69,7 +69,7 @@ const (
 	// Gardener's vpn-seed-server and vpn-shoot run: both containers run as root with NET_ADMIN
 	// and the node's /dev/net/tun, and the agent's pod gets a privileged init container that
 	// turns on IP forwarding (DNS into the shoot is forwarded by the kernel). Bulk transfers
-	// gain 5–20 % on a two-core machine (docs/performance.md).
+	// gain 5–30 % on a two-core machine (docs/performance.md).
 	TunnelStackKernel TunnelStack = "kernel"
 )
 
