@@ -343,15 +343,24 @@ func (a *Agent) heartbeatAddr() netip.Addr {
 // the tunnel waits for it (tendril-server's default dial timeout is 10 s).
 const forwardDialTimeout = 8 * time.Second
 
+// dialShoot dials a forwarded connection's or flow's real destination; a failure is counted
+// as failed (its outcome) and logged.
+func (a *Agent) dialShoot(ctx context.Context, network string, dst netip.AddrPort, failed string) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, forwardDialTimeout)
+	defer cancel()
+	up, err := a.cfg.Dial(dctx, network, dst.String())
+	if err != nil {
+		a.forwards.WithLabelValues(failed).Inc()
+		a.cfg.Log.V(1).Info("Forwarded dial failed", "network", network, "destination", dst.String(), "error", err.Error())
+	}
+	return up, err
+}
+
 // forward serves one connection from the seed into the shoot: dial the real destination first,
 // so that a refused destination is refused through the tunnel too, then relay.
 func (a *Agent) forward(ctx context.Context, r *netstack.Request) {
-	dctx, cancel := context.WithTimeout(ctx, forwardDialTimeout)
-	up, err := a.cfg.Dial(dctx, "tcp", r.Dst().String())
-	cancel()
+	up, err := a.dialShoot(ctx, "tcp", r.Dst(), "dial_failed")
 	if err != nil {
-		a.forwards.WithLabelValues("dial_failed").Inc()
-		a.cfg.Log.V(1).Info("Forwarded dial failed", "destination", r.Dst().String(), "error", err.Error())
 		r.Refuse()
 		return
 	}
@@ -369,12 +378,8 @@ func (a *Agent) forward(ctx context.Context, r *netstack.Request) {
 // the kernel completed the seed's handshake already, so a failed dial resets the connection
 // where forward refuses it.
 func (a *Agent) forwardTUN(ctx context.Context, c *net.TCPConn, dst netip.AddrPort) {
-	dctx, cancel := context.WithTimeout(ctx, forwardDialTimeout)
-	up, err := a.cfg.Dial(dctx, "tcp", dst.String())
-	cancel()
+	up, err := a.dialShoot(ctx, "tcp", dst, "dial_failed")
 	if err != nil {
-		a.forwards.WithLabelValues("dial_failed").Inc()
-		a.cfg.Log.V(1).Info("Forwarded dial failed", "destination", dst.String(), "error", err.Error())
 		tundev.Reset(c)
 		return
 	}
@@ -398,12 +403,8 @@ const (
 // above all): a socket to the real destination, datagrams relayed both ways until the flow
 // ends (see dnsIdleTimeout).
 func (a *Agent) forwardUDP(ctx context.Context, src, dst netip.AddrPort, c net.Conn) {
-	dctx, cancel := context.WithTimeout(ctx, forwardDialTimeout)
-	up, err := a.cfg.Dial(dctx, "udp", dst.String())
-	cancel()
+	up, err := a.dialShoot(ctx, "udp", dst, "udp_dial_failed")
 	if err != nil {
-		a.forwards.WithLabelValues("udp_dial_failed").Inc()
-		a.cfg.Log.V(1).Info("Forwarded UDP dial failed", "destination", dst.String(), "error", err.Error())
 		return
 	}
 	a.forwards.WithLabelValues("udp_ok").Inc()

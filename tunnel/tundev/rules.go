@@ -48,7 +48,12 @@ func installRules(nsFd int, cfg Config, redirect map[int]uint16) (*rules, error)
 		return nil, err
 	}
 	r := &rules{cc: cc, admitted: make(map[[2]uint16]bool)}
-	r.table = cc.AddTable(&nftables.Table{Name: "tendril-" + cfg.Name, Family: nftables.TableFamilyINet})
+	// Add, delete, add, in one batch: a table of the same name that a killed process left (its
+	// chains, rules and admitted ports) goes, and the new one starts empty.
+	t := &nftables.Table{Name: "tendril-" + cfg.Name, Family: nftables.TableFamilyINet}
+	cc.AddTable(t)
+	cc.DelTable(t)
+	r.table = cc.AddTable(t)
 	r.tcpPorts = &nftables.Set{Table: r.table, Name: "tcp_ports", KeyType: nftables.TypeInetService}
 	r.udpPorts = &nftables.Set{Table: r.table, Name: "udp_ports", KeyType: nftables.TypeInetService}
 	for _, set := range []*nftables.Set{r.tcpPorts, r.udpPorts} {

@@ -35,6 +35,9 @@ type kernelNet struct {
 	shootGW          netip.Addr // the shoot's address on the pod network: the masquerade's
 	forwarded        netip.Prefix
 	notForwarded     netip.Prefix
+	// The pod network's IPv6 half: fd00:218:N::/64, the pod ::2, the shoot ::1.
+	podAddr6, shootGW6 netip.Addr
+	forwarded6         netip.Prefix
 }
 
 var kernelNSRE = regexp.MustCompile(`^twg(\d+)-(seed|shoot|pod)$`)
@@ -57,6 +60,9 @@ func newKernelNet(t testing.TB) *kernelNet {
 		seed: name("seed"), shoot: name("shoot"), pod: name("pod"),
 		podAddr: a(218, 2), podOther: a(219, 2), shootGW: a(218, 1),
 		forwarded: netip.PrefixFrom(a(218, 0), 24), notForwarded: netip.PrefixFrom(a(219, 0), 24),
+		podAddr6:   netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x18, 0, n, 15: 2}),
+		shootGW6:   netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x18, 0, n, 15: 1}),
+		forwarded6: netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x18, 0, n}), 64),
 	}
 	for _, ns := range []string{k.seed, k.shoot, k.pod} {
 		if err := netns.IP(ctx, "netns", "add", ns); err != nil {
@@ -75,10 +81,13 @@ func newKernelNet(t testing.TB) *kernelNet {
 		{"-n", s, "route", "add", k.notForwarded.String(), "dev", "pod0"},
 		{"-n", p, "addr", "add", k.podAddr.String() + "/24", "dev", "eth0"},
 		{"-n", p, "addr", "add", k.podOther.String() + "/24", "dev", "eth0"},
+		{"-n", s, "addr", "add", k.shootGW6.String() + "/64", "dev", "pod0", "nodad"},
+		{"-n", p, "addr", "add", k.podAddr6.String() + "/64", "dev", "eth0", "nodad"},
 		{"-n", p, "link", "set", "eth0", "up"},
 		// No route back to the server's inner address: replies reach it only through the
 		// agent's masquerade.
 		{"-n", p, "route", "add", "default", "via", k.shootGW.String()},
+		{"-n", p, "route", "add", "default", "via", k.shootGW6.String()},
 	} {
 		if err := netns.IP(ctx, st...); err != nil {
 			t.Fatal(err)
@@ -111,7 +120,7 @@ func testKernelStack(t *testing.T, handler bool) {
 	k := newKernelNet(t)
 	o := worldOpts{
 		kernel:  &[2]string{k.seed, k.shoot},
-		forward: &netstack.Forward{Prefixes: []netip.Prefix{k.forwarded}},
+		forward: &netstack.Forward{Prefixes: []netip.Prefix{k.forwarded, k.forwarded6}},
 		routed:  []netip.Prefix{k.notForwarded},
 	}
 	handled := make(chan netip.AddrPort, 16)
@@ -172,30 +181,40 @@ func testKernelStack(t *testing.T, handler bool) {
 	}
 	podAt := netip.AddrPortFrom(k.podAddr, 8080)
 
-	t.Run("server to the pod", func(t *testing.T) {
-		c, err := dialFrom(k.seed, w.server, "tcp", podAt, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if err := testnet.RoundTrip(c, randomBytes(t, 8<<20)); err != nil {
-			t.Fatal(err)
-		}
-		if src := <-seen; src != k.shootGW {
-			t.Fatalf("the pod saw the connection from %v, want the shoot's %v", src, k.shootGW)
-		}
-		if got := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap(); got != serverAddr4 {
-			t.Fatalf("server dialed from %v, want its inner %v", got, serverAddr4)
-		}
-		if handler {
-			if dst := <-handled; dst != podAt {
-				t.Fatalf("the handler was given %v, want %v", dst, podAt)
+	for _, tc := range []struct {
+		name          string
+		pod           netip.AddrPort
+		shoot, server netip.Addr
+	}{
+		{"server to the pod", podAt, k.shootGW, serverAddr4},
+		{"server to the pod, IPv6", netip.AddrPortFrom(k.podAddr6, 8080), k.shootGW6, serverAddr},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := w.agent.StackStats().Forwarded
+			c, err := dialFrom(k.seed, w.server, "tcp", tc.pod, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if st := w.agent.StackStats(); st.Forwarded != 1 {
-				t.Fatalf("the agent's stack counted %d forwarded connections, want 1", st.Forwarded)
+			defer c.Close()
+			if err := testnet.RoundTrip(c, randomBytes(t, 8<<20)); err != nil {
+				t.Fatal(err)
 			}
-		}
-	})
+			if src := <-seen; src != tc.shoot {
+				t.Fatalf("the pod saw the connection from %v, want the shoot's %v", src, tc.shoot)
+			}
+			if got := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap(); got != tc.server {
+				t.Fatalf("server dialed from %v, want its inner %v", got, tc.server)
+			}
+			if handler {
+				if dst := <-handled; dst != tc.pod {
+					t.Fatalf("the handler was given %v, want %v", dst, tc.pod)
+				}
+				if n := w.agent.StackStats().Forwarded - before; n != 1 {
+					t.Fatalf("the agent's stack counted %d forwarded connections, want 1", n)
+				}
+			}
+		})
+	}
 
 	if handler {
 		t.Run("a refused dial resets", func(t *testing.T) {
