@@ -16,7 +16,7 @@ func newMetrics(reg prometheus.Registerer, r *Relay) *metrics {
 	m := &metrics{
 		connections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tendril_egress_relay_connections_total",
-			Help: "Connections (konnectivity tunnels) from kube-apiserver, by outcome (relayed, too_many, no_certs, unavailable, timeout, not_proxy, shutdown).",
+			Help: "Connections (konnectivity tunnels and CONNECTs) from kube-apiserver, by outcome (relayed, too_many, no_certs, unavailable, timeout, not_proxy, shutdown; CONNECT: bad_request, request_timeout, request_headers_too_large, not_connect, dial_failed).",
 		}, []string{"outcome"}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tendril_egress_relay_active_connections", Help: "Tunnels being relayed.",

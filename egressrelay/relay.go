@@ -8,7 +8,9 @@
 // TCP connection and a TLS handshake; each stream has its own HTTP/2 flow control, so one
 // tunnel whose reader stalls holds up no other. The relay relays gRPC messages as they are: it
 // does not decode konnectivity's packets, and kube-apiserver and tendril-server speak the
-// protocol to each other through it. It knows nothing of Kubernetes objects; the certificate
+// protocol to each other through it. On an optional second socket it serves kube-apiserver's
+// HTTP CONNECT egress the same way, a stream per CONNECT, speaking konnectivity's client side
+// itself there (connect.go). It knows nothing of Kubernetes objects; the certificate
 // files it is given may be rotated under it (mounted Secrets) and are read again when they
 // change.
 package egressrelay
@@ -40,9 +42,14 @@ type Config struct {
 	// Socket is the Unix socket kube-apiserver dials (its egress selection's udsName). A stale
 	// socket left there by an earlier run is removed; any other file there is an error.
 	Socket string
-	// SocketMode is the socket's permission bits. If zero, 0600: only the relay's user, which
-	// runs kube-apiserver too, may connect.
+	// SocketMode is the socket's permission bits (ConnectSocket's too). If zero, 0600: only the
+	// relay's user, which runs kube-apiserver too, may connect.
 	SocketMode fs.FileMode
+	// ConnectSocket, if set, is a second Unix socket, on which the relay serves HTTP CONNECT
+	// (kube-apiserver's egress selection with proxyProtocol HTTPConnect and a Unix socket): each
+	// CONNECT is a konnectivity dial on a stream of the same connection to tendril-server
+	// (connect.go). MaxConnections counts both sockets' connections.
+	ConnectSocket string
 	// Server is tendril-server's konnectivity gRPC front-end, host:port.
 	Server string
 	// ServerName is the name tendril-server's certificate must carry
@@ -184,9 +191,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.log.Info("Relaying", "socket", r.cfg.Socket, "server", r.cfg.Server, "serverName", r.cfg.ServerName,
-		"maxConnections", r.cfg.MaxConnections)
-	return r.Serve(ctx, l)
+	var cl *net.UnixListener
+	if r.cfg.ConnectSocket != "" {
+		if cl, err = Listen(r.cfg.ConnectSocket, r.cfg.SocketMode); err != nil {
+			l.Close()
+			return err
+		}
+	}
+	r.log.Info("Relaying", "socket", r.cfg.Socket, "connectSocket", r.cfg.ConnectSocket, "server", r.cfg.Server,
+		"serverName", r.cfg.ServerName, "maxConnections", r.cfg.MaxConnections)
+	if cl == nil {
+		return r.Serve(ctx, l, nil)
+	}
+	return r.Serve(ctx, l, cl)
 }
 
 // Listen creates the Unix socket at path with mode, removing a stale socket first (a relay that
@@ -219,16 +236,23 @@ func Listen(path string, mode fs.FileMode) (*net.UnixListener, error) {
 	return l, nil
 }
 
-// Serve is Run with the listener already bound; it closes l (which removes a socket made by
-// Listen). When ctx ends, kube-apiserver's connections get HTTP/2 GOAWAY (no new tunnels on
-// them), tunnels in flight may finish for DrainTimeout, then the rest are closed, and last the
-// connection to tendril-server.
-func (r *Relay) Serve(ctx context.Context, l net.Listener) error {
+// Serve is Run with the listeners already bound: l for konnectivity's gRPC, connectL (nil: none)
+// for HTTP CONNECT; it closes them (which removes sockets made by Listen). When ctx ends,
+// kube-apiserver's connections get HTTP/2 GOAWAY (no new tunnels on them) and the CONNECT
+// socket stops accepting, tunnels in flight may finish for DrainTimeout, then the rest are
+// closed, and last the connection to tendril-server.
+func (r *Relay) Serve(ctx context.Context, l, connectL net.Listener) error {
 	g := grpc.NewServer(grpc.UnknownServiceHandler(r.forward), grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow), grpc.SharedWriteBuffer(true))
 	served := make(chan error, 1)
+	connectServed := make(chan error, 1)
 	r.ready.Store(true)
 	go func() { served <- g.Serve(r.limit.Listener(l)) }()
+	if connectL != nil {
+		go func() { connectServed <- r.serveConnect(ctx, r.limit.Listener(connectL)) }()
+	} else {
+		connectServed <- nil
+	}
 	var err error
 	select {
 	case err = <-served:
@@ -250,11 +274,15 @@ func (r *Relay) Serve(ctx context.Context, l net.Listener) error {
 	r.ready.Store(false)
 	g.Stop()
 	r.streams.Wait()
+	if connectL != nil && ctx.Err() == nil {
+		connectL.Close() // the gRPC side failed: stop the CONNECT side too
+	}
+	cerr := <-connectServed
 	r.up.close()
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-		return fmt.Errorf("egressrelay: serve: %w", err)
+		return errors.Join(fmt.Errorf("egressrelay: serve: %w", err), cerr)
 	}
-	return nil
+	return cerr
 }
 
 // forward relays one of kube-apiserver's Proxy streams as a stream to tendril-server. Two

@@ -94,10 +94,11 @@ func (b *lockedBuffer) String() string {
 }
 
 type running struct {
-	relay  *Relay
-	socket string
-	reg    *prometheus.Registry
-	logs   *lockedBuffer
+	relay         *Relay
+	socket        string
+	connectSocket string
+	reg           *prometheus.Registry
+	logs          *lockedBuffer
 }
 
 func startRelay(t *testing.T, cfg Config) *running {
@@ -111,6 +112,7 @@ func startRelay(t *testing.T, cfg Config) *running {
 	logs := &lockedBuffer{}
 	reg := prometheus.NewRegistry()
 	cfg.Socket = filepath.Join(dir, "sock", "tendril-server.sock")
+	cfg.ConnectSocket = filepath.Join(dir, "sock", "connect.sock")
 	cfg.Log = logs.logger(t)
 	cfg.Registry = reg
 	r, err := New(cfg)
@@ -125,8 +127,10 @@ func startRelay(t *testing.T, cfg Config) *running {
 		if err := <-done; err != nil {
 			t.Errorf("relay: %v", err)
 		}
-		if _, err := os.Lstat(cfg.Socket); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("socket left behind: %v", err)
+		for _, sock := range []string{cfg.Socket, cfg.ConnectSocket} {
+			if _, err := os.Lstat(sock); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("socket %s left behind: %v", sock, err)
+			}
 		}
 	})
 	deadline := time.Now().Add(5 * time.Second)
@@ -136,7 +140,7 @@ func startRelay(t *testing.T, cfg Config) *running {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	return &running{relay: r, socket: cfg.Socket, reg: reg, logs: logs}
+	return &running{relay: r, socket: cfg.Socket, connectSocket: cfg.ConnectSocket, reg: reg, logs: logs}
 }
 
 // tunnel opens a konnectivity single-use tunnel through the relay's socket exactly as

@@ -260,7 +260,8 @@ func (rep *Report) evaluate() {
 	// CONNECT and gRPC over mutual TLS per dial, and kube-apiserver's grpc egress over a Unix
 	// socket (tendril-egress-relay's one long-lived connection; proxy-server beside kube-apiserver).
 	pairs := [][2]string{{TargetTendrilConnect, TargetKonnectivityConnect}, {TargetTendrilGRPC, TargetKonnectivityGRPC},
-		{TargetTendrilRelay, TargetKonnectivityUDS}, {TargetTendrilTUN, TargetKonnectivityConnect}, {TargetTendrilTUNRelay, TargetKonnectivityUDS}}
+		{TargetTendrilRelay, TargetKonnectivityUDS}, {TargetTendrilTUN, TargetKonnectivityConnect}, {TargetTendrilTUNRelay, TargetKonnectivityUDS},
+		{TargetTendrilRelayConnect, TargetKonnectivityConnectUDS}}
 	add := func(metric, tendril, versus string, v, o, want float64, unit string) {
 		if math.IsNaN(v) || math.IsNaN(o) || o == 0 && v == 0 {
 			return
@@ -484,9 +485,10 @@ func (rep *Report) tables() []table {
 
 	// Dials.
 	dt := table{title: "Dials: a new connection through the path (kube-apiserver's way: a new mutual-TLS connection to the " +
-		"front-end per dial for tendril-connect, tendril-grpc and konnectivity's TCP front-ends; a new gRPC connection on " +
-		"a Unix socket for tendril-relay (the relay then opens a stream on its one connection to tendril-server) and " +
-		"konnectivity-uds; a kernel TCP connect for direct and OpenVPN), one round trip to the pod, close. Latency in ms."}
+		"front-end per dial for tendril-connect, tendril-tun, tendril-grpc and konnectivity's TCP front-ends; a new gRPC connection on " +
+		"a Unix socket for tendril-relay, tendril-tun-relay (the relay then opens a stream on its one connection to tendril-server) and " +
+		"konnectivity-uds; a new Unix socket connection and a CONNECT for tendril-relay-connect (again a stream of the relay's one " +
+		"connection) and konnectivity-connect-uds; a kernel TCP connect for direct and OpenVPN), one round trip to the pod, close. Latency in ms."}
 	dt.Header, dt.Left = []string{"target"}, []bool{true}
 	for _, n := range rep.Settings.DialWorkers {
 		dt.Header = append(dt.Header, fmt.Sprintf("×%d dials/s", n), "p50", "p99", "worst")

@@ -121,12 +121,13 @@ func (r *runner) stacks() []*stack {
 	}
 	add(r.directStack(), TargetDirect)
 	add(r.tlsRelayStack(), TargetTLSRelay)
-	add(r.tendrilStack(false), TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay)
+	add(r.tendrilStack(false), TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay, TargetTendrilRelayConnect)
 	add(r.tendrilStack(true), TargetTendrilTUN, TargetTendrilTUNRelay)
 	add(r.openvpnStack(), TargetOpenVPN)
 	add(r.konnectivityStack("grpc", TargetKonnectivityGRPC, false), TargetKonnectivityGRPC)
 	add(r.konnectivityStack("http-connect", TargetKonnectivityConnect, false), TargetKonnectivityConnect)
 	add(r.konnectivityStack("grpc", TargetKonnectivityUDS, true), TargetKonnectivityUDS)
+	add(r.konnectivityStack("http-connect", TargetKonnectivityConnectUDS, true), TargetKonnectivityConnectUDS)
 	return out
 }
 
@@ -301,12 +302,12 @@ func writeFiles(files map[string]string) error {
 func (r *runner) tendrilStack(kernel bool) *stack {
 	s := &stack{name: "tendril", probeEvery: 5 * time.Millisecond, probeTimeout: time.Second,
 		path: "tendril-server (seed) ⇄ tendril-ingress (Reversed-VPN CONNECT) ⇄ tendril-agent vpn (shoot): WireGuard over one framed TCP stream, gVisor netstack at both ends"}
-	connectTarget, grpcTarget, relayTarget := TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay
+	connectTarget, grpcTarget, relayTarget, relayConnectTarget := TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay, TargetTendrilRelayConnect
 	var serverTUN, agentTUN []string
 	if kernel {
 		s.name = "tendril-tun"
 		s.path = "as tendril, with both ends on TUN devices (--tun): the kernel's TCP/IP stack at both ends, the seed's TCP redirected to the agent, which dials the pod"
-		connectTarget, grpcTarget, relayTarget = TargetTendrilTUN, "", TargetTendrilTUNRelay
+		connectTarget, grpcTarget, relayTarget, relayConnectTarget = TargetTendrilTUN, "", TargetTendrilTUNRelay, ""
 		// The server's device is in the seed's namespace, this process's: a name of this run.
 		serverTUN = []string{"--tun", "tbt" + strconv.Itoa(os.Getpid())}
 		agentTUN = []string{"--tun", "tendril0"}
@@ -388,21 +389,22 @@ func (r *runner) tendrilStack(kernel bool) *stack {
 		if r.cfg.Konnectivity != nil && grpcTarget != "" {
 			s.dial[grpcTarget] = grpcDialer(r.cfg.Konnectivity, grpcAddr, r.pki.clientTLS(certTendrilServer), pod)
 		}
-		if r.cfg.Konnectivity != nil && slices.Contains(s.targets, relayTarget) {
+		relayGRPC := r.cfg.Konnectivity != nil && slices.Contains(s.targets, relayTarget)
+		if relayGRPC || slices.Contains(s.targets, relayConnectTarget) {
 			// kube-apiserver's pod with egress grpc: the relay beside it on a Unix socket, one
 			// long-lived mutual-TLS connection to tendril-server for every tunnel.
 			rc, rk, err := r.pki.pair(dir, "relay-client", certAPIServer)
 			if err != nil {
 				return err
 			}
-			relaySock := f("relay.sock")
+			relaySock, relayConnectSock := f("relay.sock"), f("relay-connect.sock")
 			rp, err := freePorts(1)
 			if err != nil {
 				return err
 			}
 			// Metrics (and with Profiling the profiler) on loopback, as tendril-server's: for
 			// looking into a run.
-			rargv := []string{r.bin("tendril-egress-relay"), "--socket", relaySock, "--server", grpcAddr,
+			rargv := []string{r.bin("tendril-egress-relay"), "--socket", relaySock, "--connect-socket", relayConnectSock, "--server", grpcAddr,
 				"--server-name", certTendrilServer, "--tls-cert-file", rc, "--tls-key-file", rk, "--ca-file", r.pki.caFile,
 				"--metrics-address", "127.0.0.1:" + strconv.Itoa(rp[0])}
 			if r.cfg.Profiling {
@@ -417,7 +419,12 @@ func (r *runner) tendrilStack(kernel bool) *stack {
 			if err := waitFor(ctx, 10*time.Second, accepts("unix", relaySock), rel); err != nil {
 				return fmt.Errorf("tendril-egress-relay: %w", err)
 			}
-			s.dial[relayTarget] = grpcDialer(r.cfg.Konnectivity, "unix://"+relaySock, nil, pod)
+			if relayGRPC {
+				s.dial[relayTarget] = grpcDialer(r.cfg.Konnectivity, "unix://"+relaySock, nil, pod)
+			}
+			if relayConnectTarget != "" {
+				s.dial[relayConnectTarget] = connectDialer("unix", relayConnectSock, nil, pod)
+			}
 		}
 		return nil
 	}
@@ -590,6 +597,9 @@ func (r *runner) konnectivityStack(mode, target string, uds bool) *stack {
 		var d dialFunc
 		s.probeVia = "the " + mode + " front-end over mutual TLS (a dial fails at once while no agent is connected), every 20 ms"
 		switch {
+		case uds && mode == "http-connect":
+			d = connectDialer("unix", sc.UDS, nil, pod)
+			s.probeVia = "the " + mode + " front-end on its Unix socket (a dial fails at once while no agent is connected), every 20 ms"
 		case uds:
 			d = grpcDialer(r.cfg.Konnectivity, "unix://"+sc.UDS, nil, pod)
 			s.probeVia = "the " + mode + " front-end on its Unix socket (a dial fails at once while no agent is connected), every 20 ms"

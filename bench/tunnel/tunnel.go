@@ -57,18 +57,23 @@ const (
 	TargetTendrilRelay   = "tendril-relay"
 	// TargetTendrilTUN and TargetTendrilTUNRelay are tendril-connect and tendril-relay with
 	// both ends on TUN devices (--tun): the kernel's TCP/IP stack instead of gVisor's.
-	TargetTendrilTUN          = "tendril-tun"
-	TargetTendrilTUNRelay     = "tendril-tun-relay"
+	TargetTendrilTUN      = "tendril-tun"
+	TargetTendrilTUNRelay = "tendril-tun-relay"
+	// TargetTendrilRelayConnect is HTTP CONNECT on tendril-egress-relay's Unix socket: each
+	// CONNECT a stream of the relay's one connection to tendril-server.
+	TargetTendrilRelayConnect = "tendril-relay-connect"
 	TargetOpenVPN             = "openvpn"
 	TargetKonnectivityGRPC    = "konnectivity-grpc"
 	TargetKonnectivityConnect = "konnectivity-connect"
 	TargetKonnectivityUDS     = "konnectivity-uds"
+	// TargetKonnectivityConnectUDS is proxy-server --mode http-connect on a Unix socket.
+	TargetKonnectivityConnectUDS = "konnectivity-connect-uds"
 )
 
 // Targets are all targets in report order.
 var Targets = []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay,
-	TargetTendrilTUN, TargetTendrilTUNRelay, TargetOpenVPN,
-	TargetKonnectivityGRPC, TargetKonnectivityConnect, TargetKonnectivityUDS}
+	TargetTendrilRelayConnect, TargetTendrilTUN, TargetTendrilTUNRelay, TargetOpenVPN,
+	TargetKonnectivityGRPC, TargetKonnectivityConnect, TargetKonnectivityUDS, TargetKonnectivityConnectUDS}
 
 // Directions of a transfer.
 const (

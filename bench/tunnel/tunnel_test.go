@@ -36,14 +36,14 @@ func TestRunMini(t *testing.T) {
 			t.Fatalf("%s/%s missing: run make build first", binDir, b)
 		}
 	}
-	targets := []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay, TargetTendrilTUN}
+	targets := []string{TargetDirect, TargetTLSRelay, TargetTendrilConnect, TargetTendrilGRPC, TargetTendrilRelay, TargetTendrilRelayConnect, TargetTendrilTUN}
 	if (peers.OpenVPN{}).Check(context.Background()) == nil {
 		targets = append(targets, TargetOpenVPN)
 	} else {
 		t.Log("openvpn not installed: not measured")
 	}
 	if (peers.Konnectivity{}).Built() {
-		targets = append(targets, TargetKonnectivityGRPC, TargetKonnectivityConnect, TargetKonnectivityUDS)
+		targets = append(targets, TargetKonnectivityGRPC, TargetKonnectivityConnect, TargetKonnectivityUDS, TargetKonnectivityConnectUDS)
 	} else {
 		t.Log("konnectivity not built in the cache: not measured (tendril-bench tunnel builds it once)")
 	}
@@ -58,7 +58,7 @@ func TestRunMini(t *testing.T) {
 	}
 	for _, tr := range rep.Targets {
 		strict := tr.Name == TargetDirect || tr.Name == TargetTLSRelay || tr.Name == TargetTendrilConnect || tr.Name == TargetTendrilGRPC ||
-			tr.Name == TargetTendrilRelay || tr.Name == TargetTendrilTUN
+			tr.Name == TargetTendrilRelay || tr.Name == TargetTendrilRelayConnect || tr.Name == TargetTendrilTUN
 		if tr.Skipped != "" {
 			if strict {
 				t.Errorf("%s skipped: %s", tr.Name, tr.Skipped)

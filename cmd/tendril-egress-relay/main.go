@@ -66,6 +66,7 @@ func parse(args []string) (Config, error) {
 	var mode string
 	flags := flag.NewFlagSet("tendril-egress-relay", flag.ContinueOnError)
 	flags.StringVar(&cfg.Relay.Socket, "socket", "", "the Unix socket kube-apiserver dials (its egress selection's udsName); a stale socket there is replaced")
+	flags.StringVar(&cfg.Relay.ConnectSocket, "connect-socket", "", "a second Unix socket on which HTTP CONNECT is served (egress selection proxyProtocol HTTPConnect over a Unix socket); each CONNECT is a stream of the one connection to tendril-server (empty: off)")
 	flags.StringVar(&mode, "socket-mode", "0600", "permission bits of the socket (octal); kube-apiserver's user must be able to write it")
 	flags.StringVar(&cfg.Relay.Server, "server", "", "tendril-server's konnectivity gRPC front-end, host:port (tendril-server.<namespace>.svc:8090)")
 	flags.StringVar(&cfg.Relay.ServerName, "server-name", "", "the name tendril-server's certificate must carry (default: the host of --server)")
