@@ -115,13 +115,8 @@ func (r *Relay) tunnelConnect(ctx context.Context, c net.Conn) {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	start := time.Now()
-	up, uc, outcome, err := r.open(sctx, cancel)
-	r.metrics.dialSeconds.Observe(time.Since(start).Seconds())
+	up, uc, err := r.open(sctx, cancel, "CONNECT")
 	if err != nil {
-		r.metrics.connections.WithLabelValues(outcome).Inc()
-		r.failures.Info("No stream to tendril-server, failing kube-apiserver's CONNECT (log lines at most once a second; all counted)",
-			"outcome", outcome, "server", r.cfg.Server, "error", err.Error())
 		(&connect.Refusal{Status: http.StatusServiceUnavailable, Body: "tendril-egress-relay: " + err.Error() + "\n"}).Answer(c)
 		return
 	}

@@ -297,13 +297,8 @@ func (r *Relay) forward(_ any, down grpc.ServerStream) error {
 	}
 	ctx, cancel := context.WithCancel(down.Context())
 	defer cancel()
-	start := time.Now()
-	up, c, outcome, err := r.open(ctx, cancel)
-	r.metrics.dialSeconds.Observe(time.Since(start).Seconds())
+	up, c, err := r.open(ctx, cancel, "tunnel")
 	if err != nil {
-		r.metrics.connections.WithLabelValues(outcome).Inc()
-		r.failures.Info("No stream to tendril-server, failing kube-apiserver's tunnel (log lines at most once a second; all counted)",
-			"outcome", outcome, "server", r.cfg.Server, "serverName", r.cfg.ServerName, "error", err.Error())
 		return status.Errorf(codes.Unavailable, "tendril-egress-relay: %v", err)
 	}
 	defer r.up.release(c)
@@ -361,9 +356,23 @@ func (r *Relay) forward(_ any, down grpc.ServerStream) error {
 	}
 }
 
-// open opens a stream to tendril-server under ctx, bounded by HandshakeTimeout: cancel ends
+// open opens a stream to tendril-server for one of kube-apiserver's tunnels (what: "tunnel",
+// "CONNECT", for the log), timed; a failure is counted by its outcome and logged.
+func (r *Relay) open(ctx context.Context, cancel context.CancelFunc, what string) (grpc.ClientStream, *upstream, error) {
+	start := time.Now()
+	up, c, outcome, err := r.openStream(ctx, cancel)
+	r.metrics.dialSeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		r.metrics.connections.WithLabelValues(outcome).Inc()
+		r.failures.Info("No stream to tendril-server, failing kube-apiserver's "+what+" (log lines at most once a second; all counted)",
+			"outcome", outcome, "server", r.cfg.Server, "serverName", r.cfg.ServerName, "error", err.Error())
+	}
+	return up, c, err
+}
+
+// openStream opens a stream to tendril-server under ctx, bounded by HandshakeTimeout: cancel ends
 // ctx, and so the stream, if the timer fires first.
-func (r *Relay) open(ctx context.Context, cancel context.CancelFunc) (grpc.ClientStream, *upstream, string, error) {
+func (r *Relay) openStream(ctx context.Context, cancel context.CancelFunc) (grpc.ClientStream, *upstream, string, error) {
 	c, err := r.up.acquire()
 	if err != nil {
 		if errors.Is(err, errShutdown) {
