@@ -310,4 +310,20 @@ func testKernelStack(t *testing.T, handler bool) {
 			t.Fatalf("got %v, want %v", err, tundev.ErrNoRoute)
 		}
 	})
+
+	t.Run("a prefix routed later", func(t *testing.T) {
+		// Route (the HA takeover) routes a prefix into the device too: a dial into it then goes
+		// through the tunnel (where the agent, which does not forward it, drops it).
+		later := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 220, k.podAddr.As4()[2], 2}), 8080)
+		if _, err := dialFrom(k.seed, w.server, "tcp", later, time.Second); !errors.Is(err, tundev.ErrNoRoute) {
+			t.Fatalf("before Route: %v, want %v", err, tundev.ErrNoRoute)
+		}
+		if err := w.server.Route(w.agentKey.PublicKey(), []netip.Prefix{netip.PrefixFrom(later.Addr(), 24)}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := dialFrom(k.seed, w.server, "tcp", later, time.Second)
+		if err == nil || errors.Is(err, tundev.ErrNoRoute) {
+			t.Fatalf("after Route: %v, want a dial through the tunnel that the agent drops", err)
+		}
+	})
 }
