@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tendril-net/tendril/internal/connect"
+	"github.com/tendril-net/tendril/internal/sysctl"
 )
 
 // Agent metrics ports on the shoot side; the apiserver-proxy uses the host network, so its
@@ -177,21 +178,14 @@ func AgentDeployment(v Values, i int) *appsv1.Deployment {
 	return d
 }
 
-// forwardingSysctls are the sysctls that turn on forwarding for the families of prefixes.
+// forwardingSysctls are `tendril-agent sysctl`'s arguments that turn on forwarding for the
+// families of prefixes.
 func forwardingSysctls(prefixes []netip.Prefix) []string {
-	var v4, v6 bool
-	for _, p := range prefixes {
-		v4 = v4 || p.Addr().Is4()
-		v6 = v6 || p.Addr().Is6()
+	var args []string
+	for _, name := range sysctl.Forwarding(prefixes) {
+		args = append(args, name+"=1")
 	}
-	var out []string
-	if v4 {
-		out = append(out, "net.ipv4.ip_forward=1")
-	}
-	if v6 {
-		out = append(out, "net.ipv6.conf.all.forwarding=1")
-	}
-	return out
+	return args
 }
 
 // APIServerProxyDaemonSet is `tendril-agent apiserver-proxy` on every node: it holds

@@ -5,6 +5,7 @@ package sysctl
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,4 +48,22 @@ func Ensure(name, value string) error {
 		return fmt.Errorf("sysctl: set %s=%s: %w", name, value, err)
 	}
 	return nil
+}
+
+// Forwarding names the parameters that turn on IP forwarding for the families of prefixes
+// (net.ipv4.ip_forward, net.ipv6.conf.all.forwarding), in that order.
+func Forwarding(prefixes []netip.Prefix) []string {
+	var v4, v6 bool
+	for _, p := range prefixes {
+		v4 = v4 || p.Addr().Is4()
+		v6 = v6 || p.Addr().Is6()
+	}
+	var names []string
+	if v4 {
+		names = append(names, "net.ipv4.ip_forward")
+	}
+	if v6 {
+		names = append(names, "net.ipv6.conf.all.forwarding")
+	}
+	return names
 }

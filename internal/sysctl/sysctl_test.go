@@ -1,8 +1,10 @@
 package sysctl
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -41,6 +43,23 @@ func TestEnsure(t *testing.T) {
 	for _, bad := range []string{"", "net/ipv4", "net..x", "../etc/passwd"} {
 		if err := Ensure(bad, "1"); err == nil {
 			t.Errorf("Ensure(%q) accepted the name", bad)
+		}
+	}
+}
+
+func TestForwarding(t *testing.T) {
+	v4, v6 := netip.MustParsePrefix("10.250.0.0/16"), netip.MustParsePrefix("fd00:10::/64")
+	for _, tc := range []struct {
+		prefixes []netip.Prefix
+		want     []string
+	}{
+		{nil, nil},
+		{[]netip.Prefix{v4}, []string{"net.ipv4.ip_forward"}},
+		{[]netip.Prefix{v6}, []string{"net.ipv6.conf.all.forwarding"}},
+		{[]netip.Prefix{v6, v4}, []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"}},
+	} {
+		if got := Forwarding(tc.prefixes); !slices.Equal(got, tc.want) {
+			t.Errorf("Forwarding(%v) = %v, want %v", tc.prefixes, got, tc.want)
 		}
 	}
 }

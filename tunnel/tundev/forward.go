@@ -106,7 +106,7 @@ func (f *forwarder) accept(l *net.TCPListener) {
 		}
 		backoff = 0
 		dst, err := originalDst(c)
-		if err != nil || !f.forwarded(dst.Addr()) {
+		if err != nil || !inside(f.prefixes, dst.Addr()) {
 			// Not redirected (a peer dialled the listener's port itself): nothing to forward.
 			f.outside.Add(1)
 			Reset(c)
@@ -124,15 +124,6 @@ func (f *forwarder) accept(l *net.TCPListener) {
 			f.handler(f.ctx, c, dst)
 		}()
 	}
-}
-
-func (f *forwarder) forwarded(a netip.Addr) bool {
-	for _, p := range f.prefixes {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
 }
 
 // track registers c, to be closed at stop; false once stopping.

@@ -54,15 +54,6 @@ func (s *Stack) configureLink() error {
 	return nil
 }
 
-func (s *Stack) addRoute(p netip.Prefix) error {
-	h, l, err := s.handle()
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	return h.RouteReplace(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet(p), Scope: netlink.SCOPE_LINK})
-}
-
 func ipNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }

@@ -102,7 +102,7 @@ func installRules(nsFd int, cfg Config, redirect map[int]uint16) (*rules, error)
 			if p.Addr().Is4() {
 				family = unix.NFPROTO_IPV4
 			}
-			r.add(pre, slices.Concat(dev, isTCP(), toPrefix(p)),
+			r.add(pre, slices.Concat(dev, isProto(unix.IPPROTO_TCP), toPrefix(p)),
 				&expr.Immediate{Register: 1, Data: binary.BigEndian.AppendUint16(nil, redirect[family])},
 				&expr.Redir{RegisterProtoMin: 1, RegisterProtoMax: 1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED})
 		}
@@ -185,8 +185,6 @@ func fromDevice(name string) []expr.Any {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname},
 	}
 }
-
-func isTCP() []expr.Any { return isProto(unix.IPPROTO_TCP) }
 
 func isProto(proto byte) []expr.Any {
 	return []expr.Any{

@@ -27,6 +27,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/tun"
 
@@ -122,19 +123,9 @@ func New(cfg Config) (_ *Stack, err error) {
 // is on already (a container's /proc/sys is read-only; in a pod an init container sets it). It
 // is a setting of the whole namespace (the table above limits what comes from the device).
 func enableForwarding(prefixes []netip.Prefix) error {
-	var v4, v6 bool
-	for _, p := range prefixes {
-		v4 = v4 || p.Addr().Is4()
-		v6 = v6 || p.Addr().Is6()
-	}
-	for _, f := range []struct {
-		on   bool
-		name string
-	}{{v4, "net.ipv4.ip_forward"}, {v6, "net.ipv6.conf.all.forwarding"}} {
-		if f.on {
-			if err := sysctl.Ensure(f.name, "1"); err != nil {
-				return fmt.Errorf("tundev: enable forwarding (in a pod: set by a privileged init container): %w", err)
-			}
+	for _, name := range sysctl.Forwarding(prefixes) {
+		if err := sysctl.Ensure(name, "1"); err != nil {
+			return fmt.Errorf("tundev: enable forwarding (in a pod: set by a privileged init container): %w", err)
 		}
 	}
 	return nil
@@ -145,12 +136,21 @@ func enableForwarding(prefixes []netip.Prefix) error {
 func (s *Stack) AddRoutes(prefixes []netip.Prefix) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var h *netlink.Handle
+	var l netlink.Link
 	for _, p := range prefixes {
 		p = p.Masked()
 		if slices.Contains(s.routes, p) {
 			continue
 		}
-		if err := s.addRoute(p); err != nil {
+		if h == nil { // one netlink handle for the batch, none if nothing is new
+			var err error
+			if h, l, err = s.handle(); err != nil {
+				return err
+			}
+			defer h.Close()
+		}
+		if err := h.RouteReplace(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet(p), Scope: netlink.SCOPE_LINK}); err != nil {
 			return fmt.Errorf("tundev: route %s into %s: %w", p, s.cfg.Name, err)
 		}
 		s.routes = append(s.routes, p)
@@ -189,12 +189,12 @@ func (s *Stack) DialContext(ctx context.Context, network, addr string) (net.Conn
 func (s *Stack) routed(a netip.Addr) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, p := range s.routes {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return inside(s.routes, a)
+}
+
+// inside reports whether a prefix of prefixes contains a.
+func inside(prefixes []netip.Prefix, a netip.Addr) bool {
+	return slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 // ListenTCP listens on addr, for connections through the device only, and admits new
