@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -56,7 +57,8 @@ func init() {
 
 // TestKubeAPIServerEgress puts a real kube-apiserver in front of the reversed VPN, as a shoot's
 // control plane runs in the seed: its EgressSelector sends "cluster" traffic to tendril-server,
-// once as HTTP CONNECT over mutual TLS and once as konnectivity gRPC over a Unix socket, and an
+// as HTTP CONNECT over mutual TLS, as konnectivity gRPC over a Unix socket, and as HTTP CONNECT
+// over tendril-egress-relay's Unix socket (the extension's httpConnectRelay), and an
 // admission webhook of the shoot, a Service whose address is a pod reachable only through the
 // tunnel (tendril-agent in the shoot's network namespace), decides whether a ConfigMap may be
 // created. The webhook's denial, naming the pod, proves kube-apiserver reached it through
@@ -103,8 +105,9 @@ func TestKubeAPIServerEgress(t *testing.T) {
 	serverKey, _ := wg.GenerateKey()
 	agentKey, _ := wg.GenerateKey()
 	const ns = "shoot--e2e--egress"
-	tunnelAddr, connectAddr, serverMetrics := freeAddr(t), freeAddr(t), freeAddr(t)
+	tunnelAddr, connectAddr, grpcAddr, serverMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	grpcSocket := filepath.Join(dir, "grpc.sock")
+	relaySocket := filepath.Join(dir, "relay-connect.sock")
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.egress.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
 	_, port, _ := strings.Cut(freeAddr(t), ":")
@@ -113,7 +116,7 @@ func TestKubeAPIServerEgress(t *testing.T) {
 	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", "10.217.0.1:" + port, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	start(t, "tendril-server", "--private-key-file", write("server.key", serverKey.String()),
 		"--agent-public-key", agentKey.PublicKey().String(), "--shoot-cidrs", "10.218.0.0/24",
-		"--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", "", "--grpc-socket", grpcSocket,
+		"--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", grpcAddr, "--grpc-socket", grpcSocket,
 		"--tls-cert-file", srvCert, "--tls-key-file", srvKey, "--client-ca-file", caFile, "--metrics-address", serverMetrics)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
 	startBinary(t, "tendril-agent", "ip", "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
@@ -121,6 +124,12 @@ func TestKubeAPIServerEgress(t *testing.T) {
 		"--shoot-cidrs", "10.218.0.0/24", "--seed", "10.217.0.1:"+port, "--destination", translate.VPNServerWireName(ns),
 		"--metrics-address", "")
 	eventually(t, "server ready (tunnel up)", func() error { _, err := get("http://" + serverMetrics + "/readyz"); return err })
+	// The extension's httpConnectRelay: the relay sidecar's CONNECT socket, each CONNECT a stream
+	// of its one mutual-TLS connection to tendril-server's gRPC port.
+	relayMetrics := freeAddr(t)
+	start(t, "tendril-egress-relay", "--connect-socket", relaySocket, "--server", grpcAddr, "--server-name", "tendril-server",
+		"--tls-cert-file", apiCert, "--tls-key-file", apiKey, "--ca-file", caFile, "--metrics-address", relayMetrics)
+	eventually(t, "relay ready", func() error { _, err := get("http://" + relayMetrics + "/readyz"); return err })
 
 	egressConfigs := map[string]string{
 		// kube-apiserver's HTTPConnect over TCP: a new mutual-TLS connection per dial.
@@ -149,8 +158,19 @@ egressSelections:
       uds:
         udsName: %s
 `, grpcSocket),
+		// HTTPConnect over a Unix socket to tendril-egress-relay (egress: httpConnectRelay).
+		"http-connect-relay-uds": fmt.Sprintf(`apiVersion: apiserver.k8s.io/v1beta1
+kind: EgressSelectorConfiguration
+egressSelections:
+- name: cluster
+  connection:
+    proxyProtocol: HTTPConnect
+    transport:
+      uds:
+        udsName: %s
+`, relaySocket),
 	}
-	for _, mode := range []string{"http-connect-tls", "grpc-uds"} {
+	for _, mode := range []string{"http-connect-tls", "grpc-uds", "http-connect-relay-uds"} {
 		t.Run(mode, func(t *testing.T) {
 			// The pod network is the Service network here, so the webhook's Service can have the
 			// pod's address as its ClusterIP, which kube-apiserver dials for a Service reference.
@@ -210,6 +230,21 @@ egressSelections:
 			// is admitted.
 			if err := env.Client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "unselected", Namespace: "default"}}); err != nil {
 				t.Errorf("a ConfigMap the webhook does not select: %v", err)
+			}
+			if mode == "http-connect-relay-uds" { // the calls went through the relay, not around it
+				m, err := get("http://" + relayMetrics + "/metrics")
+				if err != nil {
+					t.Fatal(err)
+				}
+				const relayed = `tendril_egress_relay_connections_total{outcome="relayed"} `
+				i := strings.Index(m, "\n"+relayed)
+				if i < 0 {
+					t.Fatalf("the relay relayed nothing:\n%s", m)
+				}
+				n, _, _ := strings.Cut(m[i+1+len(relayed):], "\n")
+				if v, err := strconv.ParseFloat(n, 64); err != nil || v < 1 {
+					t.Errorf("relayed CONNECTs %q (%v), want at least one", n, err)
+				}
 			}
 		})
 	}

@@ -26,7 +26,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/tendril-seed", "../cmd/tendril-ingress", "../cmd/tendril-agent", "../cmd/tendril-server")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/tendril-seed", "../cmd/tendril-ingress", "../cmd/tendril-agent", "../cmd/tendril-server",
+		"../cmd/tendril-egress-relay")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)

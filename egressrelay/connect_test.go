@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -126,5 +128,30 @@ func TestConnectThroughRelay(t *testing.T) {
 			t.Fatalf("%v tunnels still relayed after their clients closed", testutil.ToFloat64(r.relay.metrics.active))
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestConnectSocketAlone: a relay with the CONNECT socket only (the extension's httpConnectRelay
+// egress) relays CONNECTs, creates no gRPC socket, and stops cleanly (startRelaySockets' cleanup).
+func TestConnectSocketAlone(t *testing.T) {
+	b := newBackend(t)
+	f := writeFiles(t, t.TempDir(), b.ca, b.ca)
+	r := startRelaySockets(t, Config{Server: b.grpc, ServerName: serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca}, false, true)
+	if r.socket != "" {
+		t.Fatalf("gRPC socket %q configured", r.socket)
+	}
+	if entries, err := os.ReadDir(filepath.Dir(r.connectSocket)); err != nil || len(entries) != 1 {
+		t.Fatalf("socket directory holds %v (%v), want the CONNECT socket only", entries, err)
+	}
+	for range 3 {
+		c, _, err := r.connectVia(echoTarget, http.MethodConnect, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, c, 64<<10)
+		c.Close()
+	}
+	if got := r.count(outcomeRelayed); got != 3 {
+		t.Errorf("%v relayed, want 3", got)
 	}
 }

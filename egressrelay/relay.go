@@ -8,9 +8,9 @@
 // TCP connection and a TLS handshake; each stream has its own HTTP/2 flow control, so one
 // tunnel whose reader stalls holds up no other. The relay relays gRPC messages as they are: it
 // does not decode konnectivity's packets, and kube-apiserver and tendril-server speak the
-// protocol to each other through it. On an optional second socket it serves kube-apiserver's
-// HTTP CONNECT egress the same way, a stream per CONNECT, speaking konnectivity's client side
-// itself there (connect.go). It knows nothing of Kubernetes objects; the certificate
+// protocol to each other through it. On a second socket (beside the first or instead of it) it
+// serves kube-apiserver's HTTP CONNECT egress the same way, a stream per CONNECT, speaking
+// konnectivity's client side itself there (connect.go). It knows nothing of Kubernetes objects; the certificate
 // files it is given may be rotated under it (mounted Secrets) and are read again when they
 // change.
 package egressrelay
@@ -37,18 +37,20 @@ import (
 	"github.com/tendril-net/tendril/internal/acceptor"
 )
 
-// Config configures a Relay. Socket, Server and the three certificate files are required.
+// Config configures a Relay. Socket or ConnectSocket (or both), Server and the three certificate
+// files are required.
 type Config struct {
-	// Socket is the Unix socket kube-apiserver dials (its egress selection's udsName). A stale
-	// socket left there by an earlier run is removed; any other file there is an error.
+	// Socket is the Unix socket on which the relay serves konnectivity's gRPC (kube-apiserver's
+	// egress selection with proxyProtocol GRPC: its udsName). A stale socket left there by an
+	// earlier run is removed; any other file there is an error. Empty: no gRPC socket.
 	Socket string
 	// SocketMode is the socket's permission bits (ConnectSocket's too). If zero, 0600: only the
 	// relay's user, which runs kube-apiserver too, may connect.
 	SocketMode fs.FileMode
-	// ConnectSocket, if set, is a second Unix socket, on which the relay serves HTTP CONNECT
-	// (kube-apiserver's egress selection with proxyProtocol HTTPConnect and a Unix socket): each
-	// CONNECT is a konnectivity dial on a stream of the same connection to tendril-server
-	// (connect.go). MaxConnections counts both sockets' connections.
+	// ConnectSocket is the Unix socket on which the relay serves HTTP CONNECT (kube-apiserver's
+	// egress selection with proxyProtocol HTTPConnect and a Unix socket): each CONNECT is a
+	// konnectivity dial on a stream of the same connection to tendril-server (connect.go).
+	// Empty: no CONNECT socket. MaxConnections counts both sockets' connections.
 	ConnectSocket string
 	// Server is tendril-server's konnectivity gRPC front-end, host:port.
 	Server string
@@ -82,8 +84,8 @@ type Config struct {
 }
 
 func (c *Config) defaults() error {
-	if c.Socket == "" {
-		return errors.New("egressrelay: a socket path is required")
+	if c.Socket == "" && c.ConnectSocket == "" {
+		return errors.New("egressrelay: a socket path is required (the gRPC socket, the CONNECT socket or both)")
 	}
 	if c.Server == "" {
 		return errors.New("egressrelay: tendril-server's gRPC address is required")
@@ -184,25 +186,30 @@ func (r *Relay) Ready() (bool, string) {
 	return false, "not listening yet"
 }
 
-// Run listens on the socket and relays until ctx ends; then it stops accepting, removes the
-// socket, lets relayed connections finish for up to DrainTimeout and closes the rest.
+// Run listens on the configured sockets and relays until ctx ends; then it stops accepting,
+// removes the sockets, lets relayed connections finish for up to DrainTimeout and closes the rest.
 func (r *Relay) Run(ctx context.Context) error {
-	l, err := Listen(r.cfg.Socket, r.cfg.SocketMode)
-	if err != nil {
-		return err
-	}
-	var cl *net.UnixListener
-	if r.cfg.ConnectSocket != "" {
-		if cl, err = Listen(r.cfg.ConnectSocket, r.cfg.SocketMode); err != nil {
-			l.Close()
+	// Serve takes interfaces: a nil *net.UnixListener must stay a nil net.Listener.
+	var l, cl net.Listener
+	if r.cfg.Socket != "" {
+		ul, err := Listen(r.cfg.Socket, r.cfg.SocketMode)
+		if err != nil {
 			return err
 		}
+		l = ul
+	}
+	if r.cfg.ConnectSocket != "" {
+		ul, err := Listen(r.cfg.ConnectSocket, r.cfg.SocketMode)
+		if err != nil {
+			if l != nil {
+				l.Close()
+			}
+			return err
+		}
+		cl = ul
 	}
 	r.log.Info("Relaying", "socket", r.cfg.Socket, "connectSocket", r.cfg.ConnectSocket, "server", r.cfg.Server,
 		"serverName", r.cfg.ServerName, "maxConnections", r.cfg.MaxConnections)
-	if cl == nil {
-		return r.Serve(ctx, l, nil)
-	}
 	return r.Serve(ctx, l, cl)
 }
 
@@ -236,26 +243,35 @@ func Listen(path string, mode fs.FileMode) (*net.UnixListener, error) {
 	return l, nil
 }
 
-// Serve is Run with the listeners already bound: l for konnectivity's gRPC, connectL (nil: none)
-// for HTTP CONNECT; it closes them (which removes sockets made by Listen). When ctx ends,
-// kube-apiserver's connections get HTTP/2 GOAWAY (no new tunnels on them) and the CONNECT
-// socket stops accepting, tunnels in flight may finish for DrainTimeout, then the rest are
-// closed, and last the connection to tendril-server.
+// Serve is Run with the listeners already bound: l for konnectivity's gRPC, connectL for HTTP
+// CONNECT (either may be nil, not both); it closes them (which removes sockets made by Listen).
+// When ctx ends, kube-apiserver's gRPC connections get HTTP/2 GOAWAY (no new tunnels on them) and
+// the CONNECT socket stops accepting, tunnels in flight may finish for DrainTimeout, then the
+// rest are closed, and last the connection to tendril-server. When one side fails, the other
+// stops too and Serve returns the error.
 func (r *Relay) Serve(ctx context.Context, l, connectL net.Listener) error {
+	if l == nil && connectL == nil {
+		return errors.New("egressrelay: nothing to serve (no gRPC and no CONNECT listener)")
+	}
 	g := grpc.NewServer(grpc.UnknownServiceHandler(r.forward), grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow), grpc.SharedWriteBuffer(true))
-	served := make(chan error, 1)
-	connectServed := make(chan error, 1)
+	// A nil channel is a side not served: the select below never picks it.
+	var served, connectServed chan error
 	r.ready.Store(true)
-	go func() { served <- g.Serve(r.limit.Listener(l)) }()
-	if connectL != nil {
-		go func() { connectServed <- r.serveConnect(ctx, r.limit.Listener(connectL)) }()
-	} else {
-		connectServed <- nil
+	if l != nil {
+		served = make(chan error, 1)
+		go func() { served <- g.Serve(r.limit.Listener(l)) }()
 	}
-	var err error
+	if connectL != nil {
+		connectServed = make(chan error, 1)
+		go func() { connectServed <- r.serveConnect(ctx, r.limit.Listener(connectL)) }()
+	}
+	var err, cerr error
 	select {
 	case err = <-served:
+		served = nil
+	case cerr = <-connectServed:
+		connectServed = nil
 	case <-ctx.Done():
 		r.ready.Store(false)
 		drained := make(chan struct{})
@@ -269,15 +285,19 @@ func (r *Relay) Serve(ctx context.Context, l, connectL net.Listener) error {
 			<-drained
 		}
 		t.Stop()
-		err = <-served
 	}
 	r.ready.Store(false)
 	g.Stop()
-	r.streams.Wait()
-	if connectL != nil && ctx.Err() == nil {
-		connectL.Close() // the gRPC side failed: stop the CONNECT side too
+	if served != nil {
+		err = <-served
 	}
-	cerr := <-connectServed
+	r.streams.Wait()
+	if connectServed != nil {
+		if ctx.Err() == nil {
+			connectL.Close() // the gRPC side failed: stop the CONNECT side too
+		}
+		cerr = <-connectServed
+	}
 	r.up.close()
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return errors.Join(fmt.Errorf("egressrelay: serve: %w", err), cerr)

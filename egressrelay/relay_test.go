@@ -101,7 +101,15 @@ type running struct {
 	logs          *lockedBuffer
 }
 
+// startRelay runs a relay with both sockets.
 func startRelay(t *testing.T, cfg Config) *running {
+	t.Helper()
+	return startRelaySockets(t, cfg, true, true)
+}
+
+// startRelaySockets runs a relay with the gRPC socket, the CONNECT socket or both; the cleanup
+// stops it and checks that it removed its sockets.
+func startRelaySockets(t *testing.T, cfg Config, grpcSocket, connectSocket bool) *running {
 	t.Helper()
 	// A short directory: a Unix socket path has at most 107 bytes.
 	dir, err := os.MkdirTemp("", "relay")
@@ -111,8 +119,12 @@ func startRelay(t *testing.T, cfg Config) *running {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	logs := &lockedBuffer{}
 	reg := prometheus.NewRegistry()
-	cfg.Socket = filepath.Join(dir, "sock", "tendril-server.sock")
-	cfg.ConnectSocket = filepath.Join(dir, "sock", "connect.sock")
+	if grpcSocket {
+		cfg.Socket = filepath.Join(dir, "sock", "tendril-server.sock")
+	}
+	if connectSocket {
+		cfg.ConnectSocket = filepath.Join(dir, "sock", "connect.sock")
+	}
 	cfg.Log = logs.logger(t)
 	cfg.Registry = reg
 	r, err := New(cfg)
@@ -128,6 +140,9 @@ func startRelay(t *testing.T, cfg Config) *running {
 			t.Errorf("relay: %v", err)
 		}
 		for _, sock := range []string{cfg.Socket, cfg.ConnectSocket} {
+			if sock == "" {
+				continue
+			}
 			if _, err := os.Lstat(sock); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("socket %s left behind: %v", sock, err)
 			}
@@ -477,7 +492,7 @@ func TestConfigErrors(t *testing.T) {
 		mut  func(*Config)
 		want string
 	}{
-		"no socket":    {func(c *Config) { c.Socket = "" }, "socket path is required"},
+		"no socket":    {func(c *Config) { c.Socket, c.ConnectSocket = "", "" }, "socket path is required"},
 		"no server":    {func(c *Config) { c.Server = "" }, "address is required"},
 		"no port":      {func(c *Config) { c.Server = "tendril-server" }, "server address"},
 		"no key":       {func(c *Config) { c.KeyFile = "" }, "mutual TLS"},

@@ -1,7 +1,8 @@
 // Command tendril-egress-relay is the sidecar that lets kube-apiserver use tendril-server's
 // konnectivity gRPC egress: kube-apiserver dials gRPC egress only over a Unix socket, so the relay
 // listens on one in a volume shared with kube-apiserver and carries each connection to
-// tendril-server's gRPC port over mutual TLS (package egressrelay).
+// tendril-server's gRPC port over mutual TLS (package egressrelay). On a CONNECT socket (beside
+// that one or instead of it) it serves kube-apiserver's HTTP CONNECT egress the same way.
 package main
 
 import (
@@ -65,8 +66,8 @@ func parse(args []string) (Config, error) {
 	var verbosity int
 	var mode string
 	flags := flag.NewFlagSet("tendril-egress-relay", flag.ContinueOnError)
-	flags.StringVar(&cfg.Relay.Socket, "socket", "", "the Unix socket kube-apiserver dials (its egress selection's udsName); a stale socket there is replaced")
-	flags.StringVar(&cfg.Relay.ConnectSocket, "connect-socket", "", "a second Unix socket on which HTTP CONNECT is served (egress selection proxyProtocol HTTPConnect over a Unix socket); each CONNECT is a stream of the one connection to tendril-server (empty: off)")
+	flags.StringVar(&cfg.Relay.Socket, "socket", "", "the Unix socket on which konnectivity's gRPC is served (egress selection proxyProtocol GRPC: its udsName); a stale socket there is replaced (empty: off; this or --connect-socket is required)")
+	flags.StringVar(&cfg.Relay.ConnectSocket, "connect-socket", "", "the Unix socket on which HTTP CONNECT is served (egress selection proxyProtocol HTTPConnect over a Unix socket); each CONNECT is a stream of the one connection to tendril-server (empty: off)")
 	flags.StringVar(&mode, "socket-mode", "0600", "permission bits of the socket (octal); kube-apiserver's user must be able to write it")
 	flags.StringVar(&cfg.Relay.Server, "server", "", "tendril-server's konnectivity gRPC front-end, host:port (tendril-server.<namespace>.svc:8090)")
 	flags.StringVar(&cfg.Relay.ServerName, "server-name", "", "the name tendril-server's certificate must carry (default: the host of --server)")

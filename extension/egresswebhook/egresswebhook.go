@@ -29,11 +29,16 @@
 //     /var/run/tendril-egress/tendril-server.sock, and the webhook adds the native sidecar
 //     tendril-egress-relay (an init container with restartPolicy Always, from the tendril
 //     image, Options.Image), which listens on that socket in the emptyDir
-//     tendril-egress-socket shared with kube-apiserver and carries each connection to
-//     tendril-server.<ns>.svc:8090 over mutual TLS with the client certificate and CA bundle,
-//     now mounted by the relay only; port 8090. Without an image such Deployments are refused.
+//     tendril-egress-socket shared with kube-apiserver and carries each connection as a stream
+//     of one connection to tendril-server.<ns>.svc:8090 over mutual TLS with the client
+//     certificate and CA bundle, now mounted by the relay only; port 8090. Without an image
+//     such Deployments are refused.
+//   - httpConnectRelay: as grpc, but `cluster` → HTTPConnect over UDS
+//     /var/run/tendril-egress/tendril-server-connect.sock, the relay's CONNECT socket (it
+//     serves that one only); each CONNECT is a stream of the relay's connection to
+//     tendril-server, no TLS handshake per dial.
 //
-// Whatever the other mode added is removed, so a shoot can switch. `controlplane` and `etcd`
+// Whatever another mode added is removed, so a shoot can switch. `controlplane` and `etcd`
 // stay Direct. Every other flag (--advertise-address, --endpoint-reconciler-type, …), volume and
 // container stays as Gardener set it, and applying the result again changes nothing. When the
 // Extension is being deleted the Deployment passes unchanged, so gardenlet's next apply
@@ -306,7 +311,7 @@ func (e *ensurer) EnsureKubeAPIServerDeployment(ctx context.Context, _ extension
 		return fmt.Errorf("extension %s/%s: %w", ns, ext.Name, errs.ToAggregate())
 	}
 	mode := pc.EgressOrDefault()
-	if mode == tendrilv1alpha1.EgressGRPC && e.relayImage == "" {
+	if mode.Relayed() && e.relayImage == "" {
 		// Refused (gardenlet retries) rather than left to Gardener's VPN, which the shoot's
 		// owner switched away from.
 		return fmt.Errorf("extension %s/%s asks for egress %s, which needs the %s sidecar, but the webhook has no tendril image (tendril-seed --image)",

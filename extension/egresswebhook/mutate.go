@@ -37,7 +37,8 @@ const (
 	VolumeNameConfig = "tendril-egress-selector"
 	VolumeNameClient = "tendril-egress-client"
 	VolumeNameCA     = "tendril-egress-ca"
-	// VolumeNameSocket is the emptyDir kube-apiserver and the relay share (egress: grpc).
+	// VolumeNameSocket is the emptyDir kube-apiserver and the relay share (egress grpc and
+	// httpConnectRelay).
 	VolumeNameSocket = "tendril-egress-socket"
 
 	MountPathConfig = "/etc/kubernetes/tendril/egress"
@@ -45,7 +46,7 @@ const (
 	MountPathCA     = "/etc/kubernetes/tendril/ca"
 	MountPathSocket = "/var/run/tendril-egress"
 
-	// ContainerNameRelay is the egress relay sidecar (egress: grpc): a native sidecar (an init
+	// ContainerNameRelay is the egress relay sidecar (egress grpc and httpConnectRelay): a native sidecar (an init
 	// container with restartPolicy Always), so it starts before kube-apiserver and stops after
 	// it, and kube-apiserver's egress works during its whole graceful shutdown.
 	ContainerNameRelay = "tendril-egress-relay"
@@ -69,6 +70,10 @@ var ConfigFile = path.Join(MountPathConfig, ConfigMapDataKey)
 
 // SocketPath is the relay's Unix socket, kube-apiserver's gRPC egress target (egress: grpc).
 var SocketPath = path.Join(MountPathSocket, "tendril-server.sock")
+
+// ConnectSocketPath is the relay's CONNECT socket, kube-apiserver's HTTPConnect egress target
+// (egress: httpConnectRelay).
+var ConnectSocketPath = path.Join(MountPathSocket, "tendril-server-connect.sock")
 
 // Secrets names the current secrets-manager Secrets kube-apiserver mounts (their names carry
 // hashes and change on rotation, so they are looked up per admission request).
@@ -98,8 +103,9 @@ func GRPCServerAddress(namespace string) string {
 
 // EgressSelectorConfig is the apiserver.k8s.io/v1beta1 EgressSelectorConfiguration for egress
 // mode (empty: httpConnect): `cluster` goes HTTP CONNECT over mutual TLS to tendril-server, or
-// GRPC over the relay's Unix socket (kube-apiserver's gRPC egress works only over a Unix socket;
-// the relay in its pod carries the connections to tendril-server's :8090 over mutual TLS);
+// GRPC (kube-apiserver's gRPC egress works only over a Unix socket) or HTTP CONNECT over one of
+// the relay's Unix sockets (the relay in its pod carries the connections to tendril-server's
+// :8090 as streams of one mutual-TLS connection);
 // `controlplane` and `etcd` direct (as in Gardener's own configuration).
 func EgressSelectorConfig(namespace string, mode tendrilv1alpha1.EgressMode) ([]byte, error) {
 	return egressSelectorConfig(namespace, mode, MountPathClient, MountPathCA)
@@ -124,6 +130,11 @@ func egressSelectorConfig(namespace string, mode tendrilv1alpha1.EgressMode, cli
 		cluster = apiserverv1beta1.Connection{
 			ProxyProtocol: apiserverv1beta1.ProtocolGRPC,
 			Transport:     &apiserverv1beta1.Transport{UDS: &apiserverv1beta1.UDSTransport{UDSName: SocketPath}},
+		}
+	case tendrilv1alpha1.EgressHTTPConnectRelay:
+		cluster = apiserverv1beta1.Connection{
+			ProxyProtocol: apiserverv1beta1.ProtocolHTTPConnect,
+			Transport:     &apiserverv1beta1.Transport{UDS: &apiserverv1beta1.UDSTransport{UDSName: ConnectSocketPath}},
 		}
 	default:
 		return nil, fmt.Errorf("egress selector configuration: unknown egress mode %q", mode)
@@ -174,7 +185,8 @@ type Mutation struct {
 	Secrets Secrets
 	// Config is the ConfigMap's data (for the checksum).
 	Config string
-	// RelayImage is the tendril image the relay sidecar runs; required for grpc.
+	// RelayImage is the tendril image the relay sidecar runs; required for the relayed modes
+	// (grpc, httpConnectRelay).
 	RelayImage string
 }
 
@@ -185,26 +197,29 @@ type Mutation struct {
 // tendril-server's egress port.
 //
 // httpConnect: kube-apiserver mounts the configuration, the client certificate and the CA
-// bundle, and may reach port 9443. grpc: kube-apiserver mounts the configuration and the
-// socket's emptyDir; the relay sidecar (ContainerNameRelay, a native sidecar) mounts the socket's
-// emptyDir, the client certificate and the CA bundle, and the pod may reach port 8090. What the
-// other mode added is removed, so a shoot can switch. Everything else, including
+// bundle, and may reach port 9443. grpc and httpConnectRelay: kube-apiserver mounts the
+// configuration and the socket's emptyDir; the relay sidecar (ContainerNameRelay, a native
+// sidecar, serving the mode's socket) mounts the socket's emptyDir, the client certificate and
+// the CA bundle, and the pod may reach port 8090. What another mode added is removed, so a
+// shoot can switch. Everything else, including
 // --advertise-address and --endpoint-reconciler-type, stays as it is. It is idempotent.
 func MutateDeployment(dep *appsv1.Deployment, m Mutation) error {
 	s := m.Secrets
 	if s.Client == "" || s.CABundle == "" {
 		return fmt.Errorf("secret names missing (client %q, CA bundle %q)", s.Client, s.CABundle)
 	}
-	grpc := false
+	var relayArg string // the relay's socket flag
 	switch m.Egress {
 	case "", tendrilv1alpha1.EgressHTTPConnect:
 	case tendrilv1alpha1.EgressGRPC:
-		if m.RelayImage == "" {
-			return fmt.Errorf("egress %s needs the tendril image for the %s sidecar, and the webhook has none (tendril-seed's --image)", m.Egress, ContainerNameRelay)
-		}
-		grpc = true
+		relayArg = "--socket=" + SocketPath
+	case tendrilv1alpha1.EgressHTTPConnectRelay:
+		relayArg = "--connect-socket=" + ConnectSocketPath
 	default:
 		return fmt.Errorf("unknown egress mode %q", m.Egress)
+	}
+	if relayArg != "" && m.RelayImage == "" {
+		return fmt.Errorf("egress %s needs the tendril image for the %s sidecar, and the webhook has none (tendril-seed's --image)", m.Egress, ContainerNameRelay)
 	}
 	ps := &dep.Spec.Template.Spec
 	c := extensionswebhook.ContainerWithName(ps.Containers, v1beta1constants.DeploymentNameKubeAPIServer)
@@ -234,7 +249,7 @@ func MutateDeployment(dep *appsv1.Deployment, m Mutation) error {
 	t.Annotations = extensionswebhook.EnsureAnnotationOrLabel(t.Annotations, AnnotationChecksumConfig, checksum(m.Config))
 	connectLabel := gardenerutils.NetworkPolicyLabel(manifest.ServerName, manifest.PortConnect)
 	grpcLabel := gardenerutils.NetworkPolicyLabel(manifest.ServerName, manifest.PortGRPC)
-	if !grpc {
+	if relayArg == "" {
 		c.VolumeMounts = extensionswebhook.EnsureVolumeMountWithName(c.VolumeMounts, clientMount)
 		c.VolumeMounts = extensionswebhook.EnsureVolumeMountWithName(c.VolumeMounts, caMount)
 		c.VolumeMounts = extensionswebhook.EnsureNoVolumeMountWithName(c.VolumeMounts, VolumeNameSocket)
@@ -251,7 +266,7 @@ func MutateDeployment(dep *appsv1.Deployment, m Mutation) error {
 		EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: ptr.To(resource.MustParse("1Mi"))},
 	}})
 	ps.InitContainers = extensionswebhook.EnsureContainerWithName(ps.InitContainers,
-		relayContainer(dep.Namespace, m.RelayImage, c.SecurityContext, clientMount, caMount, socketMount))
+		relayContainer(dep.Namespace, m.RelayImage, relayArg, c.SecurityContext, clientMount, caMount, socketMount))
 	t.Labels = extensionswebhook.EnsureAnnotationOrLabel(t.Labels, grpcLabel, v1beta1constants.LabelNetworkPolicyAllowed)
 	delete(t.Labels, connectLabel)
 	return nil
@@ -260,7 +275,7 @@ func MutateDeployment(dep *appsv1.Deployment, m Mutation) error {
 // relayContainer is the egress relay sidecar. It runs as kube-apiserver's user (its container's
 // runAsUser/runAsGroup when set, else the pod's like kube-apiserver): that user must be able to
 // connect to the relay's 0600 socket, and the certificate volumes' modes already serve it.
-func relayContainer(namespace, image string, apiserver *corev1.SecurityContext, mounts ...corev1.VolumeMount) corev1.Container {
+func relayContainer(namespace, image, socketArg string, apiserver *corev1.SecurityContext, mounts ...corev1.VolumeMount) corev1.Container {
 	sc := &corev1.SecurityContext{
 		AllowPrivilegeEscalation: ptr.To(false),
 		ReadOnlyRootFilesystem:   ptr.To(true),
@@ -274,7 +289,7 @@ func relayContainer(namespace, image string, apiserver *corev1.SecurityContext, 
 		Image:   image,
 		Command: []string{RelayCommand},
 		Args: []string{
-			"--socket=" + SocketPath,
+			socketArg,
 			"--server=" + GRPCServerAddress(namespace),
 			"--server-name=" + ServerHost(namespace),
 			"--tls-cert-file=" + path.Join(MountPathClient, dataKeyCertificate),

@@ -93,7 +93,7 @@ func TestMutateDeployment(t *testing.T) {
 		},
 	}
 	secrets := Secrets{Client: "tendril-kube-apiserver-client-abc", CABundle: "ca-tendril-bundle-def"}
-	for _, mode := range []tendrilv1alpha1.EgressMode{tendrilv1alpha1.EgressHTTPConnect, tendrilv1alpha1.EgressGRPC} {
+	for _, mode := range tendrilv1alpha1.EgressModes {
 		m := Mutation{Egress: mode, Secrets: secrets, Config: "cfg", RelayImage: relayImage}
 		for _, tt := range tests {
 			t.Run(string(mode)+"/"+tt.name, func(t *testing.T) {
@@ -121,15 +121,28 @@ func TestMutateDeployment(t *testing.T) {
 	}
 }
 
-// TestMutateDeploymentGRPC: the relay sidecar's command line, mounts and user; switching the
-// mode either way leaves nothing of the other behind.
-func TestMutateDeploymentGRPC(t *testing.T) {
+// TestMutateDeploymentRelay: the relay sidecar's command line, mounts and user in both relayed
+// modes (each serves only its mode's socket, the configuration's udsName); switching the mode
+// any way leaves nothing of the one before behind.
+func TestMutateDeploymentRelay(t *testing.T) {
+	for _, tc := range []struct {
+		mode   tendrilv1alpha1.EgressMode
+		socket string // the relay's socket flag
+	}{
+		{tendrilv1alpha1.EgressGRPC, "--socket=/var/run/tendril-egress/tendril-server.sock"},
+		{tendrilv1alpha1.EgressHTTPConnectRelay, "--connect-socket=/var/run/tendril-egress/tendril-server-connect.sock"},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) { testMutateDeploymentRelay(t, tc.mode, tc.socket) })
+	}
+}
+
+func testMutateDeploymentRelay(t *testing.T, mode tendrilv1alpha1.EgressMode, socketArg string) {
 	secrets := Secrets{Client: "client-1", CABundle: "bundle-1"}
-	grpc := Mutation{Egress: tendrilv1alpha1.EgressGRPC, Secrets: secrets, Config: "grpc", RelayImage: relayImage}
+	relayed := Mutation{Egress: mode, Secrets: secrets, Config: string(mode), RelayImage: relayImage}
 	d := deployment([]string{"/usr/local/bin/kube-apiserver"}, []string{gardenerEgressFlag})
 	d.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: "gardener-init"}}
 	d.Spec.Template.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsUser: ptr.To[int64](65532), RunAsNonRoot: ptr.To(true)}
-	if err := MutateDeployment(d, grpc); err != nil {
+	if err := MutateDeployment(d, relayed); err != nil {
 		t.Fatal(err)
 	}
 	inits := d.Spec.Template.Spec.InitContainers
@@ -138,7 +151,7 @@ func TestMutateDeploymentGRPC(t *testing.T) {
 	}
 	r := inits[1]
 	wantArgs := []string{
-		"--socket=/var/run/tendril-egress/tendril-server.sock",
+		socketArg,
 		"--server=tendril-server.shoot--p--s.svc:8090",
 		"--server-name=tendril-server.shoot--p--s.svc",
 		"--tls-cert-file=/etc/kubernetes/tendril/client/tls.crt",
@@ -157,16 +170,22 @@ func TestMutateDeploymentGRPC(t *testing.T) {
 		t.Errorf("relay security context %+v", sc)
 	}
 	// The relay's socket path is the configuration's UDS name.
-	cfg, err := EgressSelectorConfig("shoot--p--s", tendrilv1alpha1.EgressGRPC)
+	cfg, err := EgressSelectorConfig("shoot--p--s", mode)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(cfg), "udsName: "+SocketPath) || !strings.Contains(r.Args[0], SocketPath) {
-		t.Errorf("socket %s not in the configuration:\n%s", SocketPath, cfg)
+	_, socket, _ := strings.Cut(socketArg, "=")
+	if !strings.Contains(string(cfg), "udsName: "+socket+"\n") {
+		t.Errorf("socket %s not in the configuration:\n%s", socket, cfg)
 	}
 
-	// grpc → httpConnect → grpc: each result is what the mode alone gives.
-	httpConnect := Mutation{Egress: tendrilv1alpha1.EgressHTTPConnect, Secrets: secrets, Config: "http"}
+	// The mode → each other mode → the mode: each result is what the mode alone gives.
+	var others []Mutation
+	for _, m := range tendrilv1alpha1.EgressModes {
+		if m != mode {
+			others = append(others, Mutation{Egress: m, Secrets: secrets, Config: string(m), RelayImage: relayImage})
+		}
+	}
 	fresh := func(m Mutation) *appsv1.Deployment {
 		f := deployment([]string{"/usr/local/bin/kube-apiserver"}, []string{gardenerEgressFlag})
 		f.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: "gardener-init"}}
@@ -176,7 +195,7 @@ func TestMutateDeploymentGRPC(t *testing.T) {
 		}
 		return f
 	}
-	for _, m := range []Mutation{httpConnect, grpc} {
+	for _, m := range append(others, relayed) {
 		if err := MutateDeployment(d, m); err != nil {
 			t.Fatal(err)
 		}
@@ -201,7 +220,7 @@ func sortVolumes(d *appsv1.Deployment) {
 func checkVolumes(t *testing.T, d *appsv1.Deployment, m Mutation) {
 	t.Helper()
 	s := m.Secrets
-	grpc := m.Egress == tendrilv1alpha1.EgressGRPC
+	relayed := m.Egress.Relayed()
 	ps := d.Spec.Template.Spec
 	vols := map[string]corev1.Volume{}
 	for _, v := range ps.Volumes {
@@ -222,8 +241,8 @@ func checkVolumes(t *testing.T, d *appsv1.Deployment, m Mutation) {
 	if v := vols[VolumeNameCA]; v.Secret == nil || v.Secret.SecretName != s.CABundle {
 		t.Errorf("CA volume %+v", v)
 	}
-	if v, ok := vols[VolumeNameSocket]; ok != grpc || (grpc && v.EmptyDir == nil) {
-		t.Errorf("socket volume %+v (grpc %v)", v, grpc)
+	if v, ok := vols[VolumeNameSocket]; ok != relayed || (relayed && v.EmptyDir == nil) {
+		t.Errorf("socket volume %+v (relayed %v)", v, relayed)
 	}
 	mounts := func(c corev1.Container) map[string]string {
 		out := map[string]string{}
@@ -233,7 +252,7 @@ func checkVolumes(t *testing.T, d *appsv1.Deployment, m Mutation) {
 		return out
 	}
 	want := map[string]string{VolumeNameConfig: MountPathConfig, VolumeNameClient: MountPathClient, VolumeNameCA: MountPathCA, "egress-selection-config": "/etc/kubernetes/egress"}
-	if grpc {
+	if relayed {
 		want = map[string]string{VolumeNameConfig: MountPathConfig, VolumeNameSocket: MountPathSocket, "egress-selection-config": "/etc/kubernetes/egress"}
 	}
 	if got := mounts(ps.Containers[0]); !reflect.DeepEqual(got, want) {
@@ -243,8 +262,8 @@ func checkVolumes(t *testing.T, d *appsv1.Deployment, m Mutation) {
 		t.Error("sidecar got mounts or containers were added")
 	}
 	relay := extensionsContainer(ps.InitContainers, ContainerNameRelay)
-	if (relay != nil) != grpc {
-		t.Errorf("relay sidecar present %v, want %v", relay != nil, grpc)
+	if (relay != nil) != relayed {
+		t.Errorf("relay sidecar present %v, want %v", relay != nil, relayed)
 	}
 	if relay != nil {
 		wantRelay := map[string]string{VolumeNameClient: MountPathClient, VolumeNameCA: MountPathCA, VolumeNameSocket: MountPathSocket}
@@ -257,7 +276,7 @@ func checkVolumes(t *testing.T, d *appsv1.Deployment, m Mutation) {
 	}
 	labels := d.Spec.Template.Labels
 	port, other := "9443", "8090"
-	if grpc {
+	if relayed {
 		port, other = other, port
 	}
 	if labels["networking.resources.gardener.cloud/to-tendril-server-tcp-"+port] != "allowed" {
@@ -283,8 +302,10 @@ func TestMutateDeploymentErrors(t *testing.T) {
 		t.Error("no CA bundle secret accepted")
 	}
 	ok := Secrets{Client: "c", CABundle: "b"}
-	if err := MutateDeployment(d, Mutation{Egress: tendrilv1alpha1.EgressGRPC, Secrets: ok}); err == nil || !strings.Contains(err.Error(), "needs the tendril image") {
-		t.Errorf("grpc without an image: %v", err)
+	for _, mode := range []tendrilv1alpha1.EgressMode{tendrilv1alpha1.EgressGRPC, tendrilv1alpha1.EgressHTTPConnectRelay} {
+		if err := MutateDeployment(d, Mutation{Egress: mode, Secrets: ok}); err == nil || !strings.Contains(err.Error(), "needs the tendril image") {
+			t.Errorf("%s without an image: %v", mode, err)
+		}
 	}
 	if err := MutateDeployment(d, Mutation{Egress: "socks", Secrets: ok}); err == nil || !strings.Contains(err.Error(), "unknown egress mode") {
 		t.Errorf("unknown mode: %v", err)
@@ -349,10 +370,19 @@ func TestEgressSelectorConfig(t *testing.T) {
 	}
 }
 
-// TestEgressSelectorConfigGRPC: kube-apiserver's loader and validator accept the grpc
-// configuration, GRPC over UDS on the relay's socket.
-func TestEgressSelectorConfigGRPC(t *testing.T) {
-	data, err := EgressSelectorConfig("shoot--p--s", tendrilv1alpha1.EgressGRPC)
+// TestEgressSelectorConfigRelayed: kube-apiserver's loader and validator accept the relayed
+// modes' configurations, GRPC or HTTPConnect over UDS on the relay's socket for the mode.
+func TestEgressSelectorConfigRelayed(t *testing.T) {
+	testEgressSelectorConfigUDS(t, tendrilv1alpha1.EgressGRPC, apiserver.ProtocolGRPC, "/var/run/tendril-egress/tendril-server.sock")
+	testEgressSelectorConfigUDS(t, tendrilv1alpha1.EgressHTTPConnectRelay, apiserver.ProtocolHTTPConnect, "/var/run/tendril-egress/tendril-server-connect.sock")
+	if _, err := EgressSelectorConfig("ns", "socks"); err == nil {
+		t.Error("unknown mode accepted")
+	}
+}
+
+func testEgressSelectorConfigUDS(t *testing.T, mode tendrilv1alpha1.EgressMode, protocol apiserver.ProtocolType, socket string) {
+	t.Helper()
+	data, err := EgressSelectorConfig("shoot--p--s", mode)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,17 +401,14 @@ func TestEgressSelectorConfigGRPC(t *testing.T) {
 		c := s.Connection
 		switch s.Name {
 		case "cluster":
-			if c.ProxyProtocol != apiserver.ProtocolGRPC || c.Transport == nil || c.Transport.UDS == nil || c.Transport.TCP != nil ||
-				c.Transport.UDS.UDSName != "/var/run/tendril-egress/tendril-server.sock" {
-				t.Errorf("cluster selection %+v", c)
+			if c.ProxyProtocol != protocol || c.Transport == nil || c.Transport.UDS == nil || c.Transport.TCP != nil ||
+				c.Transport.UDS.UDSName != socket {
+				t.Errorf("%s: cluster selection %+v", mode, c)
 			}
 		default:
 			if c.ProxyProtocol != apiserver.ProtocolDirect {
-				t.Errorf("%s: %+v", s.Name, c)
+				t.Errorf("%s: %s: %+v", mode, s.Name, c)
 			}
 		}
-	}
-	if _, err := EgressSelectorConfig("ns", "socks"); err == nil {
-		t.Error("unknown mode accepted")
 	}
 }

@@ -26,6 +26,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/egresswebhook"
 	"github.com/tendril-net/tendril/internal/kubetest"
@@ -388,8 +389,8 @@ func checkUntouched(t *testing.T, what string, d *appsv1.Deployment) {
 }
 
 // testGRPC: a shoot with egress grpc gets the GRPC-over-UDS configuration and the relay sidecar,
-// idempotently; switching the Extension to httpConnect and back changes the Deployment to what
-// each mode alone gives.
+// idempotently; switching the Extension to httpConnect and back, then to httpConnectRelay (the
+// relay serving its CONNECT socket instead), changes the Deployment to what each mode alone gives.
 func testGRPC(ctx context.Context, t *testing.T, c client.Client) {
 	t.Helper()
 	ns := "shoot--p--grpc"
@@ -449,6 +450,18 @@ func testGRPC(ctx context.Context, t *testing.T, c client.Client) {
 		t.Fatal(err)
 	}
 	checkMutatedGRPC(t, get(ctx, t, c, ns), ns, clientSecret, bundleSecret)
+	// grpc → httpConnectRelay: the same sidecar, serving the CONNECT socket only.
+	setEgress(ctx, t, c, ns, "httpConnectRelay")
+	if err := c.Update(ctx, get(ctx, t, c, ns)); err != nil {
+		t.Fatal(err)
+	}
+	checkMutatedRelayed(t, get(ctx, t, c, ns), ns, tendrilv1alpha1.EgressHTTPConnectRelay, clientSecret, bundleSecret)
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: egresswebhook.ConfigMapName}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	if want, _ := egresswebhook.EgressSelectorConfig(ns, "httpConnectRelay"); cm.Data[egresswebhook.ConfigMapDataKey] != string(want) {
+		t.Errorf("configmap not switched:\n%s", cm.Data[egresswebhook.ConfigMapDataKey])
+	}
 }
 
 func setEgress(ctx context.Context, t *testing.T, c client.Client, ns, egress string) {
@@ -465,6 +478,17 @@ func setEgress(ctx context.Context, t *testing.T, c client.Client, ns, egress st
 
 func checkMutatedGRPC(t *testing.T, d *appsv1.Deployment, ns, clientSecret, bundleSecret string) {
 	t.Helper()
+	checkMutatedRelayed(t, d, ns, tendrilv1alpha1.EgressGRPC, clientSecret, bundleSecret)
+}
+
+// checkMutatedRelayed checks a Deployment mutated for a relayed egress mode: the relay serves
+// that mode's socket and no other.
+func checkMutatedRelayed(t *testing.T, d *appsv1.Deployment, ns string, mode tendrilv1alpha1.EgressMode, clientSecret, bundleSecret string) {
+	t.Helper()
+	socketArg, otherArg := "--socket="+egresswebhook.SocketPath, "--connect-socket="+egresswebhook.ConnectSocketPath
+	if mode == tendrilv1alpha1.EgressHTTPConnectRelay {
+		socketArg, otherArg = otherArg, socketArg
+	}
 	ps := d.Spec.Template.Spec
 	ctr := ps.Containers[0]
 	want := []string{egresswebhook.FlagEgressSelectorConfigFile + "=" + egresswebhook.ConfigFile}
@@ -504,7 +528,7 @@ func checkMutatedGRPC(t *testing.T, d *appsv1.Deployment, ns, clientSecret, bund
 	}
 	r := ps.InitContainers[0]
 	if r.Name != egresswebhook.ContainerNameRelay || r.Image != relayImage || !slices.Equal(r.Command, []string{"/tendril-egress-relay"}) ||
-		!slices.Contains(r.Args, "--server=tendril-server."+ns+".svc:8090") || !slices.Contains(r.Args, "--socket="+egresswebhook.SocketPath) {
+		!slices.Contains(r.Args, "--server=tendril-server."+ns+".svc:8090") || !slices.Contains(r.Args, socketArg) || slices.Contains(r.Args, otherArg) {
 		t.Errorf("relay %s %s %q %q", r.Name, r.Image, r.Command, r.Args)
 	}
 	if r.RestartPolicy == nil || *r.RestartPolicy != corev1.ContainerRestartPolicyAlways {
@@ -520,6 +544,6 @@ func checkMutatedGRPC(t *testing.T, d *appsv1.Deployment, ns, clientSecret, bund
 		t.Errorf("network policy label missing: %v", labels)
 	}
 	if _, ok := labels["networking.resources.gardener.cloud/to-tendril-server-tcp-9443"]; ok {
-		t.Errorf("CONNECT label set in grpc mode: %v", labels)
+		t.Errorf("CONNECT label set in %s mode: %v", mode, labels)
 	}
 }

@@ -126,8 +126,11 @@ func (s Shoot) Prometheus() string { return s.Name + " prometheus" }
 
 // egress is the tendril-server port the shoot's kube-apiserver uses, and the other one.
 func (s Shoot) egress() (port, other int32, why string) {
-	if s.Egress == tendrilv1alpha1.EgressGRPC {
+	switch {
+	case s.Egress == tendrilv1alpha1.EgressGRPC:
 		return manifest.PortGRPC, manifest.PortConnect, "egress, gRPC (relay sidecar)"
+	case s.Egress.Relayed():
+		return manifest.PortGRPC, manifest.PortConnect, "egress, HTTP CONNECT (relay sidecar)"
 	}
 	return manifest.PortConnect, manifest.PortGRPC, "egress, HTTP CONNECT"
 }

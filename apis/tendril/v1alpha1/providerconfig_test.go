@@ -17,6 +17,7 @@ func TestDecodeProviderConfig(t *testing.T) {
 		{name: "empty is the default", raw: "", wantEgress: EgressHTTPConnect},
 		{name: "full", raw: `{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true},"egress":"httpConnect"}`, wantEgress: EgressHTTPConnect, wantProxy: true},
 		{name: "grpc", raw: `{"egress":"grpc"}`, wantEgress: EgressGRPC},
+		{name: "httpConnect through the relay", raw: `{"egress":"httpConnectRelay"}`, wantEgress: EgressHTTPConnectRelay},
 		{name: "without type meta", raw: `{"egress":"httpConnect"}`, wantEgress: EgressHTTPConnect},
 		{name: "two agents", raw: `{"highAvailability":{"agents":2}}`, wantEgress: EgressHTTPConnect, wantAgents: 2},
 		{name: "one agent", raw: `{"highAvailability":{"agents":1}}`, wantEgress: EgressHTTPConnect, wantAgents: 1},
