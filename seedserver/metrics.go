@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/internal/stackmetrics"
 	"github.com/tendril-net/tendril/tunnel/bind"
 )
 
@@ -96,6 +97,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	tunnelStat("tendril_server_tunnel_packets_total", packetsHelp, "out", func(st bind.Stats) uint64 { return st.PacketsOut })
 	tunnelStat("tendril_server_tunnel_bytes_total", bytesHelp, "in", func(st bind.Stats) uint64 { return st.BytesIn })
 	tunnelStat("tendril_server_tunnel_bytes_total", bytesHelp, "out", func(st bind.Stats) uint64 { return st.BytesOut })
+	// The server's stack forwards nothing (the agent's does): only its drops.
+	reg.MustRegister(stackmetrics.New("tendril_server_tunnel", false, s.tun.StackStats))
 	for r := range bind.SendDropReason(len(bind.Stats{}.SendDropped)) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "tendril_server_tunnel_send_dropped_total",

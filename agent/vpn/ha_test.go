@@ -12,8 +12,10 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/tendril-net/tendril/internal/metrictest"
 	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
@@ -58,7 +60,9 @@ type haWorld struct {
 	agents  []*Agent
 	keys    []wg.Key
 	proxies []*testnet.Proxy
-	stops   []func() // stop agent i
+	regs    []*prometheus.Registry // agent i's metrics
+	srvReg  *prometheus.Registry   // the server's
+	stops   []func()               // stop agent i
 	echo    netip.AddrPort
 }
 
@@ -107,10 +111,11 @@ func newHAWorldPath(t *testing.T, n int, minBackoff, maxBackoff, rtt time.Durati
 		w.keys = append(w.keys, k)
 		peers = append(peers, wg.Peer{PublicKey: k.PublicKey(), AllowedIPs: []netip.Prefix{netip.PrefixFrom(haAgentAddr(i), 128)}})
 	}
+	w.srvReg = prometheus.NewRegistry()
 	srv, err := seedserver.New(seedserver.Config{
 		Tunnel:     wg.Config{PrivateKey: serverKey, LocalAddresses: []netip.Addr{serverAddr, serverAddr4}, Peers: peers},
-		ShootCIDRs: shoot,
-		Log:        testr.New(t).WithName("server"),
+		ShootCIDRs: shoot, Registry: w.srvReg,
+		Log: testr.New(t).WithName("server"),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +134,9 @@ func newHAWorldPath(t *testing.T, n int, minBackoff, maxBackoff, rtt time.Durati
 	for i := range n {
 		p := testnet.NewProxy(t, target)
 		w.proxies = append(w.proxies, p)
-		a, err := New(Config{PrivateKey: w.keys[i], ServerPublicKey: serverKey.PublicKey(), Address: haAgentAddr(i),
+		reg := prometheus.NewRegistry()
+		w.regs = append(w.regs, reg)
+		a, err := New(Config{Registry: reg, PrivateKey: w.keys[i], ServerPublicKey: serverKey.PublicKey(), Address: haAgentAddr(i),
 			ServerAddresses: []netip.Addr{serverAddr, serverAddr4}, ShootCIDRs: shoot, Seed: p.Addr, Direct: true, Dial: dialShoot,
 			MinBackoff: minBackoff, MaxBackoff: maxBackoff, Log: testr.New(t).WithName("agent")})
 		if err != nil {
@@ -504,6 +511,35 @@ func TestForwardDNS(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestStackRefusalsExported: a connection the agent's stack refuses is counted by reason in
+// tendril_agent_vpn_stack_refused_total (the seed dials the agent's own address on a port
+// nothing listens on: a reset, reason local-port-closed), and the server exports its stack's
+// drops.
+func TestStackRefusalsExported(t *testing.T) {
+	w := newHAWorld(t, 1)
+	ctx := t.Context()
+	eventually(t, "the first round trip", func() error { return w.roundTrip(ctx) })
+	refused := func() float64 {
+		return metrictest.Sum(t, w.regs[0], "tendril_agent_vpn_stack_refused_total", map[string]string{"reason": "local-port-closed"})
+	}
+	if n := refused(); n != 0 {
+		t.Fatalf("%v refusals before any", n)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	c, err := w.srv.Tunnel().DialContext(dctx, "tcp", netip.AddrPortFrom(haAgentAddr(0), 9).String())
+	if err == nil {
+		c.Close()
+		t.Fatal("a dial to a port nothing listens on succeeded")
+	}
+	if n := refused(); n != 1 {
+		t.Errorf("%v refusals counted for one refused dial (%v)", n, err)
+	}
+	if n, err := testutil.GatherAndCount(w.srvReg, "tendril_server_tunnel_stack_dropped_total"); err != nil || n != 3 {
+		t.Errorf("server: %d drop series (%v), want 3", n, err)
+	}
 }
 
 // TestSequentialDialsPodClosesFirst: many short connections to a pod that closes first all

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/internal/stackmetrics"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 	"github.com/tendril-net/tendril/tunnel/tundev"
@@ -171,7 +172,8 @@ func New(cfg Config) (*Agent, error) {
 		}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tendril_agent_vpn_relay_buffers",
 			Help: "128 KiB copy buffers the agent's connections into the shoot hold now: one per direction moving bytes or blocked writing them; an idle connection holds none.",
-		}, func() float64 { return float64(relay.BuffersHeld()) }))
+		}, func() float64 { return float64(relay.BuffersHeld()) }),
+			stackmetrics.New("tendril_agent_vpn", len(cfg.ShootCIDRs) > 0, t.StackStats))
 	}
 	return a, nil
 }

@@ -34,6 +34,7 @@ var ServerMetrics = []string{
 	"tendril_server_tunnel_streams_detached_total",
 	"tendril_server_tunnel_streams_refused_total",
 	"tendril_server_tunnel_send_dropped_total",
+	"tendril_server_tunnel_stack_dropped_total",
 	"tendril_server_tunnel_bytes_total",
 	"tendril_server_agent_live",
 	"tendril_server_agent_failovers_total",
@@ -53,6 +54,8 @@ var AgentMetrics = []string{
 	"tendril_agent_vpn_dial_errors_total",
 	"tendril_agent_vpn_handshake_age_seconds",
 	"tendril_agent_vpn_relay_buffers",
+	"tendril_agent_vpn_stack_dropped_total",
+	"tendril_agent_vpn_stack_refused_total",
 }
 
 func monitoringMeta(name, namespace string) metav1.ObjectMeta {
