@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,13 +76,22 @@ func startController(t *testing.T, env *kubetest.Env, clk clock.Clock) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
+	controllerCaches.Store(env.Client, mgr.GetCache())
 	t.Cleanup(func() {
+		controllerCaches.Delete(env.Client)
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("manager: %v", err)
 		}
 	})
 }
+
+// controllerCaches maps an API server's client (kubetest.Env.Client) to the cache of the
+// controller startController runs against it. Gardener's ShootNotFailedPredicate reads the
+// shoot's Cluster from that cache when an Extension event arrives and drops the event if the
+// Cluster is not there yet; gardenlet creates the Cluster long before a shoot's Extensions, a
+// test a moment before, so shoot waits until the controller's cache has it.
+var controllerCaches sync.Map // client.Client → client.Reader
 
 // shoot creates what gardenlet would have in a shoot namespace before the Extension:
 // the namespace, the Cluster, and kube-apiserver's Deployment and Service.
@@ -125,6 +135,11 @@ func shoot(t *testing.T, c client.Client, ns string, hibernated bool, mutate ...
 			Shoot:        runtime.RawExtension{Raw: raw},
 		},
 	}))
+	if cache, ok := controllerCaches.Load(c); ok {
+		testwait.For(t, "the controller's cache has Cluster "+ns, func() error {
+			return cache.(client.Reader).Get(ctx, client.ObjectKey{Name: ns}, &extensionsv1alpha1.Cluster{})
+		})
+	}
 	labels := map[string]string{"app": "kubernetes", "role": "apiserver"}
 	must(t, c.Create(ctx, &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver", Namespace: ns, Labels: labels},
