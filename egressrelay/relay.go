@@ -10,9 +10,9 @@
 // does not decode konnectivity's packets, and kube-apiserver and tendril-server speak the
 // protocol to each other through it. On a second socket (beside the first or instead of it) it
 // serves kube-apiserver's HTTP CONNECT egress the same way, a stream per CONNECT, speaking
-// konnectivity's client side itself there (connect.go). It knows nothing of Kubernetes objects; the certificate
-// files it is given may be rotated under it (mounted Secrets) and are read again when they
-// change.
+// konnectivity's client side itself there (connect.go). It knows nothing of Kubernetes objects;
+// the certificate files it is given may be rotated under it (mounted Secrets) and are read again
+// when they change.
 package egressrelay
 
 import (

@@ -46,9 +46,10 @@ const (
 	MountPathCA     = "/etc/kubernetes/tendril/ca"
 	MountPathSocket = "/var/run/tendril-egress"
 
-	// ContainerNameRelay is the egress relay sidecar (egress grpc and httpConnectRelay): a native sidecar (an init
-	// container with restartPolicy Always), so it starts before kube-apiserver and stops after
-	// it, and kube-apiserver's egress works during its whole graceful shutdown.
+	// ContainerNameRelay is the egress relay sidecar (egress grpc and httpConnectRelay): a
+	// native sidecar (an init container with restartPolicy Always), so it starts before
+	// kube-apiserver and stops after it, and kube-apiserver's egress works during its whole
+	// graceful shutdown.
 	ContainerNameRelay = "tendril-egress-relay"
 	// RelayCommand is the relay's binary in the tendril image.
 	RelayCommand = "/tendril-egress-relay"
@@ -201,8 +202,8 @@ type Mutation struct {
 // configuration and the socket's emptyDir; the relay sidecar (ContainerNameRelay, a native
 // sidecar, serving the mode's socket) mounts the socket's emptyDir, the client certificate and
 // the CA bundle, and the pod may reach port 8090. What another mode added is removed, so a
-// shoot can switch. Everything else, including
-// --advertise-address and --endpoint-reconciler-type, stays as it is. It is idempotent.
+// shoot can switch. Everything else, including --advertise-address and
+// --endpoint-reconciler-type, stays as it is. It is idempotent.
 func MutateDeployment(dep *appsv1.Deployment, m Mutation) error {
 	s := m.Secrets
 	if s.Client == "" || s.CABundle == "" {
