@@ -71,6 +71,9 @@ type Config struct {
 	// then the rest are closed (counted by listener) and Serve returns. Serve returns as soon as
 	// the last one ends by itself. If zero, they are closed at once.
 	DrainTimeout time.Duration
+	// Loops is the number of relay event loops (relay.LoopsConfig). If zero, GOMAXPROCS when
+	// Serve starts; a binary that changes GOMAXPROCS while it runs sets its maximum here.
+	Loops int
 }
 
 // Ingress serves the listeners of the configuration it is given.
@@ -265,7 +268,7 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	}
 	// Established connections move to the relay loops: an idle one then holds its two sockets
 	// and nothing else (no goroutine, pipe or buffer).
-	loops, err := relay.NewLoops(relay.LoopsConfig{})
+	loops, err := relay.NewLoops(relay.LoopsConfig{Loops: in.cfg.Loops})
 	if err != nil {
 		for _, l := range lns {
 			l.Close()

@@ -13,10 +13,12 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/ingress"
@@ -25,6 +27,7 @@ import (
 	"github.com/tendril-net/tendril/internal/idlemem"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
+	"github.com/tendril-net/tendril/internal/procscale"
 	"github.com/tendril-net/tendril/internal/tlsreload"
 )
 
@@ -55,7 +58,10 @@ type Config struct {
 	// DrainDelay and DrainTimeout shape the shutdown (ingress.Config); zero: none.
 	DrainDelay   time.Duration
 	DrainTimeout time.Duration
-	Log          logr.Logger
+	// AdaptiveProcs sizes GOMAXPROCS to the ingress's CPU use (package procscale), up to the
+	// runtime's default.
+	AdaptiveProcs bool
+	Log           logr.Logger
 }
 
 func main() {
@@ -88,6 +94,7 @@ func main() {
 	// Kubernetes (and the tests) stops at once; the chart sets the delay its load balancer needs.
 	flag.DurationVar(&cfg.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, how long established connections may go on after the listeners close; the rest are then closed (0: at once)")
 	flag.DurationVar(&cfg.DrainDelay, "drain-delay", 0, "on SIGTERM, how long to go on accepting new connections while /readyz already fails, for the load balancer to notice (the chart sets 5s); 0: close the listeners at once")
+	flag.BoolVar(&cfg.AdaptiveProcs, "adaptive-procs", true, "size GOMAXPROCS to the ingress's CPU use: one processor while it uses less than a third of a core, more at once when it needs them, up to the runtime's default (an idle processor costs the Go scheduler CPU on every event); off when the GOMAXPROCS environment variable is set")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -104,6 +111,10 @@ func main() {
 		cfg.NodeID, _ = os.Hostname()
 	}
 	cfg.Log = logging.New(os.Stderr, verbosity).WithName("tendril-ingress")
+	if v := os.Getenv("GOMAXPROCS"); v != "" && cfg.AdaptiveProcs {
+		cfg.Log.Info("GOMAXPROCS is set: keeping it (no --adaptive-procs)", "GOMAXPROCS", v)
+		cfg.AdaptiveProcs = false
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// The first signal starts the drain; a second one (an impatient ^C) kills at once, as the
@@ -164,9 +175,11 @@ func Run(ctx context.Context, cfg Config) error {
 	xc.TLS = tlsCfg
 	logCapacity(cfg.Log)
 	reg := probe.NewRegistry()
+	// The relay loops are as many as the processors may become (procscale starts at the most).
+	maxProcs := runtime.GOMAXPROCS(0)
 	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending,
 		MaxPendingPerListener: cfg.MaxPendingPerListener, MaxPendingPerSource: cfg.MaxPendingPerSource, TrustedProxies: cfg.TrustedProxies,
-		DrainDelay: cfg.DrainDelay, DrainTimeout: cfg.DrainTimeout})
+		DrainDelay: cfg.DrainDelay, DrainTimeout: cfg.DrainTimeout, Loops: maxProcs})
 
 	// The probes outlive ctx until the ingress has drained; a failure of either ends ingress's
 	// context (through the group's), which drains it too.
@@ -194,6 +207,20 @@ func Run(ctx context.Context, cfg Config) error {
 	g.Go(func() error {
 		return idlemem.Run(probeCtx, idlemem.Config{Held: in.Open, Released: in.MemoryReleased})
 	})
+	if cfg.AdaptiveProcs {
+		changes := prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tendril_ingress_procs_changes_total",
+			Help: "Changes of GOMAXPROCS by --adaptive-procs (the count itself: go_sched_gomaxprocs_threads).",
+		})
+		reg.MustRegister(changes)
+		log := cfg.Log.WithName("procs")
+		g.Go(func() error {
+			return procscale.Run(probeCtx, procscale.Config{Max: maxProcs, Changed: func(procs int, used float64) {
+				changes.Inc()
+				log.V(1).Info("GOMAXPROCS changed", "procs", procs, "usedCores", used)
+			}})
+		})
+	}
 	g.Go(func() error {
 		defer stopProbes()
 		return in.Run(gctx, xc)
