@@ -331,6 +331,10 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 // Released, run by the binary), as tendril_ingress_memory_releases_total.
 func (in *Ingress) MemoryReleased() { in.metrics.memoryReleases.Inc() }
 
+// ProcsChanged counts a change of GOMAXPROCS (internal/procscale's Changed, run by the binary), as
+// tendril_ingress_procs_changes_total.
+func (in *Ingress) ProcsChanged() { in.metrics.procsChanges.Inc() }
+
 // Open reports how many clients' connections the ingress holds, in their handshake or relayed.
 func (in *Ingress) Open() int {
 	servers := in.servers.Load()

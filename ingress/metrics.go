@@ -15,6 +15,8 @@ type metrics struct {
 	drainClosed  *prometheus.CounterVec
 	// memoryReleases counts the process's returns of free heap to the system (MemoryReleased).
 	memoryReleases prometheus.Counter
+	// procsChanges counts the binary's changes of GOMAXPROCS (ProcsChanged).
+	procsChanges prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -49,9 +51,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tendril_ingress_memory_releases_total",
 			Help: "Times the free heap was returned to the system after a load or a peak of connections.",
 		}),
+		procsChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tendril_ingress_procs_changes_total",
+			Help: "Changes of GOMAXPROCS by --adaptive-procs (the count itself: go_sched_gomaxprocs_threads).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.connections, m.active, m.bytes, m.retries, m.xdsUpdates, m.xdsResources, m.xdsVersion, m.drainClosed, m.memoryReleases)
+		reg.MustRegister(m.connections, m.active, m.bytes, m.retries, m.xdsUpdates, m.xdsResources, m.xdsVersion, m.drainClosed, m.memoryReleases, m.procsChanges)
 	}
 	return m
 }

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/ingress"
@@ -208,15 +207,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return idlemem.Run(probeCtx, idlemem.Config{Held: in.Open, Released: in.MemoryReleased})
 	})
 	if cfg.AdaptiveProcs {
-		changes := prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tendril_ingress_procs_changes_total",
-			Help: "Changes of GOMAXPROCS by --adaptive-procs (the count itself: go_sched_gomaxprocs_threads).",
-		})
-		reg.MustRegister(changes)
 		log := cfg.Log.WithName("procs")
 		g.Go(func() error {
 			return procscale.Run(probeCtx, procscale.Config{Max: maxProcs, Changed: func(procs int, used float64) {
-				changes.Inc()
+				in.ProcsChanged()
 				log.V(1).Info("GOMAXPROCS changed", "procs", procs, "usedCores", used)
 			}})
 		})
