@@ -55,6 +55,21 @@ func init() {
 	os.Exit(1)
 }
 
+// udsEgress is an EgressSelectorConfiguration that sends `cluster` over the Unix socket with
+// protocol (GRPC or HTTPConnect).
+func udsEgress(protocol, socket string) string {
+	return fmt.Sprintf(`apiVersion: apiserver.k8s.io/v1beta1
+kind: EgressSelectorConfiguration
+egressSelections:
+- name: cluster
+  connection:
+    proxyProtocol: %s
+    transport:
+      uds:
+        udsName: %s
+`, protocol, socket)
+}
+
 // TestKubeAPIServerEgress puts a real kube-apiserver in front of the reversed VPN, as a shoot's
 // control plane runs in the seed: its EgressSelector sends "cluster" traffic to tendril-server,
 // as HTTP CONNECT over mutual TLS, as konnectivity gRPC over a Unix socket, and as HTTP CONNECT
@@ -148,27 +163,9 @@ egressSelections:
           clientKey: %s
 `, connectAddr, caFile, apiCert, apiKey),
 		// konnectivity's gRPC, which kube-apiserver speaks over a Unix socket only.
-		"grpc-uds": fmt.Sprintf(`apiVersion: apiserver.k8s.io/v1beta1
-kind: EgressSelectorConfiguration
-egressSelections:
-- name: cluster
-  connection:
-    proxyProtocol: GRPC
-    transport:
-      uds:
-        udsName: %s
-`, grpcSocket),
+		"grpc-uds": udsEgress("GRPC", grpcSocket),
 		// HTTPConnect over a Unix socket to tendril-egress-relay (egress: httpConnectRelay).
-		"http-connect-relay-uds": fmt.Sprintf(`apiVersion: apiserver.k8s.io/v1beta1
-kind: EgressSelectorConfiguration
-egressSelections:
-- name: cluster
-  connection:
-    proxyProtocol: HTTPConnect
-    transport:
-      uds:
-        udsName: %s
-`, relaySocket),
+		"http-connect-relay-uds": udsEgress("HTTPConnect", relaySocket),
 	}
 	for _, mode := range []string{"http-connect-tls", "grpc-uds", "http-connect-relay-uds"} {
 		t.Run(mode, func(t *testing.T) {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -69,21 +68,10 @@ func TestConnectThroughRelay(t *testing.T) {
 	fw := testnet.NewProxy(t, b.grpc)
 	r := startRelay(t, Config{Server: fw.Addr, ServerName: serverName, CertFile: f.cert, KeyFile: f.key, CAFile: f.ca})
 
-	var wg sync.WaitGroup
-	for i := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, _, err := r.connectVia(echoTarget, http.MethodConnect, "")
-			if err != nil {
-				t.Errorf("CONNECT %d: %v", i, err)
-				return
-			}
-			defer c.Close()
-			echo(t, c, 1<<20)
-		}()
-	}
-	wg.Wait()
+	echoAtOnce(t, 4, func() (net.Conn, error) {
+		c, _, err := r.connectVia(echoTarget, http.MethodConnect, "")
+		return c, err
+	})
 
 	c, _, err := r.connectVia(echoTarget, http.MethodConnect, "first")
 	if err != nil {

@@ -193,6 +193,26 @@ func (r *running) count(outcome string) float64 {
 	return testutil.ToFloat64(c)
 }
 
+// echoAtOnce opens n tunnels with open at once and echoes 1 MiB through each.
+func echoAtOnce(t *testing.T, n int, open func() (net.Conn, error)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := open()
+			if err != nil {
+				t.Errorf("tunnel %d: %v", i, err)
+				return
+			}
+			defer c.Close()
+			echo(t, c, 1<<20)
+		}()
+	}
+	wg.Wait()
+}
+
 func echo(t *testing.T, c net.Conn, size int) {
 	t.Helper()
 	payload := bytes.Repeat([]byte("relay"), size/5)
@@ -226,21 +246,7 @@ func TestKonnectivityThroughRelay(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	for i := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := r.dial(ctx, echoTarget)
-			if err != nil {
-				t.Errorf("dial %d: %v", i, err)
-				return
-			}
-			defer c.Close()
-			echo(t, c, 1<<20)
-		}()
-	}
-	wg.Wait()
+	echoAtOnce(t, 4, func() (net.Conn, error) { return r.dial(ctx, echoTarget) })
 	if _, err := r.dial(ctx, "10.0.0.1:443"); err == nil || !strings.Contains(err.Error(), "outside the shoot") {
 		t.Errorf("dial outside the shoot's networks: %v", err)
 	}

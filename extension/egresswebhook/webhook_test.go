@@ -399,7 +399,7 @@ func testGRPC(ctx context.Context, t *testing.T, c client.Client) {
 	clientSecret, bundleSecret := generateSecrets(ctx, t, c, ns)
 	mustCreate(ctx, t, c, kubeAPIServer(ns, true))
 	got := get(ctx, t, c, ns)
-	checkMutatedGRPC(t, got, ns, clientSecret, bundleSecret)
+	checkMutatedRelayed(t, got, ns, tendrilv1alpha1.EgressGRPC, clientSecret, bundleSecret)
 
 	var cm corev1.ConfigMap
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: egresswebhook.ConfigMapName}, &cm); err != nil {
@@ -425,7 +425,7 @@ func testGRPC(ctx context.Context, t *testing.T, c client.Client) {
 	if reapply.Generation != before.Generation {
 		t.Errorf("re-applying Gardener's object rolled kube-apiserver: generation %d→%d", before.Generation, reapply.Generation)
 	}
-	checkMutatedGRPC(t, get(ctx, t, c, ns), ns, clientSecret, bundleSecret)
+	checkMutatedRelayed(t, get(ctx, t, c, ns), ns, tendrilv1alpha1.EgressGRPC, clientSecret, bundleSecret)
 
 	// Switch to httpConnect: an update of the stored (grpc) object loses the relay.
 	setEgress(ctx, t, c, ns, "httpConnect")
@@ -449,7 +449,7 @@ func testGRPC(ctx context.Context, t *testing.T, c client.Client) {
 	if err := c.Update(ctx, get(ctx, t, c, ns)); err != nil {
 		t.Fatal(err)
 	}
-	checkMutatedGRPC(t, get(ctx, t, c, ns), ns, clientSecret, bundleSecret)
+	checkMutatedRelayed(t, get(ctx, t, c, ns), ns, tendrilv1alpha1.EgressGRPC, clientSecret, bundleSecret)
 	// grpc → httpConnectRelay: the same sidecar, serving the CONNECT socket only.
 	setEgress(ctx, t, c, ns, "httpConnectRelay")
 	if err := c.Update(ctx, get(ctx, t, c, ns)); err != nil {
@@ -474,11 +474,6 @@ func setEgress(ctx context.Context, t *testing.T, c client.Client, ns, egress st
 	if err := c.Update(ctx, ext); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func checkMutatedGRPC(t *testing.T, d *appsv1.Deployment, ns, clientSecret, bundleSecret string) {
-	t.Helper()
-	checkMutatedRelayed(t, d, ns, tendrilv1alpha1.EgressGRPC, clientSecret, bundleSecret)
 }
 
 // checkMutatedRelayed checks a Deployment mutated for a relayed egress mode: the relay serves
