@@ -93,7 +93,7 @@ func main() {
 	// Kubernetes (and the tests) stops at once; the chart sets the delay its load balancer needs.
 	flag.DurationVar(&cfg.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, how long established connections may go on after the listeners close; the rest are then closed (0: at once)")
 	flag.DurationVar(&cfg.DrainDelay, "drain-delay", 0, "on SIGTERM, how long to go on accepting new connections while /readyz already fails, for the load balancer to notice (the chart sets 5s); 0: close the listeners at once")
-	flag.BoolVar(&cfg.AdaptiveProcs, "adaptive-procs", true, "size GOMAXPROCS to the ingress's CPU use: one processor while it uses less than a third of a core, more at once when it needs them, up to the runtime's default (an idle processor costs the Go scheduler CPU on every event); off when the GOMAXPROCS environment variable is set")
+	flag.BoolVar(&cfg.AdaptiveProcs, "adaptive-procs", true, "size GOMAXPROCS to the ingress's CPU use: one processor while it uses less than a third of a core, more at once when it needs them, up to the runtime's default, read again every 10 s to follow a CPU limit changed in place (an idle processor costs the Go scheduler CPU on every event); off when the GOMAXPROCS environment variable is set")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -174,7 +174,8 @@ func Run(ctx context.Context, cfg Config) error {
 	xc.TLS = tlsCfg
 	logCapacity(cfg.Log)
 	reg := probe.NewRegistry()
-	// The relay loops are as many as the processors may become (procscale starts at the most).
+	// The relay loops are as many as the processors may be at start (procscale starts at the
+	// most); a CPU limit raised later gives more processors, not more loops.
 	maxProcs := runtime.GOMAXPROCS(0)
 	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending,
 		MaxPendingPerListener: cfg.MaxPendingPerListener, MaxPendingPerSource: cfg.MaxPendingPerSource, TrustedProxies: cfg.TrustedProxies,
@@ -209,7 +210,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.AdaptiveProcs {
 		log := cfg.Log.WithName("procs")
 		g.Go(func() error {
-			return procscale.Run(probeCtx, procscale.Config{Max: maxProcs, Changed: func(procs int, used float64) {
+			return procscale.Run(probeCtx, procscale.Config{Changed: func(procs int, used float64) {
 				in.ProcsChanged()
 				log.V(1).Info("GOMAXPROCS changed", "procs", procs, "usedCores", used)
 			}})

@@ -9,9 +9,10 @@
 // no futex), `strace -c -f` over 5 s of `tendril-bench sni --concurrency 1` (docs/performance.md).
 // An event loop such as HAProxy's sleeps in epoll_wait on each thread and wakes one.
 //
-// It does not pin threads or goroutines, and it does not follow a CPU limit that changes while
-// the process runs: Max is read once (Go's own updates of GOMAXPROCS stop once a program sets
-// it, runtime.GOMAXPROCS).
+// Go updates its default GOMAXPROCS when the CPUs a process may run on or its cgroup's CPU limit
+// change (a pod resized in place, a CPU set changed), but not once a program has set it, as this
+// package does; so with no fixed Max, Run reads the runtime's default again every LimitInterval
+// and keeps within it. It does not pin threads or goroutines.
 package procscale
 
 import (
@@ -25,12 +26,16 @@ import (
 
 // Config configures Run. The zero value works.
 type Config struct {
-	// Max is the most processors. If zero, GOMAXPROCS when Run starts: the runtime's default,
-	// the CPUs the process may run on or its cgroup's CPU limit.
+	// Max is the most processors. If zero, the runtime's default (the CPUs the process may run
+	// on, or its cgroup's CPU limit rounded up, at least 2: runtime.GOMAXPROCS), read again every
+	// LimitInterval.
 	Max int
 	// Interval is the time between two samples of the process's CPU time. If zero,
 	// DefaultInterval.
 	Interval time.Duration
+	// LimitInterval is the time between two readings of the runtime's default when Max is zero.
+	// If zero, DefaultLimitInterval.
+	LimitInterval time.Duration
 	// Changed, if set, is called after every change of GOMAXPROCS (metrics, logs).
 	Changed func(procs int, used float64)
 }
@@ -38,6 +43,11 @@ type Config struct {
 // DefaultInterval samples five times a second: a burst waits at most that long for more
 // processors, on the one or more it has.
 const DefaultInterval = 200 * time.Millisecond
+
+// DefaultLimitInterval follows a changed CPU limit within 10 s. A reading stops the world twice
+// (runtime.SetDefaultGOMAXPROCS, then the count chosen again), each for microseconds: with 10 s
+// between them, nothing a connection would notice.
+const DefaultLimitInterval = 10 * time.Second
 
 const (
 	// busyTarget is the share of each processor the process may use before it gets another:
@@ -52,17 +62,25 @@ const (
 )
 
 // Run sets GOMAXPROCS every Interval from the CPU time the process used in the last one, until
-// ctx ends; then it restores Max. It starts at Max.
+// ctx ends; then it leaves Max behind (with Max zero, the runtime's default and its own updates).
+// It starts at the most.
 func Run(ctx context.Context, cfg Config) error {
-	if cfg.Max <= 0 {
-		cfg.Max = runtime.GOMAXPROCS(0)
-	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
 	}
-	runtime.GOMAXPROCS(cfg.Max)
-	cur := cfg.Max
-	defer runtime.GOMAXPROCS(cfg.Max)
+	if cfg.LimitInterval <= 0 {
+		cfg.LimitInterval = DefaultLimitInterval
+	}
+	follow := cfg.Max <= 0
+	limit := cfg.Max
+	if follow {
+		limit = runtimeDefault()
+		defer runtime.SetDefaultGOMAXPROCS()
+	} else {
+		runtime.GOMAXPROCS(limit)
+		defer runtime.GOMAXPROCS(limit)
+	}
+	last := limit // the count at the previous sample
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
 	lastCPU, err := cpuTime()
@@ -70,6 +88,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	lastWall := time.Now()
+	lastLimit := lastWall
 	calm := 0
 	for {
 		select {
@@ -84,16 +103,33 @@ func Run(ctx context.Context, cfg Config) error {
 		now := time.Now()
 		used := float64(cpu-lastCPU) / float64(now.Sub(lastWall))
 		lastCPU, lastWall = cpu, now
+		// Read, not remembered: right after runtimeDefault, until Run sets it again, the runtime
+		// updates GOMAXPROCS on its own.
+		cur := runtime.GOMAXPROCS(0)
+		if follow && now.Sub(lastLimit) >= cfg.LimitInterval {
+			limit, lastLimit = runtimeDefault(), now
+			if cur = min(cur, limit); cur != limit {
+				runtime.GOMAXPROCS(cur)
+			}
+		}
 		var n int
-		n, calm = next(used, cur, cfg.Max, calm)
+		n, calm = next(used, cur, limit, calm)
 		if n != cur {
 			runtime.GOMAXPROCS(n)
-			cur = n
+		}
+		if n != last {
+			last = n
 			if cfg.Changed != nil {
 				cfg.Changed(n, used)
 			}
 		}
 	}
+}
+
+// runtimeDefault sets GOMAXPROCS to the runtime's default and returns it.
+func runtimeDefault() int {
+	runtime.SetDefaultGOMAXPROCS()
+	return runtime.GOMAXPROCS(0)
 }
 
 // next is the processor count after a sample in which the process used used cores with cur

@@ -2,11 +2,15 @@ package procscale
 
 import (
 	"context"
+	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestNext(t *testing.T) {
@@ -46,48 +50,120 @@ func TestRun(t *testing.T) {
 	go func() {
 		done <- Run(ctx, Config{Max: 2, Interval: 20 * time.Millisecond, Changed: func(int, float64) { changes.Add(1) }})
 	}()
-	waitProcs := func(want int) {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for runtime.GOMAXPROCS(0) != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("GOMAXPROCS %d, want %d", runtime.GOMAXPROCS(0), want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	waitProcs(1)
+	waitProcs(t, 1)
 
 	// Two goroutines that never block use the one processor fully: more are given.
-	stop := make(chan struct{})
-	var burners sync.WaitGroup
-	for range 2 {
-		burners.Add(1)
-		go func() {
-			defer burners.Done()
-			for x := 0; ; x++ {
-				if x%1024 == 0 {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-				}
-			}
-		}()
-	}
-	waitProcs(2)
-	close(stop)
-	burners.Wait()
+	stop := burn(2)
+	waitProcs(t, 2)
+	stop()
 	if changes.Load() < 2 {
 		t.Errorf("%d changes reported, want at least 2", changes.Load())
 	}
-	waitProcs(1)
+	waitProcs(t, 1)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	if n := runtime.GOMAXPROCS(0); n != 2 {
 		t.Errorf("GOMAXPROCS %d after Run, want Max (2)", n)
+	}
+}
+
+// waitProcs waits until GOMAXPROCS is want (30 s at most: a failure, not a measurement).
+func waitProcs(t *testing.T, want int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for runtime.GOMAXPROCS(0) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("GOMAXPROCS %d, want %d", runtime.GOMAXPROCS(0), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// burn starts n goroutines that never block, until the returned func is called (and waits).
+func burn(n int) (stop func()) {
+	done := make(chan struct{})
+	var burners sync.WaitGroup
+	for range n {
+		burners.Go(func() {
+			for x := 0; ; x++ {
+				if x%1024 == 0 {
+					select {
+					case <-done:
+						return
+					default:
+					}
+				}
+			}
+		})
+	}
+	return func() { close(done); burners.Wait() }
+}
+
+// TestRunFollowsCPUs: with no fixed Max, a busy process keeps within the CPUs it may run on when
+// they change while it runs (here its threads' affinity, as a changed CPU set; a cgroup's CPU
+// limit reaches the runtime's default the same way, but not below 2), and gets them back.
+func TestRunFollowsCPUs(t *testing.T) {
+	orig := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(orig) })
+	var all unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		t.Fatal(err)
+	}
+	if all.Count() < 2 {
+		t.Skipf("%d CPUs: the test needs 2", all.Count())
+	}
+	one := unix.CPUSet{}
+	for cpu := range 1024 {
+		if all.IsSet(cpu) {
+			one.Set(cpu)
+			break
+		}
+	}
+	t.Cleanup(func() { setAffinity(t, &all) })
+	want := runtimeDefault()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{Interval: 20 * time.Millisecond, LimitInterval: 100 * time.Millisecond})
+	}()
+	waitProcs(t, 1) // idle: Run has set GOMAXPROCS, so the runtime no longer follows the CPUs itself
+	stop := burn(2)
+	waitProcs(t, min(want, 2))
+	setAffinity(t, &one)
+	waitProcs(t, 1)
+	setAffinity(t, &all)
+	waitProcs(t, min(want, 2))
+	stop()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := runtime.GOMAXPROCS(0); n != want {
+		t.Errorf("GOMAXPROCS %d after Run, want the runtime's default %d", n, want)
+	}
+}
+
+// setAffinity sets the CPUs of every thread of the process; threads started later inherit them
+// from the thread that starts them. Twice, for a thread started during the first pass.
+func setAffinity(t *testing.T, set *unix.CPUSet) {
+	t.Helper()
+	for range 2 {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range tasks {
+			tid, err := strconv.Atoi(task.Name())
+			if err != nil {
+				continue
+			}
+			// A thread that ended meanwhile is ESRCH: nothing to set.
+			if err := unix.SchedSetaffinity(tid, set); err != nil && err != unix.ESRCH {
+				t.Fatalf("sched_setaffinity %d: %v", tid, err)
+			}
+		}
 	}
 }
