@@ -126,16 +126,36 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 			}
 		}
 	}
-	if s.agent != nil {
-		res.Server.Peak = peakOf(s.servers[0])
-		res.Agent.Peak = peakOf(s.agent)
-		if r.cfg.Settle > 0 && harness.SleepCtx(ctx, r.cfg.Settle) {
-			res.Server.AfterRSS = memOf(s.servers[0]).IdleRSS
-			res.Agent.AfterRSS = memOf(s.agent).IdleRSS
-			r.logf("%s: RSS %v after the load: %s %s (peak %s), %s %s (peak %s)", s.name, r.cfg.Settle,
-				res.Server.Process, fmtMiB(res.Server.AfterRSS), fmtMiB(res.Server.Peak),
-				res.Agent.Process, fmtMiB(res.Agent.AfterRSS), fmtMiB(res.Agent.Peak))
+	if s.agent == nil {
+		return
+	}
+	res.Server.Peak = peakOf(s.servers[0])
+	res.Agent.Peak = peakOf(s.agent)
+	if r.cfg.Settle == 0 || !harness.SleepCtx(ctx, r.cfg.Settle) {
+		return
+	}
+	res.Server.AfterRSS = memOf(s.servers[0]).IdleRSS
+	res.Agent.AfterRSS = memOf(s.agent).IdleRSS
+	r.logf("%s: RSS %v after the load: %s %s (peak %s), %s %s (peak %s)", s.name, r.cfg.Settle,
+		res.Server.Process, fmtMiB(res.Server.AfterRSS), fmtMiB(res.Server.Peak),
+		res.Agent.Process, fmtMiB(res.Agent.AfterRSS), fmtMiB(res.Agent.Peak))
+	// The same load again: its figures are not kept, the memory after it is.
+	for load := 2; load <= r.cfg.Loads; load++ {
+		for _, t := range targets {
+			if d := s.dial[t.Name]; d != nil && t.Skipped == "" {
+				if err := r.measureTarget(ctx, &TargetResult{Name: t.Name, Stack: t.Stack}, d); err != nil {
+					return
+				}
+			}
 		}
+		if !harness.SleepCtx(ctx, r.cfg.Settle) {
+			return
+		}
+		server, agent := memOf(s.servers[0]).IdleRSS, memOf(s.agent).IdleRSS
+		res.Server.AfterMoreRSS = append(res.Server.AfterMoreRSS, server)
+		res.Agent.AfterMoreRSS = append(res.Agent.AfterMoreRSS, agent)
+		r.logf("%s: RSS %v after load %d: %s %s, %s %s", s.name, r.cfg.Settle, load,
+			res.Server.Process, fmtMiB(server), res.Agent.Process, fmtMiB(agent))
 	}
 }
 

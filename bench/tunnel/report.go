@@ -37,12 +37,16 @@ type Settings struct {
 	DialSeconds   float64 `json:"dial_seconds,omitempty"`
 	DialsOnly     bool    `json:"dials_only,omitempty"`
 	SettleSeconds float64 `json:"settle_seconds,omitempty"`
+	Loads         int     `json:"loads,omitempty"`
 }
 
 func settingsOf(c Config) Settings {
 	s := Settings{Targets: c.Targets, DurationSeconds: c.Duration.Seconds(), WarmupSeconds: c.Warmup.Seconds(),
 		Conns: c.Conns, DialWorkers: c.DialWorkers, UpRuns: c.UpRuns, Rounds: c.Rounds,
 		DialsOnly: c.DialsOnly, SettleSeconds: c.Settle.Seconds()}
+	if c.Loads > 1 {
+		s.Loads = c.Loads
+	}
 	if c.DialDuration != c.Duration {
 		s.DialSeconds = c.DialDuration.Seconds()
 	}
@@ -82,6 +86,8 @@ type ProcMemory struct {
 	IdleSettledRSS int64 `json:"idle_settled_rss_bytes,omitempty"`
 	// AfterRSS is the RSS Config.Settle after the last measurement (0: not measured).
 	AfterRSS int64 `json:"after_rss_bytes,omitempty"`
+	// AfterMoreRSS is the RSS Config.Settle after each further load (Config.Loads > 1).
+	AfterMoreRSS []int64 `json:"after_more_rss_bytes,omitempty"`
 }
 
 // UpMedian is the median up time, 0 if none was measured.
@@ -588,7 +594,7 @@ func (rep *Report) tables() []table {
 		idle, after := fmt.Sprintf("idle %.0f s on", rep.Settings.SettleSeconds), fmt.Sprintf("%.0f s after", rep.Settings.SettleSeconds)
 		side = func(name string) []string { return []string{name, "idle", idle, "peak", after} }
 		ut.title += fmt.Sprintf(" Idle %.0f s on: the idle reading repeated that much later, still idle (what the after figure compares with). "+
-			"After: RSS that long after the last measurement.", rep.Settings.SettleSeconds)
+			"After: RSS that long after the last measurement (after each load, when the load ran several times).", rep.Settings.SettleSeconds)
 	}
 	seedSide := side("seed side")
 	ut.Header = append(append(append([]string{"stack", "up ms", "min–max"}, seedSide[0], "no agent"), seedSide[1:]...), side("shoot side")...)
@@ -601,7 +607,11 @@ func (rep *Report) tables() []table {
 		lo, hi := slices.Min(s.UpMS), slices.Max(s.UpMS)
 		memory := func(m ProcMemory) []string {
 			if settle {
-				return []string{fmtMiB(m.IdleRSS), fmtMiB(m.IdleSettledRSS), fmtMiB(m.Peak), fmtMiB(m.AfterRSS)}
+				after := fmtMiB(m.AfterRSS)
+				for _, a := range m.AfterMoreRSS {
+					after += " / " + fmtMiB(a)
+				}
+				return []string{fmtMiB(m.IdleRSS), fmtMiB(m.IdleSettledRSS), fmtMiB(m.Peak), after}
 			}
 			return []string{fmtMiB(m.IdleRSS), fmtMiB(m.Peak)}
 		}

@@ -105,6 +105,11 @@ type Config struct {
 	// is read once more (ProcMemory.AfterRSS): whether the memory of the load comes back. The
 	// idle RSS is then read a second time too, Settle after the first (IdleSettledRSS).
 	Settle time.Duration
+	// Loads is how often each stack's load (every target's measurements) runs, with Settle
+	// between them; 0 means 1. The report keeps the first load's figures; from the second on
+	// only the RSS Settle after each (ProcMemory.AfterMoreRSS): whether memory grows with every
+	// load or comes back to the same level.
+	Loads int
 	// Profiling serves the Go profiler on tendril-server's and tendril-egress-relay's metrics
 	// address (--profiling), for looking into a run. Off by default, as in production: with the
 	// profiler served the runtime samples allocations for the heap profile, ~1 MiB of
@@ -156,6 +161,9 @@ func (c *Config) setDefaults() {
 	if c.UpRuns == 0 {
 		c.UpRuns = 3
 	}
+	if c.Loads == 0 {
+		c.Loads = 1
+	}
 	if c.Rounds == 0 {
 		c.Rounds = 1
 	}
@@ -174,6 +182,8 @@ func (c *Config) validate() error {
 	check(c.Duration > 0, "duration %v: want > 0", c.Duration)
 	check(c.DialDuration > 0, "dial duration %v: want > 0", c.DialDuration)
 	check(c.Settle >= 0 && c.Settle <= 10*time.Minute, "settle %v: want 0..10m", c.Settle)
+	check(c.Loads >= 0 && c.Loads <= 10, "loads %d: want 0..10", c.Loads)
+	check(c.Loads <= 1 || c.Settle > 0, "loads %d: needs a settle time", c.Loads)
 	check(c.Warmup >= 0, "warm-up %v: want ≥ 0", c.Warmup)
 	check(c.UpRuns >= 1 && c.UpRuns <= 100, "up runs %d: want 1..100", c.UpRuns)
 	check(c.Rounds >= 1 && c.Rounds <= 20, "rounds %d: want 1..20", c.Rounds)

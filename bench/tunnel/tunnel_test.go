@@ -48,7 +48,7 @@ func TestRunMini(t *testing.T) {
 		t.Log("konnectivity not built in the cache: not measured (tendril-bench tunnel builds it once)")
 	}
 	cfg := Config{Targets: targets, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond,
-		Conns: []int{1, 2}, DialWorkers: []int{1, 4}, UpRuns: 1, Rounds: 2, Settle: 100 * time.Millisecond, BinDir: binDir, NoBuild: true,
+		Conns: []int{1, 2}, DialWorkers: []int{1, 4}, UpRuns: 1, Rounds: 2, Settle: 100 * time.Millisecond, Loads: 2, BinDir: binDir, NoBuild: true,
 		Konnectivity: konnectivity.Dial, Progress: benchtest.Log{T: t}}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -67,6 +67,7 @@ func TestRunMini(t *testing.T) {
 			}
 			continue
 		}
+		// The second load's figures are not kept.
 		if len(tr.Bulk) != 4 || len(tr.Dial) != 2 || len(tr.HOL) != 2 {
 			t.Errorf("%s: %d bulk, %d dial, %d head-of-line results; want 4, 2, 2", tr.Name, len(tr.Bulk), len(tr.Dial), len(tr.HOL))
 		}
@@ -108,7 +109,8 @@ func TestRunMini(t *testing.T) {
 			continue
 		}
 		if len(s.UpMS) != 1 || s.UpMS[0] <= 0 || s.Server.IdleRSS <= 0 || s.Agent.IdleRSS <= 0 || s.Server.Peak < s.Server.IdleRSS ||
-			s.Server.AfterRSS <= 0 || s.Agent.AfterRSS <= 0 {
+			s.Server.AfterRSS <= 0 || s.Agent.AfterRSS <= 0 ||
+			len(s.Server.AfterMoreRSS) != 1 || s.Server.AfterMoreRSS[0] <= 0 || len(s.Agent.AfterMoreRSS) != 1 || s.Agent.AfterMoreRSS[0] <= 0 {
 			t.Errorf("tendril stack: up %v, server %+v, agent %+v", s.UpMS, s.Server, s.Agent)
 		}
 	}

@@ -31,6 +31,7 @@ func parseTunnel(args []string, stderr io.Writer) (*tunnelCommand, error) {
 	fs.Var(&workers, "dial-workers", "comma-separated concurrency levels of the dial test")
 	fs.DurationVar(&c.Config.DialDuration, "dial-duration", 0, "window of each dial test (default: --duration); ~40 s for 20,000 dials")
 	fs.BoolVar(&c.Config.DialsOnly, "dials-only", false, "measure dials only: no bulk or head-of-line tests")
+	fs.IntVar(&c.Config.Loads, "loads", 1, "run each stack's load this many times, --settle apart, and read the RSS after each (the figures are the first load's)")
 	fs.DurationVar(&c.Config.Settle, "settle", 0, "read each stack's RSS again this long after its last measurement, and its idle RSS again this long after the first reading (e.g. 60s; 0: not measured)")
 	fs.BoolVar(&c.Config.Profiling, "profiling", false, "serve the Go profiler on tendril-server's and tendril-egress-relay's metrics address (their heap sampling then costs memory)")
 	fs.IntVar(&c.Config.UpRuns, "up-runs", 3, "agent starts per stack for the tunnel up time (median)")
