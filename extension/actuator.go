@@ -180,12 +180,26 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 	}
 	secrets := map[string]map[string][]byte{}
 	names := map[string]string{}
-	for _, sc := range append(caConfigs(), leafConfigs(ext.Namespace, n)...) {
-		s, err := sm.Generate(ctx, sc.Config, sc.Options...)
-		if err != nil {
-			return manifest.Values{}, State{}, nil, fmt.Errorf("generate secret %s: %w", sc.Config.GetName(), err)
+	generate := func(cfgs []extensionssecretsmanager.SecretConfigWithOptions) error {
+		for _, sc := range cfgs {
+			s, err := sm.Generate(ctx, sc.Config, sc.Options...)
+			if err != nil {
+				return fmt.Errorf("generate secret %s: %w", sc.Config.GetName(), err)
+			}
+			secrets[sc.Config.GetName()], names[sc.Config.GetName()] = s.Data, s.Name
 		}
-		secrets[sc.Config.GetName()], names[sc.Config.GetName()] = s.Data, s.Name
+		return nil
+	}
+	if err := generate(caConfigs()); err != nil {
+		return manifest.Values{}, State{}, nil, err
+	}
+	// The certificates are signed by the current CA (the CA config's Secret).
+	leaves, err := leafConfigs(ext.Namespace, n, secrets[SecretNameCA])
+	if err != nil {
+		return manifest.Values{}, State{}, nil, err
+	}
+	if err := generate(leaves); err != nil {
+		return manifest.Values{}, State{}, nil, err
 	}
 	caBundle, ok := sm.Get(SecretNameCA, secretsmanager.Bundle)
 	if !ok {

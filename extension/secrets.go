@@ -93,40 +93,33 @@ func AgentWireGuardSecretName(i int) string {
 	return SecretNameAgentWireGuard + "-" + strconv.Itoa(i)
 }
 
-// leafConfigs are everything signed by the CA plus the WireGuard keys of the server and of
-// agents agents. A key of an agent no longer run is cleaned up with the other unused secrets:
-// an agent added again later gets a new key (in its Secret in the shoot as in tendril-server's
-// arguments) but its recorded address.
-func leafConfigs(namespace string, agents int) []extensionssecretsmanager.SecretConfigWithOptions {
+// leafConfigs are everything signed by the CA (caData: the CA Secret's data) plus the WireGuard
+// keys of the server and of agents agents. A key of an agent no longer run is cleaned up with the
+// other unused secrets: an agent added again later gets a new key (in its Secret in the shoot as
+// in tendril-server's arguments) but its recorded address.
+func leafConfigs(namespace string, agents int, caData map[string][]byte) ([]extensionssecretsmanager.SecretConfigWithOptions, error) {
 	svc := "tendril-server"
+	server, err := newECDSACertificateConfig(SecretNameServerTLS, svc, []string{
+		svc, svc + "." + namespace, svc + "." + namespace + ".svc",
+		svc + "." + namespace + ".svc.cluster.local",
+	}, secretsutils.ServerCert, caData)
+	if err != nil {
+		return nil, err
+	}
+	client, err := newECDSACertificateConfig(SecretNameAPIServerClient, "kube-apiserver", nil, secretsutils.ClientCert, caData)
+	if err != nil {
+		return nil, err
+	}
 	cfgs := []extensionssecretsmanager.SecretConfigWithOptions{
-		{
-			Config: &secretsutils.CertificateSecretConfig{
-				Name:       SecretNameServerTLS,
-				CommonName: svc,
-				DNSNames: []string{
-					svc, svc + "." + namespace, svc + "." + namespace + ".svc",
-					svc + "." + namespace + ".svc.cluster.local",
-				},
-				CertType:                    secretsutils.ServerCert,
-				SkipPublishingCACertificate: true,
-			},
-			Options: []secretsmanager.GenerateOption{secretsmanager.SignedByCA(SecretNameCA, secretsmanager.UseCurrentCA)},
-		},
+		{Config: server},
 		{
 			// kube-apiserver presents this to tendril-server's egress front-ends. Its Deployment
 			// mounts the Secret by name (the egress webhook sets the current one when gardenlet
 			// applies the Deployment), so a renewed certificate must not delete the Secret the
 			// running Deployment still names: a kube-apiserver pod started before gardenlet applied
 			// the Deployment again would not start. The old one is kept for keepOldClientCertificate.
-			Config: &secretsutils.CertificateSecretConfig{
-				Name:                        SecretNameAPIServerClient,
-				CommonName:                  "kube-apiserver",
-				CertType:                    secretsutils.ClientCert,
-				SkipPublishingCACertificate: true,
-			},
+			Config: client,
 			Options: []secretsmanager.GenerateOption{
-				secretsmanager.SignedByCA(SecretNameCA, secretsmanager.UseCurrentCA),
 				secretsmanager.Rotate(secretsmanager.KeepOld),
 				secretsmanager.IgnoreOldSecretsAfter(keepOldClientCertificate),
 			},
@@ -142,5 +135,5 @@ func leafConfigs(namespace string, agents int) []extensionssecretsmanager.Secret
 			Options: []secretsmanager.GenerateOption{secretsmanager.Persist()},
 		})
 	}
-	return cfgs
+	return cfgs, nil
 }
