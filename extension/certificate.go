@@ -25,7 +25,8 @@ import (
 // verifying its signature is cheap.
 //
 // The certificate is renewed with the CA: CAChecksum is part of the config's hash, which names
-// the Secret (what SignedByCA's checksum label does for CertificateSecretConfig).
+// the Secret (what SignedByCA's checksum label does for CertificateSecretConfig); and before it
+// expires, with secretsmanager.Validity(certificateValidity) among its options.
 type ecdsaCertificateConfig struct {
 	Name       string
 	CommonName string
@@ -38,7 +39,7 @@ type ecdsaCertificateConfig struct {
 }
 
 // certificateValidity is what Gardener's CertificateSecretConfig gives a certificate without a
-// Validity, 10 years: tendril's certificates are renewed when the shoot's CA rotates.
+// Validity, 10 years; the secrets manager renews it after 8 (80 %), or with the CA.
 const certificateValidity = 10 * 365 * 24 * time.Hour
 
 // newECDSACertificateConfig is the config of a certificate signed by the CA in caData (the CA

@@ -38,19 +38,7 @@ func TestCARotationKeepsTheMountedClientSecret(t *testing.T) {
 	must(t, c.Create(ctx, newExtension(ns, "")))
 	waitSucceeded(t, c, key, time.Now().Add(-time.Second))
 
-	clientSecrets := func() []string {
-		var list corev1.SecretList
-		must(t, c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{
-			secretsmanager.LabelKeyManagerIdentity: extension.SecretsManagerIdentity,
-			secretsmanager.LabelKeyName:            extension.SecretNameAPIServerClient,
-		}))
-		var names []string
-		for _, s := range list.Items {
-			names = append(names, s.Name)
-		}
-		slices.Sort(names)
-		return names
-	}
+	clientSecrets := func() []string { return secretNames(t, c, ns, extension.SecretNameAPIServerClient) }
 	// reconcile asks for a reconciliation as gardenlet does and waits for it. lastUpdateTime has
 	// one-second resolution: step past the previous reconciliation's second first. A merge patch,
 	// not an update: the controller writes the Extension's status meanwhile.
@@ -103,11 +91,46 @@ func TestCARotationKeepsTheMountedClientSecret(t *testing.T) {
 	// A day later the old one goes at the next reconciliation.
 	clk.Step(25 * time.Hour)
 	reconcile()
+	var after []string
 	testwait.For(t, "old client secret removed", func() error {
-		after := clientSecrets()
-		if len(after) != 1 || after[0] == before[0] {
+		if after = clientSecrets(); len(after) != 1 || after[0] == before[0] {
 			return fmt.Errorf("client certificate secrets a day later: %v", after)
 		}
 		return nil
 	})
+
+	// Past 80 % of its validity the certificate is renewed (the old Secret kept again), the CA
+	// not: the renewal is the certificate's own (extension's certificateValidity, 10 years).
+	cas := secretNames(t, c, ns, extension.SecretNameCA)
+	clk.Step(8*365*24*time.Hour + 24*time.Hour)
+	var renewed []string
+	testwait.For(t, "client certificate renewed before it expires", func() error {
+		reconcile()
+		if renewed = clientSecrets(); len(renewed) < 2 {
+			return fmt.Errorf("client certificate secrets %v", renewed)
+		}
+		return nil
+	})
+	if len(renewed) != 2 || !slices.Contains(renewed, after[0]) {
+		t.Errorf("client certificate secrets after 8 years: %v, want the old %s and a new one", renewed, after[0])
+	}
+	if now := secretNames(t, c, ns, extension.SecretNameCA); !slices.Equal(now, cas) {
+		t.Errorf("CA secrets %v, were %v: the CA was renewed too", now, cas)
+	}
+}
+
+// secretNames are the names of the secrets manager's Secrets for config name in ns, sorted.
+func secretNames(t *testing.T, c client.Client, ns, name string) []string {
+	t.Helper()
+	var list corev1.SecretList
+	must(t, c.List(context.Background(), &list, client.InNamespace(ns), client.MatchingLabels{
+		secretsmanager.LabelKeyManagerIdentity: extension.SecretsManagerIdentity,
+		secretsmanager.LabelKeyName:            name,
+	}))
+	var names []string
+	for _, s := range list.Items {
+		names = append(names, s.Name)
+	}
+	slices.Sort(names)
+	return names
 }

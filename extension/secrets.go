@@ -110,8 +110,11 @@ func leafConfigs(namespace string, agents int, caData map[string][]byte) ([]exte
 	if err != nil {
 		return nil, err
 	}
+	// The secrets manager renews a Secret with a validity at 80 % of it, as it does for its own
+	// certificates.
+	validity := secretsmanager.Validity(certificateValidity)
 	cfgs := []extensionssecretsmanager.SecretConfigWithOptions{
-		{Config: server},
+		{Config: server, Options: []secretsmanager.GenerateOption{validity}},
 		{
 			// kube-apiserver presents this to tendril-server's egress front-ends. Its Deployment
 			// mounts the Secret by name (the egress webhook sets the current one when gardenlet
@@ -120,6 +123,7 @@ func leafConfigs(namespace string, agents int, caData map[string][]byte) ([]exte
 			// the Deployment again would not start. The old one is kept for keepOldClientCertificate.
 			Config: client,
 			Options: []secretsmanager.GenerateOption{
+				validity,
 				secretsmanager.Rotate(secretsmanager.KeepOld),
 				secretsmanager.IgnoreOldSecretsAfter(keepOldClientCertificate),
 			},
