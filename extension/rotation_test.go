@@ -76,17 +76,23 @@ func TestCARotationKeepsTheMountedClientSecret(t *testing.T) {
 	must(t, c.Update(ctx, cluster)) // only tests write the Cluster
 	// The controller reads the Cluster from its cache, which may not have the update yet when
 	// the reconciliation starts: reconcile until the rotation shows.
-	var during []string
-	testwait.For(t, "client certificate renewed with the CA", func() error {
-		reconcile()
-		if during = clientSecrets(); len(during) < 2 {
-			return fmt.Errorf("client certificate secrets %v", during)
+	// renewed reconciles until the client certificate has a second Secret, and checks that the
+	// first is old (kept for the pods that still mount it).
+	renewed := func(why, old string) {
+		t.Helper()
+		var now []string
+		testwait.For(t, "client certificate renewed "+why, func() error {
+			reconcile()
+			if now = clientSecrets(); len(now) < 2 {
+				return fmt.Errorf("client certificate secrets %v", now)
+			}
+			return nil
+		})
+		if len(now) != 2 || !slices.Contains(now, old) {
+			t.Fatalf("client certificate secrets %v: %v, want the old %s and a new one", why, now, old)
 		}
-		return nil
-	})
-	if len(during) != 2 || !slices.Contains(during, before[0]) {
-		t.Fatalf("client certificate secrets after the CA rotation started: %v, want the old %s and a new one", during, before[0])
 	}
+	renewed("with the CA", before[0])
 
 	// A day later the old one goes at the next reconciliation.
 	clk.Step(25 * time.Hour)
@@ -103,17 +109,7 @@ func TestCARotationKeepsTheMountedClientSecret(t *testing.T) {
 	// not: the renewal is the certificate's own (extension's certificateValidity, 10 years).
 	cas := secretNames(t, c, ns, extension.SecretNameCA)
 	clk.Step(8*365*24*time.Hour + 24*time.Hour)
-	var renewed []string
-	testwait.For(t, "client certificate renewed before it expires", func() error {
-		reconcile()
-		if renewed = clientSecrets(); len(renewed) < 2 {
-			return fmt.Errorf("client certificate secrets %v", renewed)
-		}
-		return nil
-	})
-	if len(renewed) != 2 || !slices.Contains(renewed, after[0]) {
-		t.Errorf("client certificate secrets after 8 years: %v, want the old %s and a new one", renewed, after[0])
-	}
+	renewed("before it expires", after[0])
 	if now := secretNames(t, c, ns, extension.SecretNameCA); !slices.Equal(now, cas) {
 		t.Errorf("CA secrets %v, were %v: the CA was renewed too", now, cas)
 	}
