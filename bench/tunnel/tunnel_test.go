@@ -50,7 +50,8 @@ func TestRunMini(t *testing.T) {
 	cfg := Config{Targets: targets, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond,
 		Conns: []int{1, 2}, DialWorkers: []int{1, 4}, UpRuns: 1, Rounds: 2, Settle: 100 * time.Millisecond, Loads: 2, BinDir: binDir, NoBuild: true,
 		Konnectivity: konnectivity.Dial, Progress: benchtest.Log{T: t}}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// Every stack's load runs twice (Loads); with konnectivity built, eight stacks: 2–4 minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	rep, err := Run(ctx, cfg)
 	if err != nil {
