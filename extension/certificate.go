@@ -42,18 +42,28 @@ type ecdsaCertificateConfig struct {
 // Validity, 10 years; the secrets manager renews it after 8 (80 %), or with the CA.
 const certificateValidity = 10 * 365 * 24 * time.Hour
 
-// newECDSACertificateConfig is the config of a certificate signed by the CA in caData (the CA
-// Secret's ca.crt and ca.key).
-func newECDSACertificateConfig(name, commonName string, dnsNames []string, certType secretsutils.CertType, caData map[string][]byte) (*ecdsaCertificateConfig, error) {
+// signingCA is the CA in caData (the CA Secret's ca.crt and ca.key) and the checksum of that data,
+// loaded once for all the certificates it signs.
+type signingCA struct {
+	ca       *secretsutils.Certificate
+	checksum string
+}
+
+func loadSigningCA(caData map[string][]byte) (signingCA, error) {
 	ca, err := secretsutils.LoadCertificate(SecretNameCA, caData[secretsutils.DataKeyPrivateKeyCA], caData[secretsutils.DataKeyCertificateCA])
 	if err != nil {
-		return nil, fmt.Errorf("load CA for %s: %w", name, err)
+		return signingCA{}, fmt.Errorf("load CA: %w", err)
 	}
 	if ca.PrivateKey == nil {
-		return nil, fmt.Errorf("CA for %s has no private key", name)
+		return signingCA{}, errors.New("the CA has no private key")
 	}
+	return signingCA{ca: ca, checksum: utils.ComputeSecretChecksum(caData)}, nil
+}
+
+// certificate is the config of a certificate signed by the CA.
+func (s signingCA) certificate(name, commonName string, dnsNames []string, certType secretsutils.CertType) *ecdsaCertificateConfig {
 	return &ecdsaCertificateConfig{Name: name, CommonName: commonName, DNSNames: dnsNames, CertType: certType,
-		CAChecksum: utils.ComputeSecretChecksum(caData), ca: ca}, nil
+		CAChecksum: s.checksum, ca: s.ca}
 }
 
 func (c *ecdsaCertificateConfig) GetName() string { return c.Name }

@@ -98,18 +98,16 @@ func AgentWireGuardSecretName(i int) string {
 // other unused secrets: an agent added again later gets a new key (in its Secret in the shoot as
 // in tendril-server's arguments) but its recorded address.
 func leafConfigs(namespace string, agents int, caData map[string][]byte) ([]extensionssecretsmanager.SecretConfigWithOptions, error) {
+	ca, err := loadSigningCA(caData)
+	if err != nil {
+		return nil, err
+	}
 	svc := "tendril-server"
-	server, err := newECDSACertificateConfig(SecretNameServerTLS, svc, []string{
+	server := ca.certificate(SecretNameServerTLS, svc, []string{
 		svc, svc + "." + namespace, svc + "." + namespace + ".svc",
 		svc + "." + namespace + ".svc.cluster.local",
-	}, secretsutils.ServerCert, caData)
-	if err != nil {
-		return nil, err
-	}
-	client, err := newECDSACertificateConfig(SecretNameAPIServerClient, "kube-apiserver", nil, secretsutils.ClientCert, caData)
-	if err != nil {
-		return nil, err
-	}
+	}, secretsutils.ServerCert)
+	client := ca.certificate(SecretNameAPIServerClient, "kube-apiserver", nil, secretsutils.ClientCert)
 	// The secrets manager renews a Secret with a validity at 80 % of it, as it does for its own
 	// certificates.
 	validity := secretsmanager.Validity(certificateValidity)
