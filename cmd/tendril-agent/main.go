@@ -112,7 +112,10 @@ type VPNConfig struct {
 	// MemoryLimitMiB is the Go runtime's soft memory limit; 0 leaves Go's (none). The
 	// environment's GOMEMLIMIT, if set, wins.
 	MemoryLimitMiB int
-	Log            logr.Logger
+	// IdleGCPercent is the GC percent while idle (idlemem.Config.IdleGCPercent); 0 leaves
+	// GOGC alone.
+	IdleGCPercent int
+	Log           logr.Logger
 }
 
 func parseVPN(args []string) (VPNConfig, error) {
@@ -140,6 +143,7 @@ func parseVPN(args []string) (VPNConfig, error) {
 	fs.DurationVar(&cfg.VPN.PathTimeout, "path-timeout", 5*time.Second, "end the stream and dial again when heartbeats go unanswered this long")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:16912", "address for /metrics, /healthz and /readyz (empty: off)")
 	fs.IntVar(&cfg.MemoryLimitMiB, "memory-limit-mib", idlemem.TunnelSoftLimitMiB, "soft limit of the Go runtime's memory, MiB (0: none; GOMEMLIMIT in the environment wins): bounds the peak of a load, above it the GC runs more often")
+	fs.IntVar(&cfg.IdleGCPercent, "idle-gc-percent", idlemem.TunnelIdleGCPercent, "GC percent while idle, so that an idle process holds little garbage (0: GOGC throughout; a GOGC at or below it stays)")
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -179,7 +183,7 @@ func RunVPN(ctx context.Context, cfg VPNConfig) error {
 	// The memory of a load back to the system once it is over (idlemem), with the binary's pages
 	// the load faulted in (the netstack's and WireGuard's paths), as tendril-server does.
 	g.Go(func() error {
-		return idlemem.Run(ctx, idlemem.Config{Released: func() {
+		return idlemem.Run(ctx, idlemem.Config{IdleGCPercent: cfg.IdleGCPercent, Released: func() {
 			if _, err := idlemem.ReleaseBinaryPages(); err != nil {
 				cfg.Log.V(1).Info("Releasing the binary's pages failed (memory only)", "error", err.Error())
 			}

@@ -62,6 +62,9 @@ type Config struct {
 	// MemoryLimitMiB is the Go runtime's soft memory limit; 0 leaves Go's (none). The
 	// environment's GOMEMLIMIT, if set, wins.
 	MemoryLimitMiB int
+	// IdleGCPercent is the GC percent while idle (idlemem.Config.IdleGCPercent); 0 leaves
+	// GOGC alone.
+	IdleGCPercent int
 	// Profiling serves the Go profiler on the metrics address.
 	Profiling bool
 	Log       logr.Logger
@@ -104,6 +107,7 @@ func main() {
 	flag.BoolVar(&cfg.ReleaseStartupPages, "release-startup-pages", true, "once serving, and again once the first agent's tunnel is up, drop the binary's code and constant pages that startup touched from the resident set (they stay in the page cache and fault back in when used): an idle server's RSS goes from about 19 to 12 MiB")
 	flag.StringVar(&cfg.TUN, "tun", "", "create a TUN device of this name and carry the tunnel's connections with the kernel's TCP/IP stack (needs NET_ADMIN and /dev/net/tun; the agent runs with --tun too); empty: gVisor's userspace TCP/IP stack, unprivileged")
 	flag.IntVar(&cfg.MemoryLimitMiB, "memory-limit-mib", idlemem.TunnelSoftLimitMiB, "soft limit of the Go runtime's memory, MiB (0: none; GOMEMLIMIT in the environment wins): bounds the peak of a load, above it the GC runs more often")
+	flag.IntVar(&cfg.IdleGCPercent, "idle-gc-percent", idlemem.TunnelIdleGCPercent, "GC percent while idle, so that an idle process holds little garbage (0: GOGC throughout; a GOGC at or below it stays)")
 	flag.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
 	flag.IntVar(&verbosity, "v", 0, "log verbosity")
 	version := flag.Bool("version", false, "print the version and exit")
@@ -243,7 +247,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// with this and the tunnel's fixes (idle 7.7–13.4 MiB, peak 55–60 MiB; what stays is the Go
 	// runtime's metadata for the peak heap and code pages, the live heap is ~2 MB).
 	g.Go(func() error {
-		return idlemem.Run(ctx, idlemem.Config{Released: func() {
+		return idlemem.Run(ctx, idlemem.Config{IdleGCPercent: cfg.IdleGCPercent, Released: func() {
 			// The load faulted in code that an idle server does not run (TLS handshakes,
 			// the front-ends' and the netstack's paths): drop it again, as after start-up.
 			if cfg.ReleaseStartupPages {

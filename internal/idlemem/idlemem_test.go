@@ -2,6 +2,8 @@ package idlemem
 
 import (
 	"context"
+	"runtime/debug"
+	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
@@ -111,5 +113,88 @@ func TestRun(t *testing.T) {
 	defer mu.Unlock()
 	if releases != 2 {
 		t.Fatalf("%d releases, want 2 (none while idle)", releases)
+	}
+}
+
+// gcPercent reads the GC percent in effect from the runtime.
+func gcPercent() int {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return int(int32(s[0].Value.Uint64()))
+}
+
+// TestRunIdleGCPercent: with the real runtime, Run sets the idle GC percent once an interval is
+// idle, puts the one before back as soon as a load allocates, sets it again when the load is
+// over, and puts it back when it returns; a GC percent already at or below the idle one stays.
+func TestRunIdleGCPercent(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	// Checks every 2 s; while idle, a poll every 200 ms.
+	const every = 2 * time.Second
+	waitPercent := func(want int, what string, within time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for gcPercent() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: GC percent %d, want %d", what, gcPercent(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	run := func() (stop func()) {
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = Run(ctx, Config{Every: every, IdleGCPercent: 25})
+		}()
+		return func() { cancel(); <-done }
+	}
+
+	stop := run()
+	waitPercent(25, "idle", 2*every)
+	// A load, right after a check: 1 MiB a millisecond, far above a tenth of IdleAllocs (4 MiB)
+	// per poll. The poll, not the next check, puts the percent back.
+	loadDone, loadStopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(loadStopped)
+		for {
+			select {
+			case <-loadDone:
+				return
+			case <-time.After(time.Millisecond):
+				b := make([]byte, 1<<20)
+				b[0] = 1
+			}
+		}
+	}()
+	waitPercent(100, "under a load, before the next check", every*3/4)
+	// It stays back while the load goes on, past the next check.
+	for range 5 {
+		time.Sleep(every / 4)
+		if p := gcPercent(); p != 100 {
+			close(loadDone)
+			<-loadStopped
+			stop()
+			t.Fatalf("under a load: GC percent %d, want 100", p)
+		}
+	}
+	close(loadDone)
+	<-loadStopped
+	waitPercent(25, "idle after the load", 2*every)
+	stop()
+	if p := gcPercent(); p != 100 {
+		t.Fatalf("after Run returned: GC percent %d, want 100", p)
+	}
+
+	debug.SetGCPercent(20) // GOGC=20: already below the idle percent
+	stop = run()
+	time.Sleep(every * 3 / 2) // an idle interval
+	p := gcPercent()
+	stop()
+	if p != 20 {
+		t.Fatalf("GOGC 20: GC percent %d while idle, want 20 (left alone)", p)
+	}
+	if p := gcPercent(); p != 20 {
+		t.Fatalf("GOGC 20: GC percent %d after Run, want 20", p)
 	}
 }
