@@ -127,7 +127,8 @@ func gcPercent() int {
 // idle, puts the one before back as soon as a load allocates, sets it again when the load is
 // over, and puts it back when it returns; a GC percent already at or below the idle one stays.
 func TestRunIdleGCPercent(t *testing.T) {
-	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	before := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(before) }) // registered first: runs after Run has stopped
 	// Checks every 2 s; while idle, a poll every 200 ms.
 	const every = 2 * time.Second
 	waitPercent := func(want int, what string, within time.Duration) {
@@ -147,19 +148,24 @@ func TestRunIdleGCPercent(t *testing.T) {
 			defer close(done)
 			_ = Run(ctx, Config{Every: every, IdleGCPercent: 25})
 		}()
-		return func() { cancel(); <-done }
+		stop = func() { cancel(); <-done }
+		t.Cleanup(stop) // after a failure too; a second call only waits for the closed done
+		return stop
 	}
 
 	stop := run()
 	waitPercent(25, "idle", 2*every)
 	// A load, right after a check: 1 MiB a millisecond, far above a tenth of IdleAllocs (4 MiB)
 	// per poll. The poll, not the next check, puts the percent back.
-	loadDone, loadStopped := make(chan struct{}), make(chan struct{})
+	loadCtx, cancelLoad := context.WithCancel(t.Context())
+	loadStopped := make(chan struct{})
+	stopLoad := func() { cancelLoad(); <-loadStopped }
+	t.Cleanup(stopLoad)
 	go func() {
 		defer close(loadStopped)
 		for {
 			select {
-			case <-loadDone:
+			case <-loadCtx.Done():
 				return
 			case <-time.After(time.Millisecond):
 				b := make([]byte, 1<<20)
@@ -172,14 +178,10 @@ func TestRunIdleGCPercent(t *testing.T) {
 	for range 5 {
 		time.Sleep(every / 4)
 		if p := gcPercent(); p != 100 {
-			close(loadDone)
-			<-loadStopped
-			stop()
 			t.Fatalf("under a load: GC percent %d, want 100", p)
 		}
 	}
-	close(loadDone)
-	<-loadStopped
+	stopLoad()
 	waitPercent(25, "idle after the load", 2*every)
 	stop()
 	if p := gcPercent(); p != 100 {
