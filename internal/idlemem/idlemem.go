@@ -137,6 +137,9 @@ func Run(ctx context.Context, cfg Config) error {
 	// While the idle GC percent is in effect, every tenth of an interval: has a load begun?
 	var poll *time.Ticker
 	var polled uint64 // allocated at the last poll
+	// A poll saw a load begin in this interval: the interval may still count as idle (less than
+	// IdleAllocs in all), but the idle percent waits for the next one.
+	var polledLoad bool
 	stopPoll := func() {
 		if poll != nil {
 			poll.Stop()
@@ -157,6 +160,7 @@ func Run(ctx context.Context, cfg Config) error {
 			if now-polled >= cfg.IdleAllocs/10 {
 				gc.leave()
 				stopPoll()
+				polledLoad = true
 			}
 			polled = now
 		case <-tick.C:
@@ -171,10 +175,12 @@ func Run(ctx context.Context, cfg Config) error {
 			case !w.idle:
 				gc.leave()
 				stopPoll()
+			case polledLoad:
 			case poll == nil && gc.enter(cfg.IdleGCPercent):
 				polled = allocated()
 				poll = time.NewTicker(cfg.Every / 10)
 			}
+			polledLoad = false
 		}
 	}
 }
