@@ -33,7 +33,8 @@ import (
 // silent), the live agent with the freshest handshake takes over and the dead agent's stream is
 // closed, so that what WireGuard still queued for it fails at once (and an agent that was merely
 // slow reconnects). A new dial then goes to the new agent; a connection through the dead one
-// fails.
+// fails. Before the active agent was ever live (the server's start), the first live agent takes
+// the CIDRs at once: nothing goes through the one configured first yet.
 //
 // An agent is live while its stream is attached, its last handshake is younger than
 // HandshakeFresh, and WireGuard accepted a packet of it within Config.AgentTimeout (frames it did
@@ -79,6 +80,11 @@ type agents struct {
 	// silentFirst: it was seen dead while its stream was still attached.
 	deadSince, closedSince time.Time
 	silentFirst            bool
+	// settled: the active agent has been live, or made a handshake. Until then the active one is
+	// only the first in configuration order, which need not be the first to come up (the agents
+	// of a shoot start together, and a server that restarts finds them in any order): the first
+	// live agent takes the CIDRs at once, without a grace, a failover counted or a stream closed.
+	settled bool
 	// check asks the watch loop for a check now (a stream ended); capacity 1, a pending ask
 	// covers later ones.
 	check chan struct{}
@@ -196,12 +202,15 @@ func (s *Server) checkAgents() time.Duration {
 		s.metrics.agentLive.WithLabelValues(p.PublicKey.String()).Set(boolGauge(live))
 		if p.PublicKey == a.active {
 			activeLive, activeAttached = live, p.Attached
+			// Up once, even between two checks: whatever it carried would be cut now.
+			a.settled = a.settled || !p.LastHandshake.IsZero()
 		} else if live && (next == nil || p.LastHandshake.After(next.LastHandshake)) {
 			next = &peers[i]
 		}
 	}
 	if activeLive {
 		a.deadSince, a.closedSince, a.silentFirst = time.Time{}, time.Time{}, false
+		a.settled = true
 		return 0
 	}
 	if a.deadSince.IsZero() {
@@ -216,21 +225,29 @@ func (s *Server) checkAgents() time.Duration {
 	if next == nil {
 		return 0
 	}
-	if left := failoverDue(a.deadSince, a.closedSince, a.silentFirst).Sub(now); left > 0 {
+	if left := failoverDue(a.deadSince, a.closedSince, a.silentFirst).Sub(now); a.settled && left > 0 {
 		return left
 	}
-	old, deadFor := a.active, now.Sub(a.deadSince)
+	old, deadFor, initial := a.active, now.Sub(a.deadSince), !a.settled
 	if err := s.tun.Route(next.PublicKey, s.cfg.ShootCIDRs); err != nil {
 		s.log.Error(err, "Failover failed", "from", old.String(), "to", next.PublicKey.String())
 		return watchEvery
 	}
 	a.active = next.PublicKey
 	a.deadSince, a.closedSince, a.silentFirst = time.Time{}, time.Time{}, false
-	a.failovers++
-	s.metrics.failovers.Inc()
+	a.settled = true
 	for _, k := range a.keys {
 		s.metrics.agentActive.WithLabelValues(k.String()).Set(boolGauge(k == a.active))
 	}
+	if initial {
+		// The first agent up, not a failover: the one configured first was never live,
+		// and its stream, if it has just come, stays as a standby's.
+		s.log.Info("The shoot's networks route to the first live agent", "agent", next.PublicKey.String(),
+			"endpoint", next.Endpoint, "configuredFirst", old.String())
+		return 0
+	}
+	a.failovers++
+	s.metrics.failovers.Inc()
 	closed, err := s.tun.DetachPeer(old)
 	if err != nil {
 		s.log.Error(err, "Closing the dead agent's stream failed", "agent", old.String())

@@ -63,6 +63,7 @@ type haWorld struct {
 	regs    []*prometheus.Registry // agent i's metrics
 	srvReg  *prometheus.Registry   // the server's
 	stops   []func()               // stop agent i
+	starts  []func()               // start agent i (buildHAWorld; newHAWorld starts them all)
 	echo    netip.AddrPort
 }
 
@@ -80,6 +81,16 @@ func newHAWorldBackoff(t *testing.T, n int, minBackoff, maxBackoff time.Duration
 // newHAWorldPath is newHAWorldBackoff with every agent's path to the server slowed to a round
 // trip of rtt (slowPath); 0 for loopback.
 func newHAWorldPath(t *testing.T, n int, minBackoff, maxBackoff, rtt time.Duration) *haWorld {
+	t.Helper()
+	w := buildHAWorld(t, n, minBackoff, maxBackoff, rtt)
+	for _, start := range w.starts {
+		start()
+	}
+	return w
+}
+
+// buildHAWorld is newHAWorldPath with no agent started yet: w.starts[i] starts agent i.
+func buildHAWorld(t *testing.T, n int, minBackoff, maxBackoff, rtt time.Duration) *haWorld {
 	t.Helper()
 	// The shoot's network is 10.99.0.0/24 in the tunnel; the agents' dialer maps it to the echo
 	// on loopback (gVisor drops packets to loopback addresses arriving on its NIC).
@@ -145,13 +156,61 @@ func newHAWorldPath(t *testing.T, n int, minBackoff, maxBackoff, rtt time.Durati
 		w.agents = append(w.agents, a)
 		actx, acancel := context.WithCancel(ctx)
 		done := make(chan struct{})
-		go func() { defer close(done); _ = a.Run(actx) }()
-		var once sync.Once
-		stop := func() { once.Do(func() { acancel(); <-done; a.Close() }) }
+		var started, once sync.Once
+		w.starts = append(w.starts, func() { started.Do(func() { go func() { defer close(done); _ = a.Run(actx) }() }) })
+		stop := func() {
+			once.Do(func() {
+				acancel()
+				started.Do(func() { close(done) }) // never started: nothing to wait for
+				<-done
+				a.Close()
+			})
+		}
 		w.stops = append(w.stops, stop)
 		t.Cleanup(stop)
 	}
 	return w
+}
+
+// TestFirstLiveAgentTakesOver: at the server's start the shoot's networks go to the agent that
+// comes up first, at once, even if it is not the first configured; that is no failover, and the
+// first configured one, when it comes, stays a live standby.
+func TestFirstLiveAgentTakesOver(t *testing.T) {
+	w := buildHAWorld(t, 2, 20*time.Millisecond, 200*time.Millisecond, 0)
+	ctx := t.Context()
+	w.starts[1]()
+	eventually(t, "agent 1 active", func() error {
+		st, err := w.srv.Agents()
+		if err != nil {
+			return err
+		}
+		if !st[1].Live || !st[1].Active {
+			return errNotYet("agent 1 live %v, active %v", st[1].Live, st[1].Active)
+		}
+		return nil
+	})
+	if err := w.roundTrip(ctx); err != nil {
+		t.Fatalf("through agent 1: %v", err)
+	}
+	w.starts[0]()
+	var active int
+	eventually(t, "both live", func() (err error) { active, err = w.activeWhenAllLive(); return err })
+	// A second's watching: agent 0 stays standby (its stream is not closed, nothing moves).
+	for range 4 {
+		time.Sleep(250 * time.Millisecond)
+		if a, err := w.activeWhenAllLive(); err != nil || a != 1 {
+			t.Fatalf("active agent %d (%v), want 1 with both live", a, err)
+		}
+	}
+	if active != 1 {
+		t.Fatalf("active agent %d, want 1", active)
+	}
+	if n := gatheredValue(t, w.srvReg, "tendril_server_agent_failovers_total"); n != 0 {
+		t.Fatalf("%v failovers counted, want 0 (the first agent up is no failover)", n)
+	}
+	if err := w.roundTrip(ctx); err != nil {
+		t.Fatalf("with both agents: %v", err)
+	}
 }
 
 func haAgentAddr(i int) netip.Addr {
@@ -472,6 +531,26 @@ func TestBackoffStartsOverAfterAHealthyStream(t *testing.T) {
 }
 
 func errNotYet(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+// gatheredValue is the value of the unlabelled counter or gauge name in reg; -1 if it is absent.
+func gatheredValue(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name || len(mf.GetMetric()) != 1 {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		if c := m.GetCounter(); c != nil {
+			return c.GetValue()
+		}
+		return m.GetGauge().GetValue()
+	}
+	return -1
+}
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	t.Helper()
