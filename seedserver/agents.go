@@ -33,8 +33,8 @@ import (
 // silent), the live agent with the freshest handshake takes over and the dead agent's stream is
 // closed, so that what WireGuard still queued for it fails at once (and an agent that was merely
 // slow reconnects). A new dial then goes to the new agent; a connection through the dead one
-// fails. Before the active agent was ever live (the server's start), the first live agent takes
-// the CIDRs at once: nothing goes through the one configured first yet.
+// fails. Before the active agent made its first handshake (the server's start), the first live
+// agent takes the CIDRs at once: nothing goes through the one configured first yet.
 //
 // An agent is live while its stream is attached, its last handshake is younger than
 // HandshakeFresh, and WireGuard accepted a packet of it within Config.AgentTimeout (frames it did
@@ -240,8 +240,8 @@ func (s *Server) checkAgents() time.Duration {
 		s.metrics.agentActive.WithLabelValues(k.String()).Set(boolGauge(k == a.active))
 	}
 	if initial {
-		// The first agent up, not a failover: the one configured first was never live,
-		// and its stream, if it has just come, stays as a standby's.
+		// The first agent up, not a failover: the one configured first never made a
+		// handshake, and its stream, if it has just come, stays as a standby's.
 		s.log.Info("The shoot's networks route to the first live agent", "agent", next.PublicKey.String(),
 			"endpoint", next.Endpoint, "configuredFirst", old.String())
 		return 0
