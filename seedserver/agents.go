@@ -202,7 +202,9 @@ func (s *Server) checkAgents() time.Duration {
 		s.metrics.agentLive.WithLabelValues(p.PublicKey.String()).Set(boolGauge(live))
 		if p.PublicKey == a.active {
 			activeLive, activeAttached = live, p.Attached
-			// Up once, even between two checks: whatever it carried would be cut now.
+			// Up once, even between two checks: whatever it carried would be cut now. (A
+			// live agent, and the one a switch below makes active, has a handshake: the
+			// next check settles it before it decides anything.)
 			a.settled = a.settled || !p.LastHandshake.IsZero()
 		} else if live && (next == nil || p.LastHandshake.After(next.LastHandshake)) {
 			next = &peers[i]
@@ -210,7 +212,6 @@ func (s *Server) checkAgents() time.Duration {
 	}
 	if activeLive {
 		a.deadSince, a.closedSince, a.silentFirst = time.Time{}, time.Time{}, false
-		a.settled = true
 		return 0
 	}
 	if a.deadSince.IsZero() {
@@ -235,7 +236,6 @@ func (s *Server) checkAgents() time.Duration {
 	}
 	a.active = next.PublicKey
 	a.deadSince, a.closedSince, a.silentFirst = time.Time{}, time.Time{}, false
-	a.settled = true
 	for _, k := range a.keys {
 		s.metrics.agentActive.WithLabelValues(k.String()).Set(boolGauge(k == a.active))
 	}

@@ -205,8 +205,8 @@ func TestFirstLiveAgentTakesOver(t *testing.T) {
 	if active != 1 {
 		t.Fatalf("active agent %d, want 1", active)
 	}
-	if n := gatheredValue(t, w.srvReg, "tendril_server_agent_failovers_total"); n != 0 {
-		t.Fatalf("%v failovers counted, want 0 (the first agent up is no failover)", n)
+	if n := w.srv.Failovers(); n != 0 {
+		t.Fatalf("%d failovers counted, want 0 (the first agent up is no failover)", n)
 	}
 	if err := w.roundTrip(ctx); err != nil {
 		t.Fatalf("with both agents: %v", err)
@@ -531,26 +531,6 @@ func TestBackoffStartsOverAfterAHealthyStream(t *testing.T) {
 }
 
 func errNotYet(format string, args ...any) error { return fmt.Errorf(format, args...) }
-
-// gatheredValue is the value of the unlabelled counter or gauge name in reg; -1 if it is absent.
-func gatheredValue(t *testing.T, reg prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name || len(mf.GetMetric()) != 1 {
-			continue
-		}
-		m := mf.GetMetric()[0]
-		if c := m.GetCounter(); c != nil {
-			return c.GetValue()
-		}
-		return m.GetGauge().GetValue()
-	}
-	return -1
-}
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	t.Helper()

@@ -132,34 +132,21 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	w := watcher{cfg: cfg, last: allocated()}
 	w.sinceRelease = w.last
+	// While idle: the idle GC percent, and a poll every tenth of an interval for a load's start.
 	var gc idleGC
 	defer gc.leave()
-	// While the idle GC percent is in effect, every tenth of an interval: has a load begun?
-	var poll *time.Ticker
 	var polled uint64 // allocated at the last poll
 	// A poll saw a load begin in this interval: the interval may still count as idle (less than
 	// IdleAllocs in all), but the idle percent waits for the next one.
 	var polledLoad bool
-	stopPoll := func() {
-		if poll != nil {
-			poll.Stop()
-			poll = nil
-		}
-	}
-	defer stopPoll()
 	for {
-		var pollC <-chan time.Time
-		if poll != nil {
-			pollC = poll.C
-		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-pollC:
+		case <-gc.polls():
 			now := allocated()
 			if now-polled >= cfg.IdleAllocs/10 {
 				gc.leave()
-				stopPoll()
 				polledLoad = true
 			}
 			polled = now
@@ -174,44 +161,54 @@ func Run(ctx context.Context, cfg Config) error {
 			switch {
 			case !w.idle:
 				gc.leave()
-				stopPoll()
 			case polledLoad:
-			case poll == nil && gc.enter(cfg.IdleGCPercent):
+			case gc.enter(cfg.IdleGCPercent, cfg.Every/10):
 				polled = allocated()
-				poll = time.NewTicker(cfg.Every / 10)
 			}
 			polledLoad = false
 		}
 	}
 }
 
-// idleGC sets the idle GC percent and puts the one in effect before back.
+// idleGC sets the idle GC percent, with a poll ticker, and puts the percent in effect before back.
 type idleGC struct {
-	before int  // the percent in effect before enter
-	on     bool // the idle percent is in effect
+	before int          // the percent in effect before enter
+	poll   *time.Ticker // non-nil while the idle percent is in effect
 }
 
-// enter sets the GC percent to idle if that is above 0 and below the percent in effect (GOGC
-// off reads as -1); it reports whether the idle percent is in effect.
-func (g *idleGC) enter(idle int) bool {
-	if g.on || idle <= 0 {
-		return g.on
+// enter sets the GC percent to idle and starts the poll, if idle is above 0 and below the percent
+// in effect and the idle percent is not in effect yet; it reports whether enter started it.
+func (g *idleGC) enter(idle int, poll time.Duration) bool {
+	if g.poll != nil || idle <= 0 || gcPercent() <= idle {
+		return false
 	}
+	g.before = debug.SetGCPercent(idle)
+	g.poll = time.NewTicker(poll)
+	return true
+}
+
+// polls is the poll ticker's channel while the idle percent is in effect, else nil (never ready).
+func (g *idleGC) polls() <-chan time.Time {
+	if g.poll == nil {
+		return nil
+	}
+	return g.poll.C
+}
+
+// leave stops the poll and puts the percent in effect before enter back.
+func (g *idleGC) leave() {
+	if g.poll != nil {
+		g.poll.Stop()
+		g.poll = nil
+		debug.SetGCPercent(g.before)
+	}
+}
+
+// gcPercent is the GC percent in effect (GOGC; off reads as -1).
+func gcPercent() int {
 	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
 	metrics.Read(s)
-	if now := int(int32(s[0].Value.Uint64())); now > idle {
-		g.before = debug.SetGCPercent(idle)
-		g.on = true
-	}
-	return g.on
-}
-
-// leave puts the percent in effect before enter back.
-func (g *idleGC) leave() {
-	if g.on {
-		debug.SetGCPercent(g.before)
-		g.on = false
-	}
+	return int(int32(s[0].Value.Uint64()))
 }
 
 // watcher decides on releases from the cumulative allocation count; it holds no clock, so that

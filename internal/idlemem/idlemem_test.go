@@ -3,7 +3,6 @@ package idlemem
 import (
 	"context"
 	"runtime/debug"
-	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
@@ -114,13 +113,6 @@ func TestRun(t *testing.T) {
 	if releases != 2 {
 		t.Fatalf("%d releases, want 2 (none while idle)", releases)
 	}
-}
-
-// gcPercent reads the GC percent in effect from the runtime.
-func gcPercent() int {
-	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
-	metrics.Read(s)
-	return int(int32(s[0].Value.Uint64()))
 }
 
 // TestRunIdleGCPercent: with the real runtime, Run sets the idle GC percent once an interval is
