@@ -26,8 +26,10 @@ GO_BUILD_FLAGS = -trimpath -buildvcs=false -ldflags "-X $(BUILDINFO).Version=$(V
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
+# Where build puts the binaries; cmd/tendril-local's TestMainJob builds into a temporary one.
+BIN ?= bin
 build: ## Build every binary into bin/ (static: no cgo, which also keeps libc out of each process's memory).
-	CGO_ENABLED=0 $(GO) build $(GO_BUILD_FLAGS) -o bin/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build $(GO_BUILD_FLAGS) -o $(BIN)/ ./cmd/...
 
 image: build ## Build the OCI image of bin/ without a Docker engine: bin/image/oci (OCI layout), bin/image/tendril.tar (docker load); prints its digest.
 	$(GO) run ./hack/image --out bin/image --repository $(IMAGE_REPO) --version $(VERSION) --revision $(REVISION) \
@@ -82,7 +84,7 @@ bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, repo
 	printf '\n## Plots\n\n![SNI](bench/sni-ttfb.png)\n![PROXY](bench/proxy-ttfb.png)\n![CONNECT](bench/connect-ttfb.png)\n![xDS](bench/xds.png)\n![tunnel](bench/tunnel.png)\n' >> docs/benchmarks.md
 
 run: build testbin ## Start a local seed (seed API server, tendril-seed, tendril-ingress, two shoots with their own API servers) until interrupted.
-	bin/tendril-local
+	bin/tendril-local --testbin-dir "$$(hack/testbin.sh)"
 
 clean: ## Remove build outputs.
 	rm -rf bin

@@ -29,10 +29,10 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension"
@@ -48,8 +48,12 @@ const Domain = "local.tendril.dev"
 
 // Config configures the local seed. Empty addresses pick free loopback ports.
 type Config struct {
-	// BinDir holds tendril-ingress, tendril-server and tendril-agent.
+	// BinDir holds tendril-ingress, tendril-server and tendril-agent (the directory of the
+	// running executable when empty: make build puts them beside tendril-local).
 	BinDir string
+	// TestbinDir holds kube-apiserver, etcd and kubectl (hack/testbin.sh's default directory,
+	// which make testbin fills, when empty).
+	TestbinDir string
 	// Dir receives certificates, kubeconfigs, secrets and logs (a new temporary directory,
 	// removed at the end, when empty).
 	Dir string
@@ -113,6 +117,7 @@ type seed struct {
 	dir    string
 	hostIP netip.Addr
 	assets string
+	crds   []*apiextensionsv1.CustomResourceDefinition
 	rest   *rest.Config
 	client client.Client
 	procs  *procs
@@ -141,6 +146,18 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	if len(cfg.Shoots) == 0 {
 		return rep, errors.New("no shoots")
+	}
+	if s.cfg.BinDir == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return rep, fmt.Errorf("directory of tendril's binaries: %w", err)
+		}
+		s.cfg.BinDir = filepath.Dir(exe)
+	}
+	for _, b := range []string{"tendril-ingress", "tendril-server", "tendril-agent"} {
+		if _, err := os.Stat(filepath.Join(s.cfg.BinDir, b)); err != nil {
+			return rep, fmt.Errorf("%s: %w (make build puts it beside tendril-local; --bin-dir names another directory)", b, err)
+		}
 	}
 	s.dir = cfg.Dir
 	if s.dir == "" {
@@ -189,8 +206,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 
 	start := time.Now()
 	s.printf("local seed in %s (host address %s for EndpointSlices)\n", s.dir, s.hostIP)
-	if s.assets, err = kubeenv.Assets(); err != nil {
+	if s.assets, err = testbinDir(cfg.TestbinDir); err != nil {
 		return rep, fmt.Errorf("kube-apiserver and etcd: %w", err)
+	}
+	if s.crds, err = kubeenv.CRDs(); err != nil {
+		return rep, err
 	}
 
 	// The seed API server and every shoot's start at once: each is its own etcd + kube-apiserver.
@@ -261,7 +281,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err != nil {
 		return rep, err
 	}
-	if _, err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(cfg.BinDir, "tendril-ingress"),
+	if _, err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(s.cfg.BinDir, "tendril-ingress"),
 		append(xdsFlags, "--xds", s.cfg.XDSAddress, "--node-id", "tendril-ingress-local",
 			"--sni-address", s.cfg.SNIAddress, "--proxy-address", s.cfg.ProxyAddress, "--tunnel-address", s.cfg.TunnelAddress,
 			"--metrics-address", s.cfg.IngressMetrics)...); err != nil {
@@ -369,14 +389,8 @@ func since(t time.Time) time.Duration { return time.Since(t).Round(100 * time.Mi
 // startSeedAPIServer starts the seed's API server with the CRDs.
 func (s *seed) startSeedAPIServer(ctx context.Context) (func(), error) {
 	scheme := kubescheme.New()
-	te := &envtest.Environment{
-		BinaryAssetsDirectory:    s.assets,
-		CRDDirectoryPaths:        []string{kubeenv.CRDDirectory()},
-		ErrorIfCRDPathMissing:    true,
-		Scheme:                   scheme,
-		ControlPlaneStartTimeout: time.Minute,
-		ControlPlaneStopTimeout:  time.Minute,
-	}
+	te := kubeenv.Environment(s.assets)
+	te.CRDs, te.Scheme = s.crds, scheme
 	cfg, err := te.Start()
 	if err != nil {
 		return nil, fmt.Errorf("seed API server: %w", err)
@@ -393,6 +407,17 @@ func (s *seed) startSeedAPIServer(ctx context.Context) (func(), error) {
 	}
 	s.rest, s.client = cfg, c
 	return stop, nil
+}
+
+// testbinDir is dir, or hack/testbin.sh's default, once it holds every envtest binary.
+func testbinDir(dir string) (string, error) {
+	if dir == "" {
+		var err error
+		if dir, err = kubeenv.DefaultTestbinDir(); err != nil {
+			return "", err
+		}
+	}
+	return dir, kubeenv.CheckTestbin(dir)
 }
 
 // hostIPv4 is this machine's first global IPv4 address: EndpointSlices refuse loopback.

@@ -29,12 +29,12 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/extension/networkpaths"
+	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/kubescheme"
 	"github.com/tendril-net/tendril/internal/shootgrm"
 	"github.com/tendril-net/tendril/internal/testpki"
@@ -111,11 +111,7 @@ func (s *seed) startShootAPIServer(sh *shoot) (func(), error) {
 		return nil, err
 	}
 	sh.apiAddr = netip.MustParseAddrPort(addr)
-	te := &envtest.Environment{
-		BinaryAssetsDirectory:    s.assets,
-		ControlPlaneStartTimeout: time.Minute,
-		ControlPlaneStopTimeout:  time.Minute,
-	}
+	te := kubeenv.Environment(s.assets)
 	api := te.ControlPlane.GetAPIServer()
 	api.SecureServing.Address = sh.apiAddr.Addr().String()
 	api.SecureServing.Port = strconv.Itoa(int(sh.apiAddr.Port()))

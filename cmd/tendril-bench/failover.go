@@ -25,7 +25,7 @@ func parseFailover(args []string, stderr io.Writer) (*failoverCommand, error) {
 	kinds := stringList(failover.Kinds)
 	fs.Var(&kinds, "kinds", "comma-separated kinds of failure: "+fmt.Sprint(failover.Kinds))
 	fs.IntVar(&c.Config.Repetitions, "repetitions", 10, "kills per kind (1..100)")
-	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with the tendril binaries (make build)")
+	fs.StringVar(&c.Config.BinDir, "bin-dir", binDir(), "directory with the tendril binaries (make build)")
 	c.addFlags(fs)
 	if err := c.parseFlags(fs, args); err != nil {
 		return nil, err

@@ -14,7 +14,7 @@ func TestParseFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(def.Config.Kinds, failover.Kinds) || def.Config.Repetitions != 10 || def.Config.BinDir != "bin" {
+	if !slices.Equal(def.Config.Kinds, failover.Kinds) || def.Config.Repetitions != 10 || def.Config.BinDir != binDir() {
 		t.Errorf("defaults %+v", def.Config)
 	}
 	c, err := parseFailover([]string{"--kinds", "agent,openvpn", "--repetitions", "3", "--markdown-append", "all.md"}, io.Discard)

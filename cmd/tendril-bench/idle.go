@@ -32,7 +32,7 @@ func parseIdle(args []string, stderr io.Writer) (*idleCommand, error) {
 	fs.IntVar(&c.Config.MaxFailures, "max-failures", 64, "stop opening connections to a target after this many failed")
 	fs.IntVar(&c.Config.Parallel, "parallel", 32, "connections opened (and pinged) at once")
 	fs.IntVar(&c.Config.Shoots, "shoots", 4, "number of shoots: routes and upstream TLS servers")
-	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with tendril-seed and tendril-ingress")
+	fs.StringVar(&c.Config.BinDir, "bin-dir", binDir(), "directory with tendril-seed and tendril-ingress")
 	c.addFlags(fs)
 	if err := c.parseFlags(fs, args); err != nil {
 		return nil, err

@@ -23,6 +23,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -276,7 +277,7 @@ func parseCommand(mode harness.Mode, args []string, stderr io.Writer) (*command,
 	fs.Var(&bulkBytes, "bytes", "bytes per bulk answer (suffixes KiB, MiB, GiB, kB, MB, GB)")
 	fs.IntVar(&c.Config.BulkConns, "bulk-conns", 4, "concurrent connections in the bulk test")
 	fs.IntVar(&c.Config.Rounds, "rounds", 1, "repeat all measurements this often and report medians")
-	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with tendril-seed and tendril-ingress")
+	fs.StringVar(&c.Config.BinDir, "bin-dir", binDir(), "directory with tendril-seed and tendril-ingress")
 	c.addFlags(fs)
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the benchmark process (client and upstreams) to `file`")
 	if err := c.parseFlags(fs, args); err != nil {
@@ -408,4 +409,15 @@ func (b *byteSize) Set(s string) error {
 	}
 	*b = byteSize(n * mult)
 	return nil
+}
+
+// binDir is the default of every --bin-dir: the directory tendril-bench is in, where make build
+// puts the other binaries too, so that it runs the same from any working directory ("bin" when
+// the executable's path cannot be had).
+func binDir() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "bin"
+	}
+	return filepath.Dir(exe)
 }

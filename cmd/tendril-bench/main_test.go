@@ -21,7 +21,7 @@ func TestParseSNI(t *testing.T) {
 	cfg := c.Config
 	if cfg.Duration != 3*time.Second || !slices.Equal(cfg.Concurrency, []int{1, 8}) ||
 		!slices.Equal(cfg.Targets, []string{"direct", "nginx"}) || cfg.BulkBytes != 8<<20 ||
-		!c.JSON || c.Markdown != "out.md" || cfg.Shoots != 4 || cfg.BulkConns != 4 || cfg.BinDir != "bin" {
+		!c.JSON || c.Markdown != "out.md" || cfg.Shoots != 4 || cfg.BulkConns != 4 || cfg.BinDir != binDir() {
 		t.Errorf("parsed %+v", c)
 	}
 	for _, bad := range [][]string{{"--concurrency", "1,x"}, {"--bytes", "-1"}, {"extra"}} {

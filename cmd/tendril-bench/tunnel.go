@@ -36,7 +36,7 @@ func parseTunnel(args []string, stderr io.Writer) (*tunnelCommand, error) {
 	fs.BoolVar(&c.Config.Profiling, "profiling", false, "serve the Go profiler on tendril-server's and tendril-egress-relay's metrics address (their heap sampling then costs memory)")
 	fs.IntVar(&c.Config.UpRuns, "up-runs", 3, "agent starts per stack for the tunnel up time (median)")
 	fs.IntVar(&c.Config.Rounds, "rounds", 1, "repeat each measurement this often in a row and report the median round (1..20)")
-	fs.StringVar(&c.Config.BinDir, "bin-dir", "bin", "directory with the tendril binaries (make build)")
+	fs.StringVar(&c.Config.BinDir, "bin-dir", binDir(), "directory with the tendril binaries (make build)")
 	fs.StringVar(&c.Config.CacheDir, "cache-dir", "", "where konnectivity's proxy-server and proxy-agent are built once (default: the user cache directory/tendril-bench)")
 	fs.BoolVar(&c.Config.NoBuild, "no-build", false, "skip konnectivity if it is not built yet instead of building it")
 	c.addFlags(fs)

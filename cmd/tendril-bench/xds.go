@@ -27,13 +27,13 @@ func parseXDS(args []string, stderr io.Writer) (*xdsCommand, error) {
 	fs := flag.NewFlagSet("tendril-bench xds", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	shoots := intList{100, 1000, 10000}
-	binDir := "bin"
+	dir := binDir()
 	fs.Var(&shoots, "shoots", "comma-separated numbers of shoots; each is loaded into a fresh control plane")
 	fs.IntVar(&c.Config.Replicas, "replicas", 3, "tendril-ingress replicas connected (node ids differ)")
 	fs.IntVar(&c.Config.Changes, "changes", 300, "measured single-shoot changes per number of shoots (endpoint, add, remove in turn)")
 	fs.IntVar(&c.Config.Warmup, "warmup", 6, "unmeasured changes before them")
 	fs.DurationVar(&c.Config.Timeout, "timeout", 2*time.Minute, "longest wait for the replicas' acknowledgement of a change or of the initial load")
-	fs.StringVar(&binDir, "bin-dir", binDir, "directory with tendril-ingress (make build); without it the replicas run the ingress package in tendril-bench")
+	fs.StringVar(&dir, "bin-dir", dir, "directory with tendril-ingress (make build); without it the replicas run the ingress package in tendril-bench")
 	fs.StringVar(&c.Config.CPUProfile, "cpuprofile", "", "write a CPU profile of the control plane process to `file`.<shoots> per number of shoots")
 	c.addFlags(fs)
 	if err := c.parseFlags(fs, args); err != nil {
@@ -48,7 +48,7 @@ func parseXDS(args []string, stderr io.Writer) (*xdsCommand, error) {
 		}
 	}
 	c.Config.Shoots = shoots
-	if bin := filepath.Join(binDir, "tendril-ingress"); binDir != "" {
+	if bin := filepath.Join(dir, "tendril-ingress"); dir != "" {
 		if st, err := os.Stat(bin); err == nil && !st.IsDir() {
 			c.Config.IngressBinary = bin
 		} else {

@@ -1,62 +1,133 @@
-// Package kubeenv provides what a local Kubernetes API server for tendril needs: the envtest
-// binaries (kube-apiserver, etcd) built from the Go module proxy, the directory of tendril's own
-// CRDs, and Gardener's CRDs installed with Gardener's own deployers. tendril-local (make run) and
-// the test fixture internal/kubetest use it; it does not import testing, so a shipped binary can.
-// It does not start anything itself.
+// Package kubeenv provides what a local Kubernetes API server for tendril needs: the directory of
+// the envtest binaries (kube-apiserver, etcd, kubectl) that hack/testbin.sh builds from the Go module
+// proxy, tendril's own CRDs (embedded from the seed chart), and Gardener's CRDs installed with
+// Gardener's own deployers. tendril-local (make run) and the test fixture internal/kubetest use it;
+// it does not import testing, so a shipped binary can. It neither builds the binaries nor starts
+// anything itself, and it never looks for the source tree: a binary built with -trimpath runs the
+// same from any directory.
 package kubeenv
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
-	"os/exec"
+	"path"
 	"path/filepath"
-	"runtime"
-	"strings"
-	"sync"
+	"time"
 
 	"github.com/gardener/gardener/pkg/component/crddeployer"
 	extensionscrds "github.com/gardener/gardener/pkg/component/extensions/crds"
 	"github.com/gardener/gardener/pkg/component/gardener/resourcemanager"
 	"github.com/gardener/gardener/pkg/component/observability/monitoring/prometheusoperator"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tendril-net/tendril/charts"
 )
 
-// RepoRoot is the repository's top directory, found from this file's location.
-func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+// The versions hack/testbin.sh builds by default (its K8S and ETCD); TestTestbinDirMatchesScript
+// holds the two in step.
+const (
+	KubernetesVersion = "v1.37.1"
+	EtcdVersion       = "v3.7.3"
+)
+
+// Binaries are the files a testbin directory holds, all of which tendril-local runs.
+var Binaries = []string{"etcd", "kube-apiserver", "kubectl"}
+
+// DefaultTestbinDir is where hack/testbin.sh (make testbin) puts the binaries when TESTBIN_DIR
+// is unset: ${XDG_CACHE_HOME:-$HOME/.cache}/tendril/testbin/k8s-<version>-etcd-<version>.
+func DefaultTestbinDir() (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("cache directory of hack/testbin.sh: %w", err)
+	}
+	return filepath.Join(cache, "tendril", "testbin", "k8s-"+KubernetesVersion+"-etcd-"+EtcdVersion), nil
 }
 
-var assets struct {
-	once sync.Once
-	dir  string
-	err  error
+// Environment is an envtest environment that runs the binaries in dir (a testbin directory):
+// their paths are set, so neither KUBEBUILDER_ASSETS nor $PATH can swap them. Etcd and the API
+// server get a minute to start and to stop.
+func Environment(dir string) *envtest.Environment {
+	te := &envtest.Environment{
+		BinaryAssetsDirectory:    dir,
+		ControlPlaneStartTimeout: time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	te.ControlPlane.GetAPIServer().Path = filepath.Join(dir, "kube-apiserver")
+	te.ControlPlane.Etcd = &envtest.Etcd{Path: filepath.Join(dir, "etcd")}
+	te.ControlPlane.KubectlPath = filepath.Join(dir, "kubectl")
+	return te
 }
 
-// Assets returns the directory with kube-apiserver and etcd, building them on first use.
-func Assets() (string, error) {
-	assets.once.Do(func() {
-		if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
-			assets.dir = d
-			return
+// ErrNoTestbin is wrapped by CheckTestbin when a binary is missing.
+var ErrNoTestbin = errors.New("envtest binaries missing")
+
+// CheckTestbin checks that dir holds every one of Binaries as an executable file. The error for
+// a missing one says how to get them.
+func CheckTestbin(dir string) error {
+	for _, b := range Binaries {
+		fi, err := os.Stat(filepath.Join(dir, b))
+		if err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			continue
 		}
-		cmd := exec.Command(filepath.Join(RepoRoot(), "hack", "testbin.sh"))
-		cmd.Stderr = os.Stderr // progress of a first build is worth seeing
-		out, err := cmd.Output()
+		return fmt.Errorf("%w: no executable %s in %s: run `make testbin` in the repository (it builds "+
+			"kube-apiserver %s, kubectl and etcd %s there once, about 9 minutes on 2 cores), or name "+
+			"another directory with --testbin-dir", ErrNoTestbin, b, dir, KubernetesVersion, EtcdVersion)
+	}
+	return nil
+}
+
+// crdDir is where the seed chart keeps tendril's CRDs in charts.FS.
+var crdDir = path.Join(charts.SeedChart, "crds")
+
+// CRDs are tendril's own CRDs, read from the seed chart embedded in the binary, as envtest's
+// Environment.CRDs takes them.
+func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	files, err := fs.Glob(charts.FS, path.Join(crdDir, "*.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no CRD in the embedded chart's %s", crdDir)
+	}
+	var crds []*apiextensionsv1.CustomResourceDefinition
+	for _, f := range files {
+		b, err := charts.FS.ReadFile(f)
 		if err != nil {
-			assets.err = fmt.Errorf("hack/testbin.sh: %w", err)
-			return
+			return nil, err
 		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		assets.dir = lines[len(lines)-1]
-	})
-	return assets.dir, assets.err
-}
-
-// CRDDirectory holds tendril's own CRDs (the seed chart's), as Start installs them.
-func CRDDirectory() string {
-	return filepath.Join(RepoRoot(), "charts", "tendril-seed", "crds")
+		docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
+		for {
+			d, err := docs.Read()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", f, err)
+			}
+			if len(bytes.TrimSpace(d)) == 0 {
+				continue
+			}
+			crd := &apiextensionsv1.CustomResourceDefinition{}
+			if err := yaml.UnmarshalStrict(d, crd); err != nil {
+				return nil, fmt.Errorf("%s: %w", f, err)
+			}
+			if crd.Kind != "CustomResourceDefinition" {
+				return nil, fmt.Errorf("%s: kind %q, want CustomResourceDefinition", f, crd.Kind)
+			}
+			crds = append(crds, crd)
+		}
+	}
+	return crds, nil
 }
 
 // InstallGardenerCRDs installs Gardener's extension CRDs, ManagedResource and prometheus-operator's

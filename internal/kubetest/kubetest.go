@@ -3,20 +3,27 @@
 // resources (Cluster, Extension, …), ManagedResource, and tendril's own Route. It is a test
 // fixture; no production code imports it.
 //
-// The binaries and CRDs come from internal/kubeenv (hack/testbin.sh builds the binaries from the Go
-// module proxy once into a cache directory; KUBEBUILDER_ASSETS, when set, names that directory
-// instead). RepoRoot is kubeenv's, for tests that read the repository's files.
+// The binaries come from KUBEBUILDER_ASSETS (make test sets it) or else from hack/testbin.sh, which
+// builds them from the Go module proxy once into a cache directory; the CRDs from internal/kubeenv.
+// RepoRoot is for tests that read the repository's files: a test fixture may find the source tree,
+// a shipped binary never does.
 package kubetest
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/kubescheme"
@@ -29,8 +36,39 @@ type Env struct {
 	Scheme *kruntime.Scheme
 }
 
-// RepoRoot is the repository's top directory.
-func RepoRoot() string { return kubeenv.RepoRoot() }
+// RepoRoot is the repository's top directory, found from this file's location (go test does
+// not build with -trimpath).
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+var assets struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// Assets returns the directory with kube-apiserver, etcd and kubectl: KUBEBUILDER_ASSETS, or
+// hack/testbin.sh's, which builds them on first use.
+func Assets() (string, error) {
+	assets.once.Do(func() {
+		if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
+			assets.dir, assets.err = d, kubeenv.CheckTestbin(d)
+			return
+		}
+		cmd := exec.Command(filepath.Join(RepoRoot(), "hack", "testbin.sh"))
+		cmd.Stderr = os.Stderr // progress of a first build is worth seeing
+		out, err := cmd.Output()
+		if err != nil {
+			assets.err = fmt.Errorf("hack/testbin.sh: %w", err)
+			return
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		assets.dir = lines[len(lines)-1]
+	})
+	return assets.dir, assets.err
+}
 
 // NewScheme is kubescheme.New, for tests that build their own clients.
 func NewScheme() *kruntime.Scheme { return kubescheme.New() }
@@ -44,19 +82,17 @@ func Start(t testing.TB) *Env {
 // StartWith is Start with kube-apiserver flags (name without dashes → value) set over envtest's.
 func StartWith(t testing.TB, apiServerFlags map[string]string) *Env {
 	t.Helper()
-	dir, err := kubeenv.Assets()
+	dir, err := Assets()
 	if err != nil {
 		t.Fatalf("kube-apiserver and etcd for envtest: %v", err)
 	}
-	scheme := NewScheme()
-	te := &envtest.Environment{
-		BinaryAssetsDirectory:    dir,
-		CRDDirectoryPaths:        []string{kubeenv.CRDDirectory()},
-		ErrorIfCRDPathMissing:    true,
-		Scheme:                   scheme,
-		ControlPlaneStartTimeout: time.Minute,
-		ControlPlaneStopTimeout:  time.Minute,
+	crds, err := kubeenv.CRDs()
+	if err != nil {
+		t.Fatalf("tendril's CRDs: %v", err)
 	}
+	scheme := NewScheme()
+	te := kubeenv.Environment(dir)
+	te.CRDs, te.Scheme = crds, scheme
 	for k, v := range apiServerFlags {
 		te.ControlPlane.GetAPIServer().Configure().Set(k, v)
 	}
