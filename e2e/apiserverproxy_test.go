@@ -83,11 +83,12 @@ func TestAPIServerProxyAcrossNamespaces(t *testing.T) {
 	}
 	nodes := []node{newNode(t, 0), newNode(t, 1)}
 
-	_, port, _ := net.SplitHostPort(freeAddr(t))
+	proxyAddr := bindAddr(t, "0.0.0.0:0") // the nodes reach it on their host addresses
+	_, port, _ := net.SplitHostPort(proxyAddr)
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
-	start(t, "tendril-seed", append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
-	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--proxy-address", "0.0.0.0:" + port, "--metrics-address", ingressMetrics}, xdsIngress...)...)
+	start(t, "tendril-seed", []string{xdsAddr}, append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", []string{proxyAddr, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--proxy-address", proxyAddr, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
 
 	inNode := func(n node, bin string, args ...string) []string {
@@ -103,12 +104,12 @@ func TestAPIServerProxyAcrossNamespaces(t *testing.T) {
 		ip(t, "-n", nodes[0].ns, "link", "del", "tprobe")
 	}
 	agent := filepath.Join(binDir, "tendril-agent")
-	startBinary(t, "agent-alpha", "ip", inNode(nodes[0], agent, "apiserver-proxy", "--advertised-address", "240.0.0.1",
+	startBinary(t, "agent-alpha", "ip", nil, inNode(nodes[0], agent, "apiserver-proxy", "--advertised-address", "240.0.0.1",
 		"--ingress", nodes[0].hostIP+":"+port, "--interface", link, "--metrics-address", "")...)
-	startBinary(t, "agent-beta", "ip", inNode(nodes[1], agent, "apiserver-proxy", "--advertised-address", "240.0.0.2",
+	startBinary(t, "agent-beta", "ip", nil, inNode(nodes[1], agent, "apiserver-proxy", "--advertised-address", "240.0.0.2",
 		"--ingress", nodes[1].hostIP+":"+port, "--mode", "connect", "--namespace", "shoot--e2e--beta", "--interface", link, "--metrics-address", "")...)
 	// An address no shoot advertises, on a second link of the first node.
-	startBinary(t, "agent-unrouted", "ip", inNode(nodes[0], agent, "apiserver-proxy", "--advertised-address", "240.0.0.9",
+	startBinary(t, "agent-unrouted", "ip", nil, inNode(nodes[0], agent, "apiserver-proxy", "--advertised-address", "240.0.0.9",
 		"--ingress", nodes[0].hostIP+":"+port, "--interface", link9, "--metrics-address", "")...)
 
 	pod := func(n node, addr, host string) (string, error) {

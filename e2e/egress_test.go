@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -125,16 +126,17 @@ func TestKubeAPIServerEgress(t *testing.T) {
 	relaySocket := filepath.Join(dir, "relay-connect.sock")
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.egress.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
-	_, port, _ := strings.Cut(freeAddr(t), ":")
+	ingressTunnel := bindAddr(t, "10.217.0.1:0") // the shoot's side of its veth reaches it
+	_, port, _ := net.SplitHostPort(ingressTunnel)
 	xdsSeed, xdsIngress := xdsTLS(t)
-	start(t, "tendril-seed", append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
-	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", "10.217.0.1:" + port, "--metrics-address", ingressMetrics}, xdsIngress...)...)
-	start(t, "tendril-server", "--private-key-file", write("server.key", serverKey.String()),
+	start(t, "tendril-seed", []string{xdsAddr}, append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", []string{ingressTunnel, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--metrics-address", ingressMetrics}, xdsIngress...)...)
+	start(t, "tendril-server", []string{tunnelAddr, connectAddr, grpcAddr, serverMetrics}, "--private-key-file", write("server.key", serverKey.String()),
 		"--agent-public-key", agentKey.PublicKey().String(), "--shoot-cidrs", "10.218.0.0/24",
 		"--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", grpcAddr, "--grpc-socket", grpcSocket,
 		"--tls-cert-file", srvCert, "--tls-key-file", srvKey, "--client-ca-file", caFile, "--metrics-address", serverMetrics)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
-	startBinary(t, "tendril-agent", "ip", "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
+	startBinary(t, "tendril-agent", "ip", nil, "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
 		"--private-key-file", write("agent.key", agentKey.String()), "--server-public-key", serverKey.PublicKey().String(),
 		"--shoot-cidrs", "10.218.0.0/24", "--seed", "10.217.0.1:"+port, "--destination", translate.VPNServerWireName(ns),
 		"--metrics-address", "")
@@ -142,7 +144,7 @@ func TestKubeAPIServerEgress(t *testing.T) {
 	// The extension's httpConnectRelay: the relay sidecar's CONNECT socket, each CONNECT a stream
 	// of its one mutual-TLS connection to tendril-server's gRPC port.
 	relayMetrics := freeAddr(t)
-	start(t, "tendril-egress-relay", "--connect-socket", relaySocket, "--server", grpcAddr, "--server-name", "tendril-server",
+	start(t, "tendril-egress-relay", []string{relayMetrics}, "--connect-socket", relaySocket, "--server", grpcAddr, "--server-name", "tendril-server",
 		"--tls-cert-file", apiCert, "--tls-key-file", apiKey, "--ca-file", caFile, "--metrics-address", relayMetrics)
 	eventually(t, "relay ready", func() error { _, err := get("http://" + relayMetrics + "/readyz"); return err })
 

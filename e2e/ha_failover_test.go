@@ -69,6 +69,7 @@ type haRig struct {
 	t                        *testing.T
 	shoot                    string
 	serverArgs               []string
+	serverListen             []string // the addresses tendril-server serves
 	agentArgs                [2][]string
 	agentPub                 [2]string
 	agents                   [2]*exec.Cmd
@@ -112,13 +113,15 @@ func newHARig(t *testing.T) *haRig {
 	tunnelAddr, grpcAddr := freeAddr(t), freeAddr(t)
 	r.connectAddr, r.metricsAddr = freeAddr(t), freeAddr(t)
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.ha.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
-	_, port, _ := net.SplitHostPort(freeAddr(t))
+	ingressTunnel := bindAddr(t, "10.221.0.1:0") // the shoot's side of its veth reaches it
+	_, port, _ := net.SplitHostPort(ingressTunnel)
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
-	start(t, "tendril-seed", append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
-	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e-ha", "--tunnel-address", "10.221.0.1:" + port, "--metrics-address", ingressMetrics}, xdsIngress...)...)
+	start(t, "tendril-seed", []string{xdsAddr}, append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", []string{ingressTunnel, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e-ha", "--tunnel-address", ingressTunnel, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
 
+	r.serverListen = []string{tunnelAddr, r.connectAddr, grpcAddr, r.metricsAddr}
 	r.serverArgs = []string{"--private-key-file", write("server.key", serverKey.String()),
 		"--shoot-cidrs", "10.222.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", r.connectAddr, "--grpc-address", grpcAddr,
 		"--tls-cert-file", filepath.Join(dir, "srv.pem"), "--tls-key-file", filepath.Join(dir, "srv-key.pem"), "--client-ca-file", caFile,
@@ -153,35 +156,25 @@ func newHARig(t *testing.T) *haRig {
 }
 
 func (r *haRig) startServer() {
-	r.server = startKillable(r.t, "tendril-server", filepath.Join(binDir, "tendril-server"), r.serverArgs...)
+	r.server = startKillable(r.t, "tendril-server", filepath.Join(binDir, "tendril-server"), r.serverListen, r.serverArgs...)
 }
 
-// restartServer starts tendril-server again once its ports can be bound: a killed server's
-// sockets may hold its ports for a moment (a real restart is a new pod with its own address),
-// and a server that cannot listen exits.
+// restartServer starts tendril-server again on its addresses once they can be bound again: a
+// killed server's sockets may hold its ports for a moment (a real restart is a new pod with its
+// own address). The test binds them and the new server inherits the sockets, as at the start.
 func (r *haRig) restartServer() {
 	r.t.Helper()
-	var addrs []string
-	for i, a := range r.serverArgs {
-		if strings.HasSuffix(a, "-address") && i+1 < len(r.serverArgs) {
-			addrs = append(addrs, r.serverArgs[i+1])
-		}
+	for _, a := range r.serverListen {
+		eventually(r.t, "tendril-server's port "+a+" bound again", func() error {
+			_, err := tryBind(r.t, a)
+			return err
+		})
 	}
-	eventually(r.t, "tendril-server's ports free", func() error {
-		for _, a := range addrs {
-			l, err := net.Listen("tcp", a)
-			if err != nil {
-				return err
-			}
-			l.Close()
-		}
-		return nil
-	})
 	r.startServer()
 }
 
 func (r *haRig) startAgent(i int) {
-	r.agents[i] = startKillable(r.t, fmt.Sprintf("tendril-agent-%d", i), "ip", r.agentArgs[i]...)
+	r.agents[i] = startKillable(r.t, fmt.Sprintf("tendril-agent-%d", i), "ip", nil, r.agentArgs[i]...)
 }
 
 // kill SIGKILLs p and returns when it was sent and when the process was dead (a zombie or

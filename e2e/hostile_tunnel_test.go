@@ -61,13 +61,12 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	const ns = "shoot--e2e--hostile"
 	tunnelAddr, connectAddr, serverMetrics := freeAddr(t), freeAddr(t), freeAddr(t)
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.hostile.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
-	_, port, _ := net.SplitHostPort(freeAddr(t))
-	ingressTunnel := "10.219.0.1:" + port
+	ingressTunnel := bindAddr(t, "10.219.0.1:0") // the shoot's side of its veth reaches it
 	xdsAddr, ingressMetrics, ingressProxy := freeAddr(t), freeAddr(t), freeAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
-	start(t, "tendril-seed", append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
-	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--proxy-address", ingressProxy, "--metrics-address", ingressMetrics}, xdsIngress...)...)
-	start(t, "tendril-server", "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub,
+	start(t, "tendril-seed", []string{xdsAddr}, append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", []string{ingressTunnel, ingressProxy, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--proxy-address", ingressProxy, "--metrics-address", ingressMetrics}, xdsIngress...)...)
+	start(t, "tendril-server", []string{tunnelAddr, connectAddr, serverMetrics}, "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub,
 		"--shoot-cidrs", "10.220.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", "",
 		"--tls-cert-file", filepath.Join(dir, "srv.pem"), "--tls-key-file", filepath.Join(dir, "srv-key.pem"), "--client-ca-file", caFile,
 		"--metrics-address", serverMetrics)
@@ -78,7 +77,7 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	}
 
 	startAgent := func(name string) *exec.Cmd {
-		return startKillable(t, name, "ip", "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
+		return startKillable(t, name, "ip", nil, "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
 			"--private-key-file", agentKeyFile, "--server-public-key", "@"+serverPub, "--shoot-cidrs", "10.220.0.0/24",
 			"--seed", ingressTunnel, "--destination", translate.VPNServerWireName(ns), "--metrics-address", "")
 	}

@@ -195,8 +195,8 @@ func TestIdleConnectionsThroughTheIngress(t *testing.T) {
 	writeRoutes(hosts[0], hosts[1])
 	xdsAddr, seedMetrics, sniAddr, ingressMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
-	start(t, "tendril-seed", append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
-	ing := runBinary(t, "tendril-ingress", filepath.Join(binDir, "tendril-ingress"), false,
+	start(t, "tendril-seed", []string{xdsAddr, seedMetrics}, append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
+	ing := runBinary(t, "tendril-ingress", filepath.Join(binDir, "tendril-ingress"), false, []string{sniAddr, ingressMetrics},
 		append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	proc := ingressProc{pid: ing.Process.Pid, metrics: ingressMetrics}
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })

@@ -45,12 +45,12 @@ func TestIngressRolloutWithoutDrops(t *testing.T) {
 	}
 	xdsAddr, seedMetrics := freeAddr(t), freeAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
-	start(t, "tendril-seed", append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
+	start(t, "tendril-seed", []string{xdsAddr, seedMetrics}, append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
 
 	oldSNI, oldMetrics, newSNI, newMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	old := startProcess(t, "tendril-ingress-old", filepath.Join(binDir, "tendril-ingress"), append([]string{"--xds", xdsAddr, "--node-id", "e2e-old",
+	old := startProcess(t, "tendril-ingress-old", filepath.Join(binDir, "tendril-ingress"), []string{oldSNI, oldMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e-old",
 		"--sni-address", oldSNI, "--metrics-address", oldMetrics, "--drain-timeout", drainTimeout.String(), "--drain-delay", "0"}, xdsIngress...)...)
-	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e-new", "--sni-address", newSNI, "--metrics-address", newMetrics}, xdsIngress...)...)
+	start(t, "tendril-ingress", []string{newSNI, newMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e-new", "--sni-address", newSNI, "--metrics-address", newMetrics}, xdsIngress...)...)
 	replicas := map[string]string{oldSNI: oldMetrics, newSNI: newMetrics}
 	attempt := 0
 	for sni, m := range replicas {
@@ -377,7 +377,7 @@ type process struct {
 	done chan error
 }
 
-func startProcess(t *testing.T, name, path string, args ...string) *process {
+func startProcess(t *testing.T, name, path string, listen []string, args ...string) *process {
 	t.Helper()
 	p := &process{cmd: exec.Command(path, args...), log: filepath.Join(t.TempDir(), name+".log"), done: make(chan error, 1)}
 	f, err := os.Create(p.log)
@@ -385,7 +385,10 @@ func startProcess(t *testing.T, name, path string, args ...string) *process {
 		t.Fatal(err)
 	}
 	p.cmd.Stdout, p.cmd.Stderr = f, f
-	if err := p.cmd.Start(); err != nil {
+	release := handOver(t, p.cmd, listen)
+	err = p.cmd.Start()
+	release()
+	if err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})

@@ -10,10 +10,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/testpki"
 )
 
@@ -38,32 +40,80 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// held are the sockets bound for the test's processes and not yet handed over, by address.
+var held sync.Map // string → *inherit.Socket
+
+// freeAddr binds a port on loopback for a process the test starts: the test knows the address
+// at once, and the process inherits the socket (internal/inherit), so no other process can take
+// the port in between. The process that serves it names it in its listen list.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	return bindAddr(t, "127.0.0.1:0")
+}
+
+// bindAddr is freeAddr for any address (port 0 picks one), bound the same way.
+func bindAddr(t *testing.T, address string) string {
+	t.Helper()
+	a, err := tryBind(t, address)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
-// start runs one of tendril's binaries until the test ends.
-func start(t *testing.T, name string, args ...string) {
+// tryBind is bindAddr returning the error.
+func tryBind(t *testing.T, address string) (string, error) {
+	s, err := inherit.Bind(address)
+	if err != nil {
+		return "", err
+	}
+	held.Store(s.Addr, s)
+	t.Cleanup(func() {
+		// Never handed over, the socket would have queued connections meant to be refused.
+		if _, ok := held.LoadAndDelete(s.Addr); ok {
+			s.Close()
+			if t.Failed() || t.Skipped() {
+				return // ended before its processes started
+			}
+			t.Errorf("%s was bound for a process that never got it (no listen list names it)", s.Addr)
+		}
+	})
+	return s.Addr, nil
+}
+
+// handOver passes the sockets of listen (bound by freeAddr or bindAddr) to cmd, and returns
+// what closes this process's copies once cmd has started: from then on only cmd holds them.
+func handOver(t *testing.T, cmd *exec.Cmd, listen []string) (release func()) {
 	t.Helper()
-	startBinary(t, name, filepath.Join(binDir, name), args...)
+	var socks []*inherit.Socket
+	for _, a := range listen {
+		v, ok := held.LoadAndDelete(a)
+		if !ok {
+			t.Fatalf("%s: no socket bound for it (freeAddr) or handed over already", a)
+		}
+		socks = append(socks, v.(*inherit.Socket))
+	}
+	inherit.Pass(cmd, socks...)
+	return func() { inherit.Close(socks...) }
+}
+
+// start runs one of tendril's binaries until the test ends; it serves the addresses of listen.
+func start(t *testing.T, name string, listen []string, args ...string) {
+	t.Helper()
+	startBinary(t, name, filepath.Join(binDir, name), listen, args...)
 }
 
 // startBinary runs path until the test ends, then stops it with SIGTERM and requires a clean
 // exit; name labels its log.
-func startBinary(t *testing.T, name, path string, args ...string) {
+func startBinary(t *testing.T, name, path string, listen []string, args ...string) {
 	t.Helper()
-	runBinary(t, name, path, false, args...)
+	runBinary(t, name, path, false, listen, args...)
 }
 
-// runBinary starts path and, when the test ends, stops it with SIGTERM and requires a clean exit,
-// printing its log if the test failed. With killable, a process the test SIGKILLed is only reaped.
-func runBinary(t *testing.T, name, path string, killable bool, args ...string) *exec.Cmd {
+// runBinary starts path, handing it the sockets of listen, and, when the test ends, stops it
+// with SIGTERM and requires a clean exit, printing its log if the test failed. With killable, a
+// process the test SIGKILLed is only reaped.
+func runBinary(t *testing.T, name, path string, killable bool, listen []string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(path, args...)
 	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
@@ -71,7 +121,10 @@ func runBinary(t *testing.T, name, path string, killable bool, args ...string) *
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	release := handOver(t, cmd, listen)
+	err = cmd.Start()
+	release()
+	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -161,8 +214,8 @@ func TestSNIPathBinaries(t *testing.T) {
 
 	xdsAddr, seedMetrics, sniAddr, ingressMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
-	start(t, "tendril-seed", append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
-	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics}, xdsIngress...)...)
+	start(t, "tendril-seed", []string{xdsAddr, seedMetrics}, append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
+	start(t, "tendril-ingress", []string{sniAddr, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
 	eventually(t, "seed ready", func() error { _, err := get("http://" + seedMetrics + "/readyz"); return err })
 

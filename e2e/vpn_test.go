@@ -118,12 +118,13 @@ func TestReversedVPN(t *testing.T) {
 	const ns = "shoot--e2e--vpn"
 	tunnelAddr, connectAddr, grpcAddr, serverMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.vpn.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
-	_, port, _ := net.SplitHostPort(freeAddr(t))
+	ingressTunnel := bindAddr(t, "10.215.0.1:0") // the shoot's side of its veth reaches it
+	_, port, _ := net.SplitHostPort(ingressTunnel)
 	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
-	start(t, "tendril-seed", append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
-	start(t, "tendril-ingress", append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", "10.215.0.1:" + port, "--metrics-address", ingressMetrics}, xdsIngress...)...)
-	start(t, "tendril-server", "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub, "--agent-public-key", "@"+agentPub2,
+	start(t, "tendril-seed", []string{xdsAddr}, append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", []string{ingressTunnel, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--metrics-address", ingressMetrics}, xdsIngress...)...)
+	start(t, "tendril-server", []string{tunnelAddr, connectAddr, grpcAddr, serverMetrics}, "--private-key-file", serverKeyFile, "--agent-public-key", "@"+agentPub, "--agent-public-key", "@"+agentPub2,
 		"--shoot-cidrs", "10.216.0.0/24", "--tunnel-address", tunnelAddr, "--connect-address", connectAddr, "--grpc-address", grpcAddr,
 		"--tls-cert-file", filepath.Join(dir, "srv.pem"), "--tls-key-file", filepath.Join(dir, "srv-key.pem"), "--client-ca-file", caFile,
 		"--metrics-address", serverMetrics)
@@ -137,7 +138,7 @@ func TestReversedVPN(t *testing.T) {
 		{agentKeyFile, agentKey.PublicKey().String(), "fd8f:6d53:b97a:1::2"},
 		{agentKeyFile2, agentKey2.PublicKey().String(), "fd8f:6d53:b97a:1::3"},
 	} {
-		agents[a.pub] = startKillable(t, fmt.Sprintf("tendril-agent-%d", i+1), "ip", "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
+		agents[a.pub] = startKillable(t, fmt.Sprintf("tendril-agent-%d", i+1), "ip", nil, "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
 			"--private-key-file", a.key, "--address", a.address, "--server-public-key", "@"+serverPub, "--shoot-cidrs", "10.216.0.0/24",
 			"--seed", "10.215.0.1:"+port, "--destination", translate.VPNServerWireName(ns), "--metrics-address", agentMetrics[i])
 	}
@@ -390,9 +391,9 @@ func grepLines(text, substr string) string {
 
 // startKillable runs path like startBinary, but the test may kill it: at the end a process that
 // still runs gets SIGTERM and must exit cleanly; one the test killed is only reaped.
-func startKillable(t *testing.T, name, path string, args ...string) *exec.Cmd {
+func startKillable(t *testing.T, name, path string, listen []string, args ...string) *exec.Cmd {
 	t.Helper()
-	return runBinary(t, name, path, true, args...)
+	return runBinary(t, name, path, true, listen, args...)
 }
 
 func killed(err error) bool {

@@ -66,7 +66,7 @@ func TestXDSPlaintextOnlyByFlag(t *testing.T) {
 			t.Errorf("%s without xDS certificates: %v, output:\n%s\nwant a refusal naming --xds-insecure", name, err, out)
 		}
 	}
-	start(t, "tendril-seed", "--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", "", "--xds-insecure")
-	start(t, "tendril-ingress", "--xds", xdsAddr, "--node-id", "any", "--sni-address", sniAddr, "--metrics-address", metrics, "--xds-insecure")
+	start(t, "tendril-seed", []string{xdsAddr}, "--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", "", "--xds-insecure")
+	start(t, "tendril-ingress", []string{sniAddr, metrics}, "--xds", xdsAddr, "--node-id", "any", "--sni-address", sniAddr, "--metrics-address", metrics, "--xds-insecure")
 	eventually(t, "tendril-ingress configured in plaintext", func() error { _, err := get("http://" + metrics + "/readyz"); return err })
 }

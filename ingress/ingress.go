@@ -39,6 +39,9 @@ type Config struct {
 	// Listeners maps a listener name from xDS ("sni") to the address it is served on. A listener
 	// the server sends without an address here is accepted and not served.
 	Listeners map[string]string
+	// Listen binds a listener's address (net.Listen when nil); tendril-ingress passes one that
+	// returns the sockets it inherited.
+	Listen func(network, address string) (net.Listener, error)
 	// Log receives the ingress's logs. The zero value discards them.
 	Log logr.Logger
 	// Registry receives the metrics. If nil, they are not registered.
@@ -229,10 +232,14 @@ func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, remo
 // until ctx ends. Listener addresses are bound before anything else, so a taken port fails at once.
 func (in *Ingress) Run(ctx context.Context, xds xdsclient.Config) error {
 	lns := make(map[string]net.Listener, len(in.cfg.Listeners))
+	listen := in.cfg.Listen
+	if listen == nil {
+		listen = net.Listen
+	}
 	for name, addr := range in.cfg.Listeners {
 		// No keepalive configuration here: the relay loops accept, and relay.Listen sets the
 		// accepted connections' options on the listening socket (clientKeepAlive).
-		l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
+		l, err := listen("tcp", addr)
 		if err != nil {
 			for _, o := range lns {
 				o.Close()

@@ -24,6 +24,7 @@ import (
 	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/idlemem"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/netflag"
 	"github.com/tendril-net/tendril/internal/probe"
@@ -52,21 +53,28 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var err error
+	// Sockets a parent bound and handed over (tests, tendril-bench); not for the processes
+	// this one starts.
+	inherited, err := inherit.Parse(os.Getenv(inherit.EnvVar))
+	os.Unsetenv(inherit.EnvVar)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tendril-agent:", err)
+		os.Exit(2)
+	}
 	var log logr.Logger
 	switch os.Args[1] {
 	case "vpn":
 		var cfg VPNConfig
 		cfg, err = parseVPN(os.Args[2:])
 		if err == nil {
-			log = cfg.Log
+			log, cfg.Listeners = cfg.Log, inherited
 			err = RunVPN(ctx, cfg)
 		}
 	case "apiserver-proxy":
 		var cfg APIServerProxyConfig
 		cfg, err = parseAPIServerProxy(os.Args[2:])
 		if err == nil {
-			log = cfg.Log
+			log, cfg.Listeners = cfg.Log, inherited
 			err = RunAPIServerProxy(ctx, cfg)
 		}
 	case "sysctl":
@@ -105,6 +113,9 @@ func runSysctl(args []string) error {
 
 // VPNConfig is the configuration of `tendril-agent vpn`.
 type VPNConfig struct {
+	// Listeners are the sockets this process inherited (nil: none): a listener whose address
+	// is among them is that socket.
+	Listeners      *inherit.Listeners
 	VPN            vpn.Config
 	PrivateKeyFile string
 	ServerKey      string
@@ -176,7 +187,7 @@ func RunVPN(ctx context.Context, cfg VPNConfig) error {
 	}
 	defer agent.Close()
 	g, ctx := errgroup.WithContext(ctx)
-	if err := probe.Start(ctx, g, cfg.MetricsAddress, reg, agent.Ready, false); err != nil {
+	if err := probe.Start(ctx, g, cfg.Listeners.Listen, cfg.MetricsAddress, reg, agent.Ready, false); err != nil {
 		return err
 	}
 	g.Go(func() error { return agent.Run(ctx) })
@@ -194,6 +205,9 @@ func RunVPN(ctx context.Context, cfg VPNConfig) error {
 
 // APIServerProxyConfig is the configuration of `tendril-agent apiserver-proxy`.
 type APIServerProxyConfig struct {
+	// Listeners are the sockets this process inherited (nil: none): a listener whose address
+	// is among them is that socket.
+	Listeners      *inherit.Listeners
 	Proxy          apiserverproxy.Config
 	MetricsAddress string
 	Log            logr.Logger
@@ -247,7 +261,7 @@ func RunAPIServerProxy(ctx context.Context, cfg APIServerProxyConfig) error {
 		}
 		return false, "ingress " + cfg.Proxy.Ingress + " not reachable"
 	}
-	if err := probe.Start(ctx, g, cfg.MetricsAddress, reg, ready, false); err != nil {
+	if err := probe.Start(ctx, g, cfg.Listeners.Listen, cfg.MetricsAddress, reg, ready, false); err != nil {
 		return err
 	}
 	g.Go(func() error { return agent.Run(ctx) })

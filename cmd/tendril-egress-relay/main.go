@@ -22,6 +22,7 @@ import (
 
 	"github.com/tendril-net/tendril/egressrelay"
 	"github.com/tendril-net/tendril/internal/buildinfo"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
 )
@@ -34,6 +35,9 @@ type Config struct {
 	// Profiling serves the Go profiler on the metrics address.
 	Profiling bool
 	Log       logr.Logger
+	// Listeners are the sockets this process inherited (nil: none): a listener whose address
+	// is among them is that socket.
+	Listeners *inherit.Listeners
 }
 
 func main() {
@@ -50,6 +54,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "tendril-egress-relay:", err)
 		os.Exit(2)
 	}
+	// Sockets a parent bound and handed over (tests); not for the processes this one starts.
+	if cfg.Listeners, err = inherit.Parse(os.Getenv(inherit.EnvVar)); err != nil {
+		fmt.Fprintln(os.Stderr, "tendril-egress-relay:", err)
+		os.Exit(2)
+	}
+	os.Unsetenv(inherit.EnvVar)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := Run(ctx, cfg); err != nil {
@@ -110,7 +120,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	if err := probe.Start(ctx, g, cfg.MetricsAddress, reg, r.Ready, cfg.Profiling); err != nil {
+	if err := probe.Start(ctx, g, cfg.Listeners.Listen, cfg.MetricsAddress, reg, r.Ready, cfg.Profiling); err != nil {
 		return err
 	}
 	g.Go(func() error { return r.Run(ctx) })

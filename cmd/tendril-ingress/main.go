@@ -24,6 +24,7 @@ import (
 	"github.com/tendril-net/tendril/ingress/xdsclient"
 	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/idlemem"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
 	"github.com/tendril-net/tendril/internal/procscale"
@@ -32,6 +33,9 @@ import (
 
 // Config is tendril-ingress's configuration.
 type Config struct {
+	// Listeners are the sockets this process inherited (nil: none): a listener whose address
+	// is among them is that socket.
+	Listeners  *inherit.Listeners
 	XDSAddress string
 	NodeID     string
 	// XDSCertFile, XDSKeyFile and XDSCAFile are the files of the xDS client's certificate, key and the CA bundle the server is
@@ -110,6 +114,15 @@ func main() {
 		cfg.NodeID, _ = os.Hostname()
 	}
 	cfg.Log = logging.New(os.Stderr, verbosity).WithName("tendril-ingress")
+	// Sockets a parent bound and handed over (tests, tendril-bench, tendril-local); not for
+	// the processes this one starts.
+	inherited, err := inherit.Parse(os.Getenv(inherit.EnvVar))
+	os.Unsetenv(inherit.EnvVar)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tendril-ingress:", err)
+		os.Exit(2)
+	}
+	cfg.Listeners = inherited
 	if v := os.Getenv("GOMAXPROCS"); v != "" && cfg.AdaptiveProcs {
 		cfg.Log.Info("GOMAXPROCS is set: keeping it (no --adaptive-procs)", "GOMAXPROCS", v)
 		cfg.AdaptiveProcs = false
@@ -179,7 +192,7 @@ func Run(ctx context.Context, cfg Config) error {
 	maxProcs := runtime.GOMAXPROCS(0)
 	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending,
 		MaxPendingPerListener: cfg.MaxPendingPerListener, MaxPendingPerSource: cfg.MaxPendingPerSource, TrustedProxies: cfg.TrustedProxies,
-		DrainDelay: cfg.DrainDelay, DrainTimeout: cfg.DrainTimeout, Loops: maxProcs})
+		DrainDelay: cfg.DrainDelay, DrainTimeout: cfg.DrainTimeout, Loops: maxProcs, Listen: cfg.Listeners.Listen})
 
 	// The probes outlive ctx until the ingress has drained; a failure of either ends ingress's
 	// context (through the group's), which drains it too.
@@ -187,7 +200,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer stopProbes()
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.MetricsAddress != "" {
-		ml, err := net.Listen("tcp", cfg.MetricsAddress)
+		ml, err := cfg.Listeners.Listen("tcp", cfg.MetricsAddress)
 		if err != nil {
 			return fmt.Errorf("metrics listener: %w", err)
 		}

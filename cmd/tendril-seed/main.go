@@ -23,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/internal/buildinfo"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/probe"
 	"github.com/tendril-net/tendril/internal/tlsreload"
@@ -53,6 +54,9 @@ type Config struct {
 	Log         logr.Logger
 	// Kubernetes configures the control plane on Kubernetes, used when Routes is empty.
 	Kubernetes controlplane.Config
+	// Listeners are the sockets this process inherited (nil: none), in route-file mode: a
+	// listener whose address is among them is that socket.
+	Listeners *inherit.Listeners
 }
 
 func main() {
@@ -125,6 +129,15 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.Log = logging.New(os.Stderr, verbosity).WithName("tendril-seed")
+	// Sockets a parent bound and handed over (tests, tendril-bench, tendril-local); not for
+	// the processes this one starts.
+	inherited, err := inherit.Parse(os.Getenv(inherit.EnvVar))
+	os.Unsetenv(inherit.EnvVar)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tendril-seed:", err)
+		os.Exit(2)
+	}
+	cfg.Listeners = inherited
 	if cfg.Routes == "" {
 		rc, err := ctrl.GetConfig()
 		if err != nil {
@@ -172,13 +185,13 @@ func Run(ctx context.Context, cfg Config) error {
 	xs := server.New(scfg)
 	var ready probe.Ready
 
-	xl, err := net.Listen("tcp", cfg.XDSAddress)
+	xl, err := cfg.Listeners.Listen("tcp", cfg.XDSAddress)
 	if err != nil {
 		return fmt.Errorf("xDS listener: %w", err)
 	}
 	var ml net.Listener
 	if cfg.MetricsAddress != "" {
-		if ml, err = net.Listen("tcp", cfg.MetricsAddress); err != nil {
+		if ml, err = cfg.Listeners.Listen("tcp", cfg.MetricsAddress); err != nil {
 			xl.Close()
 			return fmt.Errorf("metrics listener: %w", err)
 		}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/idlemem"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/logging"
 	"github.com/tendril-net/tendril/internal/netflag"
 	"github.com/tendril-net/tendril/internal/probe"
@@ -35,6 +36,9 @@ import (
 
 // Config is tendril-server's configuration.
 type Config struct {
+	// Listeners are the sockets this process inherited (nil: none): a listener whose address
+	// is among them is that socket.
+	Listeners      *inherit.Listeners
 	PrivateKeyFile string
 	// AgentPublicKeys are the agents' keys (base64 or @FILE), one per replica; AgentAddresses
 	// their inner addresses in the same order (if empty: fd8f:6d53:b97a:1::2, ::3, …).
@@ -122,6 +126,14 @@ func main() {
 		cfg.Log.Error(err, "Exiting")
 		os.Exit(1)
 	}
+	// Sockets a parent bound and handed over (tests, tendril-bench, tendril-local); not for
+	// the processes this one starts.
+	inherited, err := inherit.Parse(os.Getenv(inherit.EnvVar))
+	os.Unsetenv(inherit.EnvVar)
+	if err != nil {
+		fail(err)
+	}
+	cfg.Listeners = inherited
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := Run(ctx, cfg); err != nil {
@@ -169,7 +181,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer srv.Close()
 
-	tl, err := net.Listen("tcp", cfg.TunnelAddress)
+	tl, err := cfg.Listeners.Listen("tcp", cfg.TunnelAddress)
 	if err != nil {
 		return fmt.Errorf("tunnel listener: %w", err)
 	}
@@ -183,7 +195,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if cfg.ConnectAddress != "" {
-		cl, err := net.Listen("tcp", cfg.ConnectAddress)
+		cl, err := cfg.Listeners.Listen("tcp", cfg.ConnectAddress)
 		if err != nil {
 			tl.Close()
 			return fmt.Errorf("CONNECT listener: %w", err)
@@ -191,7 +203,7 @@ func Run(ctx context.Context, cfg Config) error {
 		g.Go(func() error { return srv.ServeConnect(ctx, cl, tlsCfg) })
 	}
 	if cfg.GRPCAddress != "" {
-		gl, err := net.Listen("tcp", cfg.GRPCAddress)
+		gl, err := cfg.Listeners.Listen("tcp", cfg.GRPCAddress)
 		if err != nil {
 			return fmt.Errorf("gRPC listener: %w", err)
 		}
@@ -215,7 +227,7 @@ func Run(ctx context.Context, cfg Config) error {
 		g.Go(func() error { return sock.serve(ul) })
 	}
 	if cfg.MetricsAddress != "" {
-		ml, err := net.Listen("tcp", cfg.MetricsAddress)
+		ml, err := cfg.Listeners.Listen("tcp", cfg.MetricsAddress)
 		if err != nil {
 			return fmt.Errorf("metrics listener: %w", err)
 		}

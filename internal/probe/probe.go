@@ -118,14 +118,17 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// Start binds addr now (a taken port fails the binary's start) and serves Handler(g, ready,
-// profiling) on it in group until ctx ends. An empty addr turns the probes off: Start does
-// nothing.
-func Start(ctx context.Context, group *errgroup.Group, addr string, g prometheus.Gatherer, ready ReadyFunc, profiling bool) error {
+// Start binds addr now with listen (net.Listen when nil; a taken port fails the binary's start)
+// and serves Handler(g, ready, profiling) on it in group until ctx ends. An empty addr turns the
+// probes off: Start does nothing.
+func Start(ctx context.Context, group *errgroup.Group, listen func(network, addr string) (net.Listener, error), addr string, g prometheus.Gatherer, ready ReadyFunc, profiling bool) error {
 	if addr == "" {
 		return nil
 	}
-	l, err := net.Listen("tcp", addr)
+	if listen == nil {
+		listen = net.Listen
+	}
+	l, err := listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics listener: %w", err)
 	}
