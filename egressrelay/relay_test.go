@@ -373,12 +373,7 @@ func TestWrongClientCertificate(t *testing.T) {
 func TestWrongServer(t *testing.T) {
 	b := newBackend(t)
 	f := writeFiles(t, t.TempDir(), b.ca, b.ca)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	l.Close()
+	closed := testnet.RefusedAddr(t)
 	for _, tc := range []struct {
 		name, server, serverName string
 		why                      string // in the relay's log

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/metrictest"
 	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/xds/model"
@@ -395,7 +396,13 @@ func TestRealProxySenders(t *testing.T) {
 		if _, err := exec.LookPath("haproxy"); err != nil {
 			t.Fatal("haproxy is not on PATH; install it (Debian package haproxy, see .ci/run)")
 		}
-		front := freePort(t)
+		// HAProxy serves a socket this test bound (bind fd@3: HAProxy's way to take an inherited
+		// one), so no other process can take the port before HAProxy binds it.
+		sock, err := inherit.Bind("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		front := sock.Addr
 		// HAProxy reports its own frontend address as the destination; set-dst makes it the
 		// advertised address on 443, as an apiserver-proxy holding that address would send.
 		cfg := fmt.Sprintf(`global
@@ -406,14 +413,14 @@ defaults
   timeout client 30s
   timeout server 30s
 frontend fe
-  bind %s
+  bind fd@3
   tcp-request connection set-dst ipv4(240.0.0.2)
   tcp-request connection set-dst-port int(443)
   default_backend be
 backend be
   server ingress %s send-proxy-v2
-`, front, w.proxy)
-		runPeer(t, "haproxy", cfg, func(path string) []string { return []string{"-db", "-f", path} }, front)
+`, w.proxy)
+		runPeer(t, "haproxy", cfg, func(path string) []string { return []string{"-db", "-f", path} }, front, sock)
 		c, err := net.DialTimeout("tcp", front, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -473,15 +480,8 @@ func nginxStreamModule() string {
 	return ""
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l := listen(t)
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // runPeer writes cfg, starts the peer until the test ends, and waits until addr accepts.
-func runPeer(t *testing.T, bin, cfg string, args func(path string) []string, addr string) {
+func runPeer(t *testing.T, bin, cfg string, args func(path string) []string, addr string, socks ...*inherit.Socket) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), bin+".conf")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
@@ -500,7 +500,10 @@ func runPeer(t *testing.T, bin, cfg string, args func(path string) []string, add
 	cmd := exec.Command(bin, args(path)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	inherit.Pass(cmd, socks...) // the first is descriptor 3
+	err = cmd.Start()
+	inherit.Close(socks...)
+	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})

@@ -33,11 +33,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/extension/networkpaths"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/kubescheme"
 	"github.com/tendril-net/tendril/internal/logging"
@@ -173,9 +175,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	for _, a := range []*string{&s.cfg.SNIAddress, &s.cfg.ProxyAddress, &s.cfg.TunnelAddress, &s.cfg.XDSAddress, &s.cfg.IngressMetrics} {
 		if *a == "" {
-			if *a, err = freeAddr("127.0.0.1"); err != nil {
-				return rep, err
-			}
+			*a = "127.0.0.1:0" // bound below: the kernel picks the port
 		}
 	}
 	if s.netns = canNetns(); s.netns {
@@ -186,6 +186,24 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			}
 		}
 	}
+	// The ingress's listeners are bound here and inherited by tendril-ingress, the xDS server's
+	// by the in-process control plane: no port is picked free and bound again later.
+	var ingressSocks []*inherit.Socket
+	defer func() { inherit.Close(ingressSocks...) }() // this process's copies
+	for _, a := range []*string{&s.cfg.SNIAddress, &s.cfg.ProxyAddress, &s.cfg.TunnelAddress, &s.cfg.IngressMetrics} {
+		sock, err := inherit.Bind(*a)
+		if err != nil {
+			return rep, fmt.Errorf("tendril-ingress listener: %w", err)
+		}
+		ingressSocks = append(ingressSocks, sock)
+		*a = sock.Addr
+	}
+	xdsListener, err := net.Listen("tcp", s.cfg.XDSAddress)
+	if err != nil {
+		return rep, fmt.Errorf("xDS listener: %w", err)
+	}
+	defer xdsListener.Close() // the control plane closes it too
+	s.cfg.XDSAddress = xdsListener.Addr().String()
 	lf, err := os.Create(filepath.Join(s.dir, "tendril-seed.log"))
 	if err != nil {
 		return rep, err
@@ -263,7 +281,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	go func() {
 		cpDone <- controlplane.Run(ctx, controlplane.Config{
 			REST:           s.rest,
-			XDSAddress:     s.cfg.XDSAddress,
+			XDSListener:    xdsListener,
 			XDSSecrets:     controlplane.XDSSecrets{Namespace: ExtensionNamespace},
 			MetricsAddress: "0",
 			HealthAddress:  "0",
@@ -281,7 +299,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err != nil {
 		return rep, err
 	}
-	if _, err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(s.cfg.BinDir, "tendril-ingress"),
+	if _, err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(s.cfg.BinDir, "tendril-ingress"), ingressSocks,
 		append(xdsFlags, "--xds", s.cfg.XDSAddress, "--node-id", "tendril-ingress-local",
 			"--sni-address", s.cfg.SNIAddress, "--proxy-address", s.cfg.ProxyAddress, "--tunnel-address", s.cfg.TunnelAddress,
 			"--metrics-address", s.cfg.IngressMetrics)...); err != nil {
@@ -389,9 +407,11 @@ func since(t time.Time) time.Duration { return time.Since(t).Round(100 * time.Mi
 // startSeedAPIServer starts the seed's API server with the CRDs.
 func (s *seed) startSeedAPIServer(ctx context.Context) (func(), error) {
 	scheme := kubescheme.New()
-	te := kubeenv.Environment(s.assets)
-	te.CRDs, te.Scheme = s.crds, scheme
-	cfg, err := te.Start()
+	te, cfg, err := kubeenv.Start(func() (*envtest.Environment, error) {
+		te := kubeenv.Environment(s.assets)
+		te.CRDs, te.Scheme = s.crds, scheme
+		return te, nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("seed API server: %w", err)
 	}

@@ -73,7 +73,7 @@ func (s *seed) startAPIServerProxy(ctx context.Context, sh *shoot) error {
 	if err := sh.client.Get(ctx, client.ObjectKey{Namespace: manifest.ShootNamespace, Name: manifest.APIServerProxyName}, ds); err != nil {
 		return fmt.Errorf("apiserver-proxy DaemonSet in the shoot: %w", err)
 	}
-	p, err := s.materialize(ctx, sh.client, manifest.ShootNamespace, ds.Spec.Template.Spec, filepath.Join(sh.dir, manifest.APIServerProxyName), "127.0.0.1")
+	p, err := s.materialize(ctx, sh.client, manifest.ShootNamespace, ds.Spec.Template.Spec, filepath.Join(sh.dir, manifest.APIServerProxyName), "127.0.0.1", true)
 	if err != nil {
 		return err
 	}
@@ -109,7 +109,7 @@ func (s *seed) startAPIServerProxy(ctx context.Context, sh *shoot) error {
 	if err := clientcmd.WriteToFile(*kc, sh.inCluster); err != nil {
 		return err
 	}
-	_, err = s.procs.start(manifest.APIServerProxyName+" "+sh.namespace, filepath.Join(sh.dir, "apiserver-proxy.log"), sh.netns, filepath.Join(s.cfg.BinDir, p.binary), p.args...)
+	_, err = s.procs.start(manifest.APIServerProxyName+" "+sh.namespace, filepath.Join(sh.dir, "apiserver-proxy.log"), sh.netns, filepath.Join(s.cfg.BinDir, p.binary), nil, p.args...)
 	return err
 }
 

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/inherit"
 )
 
 // procs are the processes the runner started; stop ends them all (SIGTERM, then after a grace
@@ -26,8 +28,10 @@ func newProcs(ctx context.Context) *procs {
 }
 
 // start runs path with args, output to logPath; netns, when not empty, is a named network
-// namespace (ip netns) to run it in. The process is running until ended is closed.
-func (p *procs) start(name, logPath, netns, path string, args ...string) (ended <-chan struct{}, err error) {
+// namespace (ip netns) to run it in. The process inherits socks (this process's copies are
+// closed once it has them, and on an error). The process is running until ended is closed.
+func (p *procs) start(name, logPath, netns, path string, socks []*inherit.Socket, args ...string) (ended <-chan struct{}, err error) {
+	defer inherit.Close(socks...)
 	lf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -40,6 +44,7 @@ func (p *procs) start(name, logPath, netns, path string, args ...string) (ended 
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 5 * time.Second
+	inherit.Pass(cmd, socks...)
 	if err := cmd.Start(); err != nil {
 		lf.Close()
 		return nil, fmt.Errorf("start %s (run make build first): %w", name, err)

@@ -14,7 +14,7 @@ func TestWaitHTTPStopsWhenTheProcessEnds(t *testing.T) {
 	p := newProcs(context.Background())
 	defer p.stop()
 	log := filepath.Join(t.TempDir(), "server.log")
-	ended, err := p.start("server", log, "", "/bin/sh", "-c", "echo 'listen tcp: bind: address already in use'; exit 1")
+	ended, err := p.start("server", log, "", "/bin/sh", nil, "-c", "echo 'listen tcp: bind: address already in use'; exit 1")
 	if err != nil {
 		t.Fatal(err)
 	}

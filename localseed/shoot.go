@@ -29,11 +29,13 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/extension/networkpaths"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/kubescheme"
 	"github.com/tendril-net/tendril/internal/shootgrm"
@@ -106,17 +108,21 @@ func (s *seed) startShootAPIServer(sh *shoot) (func(), error) {
 	if err := testpki.WritePair(leaf, certFile, keyFile); err != nil {
 		return nil, err
 	}
-	addr, err := freeAddr(s.hostIP.String())
-	if err != nil {
-		return nil, err
-	}
-	sh.apiAddr = netip.MustParseAddrPort(addr)
-	te := kubeenv.Environment(s.assets)
-	api := te.ControlPlane.GetAPIServer()
-	api.SecureServing.Address = sh.apiAddr.Addr().String()
-	api.SecureServing.Port = strconv.Itoa(int(sh.apiAddr.Port()))
-	api.Configure().Append("tls-sni-cert-key", certFile+","+keyFile+":"+sh.host)
-	cfg, err := te.Start()
+	// On the host address, which EndpointSlices take (envtest would pick loopback): a port
+	// picked free, a new one when it was taken first (kubeenv.Start).
+	te, cfg, err := kubeenv.Start(func() (*envtest.Environment, error) {
+		te := kubeenv.Environment(s.assets)
+		addr, err := freeAddr(s.hostIP.String())
+		if err != nil {
+			return nil, err
+		}
+		sh.apiAddr = netip.MustParseAddrPort(addr)
+		api := te.ControlPlane.GetAPIServer()
+		api.SecureServing.Address = sh.apiAddr.Addr().String()
+		api.SecureServing.Port = strconv.Itoa(int(sh.apiAddr.Port()))
+		api.Configure().Append("tls-sni-cert-key", certFile+","+keyFile+":"+sh.host)
+		return te, nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%s API server: %w", sh.namespace, err)
 	}
@@ -217,14 +223,14 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 		return fmt.Errorf("wait for the tendril-server Deployment: %w", err)
 	}
 	sh.serverTemplate = dep.Spec.Template
-	pod, err := s.materialize(ctx, s.client, sh.namespace, dep.Spec.Template.Spec, filepath.Join(sh.dir, manifest.ServerName), s.hostIP.String())
+	pod, err := s.materialize(ctx, s.client, sh.namespace, dep.Spec.Template.Spec, filepath.Join(sh.dir, manifest.ServerName), s.hostIP.String(), false)
 	if err != nil {
 		return fmt.Errorf("tendril-server: %w", err)
 	}
 	sh.serverPorts = pod.ports
 	sh.caFile = filepath.Join(pod.mounts["ca"], "bundle.crt")
 	serverLog := filepath.Join(sh.dir, "tendril-server.log")
-	ended, err := s.procs.start(manifest.ServerName+" "+sh.namespace, serverLog, "", filepath.Join(s.cfg.BinDir, pod.binary), pod.args...)
+	ended, err := s.procs.start(manifest.ServerName+" "+sh.namespace, serverLog, "", filepath.Join(s.cfg.BinDir, pod.binary), pod.socks, pod.args...)
 	if err != nil {
 		return err
 	}
@@ -272,7 +278,7 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 		if err := sh.client.Get(ctx, client.ObjectKey{Namespace: manifest.ShootNamespace, Name: name}, agent); err != nil {
 			return fmt.Errorf("%s Deployment in the shoot: %w", name, err)
 		}
-		apod, err := s.materialize(ctx, sh.client, manifest.ShootNamespace, agent.Spec.Template.Spec, filepath.Join(sh.dir, name), "127.0.0.1")
+		apod, err := s.materialize(ctx, sh.client, manifest.ShootNamespace, agent.Spec.Template.Spec, filepath.Join(sh.dir, name), "127.0.0.1", false)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -283,7 +289,7 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 		}
 		sh.agentMetrics = append(sh.agentMetrics, net.JoinHostPort("127.0.0.1", strconv.Itoa(apod.ports["metrics"])))
 		agentLog := filepath.Join(sh.dir, name+".log")
-		ended, err := s.procs.start(name+" "+sh.namespace, agentLog, "", filepath.Join(s.cfg.BinDir, apod.binary), apod.args...)
+		ended, err := s.procs.start(name+" "+sh.namespace, agentLog, "", filepath.Join(s.cfg.BinDir, apod.binary), apod.socks, apod.args...)
 		if err != nil {
 			return err
 		}
@@ -314,12 +320,16 @@ type pod struct {
 	// names its NetworkPolicies after them); mounts the directories by volume.
 	ports  map[string]int
 	mounts map[string]string
+	// socks are the sockets bound for ports, which the process inherits (procs.start).
+	socks []*inherit.Socket
 }
 
 // materialize does what a kubelet would for the pod's only container: the Secret volumes
 // become directories (file per key), mount paths in the args point at them, and every
-// "--flag=:port" of a container port gets a free port on host.
-func (s *seed) materialize(ctx context.Context, c client.Client, namespace string, spec corev1.PodSpec, dir, host string) (*pod, error) {
+// "--flag=:port" of a container port gets a port on host: bound here, for the process to
+// inherit (pod.socks), or, for a process in a network namespace of its own (inNetns), where no
+// other process binds, a port just free.
+func (s *seed) materialize(ctx context.Context, c client.Client, namespace string, spec corev1.PodSpec, dir, host string, inNetns bool) (*pod, error) {
 	if len(spec.Containers) != 1 {
 		return nil, fmt.Errorf("%d containers, want 1", len(spec.Containers))
 	}
@@ -366,8 +376,18 @@ func (s *seed) materialize(ctx context.Context, c client.Client, namespace strin
 				}
 			}
 			if port, ok := strings.CutPrefix(v, ":"); ok && portNames[port] != "" {
-				addr, err := freeAddr(host)
+				var addr string
+				var err error
+				if inNetns {
+					addr, err = freeAddr(host)
+				} else {
+					var sock *inherit.Socket
+					if sock, err = inherit.Bind(net.JoinHostPort(host, "0")); err == nil {
+						p.socks, addr = append(p.socks, sock), sock.Addr
+					}
+				}
 				if err != nil {
+					inherit.Close(p.socks...)
 					return nil, err
 				}
 				_, ps, _ := net.SplitHostPort(addr)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -39,12 +40,31 @@ func (r *runner) controlPlane(ctx context.Context) (*Row, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	p, err := peers.FreePorts(5)
+	// Every process inherits its sockets (peers.StartWithSockets); a replica started again
+	// gets its address bound again (seedSocket).
+	socks, err := peers.Bind(4)
 	if err != nil {
 		return nil, err
 	}
-	seedAddr := [2]string{fmt.Sprintf("127.0.0.1:%d", p[0]), fmt.Sprintf("127.0.0.1:%d", p[1])}
-	svc, tunnel, ingressMetrics := fmt.Sprintf("127.0.0.1:%d", p[2]), fmt.Sprintf("127.0.0.1:%d", p[3]), fmt.Sprintf("127.0.0.1:%d", p[4])
+	seedAddr := [2]string{socks[0].Addr, socks[1].Addr}
+	seedSocks := [2]*inherit.Socket{socks[0], socks[1]}
+	ingressSocks := socks[2:]
+	tunnel, ingressMetrics := ingressSocks[0].Addr, ingressSocks[1].Addr
+	defer func() { inherit.Close(append(ingressSocks, seedSocks[:]...)...) }() // those not handed over
+	// seedSocket is replica i's socket: the first, or its address bound again once the
+	// killed replica's socket is gone.
+	seedSocket := func(i int) (*inherit.Socket, error) {
+		s := seedSocks[i]
+		seedSocks[i] = nil
+		if s != nil {
+			return s, nil
+		}
+		err := until(ctx, 10*time.Second, func() (err error) {
+			s, err = inherit.Bind(seedAddr[i])
+			return err
+		})
+		return s, err
+	}
 
 	var seeds [2]*peers.Process
 	defer func() {
@@ -62,8 +82,12 @@ func (r *runner) controlPlane(ctx context.Context) (*Row, error) {
 			return err
 		}
 		starts++
-		s, err := peers.StartProcess(fmt.Sprintf("tendril-seed-%d", i), filepath.Join(dir, fmt.Sprintf("tendril-seed-%d.%d.log", i, starts)),
-			r.bin("tendril-seed"), "--routes", routes, "--xds-address", seedAddr[i], "--xds-insecure", "--metrics-address", "")
+		sock, err := seedSocket(i)
+		if err != nil {
+			return fmt.Errorf("tendril-seed-%d's address: %w", i, err)
+		}
+		s, err := peers.StartWithSockets(fmt.Sprintf("tendril-seed-%d", i), filepath.Join(dir, fmt.Sprintf("tendril-seed-%d.%d.log", i, starts)),
+			[]*inherit.Socket{sock}, r.bin("tendril-seed"), "--routes", routes, "--xds-address", seedAddr[i], "--xds-insecure", "--metrics-address", "")
 		if err != nil {
 			return err
 		}
@@ -77,11 +101,12 @@ func (r *runner) controlPlane(ctx context.Context) (*Row, error) {
 			return err
 		}, s)
 	}
-	fwd, err := newForwarder(svc, seedAddr[:])
+	fwd, err := newForwarder("127.0.0.1:0", seedAddr[:])
 	if err != nil {
 		return nil, err
 	}
 	defer fwd.Close()
+	svc := fwd.l.Addr().String()
 
 	// Replica 0 is the one the ingress connects to first (the forwarder tries it first).
 	connected, shoots := 0, 1
@@ -91,7 +116,7 @@ func (r *runner) controlPlane(ctx context.Context) (*Row, error) {
 	if err := startSeed(1, shoots+1); err != nil {
 		return nil, err
 	}
-	ing, err := peers.StartProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), r.bin("tendril-ingress"),
+	ing, err := peers.StartWithSockets("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), ingressSocks, r.bin("tendril-ingress"),
 		"--xds", svc, "--xds-insecure", "--node-id", "bench-failover-cp", "--tunnel-address", tunnel, "--metrics-address", ingressMetrics)
 	if err != nil {
 		return nil, err

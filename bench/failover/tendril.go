@@ -11,10 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/netns"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
@@ -33,7 +33,8 @@ type tendrilRig struct {
 	ingress     []*peers.Process
 	server      *peers.Process
 	serverArgs  []string
-	serverPorts []string // what the server listens on, free again before a restart
+	serverPorts []string          // what the server listens on, bound again before a restart
+	serverSocks []*inherit.Socket // their sockets, bound for the next server start
 	agents      [2]*peers.Process
 	agentArgs   [2][]string
 	agentPub    [2]string
@@ -118,27 +119,35 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 		return nil, err
 	}
 	f := func(n string) string { return filepath.Join(rig.dir, n) }
-	p, err := peers.FreePorts(5)
+	// Every process inherits its sockets (peers.StartWithSockets): no port to lose to another.
+	socks, err := peers.Bind(4)
 	if err != nil {
 		return nil, err
 	}
-	port := func(i int) string { return strconv.Itoa(p[i]) }
-	ingressListen := net.JoinHostPort(r.topo.seedAddr.String(), port(0))
-	tunnelAddr, xdsAddr, ingressMetrics := "127.0.0.1:"+port(1), "127.0.0.1:"+port(2), "127.0.0.1:"+port(3)
-	rig.metrics, rig.sock = "127.0.0.1:"+port(4), f("connect.sock")
+	listenSock, err := inherit.Bind(net.JoinHostPort(r.topo.seedAddr.String(), "0"))
+	if err != nil {
+		inherit.Close(socks...)
+		return nil, err
+	}
+	ingressListen := listenSock.Addr
+	tunnelAddr, xdsAddr, ingressMetrics := socks[0].Addr, socks[1].Addr, socks[2].Addr
+	rig.metrics, rig.sock = socks[3].Addr, f("connect.sock")
 	rig.serverPorts = []string{tunnelAddr, rig.metrics}
+	rig.serverSocks = []*inherit.Socket{socks[0], socks[3]}
 
 	routes := fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.failover.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: %q\n", nsTendril, tunnelAddr)
 	if err := os.WriteFile(f("routes.yaml"), []byte(routes), 0o644); err != nil {
+		inherit.Close(append(socks, listenSock)...)
 		return nil, err
 	}
-	seed, err := peers.StartProcess("tendril-seed", f("tendril-seed.log"), r.bin("tendril-seed"),
+	seed, err := peers.StartWithSockets("tendril-seed", f("tendril-seed.log"), socks[1:2], r.bin("tendril-seed"),
 		"--routes", f("routes.yaml"), "--xds-address", xdsAddr, "--xds-insecure", "--metrics-address", "")
 	if err != nil {
+		inherit.Close(socks[0], socks[2], socks[3], listenSock)
 		return rig, err
 	}
 	rig.ingress = append(rig.ingress, seed)
-	ing, err := peers.StartProcess("tendril-ingress", f("tendril-ingress.log"), r.bin("tendril-ingress"),
+	ing, err := peers.StartWithSockets("tendril-ingress", f("tendril-ingress.log"), []*inherit.Socket{listenSock, socks[2]}, r.bin("tendril-ingress"),
 		"--xds", xdsAddr, "--xds-insecure", "--node-id", "bench-failover", "--tunnel-address", ingressListen, "--metrics-address", ingressMetrics)
 	if err != nil {
 		return rig, err
@@ -190,7 +199,7 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 }
 
 func (rig *tendrilRig) startServer(ctx context.Context) error {
-	srv, err := peers.StartProcess("tendril-server", filepath.Join(rig.dir, "tendril-server.log"), rig.r.bin("tendril-server"), rig.serverArgs...)
+	srv, err := peers.StartWithSockets("tendril-server", filepath.Join(rig.dir, "tendril-server.log"), rig.takeServerSocks(), rig.r.bin("tendril-server"), rig.serverArgs...)
 	if err != nil {
 		return err
 	}
@@ -202,22 +211,32 @@ func (rig *tendrilRig) startServer(ctx context.Context) error {
 	return nil
 }
 
-// restartServer starts tendril-server again once its ports can be bound: a killed server's
-// sockets may hold them for a moment (a real restart is a new pod with its own address).
+// takeServerSocks hands the server sockets bound for it over to the caller.
+func (rig *tendrilRig) takeServerSocks() []*inherit.Socket {
+	s := rig.serverSocks
+	rig.serverSocks = nil
+	return s
+}
+
+// restartServer starts tendril-server again on its addresses once they can be bound again: a
+// killed server's sockets may hold them for a moment (a real restart is a new pod with its own
+// address). This process binds them and the new server inherits the sockets, as at the start.
 func (rig *tendrilRig) restartServer(ctx context.Context) error {
 	if err := until(ctx, 10*time.Second, func() error {
+		inherit.Close(rig.takeServerSocks()...) // of an attempt that bound only some
 		for _, a := range rig.serverPorts {
-			l, err := net.Listen("tcp", a)
+			s, err := inherit.Bind(a)
 			if err != nil {
 				return err
 			}
-			l.Close()
+			rig.serverSocks = append(rig.serverSocks, s)
 		}
 		return nil
 	}); err != nil {
+		inherit.Close(rig.takeServerSocks()...)
 		return fmt.Errorf("failover: tendril-server's ports: %w", err)
 	}
-	srv, err := peers.StartProcess("tendril-server", filepath.Join(rig.dir, "tendril-server.log"), rig.r.bin("tendril-server"), rig.serverArgs...)
+	srv, err := peers.StartWithSockets("tendril-server", filepath.Join(rig.dir, "tendril-server.log"), rig.takeServerSocks(), rig.r.bin("tendril-server"), rig.serverArgs...)
 	if err != nil {
 		return err
 	}

@@ -24,8 +24,11 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"syscall"
 	"text/template"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/inherit"
 )
 
 // Route is one shoot's route: connections whose ClientHello names Host, whose
@@ -216,13 +219,15 @@ func (in *Instance) Stop() error {
 	return errors.Join(errs...)
 }
 
-// startAttempts is how often a peer start is tried with fresh ports: the free
-// ports are found by binding and releasing them, so another process can take
-// one in between (rare, but it should not cost a whole peer).
+// startAttempts is how often a peer start is tried with fresh ports: a peer that
+// cannot inherit a socket (HAProxy, nginx, squid, OpenVPN, konnectivity) binds
+// ports found by binding and releasing them (FreePorts), so another process can
+// take one in between; the peer then fails with EADDRINUSE.
 const startAttempts = 3
 
-// startRetry calls start up to startAttempts times, until it succeeds or ctx
-// ends, and returns the last error.
+// startRetry calls start up to startAttempts times while it fails because a
+// port was taken (AddrInUse), until it succeeds or ctx ends, and returns the
+// last error.
 func startRetry(ctx context.Context, start func() (*Instance, error)) (*Instance, error) {
 	var err error
 	for range startAttempts {
@@ -230,16 +235,40 @@ func startRetry(ctx context.Context, start func() (*Instance, error)) (*Instance
 		if in, err = start(); err == nil {
 			return in, nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !AddrInUse(err) {
 			break
 		}
 	}
 	return nil, err
 }
 
+// AddrInUse tells whether err is a bind's EADDRINUSE, of this process or in the
+// log tail of a peer that exited (each peer prints strerror's text: HAProxy
+// "cannot bind socket (Address already in use)", nginx "bind() … failed (98:
+// Address already in use)", OpenVPN "… Address already in use (errno=98)").
+func AddrInUse(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE) || strings.Contains(strings.ToLower(err.Error()), "address already in use")
+}
+
+// Bind binds n listening sockets on 127.0.0.1, each on a port the kernel picks,
+// for a tendril binary to inherit (StartWithSockets).
+func Bind(n int) ([]*inherit.Socket, error) {
+	var socks []*inherit.Socket
+	for range n {
+		s, err := inherit.Bind("127.0.0.1:0")
+		if err != nil {
+			inherit.Close(socks...)
+			return nil, err
+		}
+		socks = append(socks, s)
+	}
+	return socks, nil
+}
+
 // FreePorts returns n distinct free TCP ports on 127.0.0.1. It holds all n
 // listeners open at once so the ports differ, then releases them for the
-// peer to bind.
+// peer to bind: only for peers that cannot inherit a socket (tendril's
+// binaries get Bind's), whose start retries on EADDRINUSE (startRetry).
 func FreePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/inherit"
 )
 
 // stopGrace is how long a peer gets to exit after SIGTERM before it is
@@ -42,6 +44,15 @@ type Process struct {
 // terminal reaches only the benchmark, which then stops its children in
 // order.
 func StartProcess(name, logPath, bin string, args ...string) (*Process, error) {
+	return StartWithSockets(name, logPath, nil, bin, args...)
+}
+
+// StartWithSockets is StartProcess handing the process socks, which it serves (tendril's
+// binaries take an inherited socket for its address, internal/inherit): they were bound by
+// Bind, so no other process can take their ports first. This process's copies are closed once
+// the child has them (and on a failed start).
+func StartWithSockets(name, logPath string, socks []*inherit.Socket, bin string, args ...string) (*Process, error) {
+	defer inherit.Close(socks...)
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("%s: open log: %w", name, err)
@@ -53,6 +64,7 @@ func StartProcess(name, logPath, bin string, args ...string) (*Process, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	setProcAttr(cmd)
+	inherit.Pass(cmd, socks...)
 	p := &Process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{}), started: time.Now()}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: start %s: %w", name, bin, err)

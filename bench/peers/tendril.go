@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/inherit"
 )
 
 // Tendril runs tendril's own data plane as two processes: tendril-seed serves
@@ -137,35 +139,36 @@ func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instan
 		readyTimeout = 30 * time.Second
 	}
 	version := t.Version()
-	return startRetry(ctx, func() (*Instance, error) {
-		ports, err := FreePorts(4)
-		if err != nil {
-			return nil, err
-		}
-		xds, seedMetrics, listen, ingressMetrics := loopback(ports[0]), loopback(ports[1]), loopback(ports[2]), loopback(ports[3])
-		seed, err := StartProcess("tendril-seed", filepath.Join(dir, "tendril-seed.log"), seedBin,
-			"--routes", path, "--xds-address", xds, "--xds-insecure", "--metrics-address", seedMetrics)
-		if err != nil {
-			return nil, err
-		}
-		if err := waitAccept(ctx, xds, readyTimeout, seed); err != nil {
-			return nil, errors.Join(fmt.Errorf("tendril-seed: %w", err), seed.Stop())
-		}
-		ingress, err := StartProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), ingressBin,
-			"--xds", xds, "--xds-insecure", "--node-id", "bench", listenFlag, listen, "--metrics-address", ingressMetrics, "--profiling")
-		if err != nil {
-			return nil, errors.Join(err, seed.Stop())
-		}
-		in := &Instance{Addr: listen, Version: version, Config: routeFile, Metrics: "http://" + ingressMetrics + "/metrics",
-			procs: []*Process{seed, ingress}, dataPlane: []*Process{ingress}}
-		if err := waitReady(ctx, "http://"+ingressMetrics+"/readyz", readyTimeout, seed, ingress); err != nil {
-			return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
-		}
-		if err := waitAccept(ctx, listen, readyTimeout, seed, ingress); err != nil {
-			return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
-		}
-		return in, nil
-	})
+	// The processes inherit their sockets: no port to lose to another process, no retry.
+	socks, err := Bind(4)
+	if err != nil {
+		return nil, err
+	}
+	xds, seedMetrics, listen, ingressMetrics := socks[0].Addr, socks[1].Addr, socks[2].Addr, socks[3].Addr
+	seed, err := StartWithSockets("tendril-seed", filepath.Join(dir, "tendril-seed.log"), socks[:2], seedBin,
+		"--routes", path, "--xds-address", xds, "--xds-insecure", "--metrics-address", seedMetrics)
+	if err != nil {
+		inherit.Close(socks[2:]...)
+		return nil, err
+	}
+	if err := waitAccept(ctx, xds, readyTimeout, seed); err != nil {
+		inherit.Close(socks[2:]...)
+		return nil, errors.Join(fmt.Errorf("tendril-seed: %w", err), seed.Stop())
+	}
+	ingress, err := StartWithSockets("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), socks[2:], ingressBin,
+		"--xds", xds, "--xds-insecure", "--node-id", "bench", listenFlag, listen, "--metrics-address", ingressMetrics, "--profiling")
+	if err != nil {
+		return nil, errors.Join(err, seed.Stop())
+	}
+	in := &Instance{Addr: listen, Version: version, Config: routeFile, Metrics: "http://" + ingressMetrics + "/metrics",
+		procs: []*Process{seed, ingress}, dataPlane: []*Process{ingress}}
+	if err := waitReady(ctx, "http://"+ingressMetrics+"/readyz", readyTimeout, seed, ingress); err != nil {
+		return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
+	}
+	if err := waitAccept(ctx, listen, readyTimeout, seed, ingress); err != nil {
+		return nil, errors.Join(fmt.Errorf("tendril-ingress: %w", err), in.Stop())
+	}
+	return in, nil
 }
 
 // waitReady polls url until it answers 200, one of procs exits, timeout

@@ -51,7 +51,15 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 	}
 	defer s.stop()
 	r.logf("%s: starting (%s)", s.name, res.Version)
-	if err := s.startServer(ctx, dir); err != nil {
+	// A peer that cannot inherit its sockets binds ports picked free, which another process
+	// may take first: it starts again on new ones.
+	err := s.startServer(ctx, dir)
+	for attempt := 1; err != nil && attempt < startAttempts && peers.AddrInUse(err) && ctx.Err() == nil; attempt++ {
+		r.logf("%s: a port was taken (%v); starting again on new ports", s.name, err)
+		s.stop()
+		err = s.startServer(ctx, dir)
+	}
+	if err != nil {
 		skip("start failed: " + err.Error())
 		return
 	}

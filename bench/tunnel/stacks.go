@@ -17,6 +17,7 @@ import (
 
 	"github.com/tendril-net/tendril/bench/machine"
 	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/netns"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -90,6 +91,9 @@ func (s *stack) stop() {
 	s.closers = nil
 }
 
+// startAttempts is how often a stack's servers start when a port was taken.
+const startAttempts = 3
+
 // ports are allocated before the ingress starts: its route file names the
 // tunnel servers' ports.
 type ports struct {
@@ -153,6 +157,9 @@ func (r *runner) bin(name string) string {
 
 func freePorts(n int) ([]int, error) { return peers.FreePorts(n) }
 
+// port is the port of host:port a (one this process bound).
+func port(a string) int { return int(netip.MustParseAddrPort(a).Port()) }
+
 func addr(a netip.Addr, port int) string { return netip.AddrPortFrom(a, uint16(port)).String() }
 
 // ingress is the seed ingress: tendril-seed serving a route file with the
@@ -162,11 +169,92 @@ type ingress struct {
 	procs  []*peers.Process
 	listen string // seed address:port, where the shoot's agents dial
 	ports  ports
+	// tunnel is tendril-server's tunnel socket, which the route file names: bound with the
+	// ingress and held until a server inherits it (tunnelSocket).
+	tunnel *inherit.Socket
+	// routeFile is tendril-seed's, which routes names the servers in.
+	routeFile string
+}
+
+// routes is the route file for the current ports.
+func (in *ingress) routes() string {
+	return fmt.Sprintf("shoots:\n"+
+		"- name: %s\n  hosts: [api.tendril.tunnel.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: \"127.0.0.1:%d\"\n"+
+		"- name: %s\n  hosts: [api.openvpn.tunnel.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: \"127.0.0.1:%d\"\n",
+		nsTendril, in.ports.tendrilTunnel, nsOpenVPN, in.ports.openvpn)
+}
+
+// connectStatus is the status the ingress answers to a Reversed-VPN CONNECT for shoot ns.
+func (in *ingress) connectStatus(ns string) (string, error) {
+	c, err := net.DialTimeout("tcp", in.listen, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: x\r\nReversed-VPN: %s\r\n\r\n", "127.0.0.1:1194", translate.VPNServerWireName(ns))
+	buf := make([]byte, 12)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return "", err
+	}
+	return string(buf[9:12]), nil
+}
+
+// moveOpenVPN gives OpenVPN's server a new port, after its old one was taken by another process:
+// the route file names it, and it returns once the ingress routes there. The new port is held
+// listening meanwhile (a CONNECT to it gets 200, to the old one 502) and released for OpenVPN to
+// bind, which cannot inherit it.
+func (in *ingress) moveOpenVPN(ctx context.Context) error {
+	hold, err := inherit.Bind("127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer hold.Close()
+	in.ports.openvpn = port(hold.Addr)
+	if err := writeFileAtomic(in.routeFile, in.routes()); err != nil {
+		return err
+	}
+	return waitFor(ctx, 20*time.Second, func() error {
+		st, err := in.connectStatus(nsOpenVPN)
+		if err == nil && st != "200" {
+			err = fmt.Errorf("ingress answered %s", st)
+		}
+		return err
+	}, in.procs...)
+}
+
+// writeFileAtomic replaces path with content in one rename, so a reader never sees half of it.
+func writeFileAtomic(path, content string) error {
+	if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+// tunnelSocket is the socket of tendril-server's tunnel address for a server about to start:
+// the one bound with the ingress, or, once a server had it and has stopped, the same address
+// bound again (its port is free again once that process has exited).
+func (in *ingress) tunnelSocket(ctx context.Context) (*inherit.Socket, error) {
+	if s := in.tunnel; s != nil {
+		in.tunnel = nil
+		return s, nil
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(in.ports.tendrilTunnel)
+	var s *inherit.Socket
+	err := waitFor(ctx, 10*time.Second, func() (err error) {
+		s, err = inherit.Bind(addr)
+		return err
+	})
+	return s, err
 }
 
 func (in *ingress) stop() {
 	for _, p := range slices.Backward(in.procs) {
 		_ = p.Stop()
+	}
+	if in.tunnel != nil {
+		in.tunnel.Close()
+		in.tunnel = nil
 	}
 }
 
@@ -185,27 +273,43 @@ func (r *runner) ensureIngress(ctx context.Context) (*ingress, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	p, err := freePorts(5)
+	// tendril's processes inherit their sockets; only OpenVPN's server binds a port picked
+	// free (startOpenVPNServer retries on EADDRINUSE).
+	ingressSocks, err := peers.Bind(2) // xDS, ingress metrics
 	if err != nil {
 		return nil, err
 	}
-	in := &ingress{listen: addr(r.topo.seedAddr, p[0]), ports: ports{tendrilTunnel: p[1], openvpn: p[2]}}
-	xds, metrics := "127.0.0.1:"+strconv.Itoa(p[3]), "127.0.0.1:"+strconv.Itoa(p[4])
-	routes := fmt.Sprintf("shoots:\n"+
-		"- name: %s\n  hosts: [api.tendril.tunnel.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: \"127.0.0.1:%d\"\n"+
-		"- name: %s\n  hosts: [api.openvpn.tunnel.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: \"127.0.0.1:%d\"\n",
-		nsTendril, in.ports.tendrilTunnel, nsOpenVPN, in.ports.openvpn)
-	routeFile := filepath.Join(dir, "routes.yaml")
-	if err := os.WriteFile(routeFile, []byte(routes), 0o644); err != nil {
+	listenSock, err := inherit.Bind(addr(r.topo.seedAddr, 0))
+	if err != nil {
+		inherit.Close(ingressSocks...)
 		return nil, err
 	}
-	seed, err := peers.StartProcess("tendril-seed", filepath.Join(dir, "tendril-seed.log"),
+	tunnelSock, err := inherit.Bind("127.0.0.1:0")
+	if err != nil {
+		inherit.Close(append(ingressSocks, listenSock)...)
+		return nil, err
+	}
+	p, err := freePorts(1)
+	if err != nil {
+		inherit.Close(append(ingressSocks, listenSock, tunnelSock)...)
+		return nil, err
+	}
+	in := &ingress{listen: listenSock.Addr, ports: ports{tendrilTunnel: port(tunnelSock.Addr), openvpn: p[0]}, tunnel: tunnelSock}
+	xds, metrics := ingressSocks[0].Addr, ingressSocks[1].Addr
+	in.routeFile = filepath.Join(dir, "routes.yaml")
+	routeFile := in.routeFile
+	if err := os.WriteFile(routeFile, []byte(in.routes()), 0o644); err != nil {
+		inherit.Close(append(ingressSocks, listenSock, tunnelSock)...)
+		return nil, err
+	}
+	seed, err := peers.StartWithSockets("tendril-seed", filepath.Join(dir, "tendril-seed.log"), ingressSocks[:1],
 		r.bin("tendril-seed"), "--routes", routeFile, "--xds-address", xds, "--xds-insecure", "--metrics-address", "")
 	if err != nil {
+		inherit.Close(ingressSocks[1], listenSock, tunnelSock)
 		return nil, err
 	}
 	in.procs = append(in.procs, seed)
-	ing, err := peers.StartProcess("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"),
+	ing, err := peers.StartWithSockets("tendril-ingress", filepath.Join(dir, "tendril-ingress.log"), []*inherit.Socket{listenSock, ingressSocks[1]},
 		r.bin("tendril-ingress"), "--xds", xds, "--xds-insecure", "--node-id", "bench", "--tunnel-address", in.listen, "--metrics-address", metrics)
 	if err != nil {
 		in.stop()
@@ -214,22 +318,13 @@ func (r *runner) ensureIngress(ctx context.Context) (*ingress, error) {
 	in.procs = append(in.procs, ing)
 	// The routes are there once a CONNECT for the tendril shoot gets past
 	// "no such cluster" (503) to the dial of its server, not yet running (502).
+	// (200 while this process holds the tunnel socket for the server to come.)
 	probe := func() error {
-		c, err := net.DialTimeout("tcp", in.listen, time.Second)
-		if err != nil {
-			return err
+		st, err := in.connectStatus(nsTendril)
+		if err == nil && st != "502" && st != "504" && st != "200" {
+			err = fmt.Errorf("ingress answered %s", st)
 		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: x\r\nReversed-VPN: %s\r\n\r\n", "127.0.0.1:1194", translate.VPNServerWireName(nsTendril))
-		buf := make([]byte, 12)
-		if _, err := io.ReadFull(c, buf); err != nil {
-			return err
-		}
-		if st := string(buf[9:12]); st != "502" && st != "504" && st != "200" {
-			return fmt.Errorf("ingress answered %s", st)
-		}
-		return nil
+		return err
 	}
 	if err := waitFor(ctx, 20*time.Second, probe, in.procs...); err != nil {
 		in.stop()
@@ -349,21 +444,26 @@ func (r *runner) tendrilStack(kernel bool) *stack {
 		if err != nil {
 			return err
 		}
-		p, err := freePorts(3)
+		socks, err := peers.Bind(3)
 		if err != nil {
 			return err
 		}
-		connectAddr, grpcAddr, metrics := "127.0.0.1:"+strconv.Itoa(p[0]), "127.0.0.1:"+strconv.Itoa(p[1]), "127.0.0.1:"+strconv.Itoa(p[2])
+		tunnel, err := in.tunnelSocket(ctx)
+		if err != nil {
+			inherit.Close(socks...)
+			return fmt.Errorf("tendril-server's tunnel address: %w", err)
+		}
+		connectAddr, grpcAddr, metrics := socks[0].Addr, socks[1].Addr, socks[2].Addr
 		sock := f("connect.sock")
 		argv := []string{r.bin("tendril-server"), "--private-key-file", f("server.key"), "--agent-public-key", "@" + f("agent.pub"),
-			"--shoot-cidrs", r.topo.podNet.String(), "--tunnel-address", "127.0.0.1:" + strconv.Itoa(in.ports.tendrilTunnel),
+			"--shoot-cidrs", r.topo.podNet.String(), "--tunnel-address", tunnel.Addr,
 			"--connect-address", connectAddr, "--grpc-address", grpcAddr, "--connect-socket", sock,
 			"--tls-cert-file", cert, "--tls-key-file", key, "--client-ca-file", r.pki.caFile, "--metrics-address", metrics}
 		argv = append(argv, serverTUN...)
 		if r.cfg.Profiling {
 			argv = append(argv, "--profiling")
 		}
-		srv, err := peers.StartProcess("tendril-server", f("tendril-server.log"), argv[0], argv[1:]...)
+		srv, err := peers.StartWithSockets("tendril-server", f("tendril-server.log"), append(socks, tunnel), argv[0], argv[1:]...)
 		if err != nil {
 			return err
 		}
@@ -398,7 +498,7 @@ func (r *runner) tendrilStack(kernel bool) *stack {
 				return err
 			}
 			relaySock, relayConnectSock := f("relay.sock"), f("relay-connect.sock")
-			rp, err := freePorts(1)
+			rsocks, err := peers.Bind(1)
 			if err != nil {
 				return err
 			}
@@ -406,11 +506,11 @@ func (r *runner) tendrilStack(kernel bool) *stack {
 			// looking into a run.
 			rargv := []string{r.bin("tendril-egress-relay"), "--socket", relaySock, "--connect-socket", relayConnectSock, "--server", grpcAddr,
 				"--server-name", certTendrilServer, "--tls-cert-file", rc, "--tls-key-file", rk, "--ca-file", r.pki.caFile,
-				"--metrics-address", "127.0.0.1:" + strconv.Itoa(rp[0])}
+				"--metrics-address", rsocks[0].Addr}
 			if r.cfg.Profiling {
 				rargv = append(rargv, "--profiling")
 			}
-			rel, err := peers.StartProcess("tendril-egress-relay", f("tendril-egress-relay.log"), rargv[0], rargv[1:]...)
+			rel, err := peers.StartWithSockets("tendril-egress-relay", f("tendril-egress-relay.log"), rsocks, rargv[0], rargv[1:]...)
 			if err != nil {
 				return err
 			}
@@ -451,11 +551,18 @@ func (r *runner) openvpnStack() *stack {
 	}
 	s.version = o.Version
 	var clientArgs []string
-	s.startServer = func(ctx context.Context, dir string) error {
+	var taken bool // the last start found its port taken
+	s.startServer = func(ctx context.Context, dir string) (err error) {
 		in, err := r.ensureIngress(ctx)
 		s.viaIngress = true
 		if err != nil {
 			return err
+		}
+		defer func() { taken = err != nil && peers.AddrInUse(err) }()
+		if taken {
+			if err := in.moveOpenVPN(ctx); err != nil {
+				return fmt.Errorf("openvpn server: a new port: %w", err)
+			}
 		}
 		if _, _, err := r.pki.pair(dir, "server", certOpenVPNServer); err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/testpki"
 )
 
@@ -58,15 +59,19 @@ func TestRun(t *testing.T) {
 	if err := ca.WriteCA(bundle); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// The metrics socket bound here and handed to Run, as a parent process hands it over.
+	sock, err := inherit.Bind("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics := l.Addr().String()
-	l.Close()
+	defer sock.Close()
+	metrics := sock.Addr
 	cfg, err := parse([]string{"--socket=" + filepath.Join(dir, "relay.sock"), "--server=127.0.0.1:1",
 		"--tls-cert-file=" + cert, "--tls-key-file=" + key, "--ca-file=" + bundle, "--metrics-address=" + metrics, "--profiling"})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listeners, err = inherit.Of(sock); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

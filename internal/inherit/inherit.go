@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // EnvVar names the inherited sockets in a child's environment: comma-separated address=fd pairs,
@@ -59,6 +60,22 @@ func Parse(value string) (*Listeners, error) {
 			return nil, fmt.Errorf("%s: descriptor %d is bound to %s, not %s", EnvVar, fd, got, addr)
 		}
 		ls.byAddr[addr] = f
+	}
+	return ls, nil
+}
+
+// Of is Listeners holding socks as this process's own, for a Run in the same process (a test):
+// each is duplicated, so the caller still closes socks.
+func Of(socks ...*Socket) (*Listeners, error) {
+	ls := &Listeners{byAddr: map[string]*os.File{}}
+	for _, s := range socks {
+		fd, err := syscall.Dup(int(s.file.Fd()))
+		if err != nil {
+			ls.Close()
+			return nil, fmt.Errorf("duplicate the socket of %s: %w", s.Addr, err)
+		}
+		syscall.CloseOnExec(fd)
+		ls.byAddr[s.Addr] = os.NewFile(uintptr(fd), "socket "+s.Addr)
 	}
 	return ls, nil
 }

@@ -18,6 +18,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/gardener/gardener/pkg/component/crddeployer"
@@ -26,6 +29,7 @@ import (
 	"github.com/gardener/gardener/pkg/component/observability/monitoring/prometheusoperator"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
@@ -66,6 +70,84 @@ func Environment(dir string) *envtest.Environment {
 	te.ControlPlane.Etcd = &envtest.Etcd{Path: filepath.Join(dir, "etcd")}
 	te.ControlPlane.KubectlPath = filepath.Join(dir, "kubectl")
 	return te
+}
+
+// StartAttempts is how often Start starts a control plane whose port another process took.
+const StartAttempts = 3
+
+// Start starts the environment newEnv builds and returns it with its admin configuration. etcd and
+// kube-apiserver cannot inherit a socket: envtest (or the caller) picks their ports free just
+// before they bind them, and another process may take one in between. When one of them then says
+// "address already in use", Start stops that environment and starts a new one from newEnv, with
+// new ports, up to StartAttempts times (envtest's own retries reuse the ports that failed).
+func Start(newEnv func() (*envtest.Environment, error)) (*envtest.Environment, *rest.Config, error) {
+	var last error
+	for range StartAttempts {
+		te, err := newEnv()
+		if err != nil {
+			return nil, nil, err
+		}
+		var out tail
+		api := te.ControlPlane.GetAPIServer()
+		api.Err = teeTo(api.Err, &out)
+		if te.ControlPlane.Etcd == nil {
+			te.ControlPlane.Etcd = &envtest.Etcd{}
+		}
+		te.ControlPlane.Etcd.Err = teeTo(te.ControlPlane.Etcd.Err, &out)
+		cfg, startErr := te.Start()
+		if startErr == nil {
+			return te, cfg, nil
+		}
+		_ = te.Stop()
+		if !strings.Contains(strings.ToLower(out.String()), "address already in use") {
+			return nil, nil, startErr
+		}
+		last = fmt.Errorf("%w (a port was taken: %s)", startErr, out.lastLine("address already in use"))
+	}
+	return nil, nil, last
+}
+
+func teeTo(w, also io.Writer) io.Writer {
+	if w == nil {
+		return also
+	}
+	return io.MultiWriter(w, also)
+}
+
+// tail keeps the last tailBytes that etcd and kube-apiserver wrote to stderr.
+type tail struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+// tailBytes is enough for the lines a process prints before it exits on a bind failure.
+const tailBytes = 64 << 10
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if over := len(t.b) - tailBytes; over > 0 {
+		t.b = t.b[over:]
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}
+
+// lastLine is the last line that contains substr, case-insensitively.
+func (t *tail) lastLine(substr string) string {
+	lines := strings.Split(strings.TrimSpace(t.String()), "\n")
+	for _, l := range slices.Backward(lines) {
+		if strings.Contains(strings.ToLower(l), substr) {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
 }
 
 // ErrNoTestbin is wrapped by CheckTestbin when a binary is missing.

@@ -2,11 +2,15 @@ package kubeenv
 
 import (
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
 // TestTestbinDirMatchesScript: tendril-local looks for the binaries where hack/testbin.sh (make
@@ -108,5 +112,52 @@ func TestCRDs(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(names, ","), "routes.tendril.extensions.gardener.cloud") {
 		t.Errorf("CRDs %v lack the Route", names)
+	}
+}
+
+// TestStartRetriesTakenPort: a kube-apiserver whose port another process holds exits with
+// "address already in use"; Start starts a new environment, with a new port, and it comes up.
+// Another failure is not retried.
+func TestStartRetriesTakenPort(t *testing.T) {
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		t.Skip("KUBEBUILDER_ASSETS unset (make test sets it)")
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	builds := 0
+	te, cfg, err := Start(func() (*envtest.Environment, error) {
+		builds++
+		te := Environment(dir)
+		if builds == 1 {
+			api := te.ControlPlane.GetAPIServer()
+			api.SecureServing.Address = "127.0.0.1"
+			api.SecureServing.Port = strconv.Itoa(taken.Addr().(*net.TCPAddr).Port)
+		}
+		return te, nil
+	})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	defer te.Stop()
+	if builds != 2 {
+		t.Errorf("%d environments built, want 2 (the first one's port taken)", builds)
+	}
+	if strings.Contains(cfg.Host, taken.Addr().String()) {
+		t.Errorf("API server on the taken port: %s", cfg.Host)
+	}
+
+	builds = 0
+	_, _, err = Start(func() (*envtest.Environment, error) {
+		builds++
+		te := Environment(dir)
+		te.ControlPlane.GetAPIServer().Configure().Set("no-such-flag", "1")
+		return te, nil
+	})
+	if err == nil || builds != 1 {
+		t.Errorf("an unknown flag: %v after %d builds, want an error after 1", err, builds)
 	}
 }

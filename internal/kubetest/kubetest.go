@@ -24,6 +24,7 @@ import (
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/kubescheme"
@@ -91,12 +92,14 @@ func StartWith(t testing.TB, apiServerFlags map[string]string) *Env {
 		t.Fatalf("tendril's CRDs: %v", err)
 	}
 	scheme := NewScheme()
-	te := kubeenv.Environment(dir)
-	te.CRDs, te.Scheme = crds, scheme
-	for k, v := range apiServerFlags {
-		te.ControlPlane.GetAPIServer().Configure().Set(k, v)
-	}
-	cfg, err := te.Start()
+	te, cfg, err := kubeenv.Start(func() (*envtest.Environment, error) {
+		te := kubeenv.Environment(dir)
+		te.CRDs, te.Scheme = crds, scheme
+		for k, v := range apiServerFlags {
+			te.ControlPlane.GetAPIServer().Configure().Set(k, v)
+		}
+		return te, nil
+	})
 	if err != nil {
 		t.Fatalf("start envtest: %v", err)
 	}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/testnet"
 )
 
 func newLoops(t *testing.T) *Loops {
@@ -346,12 +348,7 @@ func TestLoopsDialErrors(t *testing.T) {
 		t.Skip("counts /proc/self/fd")
 	}
 	ls := newLoops(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := netip.MustParseAddrPort(l.Addr().String())
-	l.Close()
+	addr := netip.MustParseAddrPort(testnet.RefusedAddr(t))
 	fds := countFDs(t)
 	if _, err := ls.Dial(context.Background(), addr); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("dial to a closed port: %v, want ECONNREFUSED", err)

@@ -1,6 +1,6 @@
 // Package testnet holds the small network fixtures tendril's tests share: a serve loop whose
-// handlers the test waits for, an echo that passes half-closes on, an echo round trip, and a
-// loopback TCP connection's two ends. It is
+// handlers the test waits for, an echo that passes half-closes on, an echo round trip, a
+// loopback TCP connection's two ends and an address that refuses connections. It is
 // imported by tests only and does nothing on its own.
 package testnet
 
@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 )
 
@@ -226,4 +227,25 @@ func copyUnlessHoled(dst, src net.Conn, hole *atomic.Bool) {
 			return
 		}
 	}
+}
+
+// RefusedAddr is a loopback address that refuses connections until the test ends: a TCP socket
+// bound to a port the kernel picked and never listening, so a connect gets a reset
+// (ECONNREFUSED). Holding the port keeps another process from taking it, which a port that was
+// listened on and closed ("a closed port") cannot.
+func RefusedAddr(t testing.TB) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 }

@@ -41,13 +41,7 @@ func newShoot(t testing.TB, handle func(net.Conn)) *shoot {
 		t.Fatal(err)
 	}
 	testnet.Serve(t, ln, handle)
-	// A port that refuses: listen, note the port, close.
-	gone, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gone.Close()
-	return &shoot{backend: ln.Addr().String(), closed: gone.Addr().String(), seen: make(map[netip.AddrPort]netip.AddrPort)}
+	return &shoot{backend: ln.Addr().String(), closed: testnet.RefusedAddr(t), seen: make(map[netip.AddrPort]netip.AddrPort)}
 }
 
 // handle is the Forward.Handler: port 81 of any pod stands for a closed port, everything else
