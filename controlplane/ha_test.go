@@ -113,10 +113,8 @@ func TestHighAvailability(t *testing.T) {
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "tendril-seed", Image: "example.org/tendril:test"}}},
 		}))
 		// An address, not a listener: an instance listens only while it leads. The port is
-		// one just free.
-		l := listen(t, netip.AddrPortFrom(hostIP, 0).String())
-		addr := l.Addr().String()
-		l.Close()
+		// reserved for it (testnet.Reserve: refused until it listens).
+		addr := testnet.Reserve(t, hostIP.String())
 		ictx, cancel := context.WithCancel(context.Background())
 		in := &instance{pod: name, addr: addr, cancel: cancel, done: make(chan error, 1)}
 		go func() {

@@ -192,9 +192,7 @@ func TestConnectStatusCodes(t *testing.T) {
 	w, _ := inClusterWorld(t)
 	gd := translate.GardenerDestinationHeader + ": "
 	rv := translate.ReversedVPNHeader + ": "
-	dead := listen(t) // a vpn server that refuses: its port is closed below
-	deadAddr := netip.MustParseAddrPort(dead.Addr().String())
-	dead.Close()
+	deadAddr := netip.MustParseAddrPort(testnet.RefusedAddr(t)) // a vpn server that refuses
 	w.route(model.Shoot{Name: "shoot--t--delta", Hosts: []string{"api.delta.test"}, APIServer: deadAddr, VPNServer: deadAddr})
 
 	for _, tc := range []struct {

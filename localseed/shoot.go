@@ -38,6 +38,7 @@ import (
 	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/internal/reserve"
 	"github.com/tendril-net/tendril/internal/shootgrm"
 	"github.com/tendril-net/tendril/internal/testpki"
 )
@@ -109,13 +110,16 @@ func (s *seed) startShootAPIServer(sh *shoot) (func(), error) {
 		return nil, err
 	}
 	// On the host address, which EndpointSlices take (envtest would pick loopback): a port
-	// picked free, a new one when it was taken first (kubeenv.Start).
+	// reserved for it until the runner ends (internal/reserve: kube-apiserver cannot inherit a
+	// socket); envtest picks etcd's, and kubeenv.Start starts again should one be taken.
 	te, cfg, err := kubeenv.Start(func() (*envtest.Environment, error) {
 		te := kubeenv.Environment(s.assets)
-		addr, err := freeAddr(s.hostIP.String())
+		port, err := reserve.TCP(s.hostIP.String())
 		if err != nil {
 			return nil, err
 		}
+		s.addCleanup(func() { port.Close() })
+		addr := port.Addr
 		sh.apiAddr = netip.MustParseAddrPort(addr)
 		api := te.ControlPlane.GetAPIServer()
 		api.SecureServing.Address = sh.apiAddr.Addr().String()

@@ -101,10 +101,8 @@ func TestThroughIngress(t *testing.T) {
 	srv, sl, stopServer := startServer("127.0.0.1:0")
 	defer func() { stopServer() }()
 
-	// The ingress restarts on the same address: take a free port once.
-	probe := listen(t, "127.0.0.1:0")
-	ingressAddr := probe.Addr().String()
-	probe.Close()
+	// The ingress restarts on the same address, reserved for it (testnet.Reserve).
+	ingressAddr := testnet.Reserve(t, "127.0.0.1")
 	stopIngress := startIngress(t, ingressAddr, netip.MustParseAddrPort(sl.Addr().String()))
 	defer func() { stopIngress() }()
 

@@ -126,26 +126,23 @@ func (h HAProxy) Start(ctx context.Context, dir string, routes []Route) (*Instan
 	}
 	version := h.Version(ctx)
 	return startRetry(ctx, func() (*Instance, error) {
-		ports, err := FreePorts(1)
-		if err != nil {
-			return nil, err
-		}
-		addr := loopback(ports[0])
-		cfg, err := h.Config(addr, routes)
-		if err != nil {
-			return nil, err
-		}
-		path := filepath.Join(dir, "haproxy.cfg")
-		if err := writeFile(path, cfg); err != nil {
-			return nil, err
-		}
-		p, err := StartProcess("haproxy", filepath.Join(dir, "haproxy.log"), bin, "-db", "-f", path)
-		if err != nil {
-			return nil, err
-		}
-		if err := waitAccept(ctx, addr, 10*time.Second, p); err != nil {
-			return nil, errors.Join(fmt.Errorf("haproxy: %w", err), p.Stop())
-		}
-		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
+		return onReservedPort(func(addr string) (*Instance, error) {
+			cfg, err := h.Config(addr, routes)
+			if err != nil {
+				return nil, err
+			}
+			path := filepath.Join(dir, "haproxy.cfg")
+			if err := writeFile(path, cfg); err != nil {
+				return nil, err
+			}
+			p, err := StartProcess("haproxy", filepath.Join(dir, "haproxy.log"), bin, "-db", "-f", path)
+			if err != nil {
+				return nil, err
+			}
+			if err := waitAccept(ctx, addr, 10*time.Second, p); err != nil {
+				return nil, errors.Join(fmt.Errorf("haproxy: %w", err), p.Stop())
+			}
+			return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
+		})
 	})
 }

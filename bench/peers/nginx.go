@@ -192,27 +192,24 @@ func (n Nginx) Start(ctx context.Context, dir string, routes []Route) (*Instance
 	}
 	version := n.Version(ctx)
 	return startRetry(ctx, func() (*Instance, error) {
-		ports, err := FreePorts(1)
-		if err != nil {
-			return nil, err
-		}
-		addr := loopback(ports[0])
-		cfg, err := n.Config(ctx, dir, addr, routes)
-		if err != nil {
-			return nil, err
-		}
-		path := filepath.Join(dir, "nginx.conf")
-		if err := writeFile(path, cfg); err != nil {
-			return nil, err
-		}
-		args := append(nginxArgs(dir, path), "-g", "daemon off;")
-		p, err := StartProcess("nginx", filepath.Join(dir, "nginx.log"), bin, args...)
-		if err != nil {
-			return nil, err
-		}
-		if err := waitAccept(ctx, addr, 10*time.Second, p); err != nil {
-			return nil, errors.Join(fmt.Errorf("nginx: %w", err), p.Stop())
-		}
-		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
+		return onReservedPort(func(addr string) (*Instance, error) {
+			cfg, err := n.Config(ctx, dir, addr, routes)
+			if err != nil {
+				return nil, err
+			}
+			path := filepath.Join(dir, "nginx.conf")
+			if err := writeFile(path, cfg); err != nil {
+				return nil, err
+			}
+			args := append(nginxArgs(dir, path), "-g", "daemon off;")
+			p, err := StartProcess("nginx", filepath.Join(dir, "nginx.log"), bin, args...)
+			if err != nil {
+				return nil, err
+			}
+			if err := waitAccept(ctx, addr, 10*time.Second, p); err != nil {
+				return nil, errors.Join(fmt.Errorf("nginx: %w", err), p.Stop())
+			}
+			return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
+		})
 	})
 }

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/internal/inherit"
+	"github.com/tendril-net/tendril/internal/reserve"
 )
 
 // Route is one shoot's route: connections whose ClientHello names Host, whose
@@ -178,6 +179,8 @@ type Instance struct {
 	Metrics string
 
 	procs []*Process // stopped in reverse order
+	// reserved are the ports held for a peer that binds them itself, given up after Stop.
+	reserved []*reserve.Port
 	// dataPlane are the processes that carry the connections; nil means
 	// all of procs.
 	dataPlane []*Process
@@ -216,7 +219,27 @@ func (in *Instance) Stop() error {
 	for i := len(in.procs) - 1; i >= 0; i-- {
 		errs = append(errs, in.procs[i].Stop())
 	}
+	for _, p := range in.reserved {
+		p.Close()
+	}
 	return errors.Join(errs...)
+}
+
+// onReservedPort calls start with a loopback address reserved for a peer that binds it itself
+// (internal/reserve: no bind of port 0 elsewhere gets it meanwhile); the reservation is the
+// Instance's until Stop.
+func onReservedPort(start func(addr string) (*Instance, error)) (*Instance, error) {
+	p, err := reserve.TCP("127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	in, err := start(p.Addr)
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	in.reserved = append(in.reserved, p)
+	return in, nil
 }
 
 // startAttempts is how often a peer start is tried with fresh ports: a peer that

@@ -139,32 +139,29 @@ func (s Squid) Start(ctx context.Context, dir string, routes []Route) (*Instance
 		version += fmt.Sprintf(" (%d workers)", workers)
 	}
 	return startRetry(ctx, func() (*Instance, error) {
-		ports, err := FreePorts(1)
-		if err != nil {
-			return nil, err
-		}
-		addr := loopback(ports[0])
-		cfg, err := s.Config(dir, addr, routes)
-		if err != nil {
-			return nil, err
-		}
-		path := filepath.Join(dir, "squid.conf")
-		if err := writeFile(path, cfg); err != nil {
-			return nil, err
-		}
-		// A pid file left by an attempt that failed would stop the next.
-		_ = os.Remove(filepath.Join(dir, "squid.pid"))
-		args := []string{"-N", "-f", path}
-		if workers > 1 {
-			args = []string{"--foreground", "-n", fmt.Sprintf("tendrilbench%d", ports[0]), "-f", path}
-		}
-		p, err := StartProcess("squid", filepath.Join(dir, "squid.log"), bin, args...)
-		if err != nil {
-			return nil, err
-		}
-		if err := waitAccept(ctx, addr, 20*time.Second, p); err != nil {
-			return nil, errors.Join(fmt.Errorf("squid: %w", err), p.Stop())
-		}
-		return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
+		return onReservedPort(func(addr string) (*Instance, error) {
+			cfg, err := s.Config(dir, addr, routes)
+			if err != nil {
+				return nil, err
+			}
+			path := filepath.Join(dir, "squid.conf")
+			if err := writeFile(path, cfg); err != nil {
+				return nil, err
+			}
+			// A pid file left by an attempt that failed would stop the next.
+			_ = os.Remove(filepath.Join(dir, "squid.pid"))
+			args := []string{"-N", "-f", path}
+			if workers > 1 {
+				args = []string{"--foreground", "-n", "tendrilbench" + addr[strings.LastIndex(addr, ":")+1:], "-f", path}
+			}
+			p, err := StartProcess("squid", filepath.Join(dir, "squid.log"), bin, args...)
+			if err != nil {
+				return nil, err
+			}
+			if err := waitAccept(ctx, addr, 20*time.Second, p); err != nil {
+				return nil, errors.Join(fmt.Errorf("squid: %w", err), p.Stop())
+			}
+			return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
+		})
 	})
 }

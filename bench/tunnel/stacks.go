@@ -19,6 +19,7 @@ import (
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/netns"
+	"github.com/tendril-net/tendril/internal/reserve"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -155,7 +156,20 @@ func (r *runner) bin(name string) string {
 	return p
 }
 
-func freePorts(n int) ([]int, error) { return peers.FreePorts(n) }
+// reservePorts reserves a port on each of hosts for a peer that binds it itself (internal/reserve),
+// and returns the addresses; the reservations go to closers, closed when the stack stops.
+func reservePorts(closers *[]io.Closer, hosts ...netip.Addr) ([]string, error) {
+	var addrs []string
+	for _, h := range hosts {
+		p, err := reserve.TCP(h.String())
+		if err != nil {
+			return nil, err
+		}
+		*closers = append(*closers, p)
+		addrs = append(addrs, p.Addr)
+	}
+	return addrs, nil
+}
 
 // port is the port of host:port a (one this process bound).
 func port(a string) int { return int(netip.MustParseAddrPort(a).Port()) }
@@ -174,6 +188,8 @@ type ingress struct {
 	tunnel *inherit.Socket
 	// routeFile is tendril-seed's, which routes names the servers in.
 	routeFile string
+	// openvpnPort holds OpenVPN's server port (it cannot inherit a socket) while the ingress runs.
+	openvpnPort *reserve.Port
 }
 
 // routes is the route file for the current ports.
@@ -205,12 +221,19 @@ func (in *ingress) connectStatus(ns string) (string, error) {
 // listening meanwhile (a CONNECT to it gets 200, to the old one 502) and released for OpenVPN to
 // bind, which cannot inherit it.
 func (in *ingress) moveOpenVPN(ctx context.Context) error {
-	hold, err := inherit.Bind("127.0.0.1:0")
+	next, err := reserve.TCP("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	in.openvpnPort.Close()
+	in.openvpnPort = next
+	// Listening on the reserved port, beside the reservation, until the route is there.
+	hold, err := net.Listen("tcp", next.Addr)
 	if err != nil {
 		return err
 	}
 	defer hold.Close()
-	in.ports.openvpn = port(hold.Addr)
+	in.ports.openvpn = port(next.Addr)
 	if err := writeFileAtomic(in.routeFile, in.routes()); err != nil {
 		return err
 	}
@@ -256,6 +279,7 @@ func (in *ingress) stop() {
 		in.tunnel.Close()
 		in.tunnel = nil
 	}
+	in.openvpnPort.Close()
 }
 
 // ensureIngress starts the seed ingress if it is not running, and returns
@@ -289,12 +313,13 @@ func (r *runner) ensureIngress(ctx context.Context) (*ingress, error) {
 		inherit.Close(append(ingressSocks, listenSock)...)
 		return nil, err
 	}
-	p, err := freePorts(1)
+	openvpnPort, err := reserve.TCP("127.0.0.1")
 	if err != nil {
 		inherit.Close(append(ingressSocks, listenSock, tunnelSock)...)
 		return nil, err
 	}
-	in := &ingress{listen: listenSock.Addr, ports: ports{tendrilTunnel: port(tunnelSock.Addr), openvpn: p[0]}, tunnel: tunnelSock}
+	in := &ingress{listen: listenSock.Addr, ports: ports{tendrilTunnel: port(tunnelSock.Addr), openvpn: port(openvpnPort.Addr)},
+		tunnel: tunnelSock, openvpnPort: openvpnPort}
 	xds, metrics := ingressSocks[0].Addr, ingressSocks[1].Addr
 	in.routeFile = filepath.Join(dir, "routes.yaml")
 	routeFile := in.routeFile
@@ -657,12 +682,12 @@ func (r *runner) konnectivityStack(mode, target string, uds bool) *stack {
 				return err
 			}
 		}
-		p, err := freePorts(4)
+		loop := netip.MustParseAddr("127.0.0.1")
+		p, err := reservePorts(&s.closers, loop, r.topo.seedAddr, loop, loop)
 		if err != nil {
 			return err
 		}
-		front, agentPort := "127.0.0.1:"+strconv.Itoa(p[0]), addr(r.topo.seedAddr, p[1])
-		health := "127.0.0.1:" + strconv.Itoa(p[3])
+		front, agentPort, admin, health := p[0], p[1], p[2], p[3]
 		fc, fk, err1 := r.pki.pair(dir, "front-end", certKonnServer, "127.0.0.1")
 		cc, ck, err2 := r.pki.pair(dir, "cluster", certKonnServer, r.topo.seedAddr.String())
 		ac, ak, err3 := r.pki.pair(dir, "agent", certKonnAgent)
@@ -671,7 +696,7 @@ func (r *runner) konnectivityStack(mode, target string, uds bool) *stack {
 		}
 		sc := peers.KonnectivityServerConfig{Mode: mode, Frontend: front,
 			ServerCert: fc, ServerKey: fk, ServerCA: r.pki.caFile, AgentListen: agentPort, ClusterCert: cc, ClusterKey: ck,
-			Admin: "127.0.0.1:" + strconv.Itoa(p[2]), Health: health}
+			Admin: admin, Health: health}
 		serving := accepts("tcp", front)
 		if uds {
 			sc.UDS = filepath.Join(dir, "konnectivity.sock")

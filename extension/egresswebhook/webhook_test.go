@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"reflect"
 	"slices"
 	"strings"
@@ -30,6 +29,7 @@ import (
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/egresswebhook"
 	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/testnet"
 )
 
 // The webhook cannot import extension; its copies of the names must agree.
@@ -164,14 +164,7 @@ func TestWebhook(t *testing.T) {
 
 func startWebhook(ctx context.Context, t *testing.T, env *kubetest.Env) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
+	port := testnet.ReservePort(t) // the webhook server binds it
 	createNamespace(ctx, t, env.Client, webhookNamespace, nil)
 	mgr, err := manager.New(env.Config, manager.Options{
 		Scheme:                 env.Scheme,

@@ -40,6 +40,7 @@ import (
 	"github.com/tendril-net/tendril/extension/ingressdns"
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/metrictest"
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/internal/testwait"
 )
 
@@ -497,14 +498,7 @@ func TestWebhook(t *testing.T) {
 // resource manager validation of DNSRecords (registered by the test as GRM would register it).
 func startWebhooks(ctx context.Context, t *testing.T, env *kubetest.Env, reg prometheus.Registerer) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
+	port := testnet.ReservePort(t) // the webhook server binds it
 	startManager(ctx, t, env, manager.Options{
 		WebhookServer: webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: t.TempDir()}),
 	}, func(mgr manager.Manager) error {

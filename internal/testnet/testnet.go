@@ -1,6 +1,6 @@
 // Package testnet holds the small network fixtures tendril's tests share: a serve loop whose
 // handlers the test waits for, an echo that passes half-closes on, an echo round trip, a
-// loopback TCP connection's two ends and an address that refuses connections. It is
+// loopback TCP connection's two ends, an address that refuses connections and reserved ports. It is
 // imported by tests only and does nothing on its own.
 package testnet
 
@@ -9,10 +9,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
+
+	"github.com/tendril-net/tendril/internal/reserve"
 )
 
 // Serve accepts on ln until the test ends and runs handle for each connection, closing it
@@ -248,4 +251,24 @@ func RefusedAddr(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+}
+
+// Reserve reserves a port on host for a server the test starts that cannot take a listener
+// (internal/reserve), until the test ends, and returns host:port.
+func Reserve(t testing.TB, host string) string {
+	t.Helper()
+	p, err := reserve.TCP(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p.Addr
+}
+
+// ReservePort is Reserve on 127.0.0.1, returning the port.
+func ReservePort(t testing.TB) int {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(Reserve(t, "127.0.0.1"))
+	n, _ := strconv.Atoi(port)
+	return n
 }
