@@ -324,13 +324,15 @@ func (r *runner) ensureIngress(ctx context.Context) (*ingress, error) {
 	in.routeFile = filepath.Join(dir, "routes.yaml")
 	routeFile := in.routeFile
 	if err := os.WriteFile(routeFile, []byte(in.routes()), 0o644); err != nil {
-		inherit.Close(append(ingressSocks, listenSock, tunnelSock)...)
+		inherit.Close(append(ingressSocks, listenSock)...)
+		in.stop()
 		return nil, err
 	}
 	seed, err := peers.StartWithSockets("tendril-seed", filepath.Join(dir, "tendril-seed.log"), ingressSocks[:1],
 		r.bin("tendril-seed"), "--routes", routeFile, "--xds-address", xds, "--xds-insecure", "--metrics-address", "")
 	if err != nil {
-		inherit.Close(ingressSocks[1], listenSock, tunnelSock)
+		inherit.Close(ingressSocks[1], listenSock)
+		in.stop()
 		return nil, err
 	}
 	in.procs = append(in.procs, seed)
