@@ -25,6 +25,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
+	"github.com/tendril-net/tendril/internal/testnet"
 	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/internal/tlsreload"
 	"github.com/tendril-net/tendril/xds/model"
@@ -578,12 +579,8 @@ func captureHello(t *testing.T, host string) []byte {
 func TestDialMovesToTheNextEndpoint(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	refusing := func() netip.AddrPort {
-		l := listen(t)
-		ap := l.Addr().(*net.TCPAddr).AddrPort()
-		l.Close() // nothing listens there any more: a dial is refused at once
-		return ap
-	}
+	// A dial is refused at once (testnet.RefusedAddr: bound, never listening).
+	refusing := func() netip.AddrPort { return netip.MustParseAddrPort(testnet.RefusedAddr(t)) }
 	const alpha, beta = "shoot--t--alpha", "shoot--t--beta"
 	u := startUpstream(t, w.ca, alpha, "api.alpha.test")
 	w.upstreams[alpha] = u
