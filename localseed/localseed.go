@@ -458,7 +458,9 @@ func hostIPv4() (netip.Addr, error) {
 	return netip.Addr{}, errors.New("no non-loopback IPv4 address on this machine: EndpointSlices refuse loopback addresses")
 }
 
-// freeAddr returns host:port with a port free at the moment.
+// freeAddr returns host:port with a port free at the moment: only for a process in a network
+// namespace of its own (materialize's inNetns), where no other process binds; elsewhere ports are
+// bound for the process to inherit or reserved (docs/design-notes/ports.md).
 func freeAddr(host string) (string, error) {
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {

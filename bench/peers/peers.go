@@ -243,9 +243,10 @@ func onReservedPort(start func(addr string) (*Instance, error)) (*Instance, erro
 }
 
 // startAttempts is how often a peer start is tried with fresh ports: a peer that
-// cannot inherit a socket (HAProxy, nginx, squid, OpenVPN, konnectivity) binds
-// ports found by binding and releasing them (FreePorts), so another process can
-// take one in between; the peer then fails with EADDRINUSE.
+// cannot inherit a socket (HAProxy, nginx, squid) binds a port reserved for it
+// (onReservedPort), which no bind of port 0 gets; should one bind it anyway
+// (an explicit bind of that port), the peer fails with EADDRINUSE and starts
+// again on another.
 const startAttempts = 3
 
 // startRetry calls start up to startAttempts times while it fails because a
@@ -286,29 +287,6 @@ func Bind(n int) ([]*inherit.Socket, error) {
 		socks = append(socks, s)
 	}
 	return socks, nil
-}
-
-// FreePorts returns n distinct free TCP ports on 127.0.0.1. It holds all n
-// listeners open at once so the ports differ, then releases them for the
-// peer to bind: only for peers that cannot inherit a socket (tendril's
-// binaries get Bind's), whose start retries on EADDRINUSE (startRetry).
-func FreePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func loopback(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }

@@ -272,20 +272,6 @@ func TestPeerConfigsValid(t *testing.T) {
 	}
 }
 
-func TestFreePortsDistinct(t *testing.T) {
-	ports, err := FreePorts(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[int]bool{}
-	for _, p := range ports {
-		if p == 0 || seen[p] {
-			t.Fatalf("ports %v not distinct and nonzero", ports)
-		}
-		seen[p] = true
-	}
-}
-
 func TestTendrilMissing(t *testing.T) {
 	err := Tendril{BinDir: filepath.Join(t.TempDir(), "bin")}.Check(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "tendril-ingress not found") {
