@@ -85,7 +85,7 @@ func TestAPIServerProxyAcrossNamespaces(t *testing.T) {
 
 	proxyAddr := bindAddr(t, "0.0.0.0:0") // the nodes reach it on their host addresses
 	_, port, _ := net.SplitHostPort(proxyAddr)
-	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
+	xdsAddr, ingressMetrics := loopbackAddr(t), loopbackAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
 	start(t, "tendril-seed", []string{xdsAddr}, append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
 	start(t, "tendril-ingress", []string{proxyAddr, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--proxy-address", proxyAddr, "--metrics-address", ingressMetrics}, xdsIngress...)...)

@@ -121,11 +121,11 @@ func TestKubeAPIServerEgress(t *testing.T) {
 	serverKey, _ := wg.GenerateKey()
 	agentKey, _ := wg.GenerateKey()
 	const ns = "shoot--e2e--egress"
-	tunnelAddr, connectAddr, grpcAddr, serverMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	tunnelAddr, connectAddr, grpcAddr, serverMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	grpcSocket := filepath.Join(dir, "grpc.sock")
 	relaySocket := filepath.Join(dir, "relay-connect.sock")
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.egress.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
-	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
+	xdsAddr, ingressMetrics := loopbackAddr(t), loopbackAddr(t)
 	ingressTunnel := bindAddr(t, "10.217.0.1:0") // the shoot's side of its veth reaches it
 	_, port, _ := net.SplitHostPort(ingressTunnel)
 	xdsSeed, xdsIngress := xdsTLS(t)
@@ -143,7 +143,7 @@ func TestKubeAPIServerEgress(t *testing.T) {
 	eventually(t, "server ready (tunnel up)", func() error { _, err := get("http://" + serverMetrics + "/readyz"); return err })
 	// The extension's httpConnectRelay: the relay sidecar's CONNECT socket, each CONNECT a stream
 	// of its one mutual-TLS connection to tendril-server's gRPC port.
-	relayMetrics := freeAddr(t)
+	relayMetrics := loopbackAddr(t)
 	start(t, "tendril-egress-relay", []string{relayMetrics}, "--connect-socket", relaySocket, "--server", grpcAddr, "--server-name", "tendril-server",
 		"--tls-cert-file", apiCert, "--tls-key-file", apiKey, "--ca-file", caFile, "--metrics-address", relayMetrics)
 	eventually(t, "relay ready", func() error { _, err := get("http://" + relayMetrics + "/readyz"); return err })

@@ -110,12 +110,12 @@ func newHARig(t *testing.T) *haRig {
 	r := &haRig{t: t, shoot: shoot, tlsConf: &tls.Config{Certificates: []tls.Certificate{apiCert}, RootCAs: ca.Pool, ServerName: "tendril-server"}}
 
 	const ns = "shoot--e2e--ha"
-	tunnelAddr, grpcAddr := freeAddr(t), freeAddr(t)
-	r.connectAddr, r.metricsAddr = freeAddr(t), freeAddr(t)
+	tunnelAddr, grpcAddr := loopbackAddr(t), loopbackAddr(t)
+	r.connectAddr, r.metricsAddr = loopbackAddr(t), loopbackAddr(t)
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.ha.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	ingressTunnel := bindAddr(t, "10.221.0.1:0") // the shoot's side of its veth reaches it
 	_, port, _ := net.SplitHostPort(ingressTunnel)
-	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
+	xdsAddr, ingressMetrics := loopbackAddr(t), loopbackAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
 	start(t, "tendril-seed", []string{xdsAddr}, append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
 	start(t, "tendril-ingress", []string{ingressTunnel, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e-ha", "--tunnel-address", ingressTunnel, "--metrics-address", ingressMetrics}, xdsIngress...)...)

@@ -59,10 +59,10 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	}
 
 	const ns = "shoot--e2e--hostile"
-	tunnelAddr, connectAddr, serverMetrics := freeAddr(t), freeAddr(t), freeAddr(t)
+	tunnelAddr, connectAddr, serverMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.hostile.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	ingressTunnel := bindAddr(t, "10.219.0.1:0") // the shoot's side of its veth reaches it
-	xdsAddr, ingressMetrics, ingressProxy := freeAddr(t), freeAddr(t), freeAddr(t)
+	xdsAddr, ingressMetrics, ingressProxy := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
 	start(t, "tendril-seed", []string{xdsAddr}, append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
 	start(t, "tendril-ingress", []string{ingressTunnel, ingressProxy, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--proxy-address", ingressProxy, "--metrics-address", ingressMetrics}, xdsIngress...)...)

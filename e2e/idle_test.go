@@ -193,7 +193,7 @@ func TestIdleConnectionsThroughTheIngress(t *testing.T) {
 		}
 	}
 	writeRoutes(hosts[0], hosts[1])
-	xdsAddr, seedMetrics, sniAddr, ingressMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	xdsAddr, seedMetrics, sniAddr, ingressMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
 	start(t, "tendril-seed", []string{xdsAddr, seedMetrics}, append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
 	ing := runBinary(t, "tendril-ingress", filepath.Join(binDir, "tendril-ingress"), false, []string{sniAddr, ingressMetrics},

@@ -43,11 +43,11 @@ func TestIngressRolloutWithoutDrops(t *testing.T) {
 	if err := os.WriteFile(routeFile, []byte(routes), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	xdsAddr, seedMetrics := freeAddr(t), freeAddr(t)
+	xdsAddr, seedMetrics := loopbackAddr(t), loopbackAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
 	start(t, "tendril-seed", []string{xdsAddr, seedMetrics}, append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
 
-	oldSNI, oldMetrics, newSNI, newMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	oldSNI, oldMetrics, newSNI, newMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	old := startProcess(t, "tendril-ingress-old", filepath.Join(binDir, "tendril-ingress"), []string{oldSNI, oldMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e-old",
 		"--sni-address", oldSNI, "--metrics-address", oldMetrics, "--drain-timeout", drainTimeout.String(), "--drain-delay", "0"}, xdsIngress...)...)
 	start(t, "tendril-ingress", []string{newSNI, newMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e-new", "--sni-address", newSNI, "--metrics-address", newMetrics}, xdsIngress...)...)

@@ -29,7 +29,7 @@ func TestRouteFileRewrittenInPlace(t *testing.T) {
 	if err := os.WriteFile(routeFile, []byte(good), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	xdsAddr, seedMetrics, sniAddr, ingressMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	xdsAddr, seedMetrics, sniAddr, ingressMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
 	start(t, "tendril-seed", []string{xdsAddr, seedMetrics}, append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
 	start(t, "tendril-ingress", []string{sniAddr, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics}, xdsIngress...)...)

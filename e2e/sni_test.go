@@ -43,15 +43,15 @@ func TestMain(m *testing.M) {
 // held are the sockets bound for the test's processes and not yet handed over, by address.
 var held sync.Map // string → *inherit.Socket
 
-// freeAddr binds a port on loopback for a process the test starts: the test knows the address
+// loopbackAddr binds a port on loopback for a process the test starts: the test knows the address
 // at once, and the process inherits the socket (internal/inherit), so no other process can take
 // the port in between. The process that serves it names it in its listen list.
-func freeAddr(t *testing.T) string {
+func loopbackAddr(t *testing.T) string {
 	t.Helper()
 	return bindAddr(t, "127.0.0.1:0")
 }
 
-// bindAddr is freeAddr for any address (port 0 picks one), bound the same way.
+// bindAddr is loopbackAddr for any address (port 0 picks one), bound the same way.
 func bindAddr(t *testing.T, address string) string {
 	t.Helper()
 	a, err := tryBind(t, address)
@@ -81,7 +81,7 @@ func tryBind(t *testing.T, address string) (string, error) {
 	return s.Addr, nil
 }
 
-// handOver passes the sockets of listen (bound by freeAddr or bindAddr) to cmd, and returns
+// handOver passes the sockets of listen (bound by loopbackAddr or bindAddr) to cmd, and returns
 // what closes this process's copies once cmd has started: from then on only cmd holds them.
 func handOver(t *testing.T, cmd *exec.Cmd, listen []string) (release func()) {
 	t.Helper()
@@ -89,7 +89,7 @@ func handOver(t *testing.T, cmd *exec.Cmd, listen []string) (release func()) {
 	for _, a := range listen {
 		v, ok := held.LoadAndDelete(a)
 		if !ok {
-			t.Fatalf("%s: no socket bound for it (freeAddr) or handed over already", a)
+			t.Fatalf("%s: no socket bound for it (loopbackAddr) or handed over already", a)
 		}
 		socks = append(socks, v.(*inherit.Socket))
 	}
@@ -212,7 +212,7 @@ func TestSNIPathBinaries(t *testing.T) {
 	}
 	writeRoutes(route("api.alpha.e2e.test", "api.beta.e2e.test"))
 
-	xdsAddr, seedMetrics, sniAddr, ingressMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	xdsAddr, seedMetrics, sniAddr, ingressMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
 	start(t, "tendril-seed", []string{xdsAddr, seedMetrics}, append([]string{"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", seedMetrics}, xdsSeed...)...)
 	start(t, "tendril-ingress", []string{sniAddr, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics}, xdsIngress...)...)

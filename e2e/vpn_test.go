@@ -116,11 +116,11 @@ func TestReversedVPN(t *testing.T) {
 	}
 
 	const ns = "shoot--e2e--vpn"
-	tunnelAddr, connectAddr, grpcAddr, serverMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	tunnelAddr, connectAddr, grpcAddr, serverMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	routes := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.vpn.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	ingressTunnel := bindAddr(t, "10.215.0.1:0") // the shoot's side of its veth reaches it
 	_, port, _ := net.SplitHostPort(ingressTunnel)
-	xdsAddr, ingressMetrics := freeAddr(t), freeAddr(t)
+	xdsAddr, ingressMetrics := loopbackAddr(t), loopbackAddr(t)
 	xdsSeed, xdsIngress := xdsTLS(t)
 	start(t, "tendril-seed", []string{xdsAddr}, append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
 	start(t, "tendril-ingress", []string{ingressTunnel, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--tunnel-address", ingressTunnel, "--metrics-address", ingressMetrics}, xdsIngress...)...)

@@ -54,7 +54,7 @@ func TestXDSPlaintextOnlyByFlag(t *testing.T) {
 	if err := os.WriteFile(routeFile, []byte("shoots: []\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	xdsAddr, sniAddr, metrics := freeAddr(t), freeAddr(t), freeAddr(t)
+	xdsAddr, sniAddr, metrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	for name, args := range map[string][]string{
 		"tendril-seed":    {"--routes", routeFile, "--xds-address", xdsAddr, "--metrics-address", ""},
 		"tendril-ingress": {"--xds", xdsAddr, "--sni-address", sniAddr, "--metrics-address", ""},
