@@ -21,6 +21,7 @@ import (
 	"github.com/tendril-net/tendril/internal/acceptor"
 	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/wire"
 )
 
 // Mode is how the agent tells the ingress where a connection was going.
@@ -208,13 +209,13 @@ func (a *Agent) dialIngress(ctx context.Context, c net.Conn) (net.Conn, error) {
 }
 
 // APIServerDestination is the X-Gardener-Destination value for shoot ns's kube-apiserver.
-func APIServerDestination(ns string) string { return connect.APIServerWireName(ns) }
+func APIServerDestination(ns string) string { return wire.APIServerWireName(ns) }
 
 // connect opens a CONNECT tunnel on up to the shoot's kube-apiserver. The request target must be
 // an authority (host:port); the header routes.
 func (a *Agent) connect(up net.Conn) error {
 	return connect.Open(up, "kube-apiserver."+a.cfg.Namespace+".svc.cluster.local:443",
-		connect.GardenerDestinationHeader, connect.APIServerWireName(a.cfg.Namespace))
+		wire.GardenerDestinationHeader, wire.APIServerWireName(a.cfg.Namespace))
 }
 
 // routineCheck keeps readiness (the ingress accepts TCP) and the link's address up to date.

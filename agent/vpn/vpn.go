@@ -26,6 +26,7 @@ import (
 	"github.com/tendril-net/tendril/tunnel/netstack"
 	"github.com/tendril-net/tendril/tunnel/tundev"
 	"github.com/tendril-net/tendril/tunnel/wg"
+	"github.com/tendril-net/tendril/wire"
 )
 
 // Config configures an Agent. PrivateKey, ServerPublicKey and Seed are required.
@@ -103,7 +104,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, errors.New("vpn: the CONNECT destination (outbound|1194||vpn-seed-server.<ns>.svc.cluster.local) is required")
 	}
 	if cfg.Header == "" {
-		cfg.Header = connect.ReversedVPNHeader
+		cfg.Header = wire.ReversedVPNHeader
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second

@@ -22,7 +22,6 @@ import (
 	"github.com/tendril-net/tendril/agent/apiserverproxy"
 	"github.com/tendril-net/tendril/agent/vpn"
 	"github.com/tendril-net/tendril/internal/buildinfo"
-	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/idlemem"
 	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/logging"
@@ -30,6 +29,7 @@ import (
 	"github.com/tendril-net/tendril/internal/probe"
 	"github.com/tendril-net/tendril/internal/sysctl"
 	"github.com/tendril-net/tendril/tunnel/wg"
+	"github.com/tendril-net/tendril/wire"
 )
 
 const usage = `usage: tendril-agent <mode> [flags]
@@ -147,7 +147,7 @@ func parseVPN(args []string) (VPNConfig, error) {
 	fs.Var((*netflag.Prefixes)(&cfg.VPN.ShootCIDRs), "shoot-cidrs", "the shoot's node, pod and service networks, comma-separated: the only destinations the seed may reach")
 	fs.StringVar(&cfg.VPN.Seed, "seed", "", "the ingress's tunnel listener (host:8132), or with --direct the server's tunnel port")
 	fs.BoolVar(&cfg.VPN.Direct, "direct", false, "dial the server directly, without CONNECT")
-	fs.StringVar(&cfg.VPN.Header, "header", connect.ReversedVPNHeader, "CONNECT header naming the destination (Reversed-VPN on 8132, X-Gardener-Destination on 8443)")
+	fs.StringVar(&cfg.VPN.Header, "header", wire.ReversedVPNHeader, "CONNECT header naming the destination (Reversed-VPN on 8132, X-Gardener-Destination on 8443)")
 	fs.StringVar(&cfg.VPN.Destination, "destination", "", "CONNECT destination: outbound|1194||vpn-seed-server.<namespace>.svc.cluster.local")
 	fs.StringVar(&cfg.VPN.TUN, "tun", "", "create a TUN device of this name and carry the tunnel's connections with the kernel's TCP/IP stack: TCP into --shoot-cidrs is redirected to the agent, which dials it, UDP (DNS) forwarded by the kernel, masqueraded (needs NET_ADMIN, /dev/net/tun and a writable net.ipv4.ip_forward); empty: gVisor's userspace TCP/IP stack, unprivileged")
 	fs.DurationVar(&cfg.VPN.HeartbeatInterval, "heartbeat-interval", time.Second, "how often to send a heartbeat through the tunnel (the server echoes it)")

@@ -24,7 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
-	"github.com/tendril-net/tendril/internal/connect"
+	"github.com/tendril-net/tendril/wire"
 )
 
 // Names of the objects, fixed so that operators and the other controllers find them; never
@@ -170,7 +170,7 @@ func (v Values) Validate() error {
 // TunnelDestination is the wire name of the shoot's tunnel cluster at the ingress; it keeps
 // Gardener's format so Gardener-style clients work too (design.md, "Relation to Gardener's
 // own components").
-func TunnelDestination(namespace string) string { return connect.VPNServerWireName(namespace) }
+func TunnelDestination(namespace string) string { return wire.VPNServerWireName(namespace) }
 
 func serverLabels() map[string]string {
 	return map[string]string{v1beta1constants.LabelApp: ServerName}

@@ -15,8 +15,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tendril-net/tendril/internal/connect"
 	"github.com/tendril-net/tendril/internal/sysctl"
+	"github.com/tendril-net/tendril/wire"
 )
 
 // Agent metrics ports on the shoot side; the apiserver-proxy uses the host network, so its
@@ -119,7 +119,7 @@ func AgentDeployment(v Values, i int) *appsv1.Deployment {
 		"--server-addresses=" + joinAddrs(v.Tunnel.ServerAddresses),
 		"--shoot-cidrs=" + joinPrefixes(v.ShootCIDRs),
 		"--seed=" + hostPort(v.Ingress, PortIngressTunnel),
-		"--header=" + connect.ReversedVPNHeader,
+		"--header=" + wire.ReversedVPNHeader,
 		"--destination=" + TunnelDestination(v.Namespace),
 		"--metrics-address=:" + strconv.Itoa(portAgentMetrics),
 	}

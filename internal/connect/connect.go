@@ -1,10 +1,11 @@
-// Package connect is HTTP CONNECT as tendril speaks it, both halves and its wire names. The
-// client half (Open) is how tendril's shoot agents open a tunnel through the ingress over an open
-// connection: one request, one answer, and nothing of the tunnel's own bytes consumed with the
-// answer; it does not dial and sets no deadlines. The server half (ReadRequest, Refusal,
-// Established) is the ingress's CONNECT listeners' and tendril-server's CONNECT front-end's:
-// one request read within a time and a size limit, then a refusal with its status and counted
-// outcome, or 200. Neither half dials or relays; the caller owns the connection.
+// Package connect is HTTP CONNECT as tendril speaks it, both halves; the header and destination
+// names it carries are package wire's. The client half (Open) is how tendril's shoot agents open
+// a tunnel through the ingress over an open connection: one request, one answer, and nothing of
+// the tunnel's own bytes consumed with the answer; it does not dial and sets no deadlines. The
+// server half (ReadRequest, Refusal, Established) is the ingress's CONNECT listeners' and
+// tendril-server's CONNECT front-end's: one request read within a time and a size limit, then a
+// refusal with its status and counted outcome, or 200. Neither half dials or relays; the caller
+// owns the connection.
 package connect
 
 import (

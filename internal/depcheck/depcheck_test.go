@@ -92,3 +92,23 @@ func TestBinariesLinkNoTestFixtures(t *testing.T) {
 		t.Fatalf("go list matched %d binaries", len(pkgs))
 	}
 }
+
+// TestWireImportsNothing: wire spells the names both planes speak, so that the control plane can
+// name them without linking the data plane; it imports nothing, not even the standard library,
+// and the control plane's translation and manifests do not link the ingress's epoll engine.
+func TestWireImportsNothing(t *testing.T) {
+	pkgs := list(t, "wire")
+	if len(pkgs) != 1 {
+		t.Fatalf("go list matched %d packages for wire", len(pkgs))
+	}
+	if d := pkgs[0].Deps; len(d) > 0 {
+		t.Errorf("wire imports %v", d)
+	}
+	for _, p := range list(t, "xds/translate", "extension/manifest") {
+		for _, d := range p.Deps {
+			if d == module+"internal/relay" || d == module+"internal/connect" {
+				t.Errorf("%s links %s (the data plane) for wire names: take them from wire", p.ImportPath, d)
+			}
+		}
+	}
+}

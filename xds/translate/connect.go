@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tendril-net/tendril/internal/connect"
+	"github.com/tendril-net/tendril/wire"
 )
 
 // The in-cluster (GEP-8) and reversed-VPN (GEP-14) entry points.
@@ -30,9 +30,9 @@ const (
 	ProxyClusterPrefix = "proxy|"
 
 	// GardenerDestinationHeader carries the cluster on the unified port (Gardener ≥ 1.130);
-	// ReversedVPNHeader is the reversed VPN's own header on 8132 (spelled in internal/connect).
-	GardenerDestinationHeader = connect.GardenerDestinationHeader
-	ReversedVPNHeader         = connect.ReversedVPNHeader
+	// ReversedVPNHeader is the reversed VPN's own header on 8132 (spelled in wire).
+	GardenerDestinationHeader = wire.GardenerDestinationHeader
+	ReversedVPNHeader         = wire.ReversedVPNHeader
 
 	// DownstreamLocalAddress is the command operator for the connection's destination, which
 	// the proxy_protocol filter restores from the PROXY header.
@@ -66,10 +66,10 @@ const (
 
 // APIServerWireName is the cluster, and the header value, that reaches shoot ns's kube-apiserver
 // through CONNECT; the form is Gardener's, so its clients work unchanged.
-func APIServerWireName(ns string) string { return connect.APIServerWireName(ns) }
+func APIServerWireName(ns string) string { return wire.APIServerWireName(ns) }
 
 // VPNServerWireName is the cluster, and the header value, that reaches shoot ns's vpn server.
-func VPNServerWireName(ns string) string { return connect.VPNServerWireName(ns) }
+func VPNServerWireName(ns string) string { return wire.VPNServerWireName(ns) }
 
 // ProxyCluster is the cluster a PROXY header with destination advertised:443 selects.
 func ProxyCluster(advertised netip.Addr) string {
