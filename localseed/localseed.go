@@ -189,7 +189,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	// The ingress's listeners are bound here and inherited by tendril-ingress, the xDS server's
 	// by the in-process control plane: no port is picked free and bound again later.
 	var ingressSocks []*inherit.Socket
-	defer func() { inherit.Close(ingressSocks...) }() // this process's copies
+	defer func() { inherit.Close(ingressSocks...) }() // until procs.start has them
 	for _, a := range []*string{&s.cfg.SNIAddress, &s.cfg.ProxyAddress, &s.cfg.TunnelAddress, &s.cfg.IngressMetrics} {
 		sock, err := inherit.Bind(*a)
 		if err != nil {
@@ -299,7 +299,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err != nil {
 		return rep, err
 	}
-	if _, err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(s.cfg.BinDir, "tendril-ingress"), ingressSocks,
+	socks := ingressSocks
+	ingressSocks = nil // procs.start closes this process's copies
+	if _, err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(s.cfg.BinDir, "tendril-ingress"), socks,
 		append(xdsFlags, "--xds", s.cfg.XDSAddress, "--node-id", "tendril-ingress-local",
 			"--sni-address", s.cfg.SNIAddress, "--proxy-address", s.cfg.ProxyAddress, "--tunnel-address", s.cfg.TunnelAddress,
 			"--metrics-address", s.cfg.IngressMetrics)...); err != nil {

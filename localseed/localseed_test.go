@@ -27,7 +27,7 @@ func TestLocalSeed(t *testing.T) {
 	}
 	bin := t.TempDir()
 	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/tendril-ingress", "./cmd/tendril-server", "./cmd/tendril-agent")
-	build.Dir = kubetest.RepoRoot()
+	build.Dir = kubetest.RepoRoot(t)
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

@@ -22,7 +22,7 @@ func buildAsMake(t *testing.T) string {
 	t.Helper()
 	bin := t.TempDir()
 	cmd := exec.Command("make", "build", "BIN="+bin)
-	cmd.Dir = kubetest.RepoRoot()
+	cmd.Dir = kubetest.RepoRoot(t)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("make build BIN=%s: %v\n%s", bin, err, out)
 	}

@@ -112,7 +112,7 @@ func TestNetworkPaths(t *testing.T) {
 	shootRows := shootPaths(t)
 	doc := document(rows, shootRows)
 	t.Log("\n" + doc)
-	docPath := filepath.Join(kubetest.RepoRoot(), "docs", "network-paths.md")
+	docPath := filepath.Join(kubetest.RepoRoot(t), "docs", "network-paths.md")
 	if *update {
 		if err := os.WriteFile(docPath, []byte(doc), 0o644); err != nil {
 			t.Fatal(err)

@@ -5,8 +5,8 @@
 //
 // The binaries come from KUBEBUILDER_ASSETS (make test sets it) or else from hack/testbin.sh, which
 // builds them from the Go module proxy once into a cache directory; the CRDs from internal/kubeenv.
-// RepoRoot is for tests that read the repository's files: a test fixture may find the source tree,
-// a shipped binary never does.
+// RepoRoot is for tests that read the repository's files: a test fixture may find the source tree
+// (from the working directory go test gives it), a shipped binary never does.
 package kubetest
 
 import (
@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -37,12 +36,44 @@ type Env struct {
 	Scheme *kruntime.Scheme
 }
 
-// RepoRoot is the repository's top directory, found from this file's location (go test does
-// not build with -trimpath).
-func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+// RepoRoot is the repository's top directory: the nearest directory above the working directory
+// whose go.mod declares tendril's module (go test runs each test in its package's directory).
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
+
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && declares(b, module) {
+			return d, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("no go.mod of %s above %s", module, dir)
+		}
+	}
+}
+
+// declares tells whether go.mod content b declares module path m.
+func declares(b []byte, m string) bool {
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`) == m
+		}
+	}
+	return false
+}
+
+// module is tendril's module path, as go.mod declares it.
+const module = "github.com/tendril-net/tendril"
 
 var assets struct {
 	once sync.Once
@@ -58,7 +89,12 @@ func Assets() (string, error) {
 			assets.dir, assets.err = d, kubeenv.CheckTestbin(d)
 			return
 		}
-		cmd := exec.Command(filepath.Join(RepoRoot(), "hack", "testbin.sh"))
+		root, err := repoRoot()
+		if err != nil {
+			assets.err = err
+			return
+		}
+		cmd := exec.Command(filepath.Join(root, "hack", "testbin.sh"))
 		cmd.Stderr = os.Stderr // progress of a first build is worth seeing
 		out, err := cmd.Output()
 		if err != nil {
