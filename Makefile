@@ -21,7 +21,7 @@ BUILDINFO := github.com/tendril-net/tendril/internal/buildinfo
 # hack/image/image_test.go and the Dockerfile build with the same flags.
 GO_BUILD_FLAGS = -trimpath -buildvcs=false -ldflags "-X $(BUILDINFO).Version=$(VERSION) -X $(BUILDINFO).Revision=$(REVISION)"
 
-.PHONY: help build image image-pin test vet fuzz bench run clean generate testbin
+.PHONY: help build image image-pin test vet fuzz bench run seed clean generate testbin seedbin
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -43,11 +43,17 @@ vet: ## go vet and gofmt.
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
-test: vet build testbin ## Run all tests (unit tests with -race, loopback end-to-end tests, envtest, golden files).
+# The real seed's test runs where it can (root and Debian's containerd and friends, which .ci/run
+# installs): seedbin's binaries are built first there, and nowhere else.
+test: vet build testbin ## Run all tests (unit tests with -race, loopback end-to-end tests, envtest, the real seed as root, golden files).
+	@if [ "$$(id -u)" = 0 ] && command -v containerd >/dev/null; then hack/seedbin.sh >/dev/null; fi
 	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" $(GO) test -race -count=1 -timeout 30m ./...
 
 testbin: ## Build kube-apiserver and etcd for envtest into ~/.cache/tendril (once; about 9 minutes on 2 cores).
 	@hack/testbin.sh >/dev/null
+
+seedbin: ## Build kubelet, kube-proxy, kube-controller-manager, kube-scheduler, kube-router and CoreDNS for make seed into ~/.cache/tendril (once; about 12 minutes on 2 cores after make testbin).
+	@hack/seedbin.sh >/dev/null
 
 generate: ## Regenerate deepcopy functions and the CRDs from apis/ (controller-gen), then the chart's golden files and registration that embed the CRD.
 	$(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION) object paths=./apis/... \
@@ -85,6 +91,9 @@ bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, repo
 
 run: build testbin ## Start a local seed (seed API server, tendril-seed, tendril-ingress, two shoots with their own API servers) until interrupted.
 	bin/tendril-local --testbin-dir "$$(hack/testbin.sh)"
+
+seed: build testbin seedbin ## Start a real single-node seed cluster on this machine (root; apt-get install the packages .ci/run names) until interrupted.
+	bin/tendril-local --real --testbin-dir "$$(hack/testbin.sh)" --seedbin-dir "$$(hack/seedbin.sh)"
 
 clean: ## Remove build outputs.
 	rm -rf bin

@@ -43,6 +43,7 @@ import (
 	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/kubescheme"
 	"github.com/tendril-net/tendril/internal/logging"
+	"github.com/tendril-net/tendril/internal/procgroup"
 )
 
 // Domain is the parent DNS domain of the local shoots: shoot alpha is api.alpha.<Domain>.
@@ -122,7 +123,7 @@ type seed struct {
 	crds   []*apiextensionsv1.CustomResourceDefinition
 	rest   *rest.Config
 	client client.Client
-	procs  *procs
+	procs  *procgroup.Group
 	// netns: the runner is root and gives every shoot a node network namespace.
 	netns    bool
 	cleanMu  sync.Mutex
@@ -189,7 +190,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	// The ingress's listeners are bound here and inherited by tendril-ingress, the xDS server's
 	// by the in-process control plane: no port is picked free and bound again later.
 	var ingressSocks []*inherit.Socket
-	defer func() { inherit.Close(ingressSocks...) }() // until procs.start has them
+	defer func() { inherit.Close(ingressSocks...) }() // until procs.Start has them
 	for _, a := range []*string{&s.cfg.SNIAddress, &s.cfg.ProxyAddress, &s.cfg.TunnelAddress, &s.cfg.IngressMetrics} {
 		sock, err := inherit.Bind(*a)
 		if err != nil {
@@ -219,8 +220,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			s.cleanups[i]()
 		}
 	}()
-	s.procs = newProcs(ctx)
-	defer s.procs.stop()
+	s.procs = procgroup.New(ctx)
+	defer s.procs.Stop()
 
 	start := time.Now()
 	s.printf("local seed in %s (host address %s for EndpointSlices)\n", s.dir, s.hostIP)
@@ -300,8 +301,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		return rep, err
 	}
 	socks := ingressSocks
-	ingressSocks = nil // procs.start closes this process's copies
-	if _, err := s.procs.start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), "", filepath.Join(s.cfg.BinDir, "tendril-ingress"), socks,
+	ingressSocks = nil // procs.Start closes this process's copies
+	if _, err := s.procs.Start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), procgroup.Options{Socks: socks}, filepath.Join(s.cfg.BinDir, "tendril-ingress"),
 		append(xdsFlags, "--xds", s.cfg.XDSAddress, "--node-id", "tendril-ingress-local",
 			"--sni-address", s.cfg.SNIAddress, "--proxy-address", s.cfg.ProxyAddress, "--tunnel-address", s.cfg.TunnelAddress,
 			"--metrics-address", s.cfg.IngressMetrics)...); err != nil {
@@ -335,7 +336,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		return rep, err
 	}
 	select {
-	case err := <-s.procs.exited:
+	case err := <-s.procs.Exited():
 		return rep, err
 	case err := <-cpDone:
 		return rep, fmt.Errorf("control plane ended: %v", err)
@@ -371,7 +372,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		case <-ctx.Done():
 			s.printf("\nstopping\n")
 			return rep, nil
-		case err := <-s.procs.exited:
+		case err := <-s.procs.Exited():
 			return rep, err
 		case err := <-cpDone:
 			return rep, fmt.Errorf("control plane ended: %v", err)

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tendril-net/tendril/extension/manifest"
+	"github.com/tendril-net/tendril/internal/procgroup"
 )
 
 // canNetns tells whether the runner may make network namespaces (root with ip(8)).
@@ -109,7 +110,7 @@ func (s *seed) startAPIServerProxy(ctx context.Context, sh *shoot) error {
 	if err := clientcmd.WriteToFile(*kc, sh.inCluster); err != nil {
 		return err
 	}
-	_, err = s.procs.start(manifest.APIServerProxyName+" "+sh.namespace, filepath.Join(sh.dir, "apiserver-proxy.log"), sh.netns, filepath.Join(s.cfg.BinDir, p.binary), nil, p.args...)
+	_, err = s.procs.Start(manifest.APIServerProxyName+" "+sh.namespace, filepath.Join(sh.dir, "apiserver-proxy.log"), procgroup.Options{Netns: sh.netns}, filepath.Join(s.cfg.BinDir, p.binary), p.args...)
 	return err
 }
 

@@ -38,6 +38,7 @@ import (
 	"github.com/tendril-net/tendril/internal/inherit"
 	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/internal/procgroup"
 	"github.com/tendril-net/tendril/internal/reserve"
 	"github.com/tendril-net/tendril/internal/shootgrm"
 	"github.com/tendril-net/tendril/internal/testpki"
@@ -91,7 +92,7 @@ func (s *seed) startShootAPIServer(sh *shoot) (func(), error) {
 	sh.podListener, sh.podAddr = pl, pl.Addr().String()
 	go func() {
 		// servePod's server closes it too; this covers a start that fails before it serves.
-		<-s.procs.ctx.Done()
+		<-s.procs.Context().Done()
 		pl.Close()
 	}()
 	ca, err := testpki.NewCA(sh.namespace + " kube-apiserver CA")
@@ -234,13 +235,13 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 	sh.serverPorts = pod.ports
 	sh.caFile = filepath.Join(pod.mounts["ca"], "bundle.crt")
 	serverLog := filepath.Join(sh.dir, "tendril-server.log")
-	ended, err := s.procs.start(manifest.ServerName+" "+sh.namespace, serverLog, "", filepath.Join(s.cfg.BinDir, pod.binary), pod.socks, pod.args...)
+	ended, err := s.procs.Start(manifest.ServerName+" "+sh.namespace, serverLog, procgroup.Options{Socks: pod.socks}, filepath.Join(s.cfg.BinDir, pod.binary), pod.args...)
 	if err != nil {
 		return err
 	}
 	metrics := net.JoinHostPort(s.hostIP.String(), strconv.Itoa(pod.ports["metrics"]))
 	if err := waitHTTP(ctx, "http://"+metrics+"/healthz", ended); err != nil {
-		return fmt.Errorf("tendril-server: %w; its log ends:\n%s", err, logTail(serverLog))
+		return fmt.Errorf("tendril-server: %w; its log ends:\n%s", err, procgroup.LogTail(serverLog))
 	}
 	if err := s.publishServerEndpoints(ctx, sh); err != nil {
 		return err
@@ -293,7 +294,7 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 		}
 		sh.agentMetrics = append(sh.agentMetrics, net.JoinHostPort("127.0.0.1", strconv.Itoa(apod.ports["metrics"])))
 		agentLog := filepath.Join(sh.dir, name+".log")
-		ended, err := s.procs.start(name+" "+sh.namespace, agentLog, "", filepath.Join(s.cfg.BinDir, apod.binary), apod.socks, apod.args...)
+		ended, err := s.procs.Start(name+" "+sh.namespace, agentLog, procgroup.Options{Socks: apod.socks}, filepath.Join(s.cfg.BinDir, apod.binary), apod.args...)
 		if err != nil {
 			return err
 		}
@@ -301,7 +302,7 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 	}
 	for i, m := range sh.agentMetrics {
 		if err := waitHTTP(ctx, "http://"+m+"/readyz", agentsEnded[i]); err != nil {
-			return fmt.Errorf("%s's tunnel: %w; its log ends:\n%s", manifest.AgentObjectName(i), err, logTail(agentLogs[i]))
+			return fmt.Errorf("%s's tunnel: %w; its log ends:\n%s", manifest.AgentObjectName(i), err, procgroup.LogTail(agentLogs[i]))
 		}
 	}
 	if s.netns {
@@ -324,7 +325,7 @@ type pod struct {
 	// names its NetworkPolicies after them); mounts the directories by volume.
 	ports  map[string]int
 	mounts map[string]string
-	// socks are the sockets bound for ports, which the process inherits (procs.start).
+	// socks are the sockets bound for ports, which the process inherits (procs.Start).
 	socks []*inherit.Socket
 }
 
@@ -474,7 +475,7 @@ func (s *seed) servePod(ctx context.Context, sh *shoot) error {
 	})}
 	go func() { _ = srv.Serve(l) }()
 	go func() {
-		<-s.procs.ctx.Done()
+		<-s.procs.Context().Done()
 		_ = srv.Close()
 	}()
 	return nil

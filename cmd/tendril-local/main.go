@@ -20,6 +20,7 @@ import (
 	"github.com/tendril-net/tendril/internal/buildinfo"
 	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/localseed"
+	"github.com/tendril-net/tendril/realseed"
 )
 
 func main() {
@@ -40,6 +41,9 @@ func main() {
 	haShoots := fs.String("ha-shoots", "", "comma-separated shoots (of --shoots) that run two tunnel agents (providerConfig highAvailability.agents: 2)")
 	fs.BoolVar(&cfg.Once, "once", false, "run the checks once and exit: 0 when all pass, 1 otherwise")
 	fs.DurationVar(&cfg.StatusInterval, "status-interval", 10*time.Second, "how often to print the status lines")
+	realSeed := fs.Bool("real", false, "run a real single-node seed cluster on this machine instead (make seed; root, Debian's containerd and friends, make seedbin): kubelet, containerd, kube-proxy, kube-router, CoreDNS, a local registry")
+	seedbinDir := fs.String("seedbin-dir", "", "with --real: directory holding kubelet, kube-proxy, kube-controller-manager, kube-scheduler, kube-router and coredns (default: where make seedbin builds them)")
+	realDir := fs.String("real-dir", "", "with --real: the cluster's state directory, emptied at start (default "+realseed.DefaultDir+")")
 	version := fs.Bool("version", false, "print the version and exit")
 	_ = fs.Parse(os.Args[1:]) // ExitOnError
 	if *version {
@@ -52,6 +56,15 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *realSeed {
+		err := realseed.Run(ctx, realseed.Config{Dir: *realDir, TestbinDir: cfg.TestbinDir, SeedbinDir: *seedbinDir, BinDir: cfg.BinDir, Out: os.Stdout}, cfg.Once)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "tendril-local:", err)
+			stop()
+			os.Exit(1)
+		}
+		return
+	}
 	rep, err := localseed.Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tendril-local:", err)

@@ -2,6 +2,7 @@ package localseed
 
 import (
 	"context"
+	"github.com/tendril-net/tendril/internal/procgroup"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,10 +12,10 @@ import (
 // TestWaitHTTPStopsWhenTheProcessEnds: a process that exits before it serves ends the wait with
 // that reason (not the wait's deadline), and its log's tail says why.
 func TestWaitHTTPStopsWhenTheProcessEnds(t *testing.T) {
-	p := newProcs(context.Background())
-	defer p.stop()
+	p := procgroup.New(context.Background())
+	defer p.Stop()
 	log := filepath.Join(t.TempDir(), "server.log")
-	ended, err := p.start("server", log, "", "/bin/sh", nil, "-c", "echo 'listen tcp: bind: address already in use'; exit 1")
+	ended, err := p.Start("server", log, procgroup.Options{}, "/bin/sh", "-c", "echo 'listen tcp: bind: address already in use'; exit 1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +25,7 @@ func TestWaitHTTPStopsWhenTheProcessEnds(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "the process ended") || ctx.Err() != nil {
 		t.Fatalf("waitHTTP: %v (deadline passed: %v)", err, ctx.Err())
 	}
-	if tail := logTail(log); !strings.Contains(tail, "address already in use") {
+	if tail := procgroup.LogTail(log); !strings.Contains(tail, "address already in use") {
 		t.Fatalf("log tail %q", tail)
 	}
 }

@@ -1,0 +1,147 @@
+package realseed
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/sysctl"
+)
+
+// testConfig is the configuration of a real seed for a test: the testbin and seedbin
+// directories the scripts fill (built here when missing, as kubetest does for envtest) and the
+// binaries make build puts in the repository's bin/.
+func testConfig(t *testing.T) Config {
+	t.Helper()
+	root := kubetest.RepoRoot(t)
+	cfg := Config{Dir: filepath.Join(t.TempDir(), "seed"), BinDir: filepath.Join(root, "bin"), Out: testWriter{t}}
+	// Skip before building anything on a machine that cannot run it at all.
+	if err := Preflight(Config{TestbinDir: "/nonexistent"}); errors.Is(err, ErrNotRoot) || errors.Is(err, ErrNoTools) {
+		t.Skipf("no real seed here: %v", err)
+	}
+	for _, s := range []struct {
+		script string
+		dir    *string
+	}{{"hack/testbin.sh", &cfg.TestbinDir}, {"hack/seedbin.sh", &cfg.SeedbinDir}} {
+		out, err := exec.Command(filepath.Join(root, s.script)).Output()
+		if err != nil {
+			t.Fatalf("%s: %v", s.script, err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		*s.dir = lines[len(lines)-1]
+	}
+	return cfg
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestRealSeed brings the cluster up on this machine and checks what Start does not: the
+// LoadBalancer shim, restricted Pod Security enforced by kube-apiserver; then that Stop leaves
+// the machine as it found it.
+func TestRealSeed(t *testing.T) {
+	cfg := testConfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	before := machineState(t)
+	c, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = c.Stop(context.Background())
+		}
+	}()
+
+	t.Run("LoadBalancer", func(t *testing.T) {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "lb", Namespace: "default"}, Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, Selector: map[string]string{"app": "none"},
+			Ports: []corev1.ServicePort{{Port: 18443}}}}
+		if err := c.Client.Create(ctx, svc); err != nil {
+			t.Fatal(err)
+		}
+		lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer lcancel()
+		ip, err := c.LoadBalancerAddress(lctx, "default", "lb")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ip != c.NodeIP.String() {
+			t.Fatalf("load-balancer address %s, want the node's %s", ip, c.NodeIP)
+		}
+	})
+
+	t.Run("RestrictedPodSecurity", func(t *testing.T) {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restricted", Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}
+		if err := c.Client.Create(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+		yes := true
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "privileged", Namespace: ns.Name}, Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{Name: "c", Image: c.pauseImage, SecurityContext: &corev1.SecurityContext{Privileged: &yes}}}}}
+		err := c.Client.Create(ctx, pod)
+		if err == nil || !strings.Contains(err.Error(), `violates PodSecurity "restricted`) {
+			t.Fatalf("a privileged pod in a restricted namespace: %v", err)
+		}
+	})
+
+	if err := c.Stop(context.Background()); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+	stopped = true
+	after := machineState(t)
+	for k, v := range before {
+		if after[k] != v {
+			t.Errorf("after Stop %s is %q, before Start it was %q", k, after[k], v)
+		}
+	}
+}
+
+// machineState is what Start changes on the machine and Stop must put back.
+func machineState(t *testing.T) map[string]string {
+	t.Helper()
+	s := map[string]string{}
+	for _, k := range touchedSysctls {
+		v, _ := sysctl.Get(k)
+		s["sysctl "+k] = v
+	}
+	_, err := netlink.LinkByName(Bridge)
+	s["link "+Bridge] = map[bool]string{true: "present", false: "absent"}[err == nil]
+	tables, err := nftTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s["nft tables"] = strings.Join(tables, ",")
+	sets, err := ipsets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s["ipsets"] = strings.Join(sets, ",")
+	cg, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
+	s["kubepods cgroups"] = strings.Join(cg, ",")
+	shims := 0
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.HasPrefix(filepath.Base(strings.Split(string(b), "\x00")[0]), "containerd") {
+			shims++
+		}
+	}
+	s["containerd processes"] = strings.Repeat("x", shims)
+	return s
+}
