@@ -44,9 +44,9 @@ vet: ## go vet and gofmt.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 # The real seed's test runs where it can (root and Debian's containerd and friends, which .ci/run
-# installs): seedbin's binaries are built first there, and nowhere else.
+# installs): seedbin's binaries and the image it installs are built first there, and nowhere else.
 test: vet build testbin ## Run all tests (unit tests with -race, loopback end-to-end tests, envtest, the real seed as root, golden files).
-	@if [ "$$(id -u)" = 0 ] && command -v containerd >/dev/null; then hack/seedbin.sh >/dev/null; fi
+	@if [ "$$(id -u)" = 0 ] && command -v containerd >/dev/null; then hack/seedbin.sh >/dev/null && $(MAKE) --no-print-directory image >/dev/null; fi
 	KUBEBUILDER_ASSETS="$$(hack/testbin.sh)" $(GO) test -race -count=1 -timeout 30m ./...
 
 testbin: ## Build kube-apiserver and etcd for envtest into ~/.cache/tendril (once; about 9 minutes on 2 cores).
@@ -92,7 +92,7 @@ bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, repo
 run: build testbin ## Start a local seed (seed API server, tendril-seed, tendril-ingress, two shoots with their own API servers) until interrupted.
 	bin/tendril-local --testbin-dir "$$(hack/testbin.sh)"
 
-seed: build testbin seedbin ## Start a real single-node seed cluster on this machine (root; apt-get install the packages .ci/run names) until interrupted.
+seed: image testbin seedbin ## Start a real single-node seed cluster on this machine with tendril installed from its image and chart by digest (root; apt-get install the packages .ci/run names) until interrupted.
 	bin/tendril-local --real --testbin-dir "$$(hack/testbin.sh)" --seedbin-dir "$$(hack/seedbin.sh)"
 
 clean: ## Remove build outputs.

@@ -124,9 +124,12 @@ type Cluster struct {
 	lock       *os.File
 	token      string
 	pauseImage string
-	lbWG       sync.WaitGroup
-	lbStop     context.CancelFunc
-	started    time.Time
+	// bg are the goroutines the cluster owns (the LoadBalancer shim, the seed's resource
+	// manager); stopBG ends them.
+	bg      sync.WaitGroup
+	stopBG  context.CancelFunc
+	grmCtx  context.Context
+	started time.Time
 }
 
 // Timing is one step of Start.
@@ -180,6 +183,7 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		return nil, err
 	}
 	c.procs = procgroup.New(context.WithoutCancel(ctx))
+	c.grmCtx, c.stopBG = context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
 		if err != nil {
 			if serr := c.Stop(context.WithoutCancel(ctx)); serr != nil {
@@ -202,6 +206,7 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 		{"kube-proxy healthy", c.startKubeProxy},
 		{"kube-router healthy (NetworkPolicy enforcer)", c.startKubeRouter},
 		{"CoreDNS resolving kubernetes.default.svc.cluster.local", c.startCoreDNS},
+		{"Gardener's seed: namespace garden, CRDs, resource manager, PriorityClasses", c.gardenerSeed},
 	}
 	for _, s := range steps {
 		t0 := time.Now()
@@ -213,12 +218,10 @@ func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
 			fmt.Fprintf(c.cfg.Out, "[%5.1fs] %s\n", time.Since(c.started).Seconds(), s.name)
 		}
 	}
-	lbCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c.lbStop = cancel
-	c.lbWG.Add(1)
+	c.bg.Add(1)
 	go func() {
-		defer c.lbWG.Done()
-		c.loadBalancers(lbCtx)
+		defer c.bg.Done()
+		c.loadBalancers(c.grmCtx)
 	}()
 	return c, nil
 }
@@ -542,9 +545,10 @@ const drainTimeout = time.Minute
 // Stop ends the pods (through kubelet, so CNI tears their networking down), then every process,
 // and restores the machine. It returns what it could not undo.
 func (c *Cluster) Stop(ctx context.Context) error {
-	if c.lbStop != nil {
-		c.lbStop()
-		c.lbWG.Wait()
+	// The seed's resource manager first: it would apply the drained Deployments again.
+	if c.stopBG != nil {
+		c.stopBG()
+		c.bg.Wait()
 	}
 	var errs []error
 	if c.Client != nil && c.running("kubelet") && c.running("kube-apiserver") {

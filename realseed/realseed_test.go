@@ -2,17 +2,23 @@ package realseed
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/sysctl"
@@ -48,6 +54,11 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard()) // Gardener's controllers log through it
+	os.Exit(m.Run())
 }
 
 // TestRealSeed brings the cluster up on this machine and checks what Start does not: the
@@ -98,6 +109,45 @@ func TestRealSeed(t *testing.T) {
 		err := c.Client.Create(ctx, pod)
 		if err == nil || !strings.Contains(err.Error(), `violates PodSecurity "restricted`) {
 			t.Fatalf("a privileged pod in a restricted namespace: %v", err)
+		}
+	})
+
+	t.Run("InstallTendril", func(t *testing.T) {
+		inst, err := c.InstallTendril(ctx, Release{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("installed %s from %s in %s", inst.Image, inst.Chart, inst.Namespace)
+		want, err := os.ReadFile(filepath.Join(cfg.BinDir, "image", "digest"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasSuffix(inst.Image, "@"+strings.TrimSpace(string(want))) {
+			t.Errorf("pods run %s, make image built %s", inst.Image, want)
+		}
+		// The ingress's Service got the node's address from the shim, kube-proxy forwards it to
+		// the tendril-ingress pods, and a server name no shoot has is refused: the connection
+		// is closed without a ServerHello.
+		lb, err := c.LoadBalancerAddress(ctx, inst.Namespace, "tendril-ingress")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// kube-proxy programs the address within its sync period after the shim wrote it:
+		// until then the node refuses the port.
+		var conn *tls.Conn
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			conn, err = tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", net.JoinHostPort(lb, "443"),
+				&tls.Config{ServerName: "api.unknown.example.com", InsecureSkipVerify: true})
+			if !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err == nil {
+			conn.Close()
+			t.Fatal("TLS to an unknown server name through the ingress completed a handshake")
+		}
+		if !errors.Is(err, io.EOF) && !strings.Contains(err.Error(), "reset") {
+			t.Fatalf("TLS to an unknown server name: %v, want the connection closed", err)
 		}
 	})
 

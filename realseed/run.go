@@ -24,6 +24,12 @@ func Run(ctx context.Context, cfg Config, once bool) (err error) {
 		}
 	}()
 	out := c.cfg.Out
+	t0 := time.Now()
+	inst, err := c.InstallTendril(ctx, Release{})
+	if err != nil {
+		return fmt.Errorf("install tendril: %w", err)
+	}
+	fmt.Fprintf(out, "[%5.1fs] tendril installed in %.1f s: %s from chart %s, namespace %s\n", time.Since(c.started).Seconds(), time.Since(t0).Seconds(), inst.Image, inst.Chart, inst.Namespace)
 	fmt.Fprintf(out, "real seed ready after %.1f s; memory of the whole set %.0f MiB RSS\n", time.Since(c.started).Seconds(), float64(c.RSS())/(1<<20))
 	fmt.Fprintf(out, "  kubectl --kubeconfig %s get pods -A\n", c.Kubeconfig)
 	fmt.Fprintf(out, "  registry http://%s, logs %s\n", c.Registry, c.path("logs"))

@@ -11,8 +11,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/go-logr/logr"
 	"os"
 	"os/signal"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"strings"
 	"syscall"
 	"time"
@@ -57,6 +59,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *realSeed {
+		// Gardener's controllers that the real seed runs in-process (the seed's resource
+		// manager) log through controller-runtime's logger: their errors reach the report.
+		ctrllog.SetLogger(logr.Discard())
 		err := realseed.Run(ctx, realseed.Config{Dir: *realDir, TestbinDir: cfg.TestbinDir, SeedbinDir: *seedbinDir, BinDir: cfg.BinDir, Out: os.Stdout}, cfg.Once)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "tendril-local:", err)

@@ -4,7 +4,10 @@
 // ManagedResources of that namespace in the seed (source) and applies their objects to the
 // shoot's API server (target), writing ResourcesApplied, ResourcesHealthy and
 // ResourcesProgressing. The local seed and the extension's tests use it so that what the
-// extension puts into a ManagedResource is applied by Gardener's code, not by a stand-in.
+// extension puts into a ManagedResource is applied by Gardener's code, not by a stand-in. With
+// Class "seed" it is the seed's own resource manager instead (namespace garden, source and
+// target the seed), which applies what gardenlet installs there: the real seed installs
+// tendril's chart through it, as gardenlet does.
 package shootgrm
 
 import (
@@ -43,6 +46,9 @@ type Config struct {
 	// SyncPeriod is how often the controllers re-check every ManagedResource (Gardener's
 	// default of a minute when 0).
 	SyncPeriod time.Duration
+	// Class is the resource class served: empty for the shoot's (ManagedResources without a
+	// class), "seed" for the seed's own.
+	Class string
 	// Logger is the controllers' logger (discarded when zero).
 	Logger logr.Logger
 }
@@ -94,7 +100,7 @@ func New(ctx context.Context, cfg Config) (manager.Manager, error) {
 	resourcemanagerconfigv1alpha1.SetDefaults_ManagedResourceControllerConfig(&mrCfg)
 	resourcemanagerconfigv1alpha1.SetDefaults_HealthControllerConfig(&healthCfg)
 	// The default class ("resources") serves ManagedResources without a class: the shoot's.
-	class := ""
+	class := cfg.Class
 	rmCfg := resourcemanagerconfigv1alpha1.ResourceManagerConfiguration{}
 	rmCfg.Controllers.ResourceClass = &class
 	rmCfg.Controllers.ClusterID = &cfg.ClusterID
