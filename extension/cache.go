@@ -3,6 +3,7 @@ package extension
 import (
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -32,7 +33,11 @@ func CacheOptions() cache.Options {
 // Uncached are the kinds the extension's client reads straight from the API server. The secrets
 // manager lists its own Secrets by label on every reconcile: through a cache, that would hold every
 // Secret of every shoot in the seed (memory, and credentials tendril has no business keeping);
-// ConfigMaps likewise (the egress webhook's). Gardener's own extensions disable both.
+// ConfigMaps likewise (the egress webhook's). Gardener's own extensions disable both. The
+// heartbeat reads its one Lease every renew interval: through the cache, that read would start a
+// watch of every Lease in the seed, which the chart's RBAC (leases in the extension's namespace
+// only) forbids, so the heartbeat would never beat (found on the real seed, where tendril-seed
+// runs with its chart's service account).
 func Uncached() []client.Object {
-	return []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}}
+	return []client.Object{&corev1.Secret{}, &corev1.ConfigMap{}, &coordinationv1.Lease{}}
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"time"
@@ -16,10 +17,12 @@ import (
 	resourcesv1alpha1 "github.com/gardener/gardener/pkg/apis/resources/v1alpha1"
 	"github.com/gardener/gardener/pkg/chartrenderer"
 	seedsystem "github.com/gardener/gardener/pkg/component/seed/system"
+	gardenletnetworkpolicy "github.com/gardener/gardener/pkg/controller/networkpolicy"
 	gardenerutils "github.com/gardener/gardener/pkg/utils/gardener"
 	kubernetesutils "github.com/gardener/gardener/pkg/utils/kubernetes"
 	"github.com/gardener/gardener/pkg/utils/managedresources"
 	"github.com/gardener/gardener/pkg/utils/oci"
+	"github.com/go-logr/logr"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -38,6 +41,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tendril-net/tendril/charts"
+	"github.com/tendril-net/tendril/extension/networkpaths"
 	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/shootgrm"
 )
@@ -107,6 +111,20 @@ func (c *Cluster) gardenerSeed(ctx context.Context) error {
 		defer c.bg.Done()
 		if err := mgr.Start(c.grmCtx); err != nil && c.grmCtx.Err() == nil {
 			fmt.Fprintf(c.cfg.Out, "seed resource manager: %v\n", err)
+		}
+	}()
+	// gardenlet's seed NetworkPolicy controller and the seed resource manager's NetworkPolicy
+	// controller, Gardener's own code in this process, for this seed's networks: kube-router
+	// enforces what they write.
+	np, err := networkpaths.NewSeedControllers(c.grmCtx, c.REST, c.runtimeNetworks(), logr.Discard())
+	if err != nil {
+		return err
+	}
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		if err := np.Start(c.grmCtx); err != nil && c.grmCtx.Err() == nil {
+			fmt.Fprintf(c.cfg.Out, "seed NetworkPolicy controllers: %v\n", err)
 		}
 	}()
 	sys := seedsystem.New(c.Client, v1beta1constants.GardenNamespace, seedsystem.Values{ManagePriorityClasses: true})
@@ -200,6 +218,16 @@ func (c *Cluster) InstallTendril(ctx context.Context, rel Release) (*Installatio
 		return nil, err
 	}
 	return inst, nil
+}
+
+// runtimeNetworks are the seed's networks as the Seed's spec.networks gives them to gardenlet.
+func (c *Cluster) runtimeNetworks() gardenletnetworkpolicy.RuntimeNetworkConfig {
+	return gardenletnetworkpolicy.RuntimeNetworkConfig{
+		IPFamilies: []gardencorev1beta1.IPFamily{gardencorev1beta1.IPFamilyIPv4},
+		Nodes:      []string{netip.PrefixFrom(c.NodeIP, 32).String()},
+		Pods:       []string{PodCIDR},
+		Services:   []string{ServiceCIDR},
+	}
 }
 
 // gardenerValues are the values gardenlet mixes in under gardener: for this seed.

@@ -77,8 +77,10 @@ func Preflight(cfg Config) error {
 			return fmt.Errorf("%s is not in %s: run `make seedbin` (hack/seedbin.sh builds kubelet, kube-proxy, kube-controller-manager, kube-scheduler, kube-router and CoreDNS from the Go module proxy, once)", b, cfg.SeedbinDir)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(cfg.BinDir, "tendril-pause")); err != nil {
-		return fmt.Errorf("tendril-pause is not in %s: run `make build`", cfg.BinDir)
+	for _, b := range []string{"tendril-pause", "tendril-probe"} {
+		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
+			return fmt.Errorf("%s is not in %s: run `make build`", b, cfg.BinDir)
+		}
 	}
 	return nil
 }

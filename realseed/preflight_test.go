@@ -69,6 +69,10 @@ func TestPreflightNamesWhatIsMissing(t *testing.T) {
 		t.Fatalf("no tendril-pause: %v", err)
 	}
 	writeFiles(t, bin, []string{"tendril-pause"})
+	if err := Preflight(cfg); err == nil || !strings.Contains(err.Error(), "tendril-probe") {
+		t.Fatalf("no tendril-probe: %v", err)
+	}
+	writeFiles(t, bin, []string{"tendril-probe"})
 	if err := Preflight(cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -130,6 +130,10 @@ type Cluster struct {
 	stopBG  context.CancelFunc
 	grmCtx  context.Context
 	started time.Time
+	// probeImage is tendril-probe's image, pushed on the first ProbePod.
+	probeOnce  sync.Once
+	probeImage string
+	probeErr   error
 }
 
 // Timing is one step of Start.

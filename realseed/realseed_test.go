@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -16,12 +17,15 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/vishvananda/netlink"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/sysctl"
+	"github.com/tendril-net/tendril/internal/testwait"
 )
 
 // testConfig is the configuration of a real seed for a test: the testbin and seedbin
@@ -113,7 +117,8 @@ func TestRealSeed(t *testing.T) {
 	})
 
 	t.Run("InstallTendril", func(t *testing.T) {
-		inst, err := c.InstallTendril(ctx, Release{})
+		// A heartbeat every 2 s (the chart's default is 30 s): the RBAC check below sees it beat.
+		inst, err := c.InstallTendril(ctx, Release{Values: map[string]any{"heartbeat": map[string]any{"renewIntervalSeconds": 2}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,6 +153,69 @@ func TestRealSeed(t *testing.T) {
 		}
 		if !errors.Is(err, io.EOF) && !strings.Contains(err.Error(), "reset") {
 			t.Fatalf("TLS to an unknown server name: %v, want the connection closed", err)
+		}
+	})
+
+	t.Run("TendrilSeedUnderItsRBAC", func(t *testing.T) {
+		// The heartbeat renews its Lease, and nothing tendril-seed does is refused by the
+		// chart's RBAC (envtest runs it as admin; here it has its service account).
+		key := client.ObjectKey{Namespace: "extension-" + ControllerInstallation, Name: "gardener-extension-heartbeat"}
+		var first string
+		testwait.For(t, "the heartbeat Lease renewed", func() error {
+			var lease coordinationv1.Lease
+			if err := c.Client.Get(ctx, key, &lease); err != nil {
+				return err
+			}
+			if lease.Spec.RenewTime == nil {
+				return errors.New("no renew time")
+			}
+			now := lease.Spec.RenewTime.String()
+			if first == "" {
+				first = now
+			}
+			if now == first {
+				return fmt.Errorf("renewed at %s only", now)
+			}
+			return nil
+		})
+		logs, err := c.PodLogs(ctx, "extension-"+ControllerInstallation, map[string]string{"app.kubernetes.io/name": "tendril-seed"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(logs, "\n") {
+			if strings.Contains(l, "forbidden") {
+				t.Errorf("tendril-seed refused by its RBAC: %s", l)
+			}
+		}
+	})
+
+	t.Run("NetworkPoliciesEnforced", func(t *testing.T) {
+		// Gardener's NetworkPolicy controllers wrote deny-all and the Service-annotation
+		// policies; kube-router drops what they do not allow.
+		ns := "extension-" + ControllerInstallation
+		var xds corev1.Service
+		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "tendril-xds"}, &xds); err != nil {
+			t.Fatal(err)
+		}
+		target := net.JoinHostPort(xds.Spec.ClusterIP, "18000")
+		for _, p := range []struct {
+			name   string
+			labels map[string]string
+			want   bool
+		}{
+			{"unlabelled", nil, false},
+			{"to-xds", map[string]string{"networking.resources.gardener.cloud/to-tendril-xds-tcp-18000": "allowed"}, true},
+		} {
+			if _, err := c.ProbePod(ctx, ns, "probe-"+p.name, p.labels, 8080); err != nil {
+				t.Fatal(err)
+			}
+			open, detail, err := c.Dial(ctx, ns, "probe-"+p.name, target, 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if open != p.want {
+				t.Errorf("%s pod -> tendril-xds %s: open %v (%s), want %v", p.name, target, open, detail, p.want)
+			}
 		}
 	})
 

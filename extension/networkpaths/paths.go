@@ -32,10 +32,15 @@ import (
 )
 
 // NewControllers returns a manager running gardenlet's seed NetworkPolicy controller and GRM's
-// NetworkPolicy controller against the API server cfg names; the caller starts it (it runs until
-// its context ends) and owns the goroutine that does. Start it after the World is built, so the
-// controllers' first pass sees it all.
+// NetworkPolicy controller against the API server cfg names, for a seed whose networks are
+// RuntimeNetworks; the caller starts it (it runs until its context ends) and owns the goroutine
+// that does. Start it after the World is built, so the controllers' first pass sees it all.
 func NewControllers(ctx context.Context, cfg *rest.Config, log logr.Logger) (manager.Manager, error) {
+	return NewSeedControllers(ctx, cfg, RuntimeNetworks, log)
+}
+
+// NewSeedControllers is NewControllers for a seed with the given networks (the real seed's).
+func NewSeedControllers(ctx context.Context, cfg *rest.Config, networks gardenletnetworkpolicy.RuntimeNetworkConfig, log logr.Logger) (manager.Manager, error) {
 	if log.GetSink() == nil {
 		log = logr.Discard()
 	}
@@ -64,7 +69,7 @@ func NewControllers(ctx context.Context, cfg *rest.Config, log logr.Logger) (man
 	// adds it for the seed (no extra namespace selectors).
 	if err := (&gardenletnetworkpolicy.Reconciler{
 		Resolver:        hostnameresolver.NewNoOpProvider(),
-		RuntimeNetworks: RuntimeNetworks,
+		RuntimeNetworks: networks,
 	}).AddToManager(mgr, mgr); err != nil {
 		return nil, fmt.Errorf("gardenlet networkpolicy controller: %w", err)
 	}

@@ -1,0 +1,103 @@
+// Command tendril-probe is the real local seed's network probe (make seed): its pods stand in
+// for a component on a network path and tell whether a connection passes. `tendril-probe
+// serve PORT...` listens on the TCP ports and holds what connects (a probe pod's main process:
+// the source or destination of a path); `tendril-probe dial ADDRESS` exits 0 when a TCP
+// connection to ADDRESS opens within --timeout and 1 when it does not, saying why (run in a
+// probe pod with kubectl exec). It is a developer tool; nothing of a seed or a shoot runs it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/tendril-net/tendril/internal/buildinfo"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: tendril-probe serve PORT... | dial [--timeout 2s] ADDRESS | --version")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "--version":
+		fmt.Println(buildinfo.String("tendril-probe"))
+	case "serve":
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		defer stop()
+		if err := serve(ctx, os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "tendril-probe:", err)
+			os.Exit(1)
+		}
+	case "dial":
+		fs := flag.NewFlagSet("dial", flag.ExitOnError)
+		timeout := fs.Duration("timeout", 2*time.Second, "how long the connection may take to open")
+		_ = fs.Parse(os.Args[2:])
+		if fs.NArg() != 1 {
+			fmt.Fprintln(os.Stderr, "usage: tendril-probe dial [--timeout 2s] ADDRESS")
+			os.Exit(2)
+		}
+		c, err := net.DialTimeout("tcp", fs.Arg(0), *timeout)
+		if err != nil {
+			fmt.Println("closed:", err)
+			os.Exit(1)
+		}
+		c.Close()
+		fmt.Println("open")
+	default:
+		fmt.Fprintf(os.Stderr, "tendril-probe: unknown command %q\n", os.Args[1])
+		os.Exit(2)
+	}
+}
+
+// serve accepts on every port until ctx ends; each connection is held until its peer closes it.
+func serve(ctx context.Context, ports []string) error {
+	if len(ports) == 0 {
+		return errors.New("serve: no port")
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	for _, p := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort("", p))
+		if err != nil {
+			return err
+		}
+		lns = append(lns, l)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer c.Close()
+					stop := context.AfterFunc(ctx, func() { c.Close() })
+					defer stop()
+					_, _ = c.Read(make([]byte, 1))
+				}()
+			}
+		}()
+	}
+	<-ctx.Done()
+	for _, l := range lns {
+		l.Close()
+	}
+	return nil
+}

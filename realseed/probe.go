@@ -1,0 +1,125 @@
+package realseed
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/remotecommand"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// ProbePod starts a probe pod (tendril-probe serve ports) name in namespace ns with labels, a
+// stand-in for a component on a network path, and returns its address once it runs. It is
+// restricted-PSS compliant, so it runs in any namespace.
+func (c *Cluster) ProbePod(ctx context.Context, ns, name string, labels map[string]string, ports ...int32) (string, error) {
+	c.probeOnce.Do(func() {
+		c.probeImage, c.probeErr = c.pushBinary(filepath.Join(c.cfg.BinDir, "tendril-probe"), "tendril/probe", "1")
+	})
+	if c.probeErr != nil {
+		return "", c.probeErr
+	}
+	args := []string{"serve"}
+	var cports []corev1.ContainerPort
+	for _, p := range ports {
+		args = append(args, fmt.Sprint(p))
+		cports = append(cports, corev1.ContainerPort{ContainerPort: p})
+	}
+	no, yes, grace := false, true, int64(1)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}, Spec: corev1.PodSpec{
+		TerminationGracePeriodSeconds: &grace,
+		AutomountServiceAccountToken:  &no,
+		SecurityContext:               &corev1.PodSecurityContext{RunAsNonRoot: &yes, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+		Containers: []corev1.Container{{Name: "probe", Image: c.probeImage, Args: args, Ports: cports,
+			SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
+				Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}},
+	}}
+	if err := c.Client.Create(ctx, pod); err != nil {
+		return "", fmt.Errorf("probe pod %s/%s: %w", ns, name, err)
+	}
+	var ip string
+	err := c.waitFor(ctx, "kubelet", "probe pod "+ns+"/"+name+" running", 2*time.Minute, func(ctx context.Context) error {
+		var p corev1.Pod
+		if err := c.Client.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
+			return err
+		}
+		if p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
+			return fmt.Errorf("pod %s", p.Status.Phase)
+		}
+		ip = p.Status.PodIP
+		return nil
+	})
+	return ip, err
+}
+
+// Dial runs `tendril-probe dial address` in probe pod ns/name (an exec through kube-apiserver and
+// the kubelet) and tells whether the connection opened; detail is what the probe printed. An
+// error means the probe could not run, not that the path is closed.
+func (c *Cluster) Dial(ctx context.Context, ns, name, address string, timeout time.Duration) (open bool, detail string, err error) {
+	cs, err := kubernetes.NewForConfig(c.REST)
+	if err != nil {
+		return false, "", err
+	}
+	req := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: "probe", Command: []string{"/tendril-probe", "dial", "--timeout", timeout.String(), address}, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	// As kubectl exec: WebSocket, SPDY where the server has no WebSocket.
+	ws, err := remotecommand.NewWebSocketExecutor(c.REST, "GET", req.URL().String())
+	if err != nil {
+		return false, "", err
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(c.REST, "POST", req.URL())
+	if err != nil {
+		return false, "", err
+	}
+	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, httpstream.IsUpgradeFailure)
+	if err != nil {
+		return false, "", err
+	}
+	// Two buffers: the streams are copied by goroutines of their own.
+	var stdout, stderr bytes.Buffer
+	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})
+	detail = strings.TrimSpace(stdout.String() + " " + stderr.String())
+	var exit interface{ ExitStatus() int }
+	switch {
+	case err == nil && detail == "open":
+		return true, detail, nil
+	case errors.As(err, &exit) && exit.ExitStatus() == 1:
+		return false, detail, nil
+	case err == nil:
+		return false, detail, fmt.Errorf("probe %s/%s printed %q", ns, name, detail)
+	default:
+		return false, detail, fmt.Errorf("exec in probe %s/%s: %w (%s)", ns, name, err, detail)
+	}
+}
+
+// PodLogs is the logs of every container of the pods labelled labels in ns, one after another.
+func (c *Cluster) PodLogs(ctx context.Context, ns string, labels map[string]string) (string, error) {
+	cs, err := kubernetes.NewForConfig(c.REST)
+	if err != nil {
+		return "", err
+	}
+	var pods corev1.PodList
+	if err := c.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(labels)); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, p := range pods.Items {
+		for _, ct := range p.Spec.Containers {
+			out, err := cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: ct.Name}).DoRaw(ctx)
+			if err != nil {
+				return "", fmt.Errorf("logs of %s/%s %s: %w", ns, p.Name, ct.Name, err)
+			}
+			b.Write(out)
+		}
+	}
+	return b.String(), nil
+}
