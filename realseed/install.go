@@ -106,13 +106,7 @@ func (c *Cluster) gardenerSeed(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.bg.Add(1)
-	go func() {
-		defer c.bg.Done()
-		if err := mgr.Start(c.grmCtx); err != nil && c.grmCtx.Err() == nil {
-			fmt.Fprintf(c.cfg.Out, "seed resource manager: %v\n", err)
-		}
-	}()
+	c.background("seed resource manager", mgr)
 	// gardenlet's seed NetworkPolicy controller and the seed resource manager's NetworkPolicy
 	// controller, Gardener's own code in this process, for this seed's networks: kube-router
 	// enforces what they write.
@@ -120,13 +114,7 @@ func (c *Cluster) gardenerSeed(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.bg.Add(1)
-	go func() {
-		defer c.bg.Done()
-		if err := np.Start(c.grmCtx); err != nil && c.grmCtx.Err() == nil {
-			fmt.Fprintf(c.cfg.Out, "seed NetworkPolicy controllers: %v\n", err)
-		}
-	}()
+	c.background("seed NetworkPolicy controllers", np)
 	sys := seedsystem.New(c.Client, v1beta1constants.GardenNamespace, seedsystem.Values{ManagePriorityClasses: true})
 	if err := sys.Deploy(ctx); err != nil {
 		return fmt.Errorf("seed system component: %w", err)
@@ -218,6 +206,17 @@ func (c *Cluster) InstallTendril(ctx context.Context, rel Release) (*Installatio
 		return nil, err
 	}
 	return inst, nil
+}
+
+// background runs a manager of Gardener's controllers until Stop; Stop waits for it.
+func (c *Cluster) background(name string, mgr interface{ Start(context.Context) error }) {
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		if err := mgr.Start(c.grmCtx); err != nil && c.grmCtx.Err() == nil {
+			fmt.Fprintf(c.cfg.Out, "%s: %v\n", name, err)
+		}
+	}()
 }
 
 // runtimeNetworks are the seed's networks as the Seed's spec.networks gives them to gardenlet.

@@ -22,6 +22,15 @@ import (
 // stand-in for a component on a network path, and returns its address once it runs. It is
 // restricted-PSS compliant, so it runs in any namespace.
 func (c *Cluster) ProbePod(ctx context.Context, ns, name string, labels map[string]string, ports ...int32) (string, error) {
+	var cports []corev1.ContainerPort
+	for _, p := range ports {
+		cports = append(cports, corev1.ContainerPort{ContainerPort: p})
+	}
+	return c.probePod(ctx, ns, name, labels, nil, cports, ports)
+}
+
+// probePod is ProbePod with the pod's annotations and declared ports apart from those it serves.
+func (c *Cluster) probePod(ctx context.Context, ns, name string, labels, annotations map[string]string, cports []corev1.ContainerPort, serve []int32) (string, error) {
 	c.probeOnce.Do(func() {
 		c.probeImage, c.probeErr = c.pushBinary(filepath.Join(c.cfg.BinDir, "tendril-probe"), "tendril/probe", "1")
 	})
@@ -29,16 +38,17 @@ func (c *Cluster) ProbePod(ctx context.Context, ns, name string, labels map[stri
 		return "", c.probeErr
 	}
 	args := []string{"serve"}
-	var cports []corev1.ContainerPort
-	for _, p := range ports {
+	for _, p := range serve {
 		args = append(args, fmt.Sprint(p))
-		cports = append(cports, corev1.ContainerPort{ContainerPort: p})
 	}
 	no, yes, grace := false, true, int64(1)
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}, Spec: corev1.PodSpec{
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels, Annotations: annotations}, Spec: corev1.PodSpec{
 		TerminationGracePeriodSeconds: &grace,
 		AutomountServiceAccountToken:  &no,
-		SecurityContext:               &corev1.PodSecurityContext{RunAsNonRoot: &yes, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+		SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: &yes, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			// A probe stands in for kube-apiserver on 443 without a capability: a safe sysctl,
+			// which restricted Pod Security admits.
+			Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_unprivileged_port_start", Value: "0"}}},
 		Containers: []corev1.Container{{Name: "probe", Image: c.probeImage, Args: args, Ports: cports,
 			SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
 				Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}},

@@ -613,26 +613,34 @@ func killShims(socket string) {
 // shim was killed), so that the cgroups can be removed.
 func killCgroup(name string) {
 	for attempt := 0; attempt < 10; attempt++ {
-		var left int
-		files, _ := filepath.Glob("/sys/fs/cgroup/*/" + name)
-		for _, root := range files {
-			_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-				if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
-					return nil
-				}
-				b, _ := os.ReadFile(p)
-				for _, f := range strings.Fields(string(b)) {
-					if pid, err := strconv.Atoi(f); err == nil {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-						left++
-					}
-				}
-				return nil
-			})
-		}
-		if left == 0 {
+		pids := cgroupPids("/sys/fs/cgroup/*/" + name)
+		if len(pids) == 0 {
 			return
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// cgroupPids are the processes in the cgroups matching pattern and below them.
+func cgroupPids(pattern string) []int {
+	var pids []int
+	roots, _ := filepath.Glob(pattern)
+	for _, root := range roots {
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+				return nil
+			}
+			b, _ := os.ReadFile(p)
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					pids = append(pids, pid)
+				}
+			}
+			return nil
+		})
+	}
+	return pids
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -59,6 +60,8 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+var update = flag.Bool("update", false, "rewrite docs/network-paths-measured.md")
 
 func TestMain(m *testing.M) {
 	ctrllog.SetLogger(logr.Discard()) // Gardener's controllers log through it
@@ -216,6 +219,30 @@ func TestRealSeed(t *testing.T) {
 			if open != p.want {
 				t.Errorf("%s pod -> tendril-xds %s: open %v (%s), want %v", p.name, target, open, detail, p.want)
 			}
+		}
+	})
+
+	t.Run("NetworkPathsMeasured", func(t *testing.T) {
+		rows, err := c.MeasurePaths(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.Measured != r.Evaluated {
+				t.Errorf("%s → %s :%d (%s): the policies say %v, the connection %s", r.From, r.To, r.Port, r.Why, r.Evaluated, r.Detail)
+			}
+		}
+		doc := PathsDocument(rows)
+		t.Log("\n" + doc)
+		path := filepath.Join(kubetest.RepoRoot(t), "docs", "network-paths-measured.md")
+		if *update {
+			if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		if old, err := os.ReadFile(path); err != nil || string(old) != doc {
+			t.Errorf("docs/network-paths-measured.md is stale (go test ./realseed -run TestRealSeed -update, as root): %v", err)
 		}
 	})
 

@@ -45,9 +45,9 @@ func Run(ctx context.Context, cfg Config, once bool) (err error) {
 }
 
 // RSS is the resident memory of every process of the cluster: the daemons Start ran, the
-// containerd shims and every container.
+// containerd shims, every container, and this process (Gardener's controllers run in it).
 func (c *Cluster) RSS() int64 {
-	pids := map[int]bool{}
+	pids := map[int]bool{os.Getpid(): true}
 	for name := range c.ended {
 		if pid, ok := c.procs.Pid(name); ok && c.running(name) {
 			pids[pid] = true
@@ -63,20 +63,8 @@ func (c *Cluster) RSS() int64 {
 			pids[pid] = true
 		}
 	}
-	cgs, _ := filepath.Glob("/sys/fs/cgroup/memory/kubepods")
-	for _, root := range cgs {
-		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
-				return nil
-			}
-			b, _ := os.ReadFile(p)
-			for _, f := range strings.Fields(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil {
-					pids[pid] = true
-				}
-			}
-			return nil
-		})
+	for _, pid := range cgroupPids("/sys/fs/cgroup/memory/kubepods") {
+		pids[pid] = true
 	}
 	var total int64
 	for pid := range pids {

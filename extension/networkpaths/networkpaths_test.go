@@ -43,11 +43,7 @@ var (
 )
 
 func shootValues(ns string, mode tendrilv1alpha1.EgressMode) manifest.Values {
-	return manifest.Values{
-		Namespace: ns, Image: "tendril:test", Egress: mode, IngressNamespace: extNS,
-		Secrets: manifest.SecretNames{ServerTLS: "tls", ClientCA: "ca", ServerWireGuard: "wg"},
-		Tunnel:  manifest.Tunnel{Agents: []manifest.Agent{{}}}, // one agent (its keys do not matter here)
-	}
+	return ShootValues(ns, mode, extNS)
 }
 
 // TestNetworkPaths runs Gardener's seed NetworkPolicy controllers over the rendered chart and two
@@ -64,23 +60,7 @@ func TestNetworkPaths(t *testing.T) {
 	// Two shoots: tendril-server (extension/manifest), Gardener's kube-apiserver Service
 	// (apiserverexposure, Gardener's own code) and pods, a Prometheus.
 	for _, s := range []Shoot{a, b} {
-		if err := w.Namespace(ctx, s.Namespace, ShootNamespaceLabels()); err != nil {
-			t.Fatal(err)
-		}
-		var server corev1.PodTemplateSpec
-		for _, obj := range manifest.SeedObjects(shootValues(s.Namespace, s.Egress)) {
-			if d, ok := obj.(*appsv1.Deployment); ok {
-				server = d.Spec.Template
-				continue
-			}
-			if err := w.Create(ctx, obj); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := DeployKubeAPIServerService(ctx, env.Client, s.Namespace); err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Shoot(ctx, s, server); err != nil {
+		if err := w.ShootControlPlane(ctx, s, extNS); err != nil {
 			t.Fatal(err)
 		}
 	}

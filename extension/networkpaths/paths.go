@@ -101,7 +101,9 @@ type Path struct {
 
 // The seed's actors; a shoot's are Shoot's.
 const (
-	world     = "load balancer (internet)"
+	// Internet is the actor outside the cluster: the load balancer and the internet behind it.
+	Internet  = "load balancer (internet)"
+	world     = Internet
 	seedAPI   = "seed kube-apiserver (node network)"
 	ingress   = "tendril-ingress"
 	seed      = "tendril-seed"

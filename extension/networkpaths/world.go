@@ -186,12 +186,39 @@ type World struct {
 	nextIP     int
 	actors     map[string]netpoleval.Endpoint
 	namespaces map[string]*corev1.Namespace
+	pods       map[string]*corev1.Pod
+	opts       WorldOptions
+}
+
+// PodMaker creates the pod named name in namespace ns from a Deployment's template and returns it
+// as stored, with its address.
+type PodMaker func(ctx context.Context, ns, name string, tmpl corev1.PodTemplateSpec) (*corev1.Pod, error)
+
+// WorldOptions change how a World is built; the zero value builds it in envtest.
+type WorldOptions struct {
+	// MakePod creates each pod (nil: the pod as the template has it, with the next address of
+	// 10.244.0.0/16 written into its status, for an API server without a kubelet).
+	MakePod PodMaker
+	// SeedAPIServer is the seed API server's address on the node network (default 10.250.0.10,
+	// with Endpoints written for it where there are none).
+	SeedAPIServer netip.Addr
+	// Mutate changes each object before it is created (nil: none).
+	Mutate func(client.Object)
 }
 
 // NewWorld builds in the API server c talks to.
-func NewWorld(c client.Client) *World {
-	return &World{c: c, actors: map[string]netpoleval.Endpoint{}, namespaces: map[string]*corev1.Namespace{}}
+func NewWorld(c client.Client) *World { return NewWorldWith(c, WorldOptions{}) }
+
+// NewWorldWith builds in the API server c talks to as opts say.
+func NewWorldWith(c client.Client, opts WorldOptions) *World {
+	if !opts.SeedAPIServer.IsValid() {
+		opts.SeedAPIServer = netip.MustParseAddr("10.250.0.10")
+	}
+	return &World{c: c, actors: map[string]netpoleval.Endpoint{}, namespaces: map[string]*corev1.Namespace{}, pods: map[string]*corev1.Pod{}, opts: opts}
 }
+
+// Pods are the actors' pods by actor name (the outside actors have none).
+func (w *World) Pods() map[string]*corev1.Pod { return w.pods }
 
 // Actors are the endpoints by actor name.
 func (w *World) Actors() map[string]netpoleval.Endpoint { return w.actors }
@@ -219,9 +246,12 @@ func (w *World) Namespace(ctx context.Context, name string, labels map[string]st
 	return nil
 }
 
-// Create creates obj (a Service, ServiceAccount, …) as it is.
+// Create creates obj (a Service, ServiceAccount, …) as it is (after WorldOptions.Mutate).
 func (w *World) Create(ctx context.Context, obj client.Object) error {
 	obj.SetResourceVersion("")
+	if w.opts.Mutate != nil {
+		w.opts.Mutate(obj)
+	}
 	if err := w.c.Create(ctx, obj); err != nil {
 		return fmt.Errorf("create %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
 	}
@@ -235,6 +265,22 @@ func (w *World) Pod(ctx context.Context, actor, ns, name string, tmpl corev1.Pod
 	if !ok {
 		return fmt.Errorf("pod %s/%s: namespace not made by the world", ns, name)
 	}
+	mk := w.opts.MakePod
+	if mk == nil {
+		mk = w.envtestPod
+	}
+	stored, err := mk(ctx, ns, name, tmpl)
+	if err != nil {
+		return err
+	}
+	w.pods[actor] = stored
+	w.actors[actor] = netpoleval.Pod(stored, nsObj)
+	return nil
+}
+
+// envtestPod is the default PodMaker: the pod as its template has it, with the next pod address
+// written into its status (envtest runs no kubelet).
+func (w *World) envtestPod(ctx context.Context, ns, name string, tmpl corev1.PodTemplateSpec) (*corev1.Pod, error) {
 	w.nextIP++
 	// 10.244.0.0/16 (RuntimeNetworks.Pods), 250 addresses per /24.
 	ip := netip.AddrFrom4([4]byte{10, 244, byte(w.nextIP / 250), byte(w.nextIP%250 + 1)})
@@ -243,18 +289,17 @@ func (w *World) Pod(ctx context.Context, actor, ns, name string, tmpl corev1.Pod
 	// concern of NetworkPolicies.
 	p.Spec.ServiceAccountName, p.Spec.PriorityClassName = "", ""
 	if err := w.Create(ctx, p); err != nil {
-		return err
+		return nil, err
 	}
 	p.Status.PodIP, p.Status.PodIPs = ip.String(), []corev1.PodIP{{IP: ip.String()}}
 	if err := w.c.Status().Update(ctx, p); err != nil {
-		return fmt.Errorf("pod %s/%s status: %w", ns, name, err)
+		return nil, fmt.Errorf("pod %s/%s status: %w", ns, name, err)
 	}
 	stored := &corev1.Pod{}
 	if err := w.c.Get(ctx, client.ObjectKeyFromObject(p), stored); err != nil {
-		return err
+		return nil, err
 	}
-	w.actors[actor] = netpoleval.Pod(stored, nsObj)
-	return nil
+	return stored, nil
 }
 
 // Seed makes the seed's side: garden, the extension namespace extNS with the tendril-seed
@@ -272,7 +317,7 @@ func (w *World) Seed(ctx context.Context, scheme *runtime.Scheme, extNS string) 
 	if apierrors.IsNotFound(err) {
 		err = w.Create(ctx, &corev1.Endpoints{ //nolint:staticcheck // gardenlet reads Endpoints
 			ObjectMeta: metav1.ObjectMeta{Namespace: corev1.NamespaceDefault, Name: "kubernetes"},
-			Subsets:    []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: "10.250.0.10"}}, Ports: []corev1.EndpointPort{{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP}}}},
+			Subsets:    []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: w.opts.SeedAPIServer.String()}}, Ports: []corev1.EndpointPort{{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP}}}},
 		})
 	}
 	if err != nil {
@@ -308,7 +353,7 @@ func (w *World) Seed(ctx context.Context, scheme *runtime.Scheme, extNS string) 
 		return err
 	}
 	w.actors[world] = netpoleval.External(world, netip.MustParseAddr("203.0.113.10"))
-	w.actors[seedAPI] = netpoleval.External(seedAPI, netip.MustParseAddr("10.250.0.10"))
+	w.actors[seedAPI] = netpoleval.External(seedAPI, w.opts.SeedAPIServer)
 	return nil
 }
 
@@ -331,4 +376,38 @@ func (w *World) Shoot(ctx context.Context, s Shoot, server corev1.PodTemplateSpe
 		return err
 	}
 	return w.Pod(ctx, s.Prometheus(), s.Namespace, "prometheus-shoot-0", prometheusPod())
+}
+
+// ShootValues are extension/manifest's values for a shoot's seed objects in a World: only what
+// the NetworkPolicies see matters (the Services, the pod template's labels and ports).
+func ShootValues(ns string, mode tendrilv1alpha1.EgressMode, extNS string) manifest.Values {
+	return manifest.Values{
+		Namespace: ns, Image: "tendril:test", Egress: mode, IngressNamespace: extNS,
+		Secrets: manifest.SecretNames{ServerTLS: "tls", ClientCA: "ca", ServerWireGuard: "wg"},
+		Tunnel:  manifest.Tunnel{Agents: []manifest.Agent{{}}}, // one agent (its keys do not matter here)
+	}
+}
+
+// ShootControlPlane makes shoot s as the extension and Gardener would for the extension in
+// namespace extNS: the namespace as gardenlet labels it, tendril-server's Service and pod
+// (extension/manifest), Gardener's kube-apiserver Service (apiserverexposure, Gardener's own
+// code) and pods (Shoot).
+func (w *World) ShootControlPlane(ctx context.Context, s Shoot, extNS string) error {
+	if err := w.Namespace(ctx, s.Namespace, ShootNamespaceLabels()); err != nil {
+		return err
+	}
+	var server corev1.PodTemplateSpec
+	for _, obj := range manifest.SeedObjects(ShootValues(s.Namespace, s.Egress, extNS)) {
+		if d, ok := obj.(*appsv1.Deployment); ok {
+			server = d.Spec.Template
+			continue
+		}
+		if err := w.Create(ctx, obj); err != nil {
+			return err
+		}
+	}
+	if err := DeployKubeAPIServerService(ctx, w.c, s.Namespace); err != nil {
+		return err
+	}
+	return w.Shoot(ctx, s, server)
 }
