@@ -32,9 +32,10 @@ state = "{{.Dir}}/run/containerd"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{{.CNIBinDir}}"
     conf_dir = "{{.Dir}}/etc/cni/net.d"
-  # The local registry speaks plain HTTP on loopback, as a cluster's in-house mirror might.
+  # The local registry speaks plain HTTP, as a cluster's in-house mirror might; a node in a
+  # network namespace of its own reaches it through its link to the machine.
   [plugins."io.containerd.grpc.v1.cri".registry.mirrors."{{.Registry}}"]
-    endpoint = ["http://{{.Registry}}"]
+    endpoint = ["http://{{.RegistryEndpoint}}"]
 [plugins."io.containerd.internal.v1.opt"]
   path = "{{.Dir}}/var/containerd-opt"
 `))
@@ -58,7 +59,9 @@ kind: KubeletConfiguration
 # This machine has cgroup v1 only (the memory controller is bound to the v1 hierarchy):
 # kubelet 1.37 still runs there when told to.
 failCgroupV1: false
-cgroupDriver: cgroupfs
+cgroupDriver: cgroupfs{{if .CgroupRoot}}
+# A second kubelet on the machine keeps its pods' cgroups apart from the first's.
+cgroupRoot: {{.CgroupRoot}}{{end}}
 containerRuntimeEndpoint: unix://{{.ContainerdSocket}}
 imageServiceEndpoint: unix://{{.ContainerdSocket}}
 podLogsDir: {{.Dir}}/var/log/pods
@@ -110,7 +113,7 @@ storage:
   delete:
     enabled: true
 http:
-  addr: {{.Registry}}
+  addr: {{.Listen}}
 `))
 
 	kubeconfigYAML = template.Must(template.New("kubeconfig").Parse(`apiVersion: v1

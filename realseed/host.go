@@ -122,11 +122,16 @@ func (c *Cluster) guard() error {
 	rules := fmt.Sprintf(`table inet %[1]s {
   chain postrouting {
     type filter hook postrouting priority 10; policy accept;
-    oifname %[2]q ip saddr %[3]s counter drop
-    oifname %[2]q ip daddr { %[3]s, %[4]s } counter drop
+    oifname %[2]q ip saddr { %[3]s, %[5]s } counter drop
+    oifname %[2]q ip daddr { %[3]s, %[4]s, %[5]s } counter drop
+  }
+  # The registry listens on every address for the nodes' links; not for the uplink.
+  chain input {
+    type filter hook input priority 0; policy accept;
+    iifname %[2]q tcp dport %[6]d counter drop
   }
 }
-`, guardTable, c.uplink, PodCIDR, ServiceCIDR)
+`, guardTable, c.uplink, PodCIDR, ServiceCIDR, NodeLinkCIDR, RegistryPort)
 	_ = exec.Command("nft", "delete", "table", "inet", guardTable).Run() // a table a killed run left
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
@@ -191,6 +196,12 @@ func (c *Cluster) restore() error {
 		}
 	}
 	errs = append(errs, removeCgroups("kubepods")...)
+	for _, n := range c.nodes {
+		errs = append(errs, removeCgroups(n.cgroupRoot())...)
+		if err := n.remove(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for d, existed := range h.dirsBefore {
 		if !existed {
 			_ = os.RemoveAll(d)

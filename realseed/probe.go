@@ -26,11 +26,20 @@ func (c *Cluster) ProbePod(ctx context.Context, ns, name string, labels map[stri
 	for _, p := range ports {
 		cports = append(cports, corev1.ContainerPort{ContainerPort: p})
 	}
-	return c.probePod(ctx, ns, name, labels, nil, cports, ports)
+	return c.probePod(ctx, ns, name, "", labels, nil, cports, ports)
+}
+
+// ProbePodOn is ProbePod on the node nodeName.
+func (c *Cluster) ProbePodOn(ctx context.Context, nodeName, ns, name string, labels map[string]string, ports ...int32) (string, error) {
+	var cports []corev1.ContainerPort
+	for _, p := range ports {
+		cports = append(cports, corev1.ContainerPort{ContainerPort: p})
+	}
+	return c.probePod(ctx, ns, name, nodeName, labels, nil, cports, ports)
 }
 
 // probePod is ProbePod with the pod's annotations and declared ports apart from those it serves.
-func (c *Cluster) probePod(ctx context.Context, ns, name string, labels, annotations map[string]string, cports []corev1.ContainerPort, serve []int32) (string, error) {
+func (c *Cluster) probePod(ctx context.Context, ns, name, nodeName string, labels, annotations map[string]string, cports []corev1.ContainerPort, serve []int32) (string, error) {
 	c.probeOnce.Do(func() {
 		c.probeImage, c.probeErr = c.pushBinary(filepath.Join(c.cfg.BinDir, "tendril-probe"), "tendril/probe", "1")
 	})
@@ -43,6 +52,7 @@ func (c *Cluster) probePod(ctx context.Context, ns, name string, labels, annotat
 	}
 	no, yes, grace := false, true, int64(1)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels, Annotations: annotations}, Spec: corev1.PodSpec{
+		NodeName:                      nodeName,
 		TerminationGracePeriodSeconds: &grace,
 		AutomountServiceAccountToken:  &no,
 		SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: &yes, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},

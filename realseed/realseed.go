@@ -130,6 +130,8 @@ type Cluster struct {
 	stopBG  context.CancelFunc
 	grmCtx  context.Context
 	started time.Time
+	// nodes are the extra nodes StartNode made.
+	nodes []*Node
 	// probeImage is tendril-probe's image, pushed on the first ProbePod.
 	probeOnce  sync.Once
 	probeImage string
@@ -259,8 +261,9 @@ func (c *Cluster) takeLock() error {
 // mounts: they are ended and unmounted first.
 func (c *Cluster) freshDirs() error {
 	killStale(c.path("pids"))
-	killShims(c.containerdSocket())
+	killShims(c.cfg.Dir) // the shims of every containerd under it: the nodes' too
 	killCgroup("kubepods")
+	killCgroup("tendril-node-*")
 	for _, m := range mountsUnder(c.cfg.Dir) {
 		_ = unix.Unmount(m, unix.MNT_DETACH)
 	}
@@ -279,7 +282,9 @@ func (c *Cluster) path(p ...string) string {
 	return filepath.Join(append([]string{c.cfg.Dir}, p...)...)
 }
 
-func (c *Cluster) logPath(name string) string { return c.path("logs", name+".log") }
+func (c *Cluster) logPath(name string) string {
+	return c.path("logs", strings.ReplaceAll(name, " ", "-")+".log")
+}
 
 func (c *Cluster) containerdSocket() string { return c.path("run", "containerd", "containerd.sock") }
 
@@ -289,19 +294,29 @@ func (c *Cluster) testbin(name string) string { return filepath.Join(c.cfg.Testb
 
 // start runs one of the cluster's processes in a session of its own.
 func (c *Cluster) start(name, path string, args ...string) error {
-	ended, err := c.procs.Start(name, c.logPath(name), procgroup.Options{Setsid: true}, path, args...)
+	return c.startWith(name, procgroup.Options{Setsid: true}, path, args...)
+}
+
+// startWith runs one of the cluster's processes as o says and writes its id and binary into the
+// state directory, where a later Start finds them if this run is killed.
+func (c *Cluster) startWith(name string, o procgroup.Options, path string, args ...string) error {
+	ended, err := c.procs.Start(name, c.logPath(name), o, path, args...)
 	if err != nil {
 		return err
 	}
 	c.ended[name] = ended
 	if pid, ok := c.procs.Pid(name); ok {
-		_ = os.WriteFile(c.path("pids", name), []byte(strconv.Itoa(pid)+"\n"), 0o644)
+		bin := path
+		if filepath.Base(path) == "nsenter" && len(args) > 2 { // nsenter --net=… -- binary: it execs binary
+			bin = args[2]
+		}
+		_ = os.WriteFile(c.path("pids", strings.ReplaceAll(name, " ", "-")), []byte(strconv.Itoa(pid)+" "+filepath.Base(bin)+"\n"), 0o644)
 	}
 	return nil
 }
 
 // killStale kills the processes whose ids a run that did not stop wrote into dir, if they still
-// run a binary of the same name.
+// run the binary it wrote beside the id.
 func killStale(dir string) {
 	files, _ := os.ReadDir(dir)
 	for _, f := range files {
@@ -309,11 +324,15 @@ func killStale(dir string) {
 		if err != nil {
 			continue
 		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		fields := strings.Fields(string(b))
+		if len(fields) != 2 {
+			continue
+		}
+		pid, err := strconv.Atoi(fields[0])
 		if err != nil {
 			continue
 		}
-		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.Contains(string(cmd), f.Name()) {
+		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.Contains(string(cmd), fields[1]) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
@@ -365,7 +384,10 @@ func httpOK(url string) func(context.Context) error {
 
 func (c *Cluster) startRegistry(ctx context.Context) error {
 	cfgPath := c.path("etc", "registry.yaml")
-	if err := render(registryYAML, map[string]string{"Dir": c.cfg.Dir, "Registry": c.Registry}, cfgPath); err != nil {
+	// On every address (nodes in network namespaces of their own pull through their links to
+	// the machine); the guard drops what comes for it through the uplink.
+	listen := net.JoinHostPort("0.0.0.0", strconv.Itoa(RegistryPort))
+	if err := render(registryYAML, map[string]string{"Dir": c.cfg.Dir, "Listen": listen}, cfgPath); err != nil {
 		return err
 	}
 	if err := c.start("registry", "docker-registry", "serve", cfgPath); err != nil {
@@ -382,7 +404,7 @@ func (c *Cluster) startRegistry(ctx context.Context) error {
 func (c *Cluster) startContainerd(ctx context.Context) error {
 	cfgPath := c.path("etc", "containerd.toml")
 	data := map[string]any{"Dir": c.cfg.Dir, "ContainerdSocket": c.containerdSocket(), "PauseImage": c.pauseImage,
-		"CNIBinDir": cniBinDir, "Registry": c.Registry}
+		"CNIBinDir": cniBinDir, "Registry": c.Registry, "RegistryEndpoint": c.Registry}
 	if err := render(containerdTOML, data, cfgPath); err != nil {
 		return err
 	}
@@ -569,6 +591,10 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	// their cgroups.
 	killShims(c.containerdSocket())
 	killCgroup("kubepods")
+	for _, n := range c.nodes {
+		killShims(n.socket())
+		killCgroup(n.cgroupRoot())
+	}
 	if err := c.restore(); err != nil {
 		errs = append(errs, err)
 	}

@@ -246,6 +246,31 @@ func TestRealSeed(t *testing.T) {
 		}
 	})
 
+	t.Run("SecondNode", func(t *testing.T) {
+		// A kubelet with its own containerd in a network namespace of its own: what a shoot's
+		// node will be (here registered with the seed).
+		n, err := c.StartNode(ctx, NodeConfig{Name: "tendril-node-1", Index: 1, PodCIDR: "10.244.1.0/24"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ip, err := c.ProbePodOn(ctx, "tendril-node-1", "default", "on-node-1", nil, 8080)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(ip, "10.244.1.") {
+			t.Errorf("pod on the second node has address %s, want one of its bridge's 10.244.1.0/24", ip)
+		}
+		// kube-apiserver → that kubelet (exec), and the pod → a pod on the first node.
+		var dns corev1.PodList
+		if err := c.Client.List(ctx, &dns, client.InNamespace("kube-system"), client.MatchingLabels{"k8s-app": "kube-dns"}); err != nil || len(dns.Items) == 0 {
+			t.Fatalf("CoreDNS pod: %v", err)
+		}
+		open, detail, err := c.Dial(ctx, "default", "on-node-1", net.JoinHostPort(dns.Items[0].Status.PodIP, "8053"), 2*time.Second)
+		if err != nil || !open {
+			t.Fatalf("pod on %s (%s) → CoreDNS pod on the first node: %v %s", n.IP, ip, err, detail)
+		}
+	})
+
 	if err := c.Stop(context.Background()); err != nil {
 		t.Errorf("stop: %v", err)
 	}
@@ -278,7 +303,24 @@ func machineState(t *testing.T) map[string]string {
 		t.Fatal(err)
 	}
 	s["ipsets"] = strings.Join(sets, ",")
+	// Only the cluster's own: other tests of make test make namespaces and links meanwhile.
+	nss, _ := filepath.Glob("/run/netns/tendril-node-*")
+	world, _ := filepath.Glob("/run/netns/" + worldNetns)
+	s["network namespaces"] = strings.Join(append(nss, world...), ",")
+	links, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range links {
+		if n := l.Attrs().Name; strings.HasPrefix(n, "tsnode") || n == worldHostLink || n == Bridge {
+			names = append(names, n)
+		}
+	}
+	s["links"] = strings.Join(names, ",")
 	cg, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
+	more, _ := filepath.Glob("/sys/fs/cgroup/*/tendril-node-*")
+	cg = append(cg, more...)
 	s["kubepods cgroups"] = strings.Join(cg, ",")
 	shims := 0
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
