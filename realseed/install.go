@@ -327,6 +327,9 @@ func (c *Cluster) deploymentReady(ctx context.Context, ns, name, image string) e
 	}
 	ready := int32(0)
 	for _, p := range pods.Items {
+		if err := pullFailed(&p); err != nil {
+			return &fatalError{fmt.Errorf("deployment %s: %w", name, err)}
+		}
 		ok := p.DeletionTimestamp == nil
 		for _, cs := range p.Status.ContainerStatuses {
 			ok = ok && cs.Ready
@@ -342,6 +345,21 @@ func (c *Cluster) deploymentReady(ctx context.Context, ns, name, image string) e
 	}
 	if ready < want {
 		return fmt.Errorf("deployment %s: %d of %d pods Ready (%s)", name, ready, want, c.podState(ctx, ns, d.Spec.Selector.MatchLabels))
+	}
+	return nil
+}
+
+// pullFailed tells why a container of the pod cannot start because its image cannot be pulled
+// (a wrong digest, a registry that is not there), or nil. kubelet goes on retrying with back-off;
+// the reason is already final.
+func pullFailed(p *corev1.Pod) error {
+	for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		if w := cs.State.Waiting; w != nil {
+			switch w.Reason {
+			case "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull":
+				return fmt.Errorf("pod %s, container %s: image %s: %s: %s", p.Name, cs.Name, cs.Image, w.Reason, w.Message)
+			}
+		}
 	}
 	return nil
 }

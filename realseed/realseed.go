@@ -353,6 +353,10 @@ func (c *Cluster) waitFor(ctx context.Context, name, what string, timeout time.D
 		if last == nil {
 			return nil
 		}
+		var fatal *fatalError
+		if errors.As(last, &fatal) {
+			return fmt.Errorf("%s: no %s: %w", name, what, fatal.err)
+		}
 		select {
 		case <-c.ended[name]:
 			return fmt.Errorf("%s ended before %s (%v); its log %s ends:\n%s", name, what, last, c.logPath(name), procgroup.LogTail(c.logPath(name)))
@@ -362,6 +366,13 @@ func (c *Cluster) waitFor(ctx context.Context, name, what string, timeout time.D
 		}
 	}
 }
+
+// fatalError ends a waitFor at once: what it waits for cannot come (an image that cannot be
+// pulled), and waiting out the deadline would only hide why.
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
 
 // httpOK checks that url answers 200.
 func httpOK(url string) func(context.Context) error {

@@ -2,23 +2,19 @@ package realseed
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
-	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/vishvananda/netlink"
-	coordinationv1 "k8s.io/api/coordination/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,7 +22,6 @@ import (
 
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/sysctl"
-	"github.com/tendril-net/tendril/internal/testwait"
 )
 
 // testConfig is the configuration of a real seed for a test: the testbin and seedbin
@@ -119,9 +114,11 @@ func TestRealSeed(t *testing.T) {
 		}
 	})
 
+	var inst *Installation
 	t.Run("InstallTendril", func(t *testing.T) {
 		// A heartbeat every 2 s (the chart's default is 30 s): the RBAC check below sees it beat.
-		inst, err := c.InstallTendril(ctx, Release{Values: map[string]any{"heartbeat": map[string]any{"renewIntervalSeconds": 2}}})
+		var err error
+		inst, err = c.InstallTendril(ctx, Release{Values: map[string]any{"heartbeat": map[string]any{"renewIntervalSeconds": 2}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,62 +130,19 @@ func TestRealSeed(t *testing.T) {
 		if !strings.HasSuffix(inst.Image, "@"+strings.TrimSpace(string(want))) {
 			t.Errorf("pods run %s, make image built %s", inst.Image, want)
 		}
-		// The ingress's Service got the node's address from the shim, kube-proxy forwards it to
-		// the tendril-ingress pods, and a server name no shoot has is refused: the connection
-		// is closed without a ServerHello.
-		lb, err := c.LoadBalancerAddress(ctx, inst.Namespace, "tendril-ingress")
-		if err != nil {
+		if err := c.CheckIngressRefusesUnknownName(ctx, inst); err != nil {
 			t.Fatal(err)
-		}
-		// kube-proxy programs the address within its sync period after the shim wrote it:
-		// until then the node refuses the port.
-		var conn *tls.Conn
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-			conn, err = tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", net.JoinHostPort(lb, "443"),
-				&tls.Config{ServerName: "api.unknown.example.com", InsecureSkipVerify: true})
-			if !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
-				break
-			}
-		}
-		if err == nil {
-			conn.Close()
-			t.Fatal("TLS to an unknown server name through the ingress completed a handshake")
-		}
-		if !errors.Is(err, io.EOF) && !strings.Contains(err.Error(), "reset") {
-			t.Fatalf("TLS to an unknown server name: %v, want the connection closed", err)
 		}
 	})
 
+	if inst == nil {
+		t.Fatal("tendril is not installed")
+	}
 	t.Run("TendrilSeedUnderItsRBAC", func(t *testing.T) {
 		// The heartbeat renews its Lease, and nothing tendril-seed does is refused by the
 		// chart's RBAC (envtest runs it as admin; here it has its service account).
-		key := client.ObjectKey{Namespace: "extension-" + ControllerInstallation, Name: "gardener-extension-heartbeat"}
-		var first string
-		testwait.For(t, "the heartbeat Lease renewed", func() error {
-			var lease coordinationv1.Lease
-			if err := c.Client.Get(ctx, key, &lease); err != nil {
-				return err
-			}
-			if lease.Spec.RenewTime == nil {
-				return errors.New("no renew time")
-			}
-			now := lease.Spec.RenewTime.String()
-			if first == "" {
-				first = now
-			}
-			if now == first {
-				return fmt.Errorf("renewed at %s only", now)
-			}
-			return nil
-		})
-		logs, err := c.PodLogs(ctx, "extension-"+ControllerInstallation, map[string]string{"app.kubernetes.io/name": "tendril-seed"})
-		if err != nil {
+		if err := c.CheckSeedUnderRBAC(ctx, inst, time.Minute); err != nil {
 			t.Fatal(err)
-		}
-		for _, l := range strings.Split(logs, "\n") {
-			if strings.Contains(l, "forbidden") {
-				t.Errorf("tendril-seed refused by its RBAC: %s", l)
-			}
 		}
 	})
 
@@ -244,6 +198,32 @@ func TestRealSeed(t *testing.T) {
 		if old, err := os.ReadFile(path); err != nil || string(old) != doc {
 			t.Errorf("docs/network-paths-measured.md is stale (go test ./realseed -run TestRealSeed -update, as root): %v", err)
 		}
+	})
+
+	t.Run("WrongImageDigest", func(t *testing.T) {
+		// An image the registry does not have fails the wait at once, naming it, instead of
+		// waiting out the deadline while kubelet backs off.
+		repo, _, _ := strings.Cut(inst.Image, "@")
+		bad := repo + "@sha256:" + strings.Repeat("0", 64)
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "wrong-digest"}}
+		if err := c.Client.Create(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+		labels := map[string]string{"app": "wrong-digest"}
+		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "wrong-digest", Namespace: ns.Name}, Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: bad}}}}}}
+		if err := c.Client.Create(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		err := c.waitFor(ctx, "kubelet", "wrong-digest Ready", 3*time.Minute, func(ctx context.Context) error {
+			return c.deploymentReady(ctx, ns.Name, d.Name, bad)
+		})
+		if err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "ErrImagePull") && !strings.Contains(err.Error(), "ImagePullBackOff") {
+			t.Fatalf("deployment of a digest the registry lacks: %v", err)
+		}
+		t.Log(err)
 	})
 
 	t.Run("SecondNode", func(t *testing.T) {

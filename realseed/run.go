@@ -33,6 +33,10 @@ func Run(ctx context.Context, cfg Config, once bool) (err error) {
 	fmt.Fprintf(out, "real seed ready after %.1f s; memory of the whole set %.0f MiB RSS\n", time.Since(c.started).Seconds(), float64(c.RSS())/(1<<20))
 	fmt.Fprintf(out, "  kubectl --kubeconfig %s get pods -A\n", c.Kubeconfig)
 	fmt.Fprintf(out, "  registry http://%s, logs %s\n", c.Registry, c.path("logs"))
+	failed := c.check(ctx, inst)
+	if once && failed > 0 {
+		return fmt.Errorf("%d of the real seed's checks failed", failed)
+	}
 	if once {
 		return nil
 	}
@@ -42,6 +46,34 @@ func Run(ctx context.Context, cfg Config, once bool) (err error) {
 	case err := <-c.Exited():
 		return err
 	}
+}
+
+// check runs the real seed's checks, prints a line for each and returns how many failed.
+func (c *Cluster) check(ctx context.Context, inst *Installation) (failed int) {
+	report := func(name string, err error, detail string) {
+		if err != nil {
+			failed++
+			fmt.Fprintf(c.cfg.Out, "FAIL %s: %v\n", name, err)
+			return
+		}
+		fmt.Fprintf(c.cfg.Out, "ok   %s%s\n", name, detail)
+	}
+	report("ingress: its load balancer refuses a server name no shoot has", c.CheckIngressRefusesUnknownName(ctx, inst), "")
+	t0 := time.Now()
+	rows, err := c.MeasurePaths(ctx)
+	agree := 0
+	for _, r := range rows {
+		if r.Measured == r.Evaluated {
+			agree++
+		} else if err == nil {
+			err = fmt.Errorf("%s → %s :%d: the policies say %v, the connection %s", r.From, r.To, r.Port, r.Evaluated, r.Detail)
+		}
+	}
+	report("network paths: kube-router treats each as Gardener's policies say", err,
+		fmt.Sprintf(" (%d of %d paths agree, %.1f s)", agree, len(rows), time.Since(t0).Seconds()))
+	// The chart's heartbeat is every 30 s: a renewal comes within a minute.
+	report("tendril-seed under its chart's RBAC: heartbeat renewed, nothing refused", c.CheckSeedUnderRBAC(ctx, inst, time.Minute), "")
+	return failed
 }
 
 // RSS is the resident memory of every process of the cluster: the daemons Start ran, the
