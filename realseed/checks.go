@@ -10,6 +10,9 @@ import (
 	"syscall"
 	"time"
 
+	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
+	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
+	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -84,4 +87,43 @@ func (c *Cluster) CheckSeedUnderRBAC(ctx context.Context, inst *Installation, ti
 		return fmt.Errorf("tendril-seed refused by its RBAC %d times, first: %s", len(refused), refused[0])
 	}
 	return nil
+}
+
+// CheckIngressName checks tendril's DNS path on this seed: tendril-seed wrote the seed-level
+// DNSRecord with the ingress's load-balancer address, Gardener's dnsrecord controller (the local
+// provider) reconciled it, and the cluster DNS answers the name with that address.
+func (c *Cluster) CheckIngressName(ctx context.Context, inst *Installation) (string, error) {
+	lb, err := c.LoadBalancerAddress(ctx, inst.Namespace, "tendril-ingress")
+	if err != nil {
+		return "", err
+	}
+	var name string
+	err = c.waitFor(ctx, "kubelet", "the ingress's name resolved", time.Minute, func(ctx context.Context) error {
+		var recs extensionsv1alpha1.DNSRecordList
+		if err := c.Client.List(ctx, &recs, client.InNamespace(v1beta1constants.GardenNamespace)); err != nil {
+			return err
+		}
+		var rec *extensionsv1alpha1.DNSRecord
+		for i := range recs.Items {
+			if recs.Items[i].Spec.Type == DNSProviderType {
+				rec = &recs.Items[i]
+			}
+		}
+		if rec == nil {
+			return errors.New("no DNSRecord of the local provider in garden")
+		}
+		name = rec.Spec.Name
+		if op := rec.Status.LastOperation; op == nil || op.State != gardencorev1beta1.LastOperationStateSucceeded {
+			return fmt.Errorf("DNSRecord %s: last operation %v", rec.Name, rec.Status.LastOperation)
+		}
+		addrs, err := Resolver().LookupHost(ctx, name)
+		if err != nil {
+			return err
+		}
+		if len(addrs) != 1 || addrs[0] != lb {
+			return fmt.Errorf("%s is %v, want the ingress's %s", name, addrs, lb)
+		}
+		return nil
+	})
+	return name, err
 }

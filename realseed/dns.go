@@ -31,6 +31,12 @@ var corefile = fmt.Sprintf(`.:%d {
     errors
     health :%d
     ready :%d
+    # DNSRecords of the local provider (dnsrecords.go), read again every second.
+    hosts /etc/coredns/records/hosts {
+        ttl 5
+        reload 1s
+        fallthrough
+    }
     kubernetes cluster.local in-addr.arpa ip6.arpa {
         pods insecure
         fallthrough in-addr.arpa ip6.arpa
@@ -42,6 +48,9 @@ var corefile = fmt.Sprintf(`.:%d {
 `, dnsPort, dnsHealthPort, dnsReadyPort)
 
 func (c *Cluster) startCoreDNS(ctx context.Context) error {
+	if err := c.prepareDNSRecords(); err != nil {
+		return err
+	}
 	image, err := c.pushBinary(c.seedbin("coredns"), "tendril/coredns", CoreDNSVersion)
 	if err != nil {
 		return err
@@ -78,11 +87,15 @@ func (c *Cluster) startCoreDNS(ctx context.Context) error {
 						},
 						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/ready", Port: intstr.FromInt32(dnsReadyPort)}}, PeriodSeconds: 1},
 						LivenessProbe:  &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/health", Port: intstr.FromInt32(dnsHealthPort)}}, PeriodSeconds: 10},
-						VolumeMounts:   []corev1.VolumeMount{{Name: "config", MountPath: "/etc/coredns", ReadOnly: true}},
+						VolumeMounts: []corev1.VolumeMount{{Name: "config", MountPath: "/etc/coredns", ReadOnly: true},
+							{Name: "records", MountPath: "/etc/coredns/records", ReadOnly: true}},
 						SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
 							Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
 					}},
-					Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: dnsName}}}}},
+					Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: dnsName}}}},
+						// The node's directory, not a ConfigMap: kubelet brings a ConfigMap's change into
+						// a pod only on its next sync (up to a minute); this is read within a second.
+						{Name: "records", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: c.dnsRecordsDir(), Type: ptr(corev1.HostPathDirectory)}}}},
 				},
 			},
 		}},

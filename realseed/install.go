@@ -115,6 +115,15 @@ func (c *Cluster) gardenerSeed(ctx context.Context) error {
 		return err
 	}
 	c.background("seed NetworkPolicy controllers", np)
+	// The seed's DNS provider, and gardenlet's copy of its credentials (Secret seed-ingress),
+	// which the chart's DNSRecord names.
+	if err := c.startDNSProvider(ctx); err != nil {
+		return err
+	}
+	creds := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "seed-ingress", Namespace: v1beta1constants.GardenNamespace}}
+	if err := c.Client.Create(ctx, creds); err != nil {
+		return fmt.Errorf("secret garden/seed-ingress: %w", err)
+	}
 	sys := seedsystem.New(c.Client, v1beta1constants.GardenNamespace, seedsystem.Values{ManagePriorityClasses: true})
 	if err := sys.Deploy(ctx); err != nil {
 		return fmt.Errorf("seed system component: %w", err)
@@ -239,7 +248,10 @@ func gardenerValues() map[string]any {
 			"name": SeedName, "clusterIdentity": SeedName, "provider": "local", "region": "local",
 			"ingressDomain": "ingress.local.seed.local.tendril.dev",
 			"labels":        map[string]any{}, "annotations": map[string]any{}, "protected": false, "visible": true,
-			"spec": map[string]any{"ingress": map[string]any{"domain": "ingress.local.seed.local.tendril.dev", "controller": map[string]any{"kind": "nginx"}}},
+			"spec": map[string]any{
+				"ingress": map[string]any{"domain": "ingress.local.seed.local.tendril.dev", "controller": map[string]any{"kind": "nginx"}},
+				"dns":     map[string]any{"provider": map[string]any{"type": DNSProviderType}},
+			},
 		},
 	}
 }

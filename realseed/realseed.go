@@ -130,6 +130,8 @@ type Cluster struct {
 	stopBG  context.CancelFunc
 	grmCtx  context.Context
 	started time.Time
+	// dnsActuator writes the DNSRecords of the local provider for CoreDNS.
+	dnsActuator *hostsActuator
 	// nodes are the extra nodes StartNode made.
 	nodes []*Node
 	// probeImage is tendril-probe's image, pushed on the first ProbePod.

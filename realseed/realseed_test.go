@@ -138,6 +138,14 @@ func TestRealSeed(t *testing.T) {
 	if inst == nil {
 		t.Fatal("tendril is not installed")
 	}
+	t.Run("IngressName", func(t *testing.T) {
+		name, err := c.CheckIngressName(ctx, inst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s resolves to the ingress's load balancer", name)
+	})
+
 	t.Run("TendrilSeedUnderItsRBAC", func(t *testing.T) {
 		// The heartbeat renews its Lease, and nothing tendril-seed does is refused by the
 		// chart's RBAC (envtest runs it as admin; here it has its service account).

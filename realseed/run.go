@@ -59,6 +59,8 @@ func (c *Cluster) check(ctx context.Context, inst *Installation) (failed int) {
 		fmt.Fprintf(c.cfg.Out, "ok   %s%s\n", name, detail)
 	}
 	report("ingress: its load balancer refuses a server name no shoot has", c.CheckIngressRefusesUnknownName(ctx, inst), "")
+	name, err := c.CheckIngressName(ctx, inst)
+	report("DNS: the cluster resolves the ingress's DNSRecord "+name+" to its load balancer", err, "")
 	t0 := time.Now()
 	rows, err := c.MeasurePaths(ctx)
 	agree := 0
