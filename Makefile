@@ -3,6 +3,8 @@ export GOTOOLCHAIN := local
 GO        ?= go
 FUZZ_TIME ?= 30s
 BENCH_ARGS ?=
+# SEED_ARGS are more flags of make seed's tendril-local --real (SEED_ARGS=--once: check and exit).
+SEED_ARGS ?=
 CONTROLLER_GEN_VERSION ?= v0.23.0
 
 # What every binary's --version and the image's labels say. The version is the chart's
@@ -93,7 +95,7 @@ run: build testbin ## Start a local seed (seed API server, tendril-seed, tendril
 	bin/tendril-local --testbin-dir "$$(hack/testbin.sh)"
 
 seed: image testbin seedbin ## Start a real single-node seed cluster on this machine with tendril installed from its image and chart by digest (root; apt-get install the packages .ci/run names) until interrupted.
-	bin/tendril-local --real --testbin-dir "$$(hack/testbin.sh)" --seedbin-dir "$$(hack/seedbin.sh)"
+	bin/tendril-local --real --testbin-dir "$$(hack/testbin.sh)" --seedbin-dir "$$(hack/seedbin.sh)" $(SEED_ARGS)
 
 clean: ## Remove build outputs.
 	rm -rf bin
