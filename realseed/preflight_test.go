@@ -93,3 +93,21 @@ func TestCIInstallsThePackages(t *testing.T) {
 		}
 	}
 }
+
+// TestPreflightNamesMissingTools: a machine without the Debian tools is told which are missing
+// and the apt line that installs them.
+func TestPreflightNamesMissingTools(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the tools are checked as root only (without root Preflight stops at that)")
+	}
+	t.Setenv("PATH", t.TempDir())
+	err := Preflight(Config{TestbinDir: t.TempDir(), SeedbinDir: t.TempDir(), BinDir: t.TempDir()})
+	if !errors.Is(err, ErrNoTools) {
+		t.Fatalf("no tools on PATH: %v, want ErrNoTools", err)
+	}
+	for _, want := range []string{"containerd", "runc", "docker-registry", "nsenter", "apt-get install --no-install-recommends"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not name %s: %v", want, err)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -269,6 +270,31 @@ func TestRealSeed(t *testing.T) {
 			t.Errorf("after Stop %s is %q, before Start it was %q", k, after[k], v)
 		}
 	}
+
+	// The same as the shipped binary runs it (make seed SEED_ARGS=--once): bin/ is make
+	// build's, the image make image's; from a directory of its own.
+	t.Run("TendrilLocalRealOnce", func(t *testing.T) {
+		cmd := exec.CommandContext(ctx, filepath.Join(cfg.BinDir, "tendril-local"), "--real", "--once",
+			"--testbin-dir", cfg.TestbinDir, "--seedbin-dir", cfg.SeedbinDir, "--real-dir", filepath.Join(t.TempDir(), "seed"))
+		cmd.Dir = t.TempDir()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("tendril-local --real --once: %v\n%s", err, out)
+		}
+		oks := 0
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(l, "ok   ") {
+				oks++
+				t.Log(l)
+			}
+		}
+		if oks != 4 || strings.Contains(string(out), "FAIL ") {
+			t.Fatalf("%d checks ok, want 4:\n%s", oks, out)
+		}
+		if after := machineState(t); !maps.Equal(after, before) {
+			t.Errorf("after tendril-local --real --once the machine differs: %v, before %v", after, before)
+		}
+	})
 }
 
 // machineState is what Start changes on the machine and Stop must put back.
