@@ -11,6 +11,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -70,7 +71,7 @@ func (c *Cluster) startCoreDNS(ctx context.Context) error {
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: dnsName, Namespace: ns}}},
 		&corev1.ConfigMap{ObjectMeta: meta, Data: map[string]string{"Corefile": corefile}},
 		&appsv1.Deployment{ObjectMeta: meta, Spec: appsv1.DeploymentSpec{
-			Replicas: ptr(int32(1)),
+			Replicas: ptr.To(int32(1)),
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
@@ -95,7 +96,7 @@ func (c *Cluster) startCoreDNS(ctx context.Context) error {
 					Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: dnsName}}}},
 						// The node's directory, not a ConfigMap: kubelet brings a ConfigMap's change into
 						// a pod only on its next sync (up to a minute); this is read within a second.
-						{Name: "records", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: c.dnsRecordsDir(), Type: ptr(corev1.HostPathDirectory)}}}},
+						{Name: "records", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: c.dnsRecordsDir(), Type: ptr.To(corev1.HostPathDirectory)}}}},
 				},
 			},
 		}},

@@ -12,12 +12,14 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-func (c *Cluster) nodeReady(ctx context.Context) error {
+// nodeReady checks that node name, as the API server c talks to sees it, is Ready.
+func nodeReady(ctx context.Context, c client.Client, name string) error {
 	var n corev1.Node
-	if err := c.Client.Get(ctx, client.ObjectKey{Name: NodeName}, &n); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
 		return err
 	}
 	for _, cond := range n.Status.Conditions {
@@ -25,10 +27,10 @@ func (c *Cluster) nodeReady(ctx context.Context) error {
 			if cond.Status == corev1.ConditionTrue {
 				return nil
 			}
-			return fmt.Errorf("node %s: Ready %s: %s", NodeName, cond.Status, cond.Message)
+			return fmt.Errorf("node %s: Ready %s: %s", name, cond.Status, cond.Message)
 		}
 	}
-	return fmt.Errorf("node %s: no Ready condition yet", NodeName)
+	return fmt.Errorf("node %s: no Ready condition yet", name)
 }
 
 // drain deletes every workload and pod and waits until kubelet has ended them all, so that CNI
@@ -76,7 +78,7 @@ const lbInterval = 500 * time.Millisecond
 func (c *Cluster) loadBalancers(ctx context.Context) {
 	t := time.NewTicker(lbInterval)
 	defer t.Stop()
-	want := []corev1.LoadBalancerIngress{{IP: c.NodeIP.String(), IPMode: ptr(corev1.LoadBalancerIPModeVIP)}}
+	want := []corev1.LoadBalancerIngress{{IP: c.NodeIP.String(), IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)}}
 	for {
 		var svcs corev1.ServiceList
 		if err := c.Client.List(ctx, &svcs); err == nil {
@@ -98,8 +100,6 @@ func (c *Cluster) loadBalancers(ctx context.Context) {
 		}
 	}
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // LoadBalancerAddress waits until Service namespace/name has a load-balancer address and
 // returns it.

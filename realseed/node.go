@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -118,16 +117,7 @@ func (c *Cluster) StartNode(ctx context.Context, cfg NodeConfig) (*Node, error) 
 		return nil, err
 	}
 	return n, c.waitFor(ctx, name, "Ready node "+cfg.Name, 3*time.Minute, func(ctx context.Context) error {
-		var nd corev1.Node
-		if err := cl.Get(ctx, client.ObjectKey{Name: cfg.Name}, &nd); err != nil {
-			return err
-		}
-		for _, cond := range nd.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				return nil
-			}
-		}
-		return fmt.Errorf("node %s not Ready", cfg.Name)
+		return nodeReady(ctx, cl, cfg.Name)
 	})
 }
 

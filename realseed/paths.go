@@ -160,14 +160,7 @@ func (c *Cluster) probeFor(ctx context.Context, ns, name string, tmpl corev1.Pod
 		serve = append(serve, p)
 	}
 	slices.Sort(serve)
-	if _, err := c.probePod(ctx, ns, name, "", tmpl.Labels, tmpl.Annotations, cports, serve); err != nil {
-		return nil, err
-	}
-	var p corev1.Pod
-	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
-		return nil, err
-	}
-	return &p, nil
+	return c.probePod(ctx, ns, name, "", tmpl.Labels, tmpl.Annotations, cports, serve)
 }
 
 // PathsDocument is docs/network-paths-measured.md for rows.

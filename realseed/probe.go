@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,7 +25,8 @@ func (c *Cluster) ProbePod(ctx context.Context, ns, name string, labels map[stri
 	for _, p := range ports {
 		cports = append(cports, corev1.ContainerPort{ContainerPort: p})
 	}
-	return c.probePod(ctx, ns, name, "", labels, nil, cports, ports)
+	p, err := c.probePod(ctx, ns, name, "", labels, nil, cports, ports)
+	return p.Status.PodIP, err
 }
 
 // ProbePodOn is ProbePod on the node nodeName.
@@ -35,16 +35,18 @@ func (c *Cluster) ProbePodOn(ctx context.Context, nodeName, ns, name string, lab
 	for _, p := range ports {
 		cports = append(cports, corev1.ContainerPort{ContainerPort: p})
 	}
-	return c.probePod(ctx, ns, name, nodeName, labels, nil, cports, ports)
+	p, err := c.probePod(ctx, ns, name, nodeName, labels, nil, cports, ports)
+	return p.Status.PodIP, err
 }
 
-// probePod is ProbePod with the pod's annotations and declared ports apart from those it serves.
-func (c *Cluster) probePod(ctx context.Context, ns, name, nodeName string, labels, annotations map[string]string, cports []corev1.ContainerPort, serve []int32) (string, error) {
+// probePod is ProbePod with the pod's annotations and declared ports apart from those it serves;
+// it returns the pod as stored once it runs (never nil).
+func (c *Cluster) probePod(ctx context.Context, ns, name, nodeName string, labels, annotations map[string]string, cports []corev1.ContainerPort, serve []int32) (*corev1.Pod, error) {
 	c.probeOnce.Do(func() {
 		c.probeImage, c.probeErr = c.pushBinary(filepath.Join(c.cfg.BinDir, "tendril-probe"), "tendril/probe", "1")
 	})
 	if c.probeErr != nil {
-		return "", c.probeErr
+		return &corev1.Pod{}, c.probeErr
 	}
 	args := []string{"serve"}
 	for _, p := range serve {
@@ -64,9 +66,9 @@ func (c *Cluster) probePod(ctx context.Context, ns, name, nodeName string, label
 				Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}},
 	}}
 	if err := c.Client.Create(ctx, pod); err != nil {
-		return "", fmt.Errorf("probe pod %s/%s: %w", ns, name, err)
+		return &corev1.Pod{}, fmt.Errorf("probe pod %s/%s: %w", ns, name, err)
 	}
-	var ip string
+	running := &corev1.Pod{}
 	err := c.waitFor(ctx, "kubelet", "probe pod "+ns+"/"+name+" running", 2*time.Minute, func(ctx context.Context) error {
 		var p corev1.Pod
 		if err := c.Client.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
@@ -75,21 +77,17 @@ func (c *Cluster) probePod(ctx context.Context, ns, name, nodeName string, label
 		if p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
 			return fmt.Errorf("pod %s", p.Status.Phase)
 		}
-		ip = p.Status.PodIP
+		running = &p
 		return nil
 	})
-	return ip, err
+	return running, err
 }
 
 // Dial runs `tendril-probe dial address` in probe pod ns/name (an exec through kube-apiserver and
 // the kubelet) and tells whether the connection opened; detail is what the probe printed. An
 // error means the probe could not run, not that the path is closed.
 func (c *Cluster) Dial(ctx context.Context, ns, name, address string, timeout time.Duration) (open bool, detail string, err error) {
-	cs, err := kubernetes.NewForConfig(c.REST)
-	if err != nil {
-		return false, "", err
-	}
-	req := cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
+	req := c.kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: "probe", Command: []string{"/tendril-probe", "dial", "--timeout", timeout.String(), address}, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	// As kubectl exec: WebSocket, SPDY where the server has no WebSocket.
 	ws, err := remotecommand.NewWebSocketExecutor(c.REST, "GET", req.URL().String())
@@ -123,10 +121,6 @@ func (c *Cluster) Dial(ctx context.Context, ns, name, address string, timeout ti
 
 // PodLogs is the logs of every container of the pods labelled labels in ns, one after another.
 func (c *Cluster) PodLogs(ctx context.Context, ns string, labels map[string]string) (string, error) {
-	cs, err := kubernetes.NewForConfig(c.REST)
-	if err != nil {
-		return "", err
-	}
 	var pods corev1.PodList
 	if err := c.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(labels)); err != nil {
 		return "", err
@@ -134,7 +128,7 @@ func (c *Cluster) PodLogs(ctx context.Context, ns string, labels map[string]stri
 	var b strings.Builder
 	for _, p := range pods.Items {
 		for _, ct := range p.Spec.Containers {
-			out, err := cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: ct.Name}).DoRaw(ctx)
+			out, err := c.kube.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: ct.Name}).DoRaw(ctx)
 			if err != nil {
 				return "", fmt.Errorf("logs of %s/%s %s: %w", ns, p.Name, ct.Name, err)
 			}

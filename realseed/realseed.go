@@ -112,8 +112,10 @@ type Cluster struct {
 	// Kubeconfig is the admin kubeconfig's path, REST the same as a client configuration.
 	Kubeconfig string
 	REST       *rest.Config
-	// Client is an admin client with tendril's scheme.
+	// Client is an admin client with tendril's scheme; kube the same as a clientset (exec,
+	// logs, raw paths), made once.
 	Client client.Client
+	kube   kubernetes.Interface
 	// Timings are how long each step of Start took, in order.
 	Timings []Timing
 
@@ -481,6 +483,9 @@ func (c *Cluster) pki() error {
 		return err
 	}
 	c.REST.QPS, c.REST.Burst = 100, 200
+	if c.kube, err = kubernetes.NewForConfig(c.REST); err != nil {
+		return err
+	}
 	c.Client, err = client.New(c.REST, client.Options{Scheme: kubescheme.New()})
 	return err
 }
@@ -514,11 +519,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 
 // raw GETs path from kube-apiserver as admin.
 func (c *Cluster) raw(ctx context.Context, path string) error {
-	cs, err := kubernetes.NewForConfig(c.REST)
-	if err != nil {
-		return err
-	}
-	return cs.Discovery().RESTClient().Get().AbsPath(path).Do(ctx).Error()
+	return c.kube.Discovery().RESTClient().Get().AbsPath(path).Do(ctx).Error()
 }
 
 func (c *Cluster) startControllers(ctx context.Context) error {
@@ -552,7 +553,9 @@ func (c *Cluster) startKubelet(ctx context.Context) error {
 		"--root-dir", c.path("var", "kubelet"), "--node-ip", c.NodeIP.String(), "--hostname-override", NodeName, "--v=2"); err != nil {
 		return err
 	}
-	return c.waitFor(ctx, "kubelet", "Ready node "+NodeName, 3*time.Minute, c.nodeReady)
+	return c.waitFor(ctx, "kubelet", "Ready node "+NodeName, 3*time.Minute, func(ctx context.Context) error {
+		return nodeReady(ctx, c.Client, NodeName)
+	})
 }
 
 func (c *Cluster) startKubeProxy(ctx context.Context) error {
