@@ -16,11 +16,12 @@ K8S=${K8S:-v1.37.1}
 KUBE_ROUTER=${KUBE_ROUTER:-v2.1.0}
 COREDNS=${COREDNS:-v1.14.7}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}
-OUT=${SEEDBIN_DIR:-$CACHE/tendril/seedbin/k8s-$K8S-kube-router-$KUBE_ROUTER-coredns-$COREDNS}
+OUT=${SEEDBIN_DIR:-$CACHE/tendril/seedbin/k8s-$K8S-kube-router-$KUBE_ROUTER-coredns-$COREDNS-static}
 BINS=(kubelet kube-proxy kube-controller-manager kube-scheduler kube-router coredns)
 have() { for b in "${BINS[@]}"; do [[ -x $OUT/$b ]] || return 1; done; }
 if have; then echo "$OUT"; exit 0; fi
-export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
+# Static, as testbin.sh builds (its Go build cache then serves these too).
+export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local CGO_ENABLED=0
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 STAGING=v0.${K8S#v1.}
@@ -55,9 +56,9 @@ done
 log "compiling kube-router"
 GOBIN="$OUT.tmp" go install -ldflags "-s -w" "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER"
 # CoreDNS runs as a pod (k8s-app=kube-dns in kube-system, where Gardener's allow-to-dns policy
-# points) from an image that holds this one file: static, no cgo.
+# points) from an image that holds this one file.
 log "compiling coredns"
-CGO_ENABLED=0 GOBIN="$OUT.tmp" go install -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS"
+GOBIN="$OUT.tmp" go install -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS"
 
 for b in "${BINS[@]}"; do [[ -x $OUT.tmp/$b ]] || { log "missing $b after the build"; exit 1; }; done
 rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"

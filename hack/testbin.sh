@@ -9,15 +9,17 @@
 # Why from source: no release binaries are reachable here, only the module proxy.
 # k8s.io/kubernetes refers to its staging modules by relative replace; a wrapper
 # module replaces each with the published k8s.io/<name> v0.<minor>.<patch>.
+# Static (CGO_ENABLED=0, as Kubernetes and etcd build their releases): the real seed packs this
+# kube-apiserver and etcd into images of one file each for the shoots' control planes.
 set -euo pipefail
 K8S=${K8S:-v1.37.1}
 ETCD=${ETCD:-v3.7.3}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}
-OUT=${TESTBIN_DIR:-$CACHE/tendril/testbin/k8s-$K8S-etcd-$ETCD}
+OUT=${TESTBIN_DIR:-$CACHE/tendril/testbin/k8s-$K8S-etcd-$ETCD-static}
 if [[ -x $OUT/kube-apiserver && -x $OUT/etcd && -x $OUT/kubectl ]]; then
   echo "$OUT"; exit 0
 fi
-export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
+export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local CGO_ENABLED=0
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 STAGING=v0.${K8S#v1.}

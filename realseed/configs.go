@@ -119,18 +119,19 @@ http:
 	kubeconfigYAML = template.Must(template.New("kubeconfig").Parse(`apiVersion: v1
 kind: Config
 clusters:
-- name: tendril-seed
+- name: {{.Name}}
   cluster:
-    server: https://{{.APIServer}}
-    certificate-authority: {{.Dir}}/pki/ca.crt
+    server: https://{{.APIServer}}{{if .ServerName}}
+    tls-server-name: {{.ServerName}}{{end}}
+    certificate-authority: {{.CAFile}}
 users:
 - name: admin
   user:
     token: {{.Token}}
 contexts:
-- name: tendril-seed
-  context: {cluster: tendril-seed, user: admin}
-current-context: tendril-seed
+- name: {{.Name}}
+  context: {cluster: {{.Name}}, user: admin}
+current-context: {{.Name}}
 `))
 )
 

@@ -2,8 +2,11 @@ package realseed
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -17,6 +20,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/tendril-net/tendril/internal/netns"
 	"github.com/tendril-net/tendril/internal/sysctl"
 )
 
@@ -33,18 +37,27 @@ var touchedSysctls = []string{
 	"kernel.keys.root_maxkeys", "kernel.keys.root_maxbytes",
 }
 
+// baselinePath holds the machine's state before the running real seed changed it (host), on
+// tmpfs: after a reboot neither the file nor the changes are there.
+const baselinePath = "/run/tendril-realseed.machine.json"
+
 // iptablesTables are the nft tables iptables-nft (kube-proxy, kube-router, kubelet) creates;
 // Stop deletes those that were not there at Start.
 var iptablesTables = []string{"filter", "nat", "mangle", "raw", "security"}
 
-// host is what Start changed on the machine, for Stop to undo.
+// host is what the machine was like before Start changed it, for Stop to restore. Start also
+// writes it to baselinePath and Stop removes that file once the machine is restored: a run
+// killed before its Stop leaves the file, and the next Start restores the machine to it first
+// (what is there then, the killed run's tables and ipsets among it, is not the baseline).
 type host struct {
-	sysctls      map[string]string
-	netnsBind    bool     // Start made /run/netns a bind mount
-	netnsBefore  []string // /run/netns entries at Start
-	tablesBefore []string // nft tables at Start, "family name"
-	ipsetsBefore []string
-	dirsBefore   map[string]bool // /var/lib/kubelet, /var/log/containers existed
+	// Dir is the run's state directory (its processes' ids, its mounts).
+	Dir          string
+	Sysctls      map[string]string
+	NetnsBind    bool     // Start made /run/netns a bind mount
+	NetnsBefore  []string // /run/netns entries at Start
+	TablesBefore []string // nft tables at Start, "family name"
+	IpsetsBefore []string
+	DirsBefore   map[string]bool // /var/lib/kubelet, /var/log/containers existed
 }
 
 // uplink finds the machine's address and the link of its default route.
@@ -68,26 +81,33 @@ func uplink() (netip.Addr, string, error) {
 // prepare sets up the machine for the node: IP forwarding, /run/netns shared (see below), and
 // the guard. It records what it found so that restore can undo it.
 func (c *Cluster) prepare() error {
-	h := &host{sysctls: map[string]string{}, dirsBefore: map[string]bool{}}
+	h := &host{Dir: c.cfg.Dir, Sysctls: map[string]string{}, DirsBefore: map[string]bool{}}
 	c.host = h
 	for _, k := range touchedSysctls {
 		if v, err := sysctl.Get(k); err == nil {
-			h.sysctls[k] = v
+			h.Sysctls[k] = v
 		}
 	}
 	for _, d := range []string{"/var/lib/kubelet", "/var/log/containers"} {
 		_, err := os.Stat(d)
-		h.dirsBefore[d] = err == nil
+		h.DirsBefore[d] = err == nil
 	}
-	h.netnsBefore, _ = filepath.Glob("/run/netns/*")
+	h.NetnsBefore, _ = filepath.Glob("/run/netns/*")
 	tables, err := nftTables()
 	if err != nil {
 		return err
 	}
-	h.tablesBefore = tables
-	h.ipsetsBefore, err = ipsets()
+	h.TablesBefore = tables
+	h.IpsetsBefore, err = ipsets()
 	if err != nil {
 		return err
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(baselinePath, b, 0o644); err != nil {
+		return fmt.Errorf("record the machine's state: %w", err)
 	}
 	if err := sysctl.Ensure("net.ipv4.ip_forward", "1"); err != nil {
 		return err
@@ -107,14 +127,15 @@ func (c *Cluster) prepare() error {
 		if err := unix.Mount("", "/run/netns", "", unix.MS_SHARED, ""); err != nil {
 			return fmt.Errorf("share /run/netns: %w", err)
 		}
-		h.netnsBind = true
+		h.NetnsBind = true
 	}
 	return c.guard()
 }
 
-// guard installs a table that drops anything leaving the uplink from the pod network or for a
-// pod or Service address, so no cluster traffic leaves the machine even while kube-proxy is
-// down. Only those two ranges: the machine's resolver is a private address behind the uplink,
+// guard installs a table that drops anything leaving the uplink from the cluster's own ranges
+// (the seed's pods, the nodes' links, the shoots' pods) or for one of them or a Service
+// address, so no cluster traffic leaves the machine even while kube-proxy is down. Only those
+// ranges: the machine's resolver is a private address behind the uplink,
 // and dropping all private ranges would break every lookup. The hook is postrouting, not
 // output: in output, oifname is the device chosen before kube-proxy's DNAT re-routed a packet,
 // so host → ClusterIP packets would still read as leaving through the uplink.
@@ -122,8 +143,8 @@ func (c *Cluster) guard() error {
 	rules := fmt.Sprintf(`table inet %[1]s {
   chain postrouting {
     type filter hook postrouting priority 10; policy accept;
-    oifname %[2]q ip saddr { %[3]s, %[5]s } counter drop
-    oifname %[2]q ip daddr { %[3]s, %[4]s, %[5]s } counter drop
+    oifname %[2]q ip saddr { %[3]s, %[5]s, %[7]s } counter drop
+    oifname %[2]q ip daddr { %[3]s, %[4]s, %[5]s, %[7]s } counter drop
   }
   # The registry listens on every address for the nodes' links; not for the uplink.
   chain input {
@@ -131,7 +152,7 @@ func (c *Cluster) guard() error {
     iifname %[2]q tcp dport %[6]d counter drop
   }
 }
-`, guardTable, c.uplink, PodCIDR, ServiceCIDR, NodeLinkCIDR, RegistryPort)
+`, guardTable, c.uplink, PodCIDR, ServiceCIDR, NodeLinkCIDR, RegistryPort, ShootNetworks)
 	_ = exec.Command("nft", "delete", "table", "inet", guardTable).Run() // a table a killed run left
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
@@ -139,6 +160,68 @@ func (c *Cluster) guard() error {
 		return fmt.Errorf("nft guard: %v: %s", err, bytes.TrimSpace(out))
 	}
 	return nil
+}
+
+// RecoverKilledRun puts the machine back as it was before a real seed that did not stop (killed,
+// or its test timed out) changed it, unless a real seed runs now. Start does this itself;
+// TestRealSeed calls it before it notes the machine's state.
+func RecoverKilledRun(out io.Writer) error {
+	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return nil // a live run: the record is its own
+	}
+	return recoverKilledRun(out)
+}
+
+// recoverKilledRun does RecoverKilledRun's work for a caller that holds the lock: it ends the
+// killed run's processes (by the ids in its state directory), shims and containers, removes its
+// mounts, its pods' and nodes' network namespaces, and restores what its record says the machine
+// was (tables, ipsets, the bridge, cgroups, kernel parameters).
+func recoverKilledRun(out io.Writer) error {
+	b, err := os.ReadFile(baselinePath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var old host
+	if err := json.Unmarshal(b, &old); err != nil {
+		return fmt.Errorf("%s: %w", baselinePath, err)
+	}
+	if old.Dir != "" {
+		killStale(filepath.Join(old.Dir, "pids"))
+		killShims(old.Dir)
+	}
+	killShims(socketDir)
+	killCgroup("kubepods")
+	killCgroup("tendril-node-*")
+	removeStalePodNetns()
+	nss, _ := filepath.Glob("/run/netns/tendril-node-*")
+	for _, ns := range nss {
+		_ = netns.IP(context.Background(), "netns", "del", filepath.Base(ns))
+	}
+	if links, err := netlink.LinkList(); err == nil {
+		for _, l := range links {
+			if strings.HasPrefix(l.Attrs().Name, "tsnode") {
+				_ = netlink.LinkDel(l)
+			}
+		}
+	}
+	cgs, _ := filepath.Glob("/sys/fs/cgroup/memory/tendril-node-*")
+	for _, cg := range cgs {
+		_ = removeCgroups(filepath.Base(cg))
+	}
+	killed := &Cluster{cfg: Config{Dir: old.Dir, Out: out}, host: &old}
+	if err := killed.restore(); err != nil {
+		return fmt.Errorf("restore the machine as the run that did not stop found it: %w", err)
+	}
+	fmt.Fprintf(out, "restored the machine as a real seed that did not stop (state %s) found it\n", old.Dir)
+	return os.Remove(baselinePath)
 }
 
 // restore undoes prepare and what the node's daemons left once they have ended: their
@@ -159,7 +242,7 @@ func (c *Cluster) restore() error {
 	}
 	now, _ := filepath.Glob("/run/netns/cni-*")
 	for _, n := range now {
-		if slices.Contains(h.netnsBefore, n) {
+		if slices.Contains(h.NetnsBefore, n) {
 			continue
 		}
 		_ = unix.Unmount(n, unix.MNT_DETACH)
@@ -167,7 +250,7 @@ func (c *Cluster) restore() error {
 			errs = append(errs, err)
 		}
 	}
-	if h.netnsBind {
+	if h.NetnsBind {
 		if rest, _ := os.ReadDir("/run/netns"); len(rest) == 0 {
 			if err := unix.Unmount("/run/netns", 0); err != nil {
 				errs = append(errs, fmt.Errorf("unmount /run/netns: %w", err))
@@ -179,7 +262,7 @@ func (c *Cluster) restore() error {
 			errs = append(errs, fmt.Errorf("delete %s: %w", Bridge, err))
 		}
 	}
-	if err := deleteNewTables(h.tablesBefore); err != nil {
+	if err := deleteNewTables(h.TablesBefore); err != nil {
 		errs = append(errs, err)
 	}
 	// ipsets after the tables whose rules refer to them.
@@ -188,7 +271,7 @@ func (c *Cluster) restore() error {
 		errs = append(errs, err)
 	}
 	for _, s := range sets {
-		if slices.Contains(h.ipsetsBefore, s) {
+		if slices.Contains(h.IpsetsBefore, s) {
 			continue
 		}
 		if out, err := exec.Command("ipset", "destroy", s).CombinedOutput(); err != nil {
@@ -202,12 +285,13 @@ func (c *Cluster) restore() error {
 			errs = append(errs, err)
 		}
 	}
-	for d, existed := range h.dirsBefore {
+	_ = os.RemoveAll(socketDir)
+	for d, existed := range h.DirsBefore {
 		if !existed {
 			_ = os.RemoveAll(d)
 		}
 	}
-	for k, v := range h.sysctls {
+	for k, v := range h.Sysctls {
 		if now, err := sysctl.Get(k); err == nil && now != v {
 			if err := sysctl.Ensure(k, v); err != nil {
 				errs = append(errs, err)

@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,6 +45,7 @@ import (
 	"github.com/tendril-net/tendril/charts"
 	"github.com/tendril-net/tendril/extension/networkpaths"
 	"github.com/tendril-net/tendril/internal/kubeenv"
+	"github.com/tendril-net/tendril/internal/procgroup"
 	"github.com/tendril-net/tendril/internal/shootgrm"
 )
 
@@ -325,22 +328,47 @@ func (m rawManifest) MediaType() (types.MediaType, error) {
 
 // deploymentReady checks that Deployment name has all its replicas Ready, each running image.
 func (c *Cluster) deploymentReady(ctx context.Context, ns, name, image string) error {
+	err := c.deploymentReadyIn(ctx, c.Client, ns, name, image)
+	var short *notReady
+	if errors.As(err, &short) {
+		return fmt.Errorf("%w (%s)", err, c.podState(ctx, ns, short.selector))
+	}
+	return err
+}
+
+// notReady is a Deployment with fewer Ready pods than replicas.
+type notReady struct {
+	deployment  string
+	ready, want int32
+	selector    map[string]string
+}
+
+func (e *notReady) Error() string {
+	return fmt.Sprintf("deployment %s: %d of %d pods Ready", e.deployment, e.ready, e.want)
+}
+
+// deploymentReadyIn checks that Deployment ns/name of the cluster cl reaches (the seed, a shoot)
+// has all its replicas Ready, each container running image.
+func (c *Cluster) deploymentReadyIn(ctx context.Context, cl client.Client, ns, name, image string) error {
 	var d appsv1.Deployment
-	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &d); err != nil {
-		return fmt.Errorf("deployment %s: %w", name, err)
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &d); err != nil {
+		return fmt.Errorf("deployment %s/%s: %w", ns, name, err)
 	}
 	want := int32(1)
 	if d.Spec.Replicas != nil {
 		want = *d.Spec.Replicas
 	}
 	var pods corev1.PodList
-	if err := c.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
+	if err := cl.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
 		return err
 	}
 	ready := int32(0)
 	for _, p := range pods.Items {
 		if err := pullFailed(&p); err != nil {
-			return &fatalError{fmt.Errorf("deployment %s: %w", name, err)}
+			return &fatalError{fmt.Errorf("deployment %s/%s: %w", ns, name, err)}
+		}
+		if err := c.crashLooping(&p); err != nil {
+			return &fatalError{fmt.Errorf("deployment %s/%s: %w", ns, name, err)}
 		}
 		ok := p.DeletionTimestamp == nil
 		for _, cs := range p.Status.ContainerStatuses {
@@ -356,7 +384,7 @@ func (c *Cluster) deploymentReady(ctx context.Context, ns, name, image string) e
 		}
 	}
 	if ready < want {
-		return fmt.Errorf("deployment %s: %d of %d pods Ready (%s)", name, ready, want, c.podState(ctx, ns, d.Spec.Selector.MatchLabels))
+		return &notReady{deployment: ns + "/" + name, ready: ready, want: want, selector: d.Spec.Selector.MatchLabels}
 	}
 	return nil
 }
@@ -374,6 +402,42 @@ func pullFailed(p *corev1.Pod) error {
 		}
 	}
 	return nil
+}
+
+// crashRestarts is how many restarts of a crash-looping container make it final: a container
+// may fail once or twice while what it needs comes up.
+const crashRestarts = 3
+
+// crashLooping tells why a container of the pod keeps ending, with the end of its log, once it
+// has restarted crashRestarts times, or nil.
+func (c *Cluster) crashLooping(p *corev1.Pod) error {
+	for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		w, t := cs.State.Waiting, cs.LastTerminationState.Terminated
+		if w == nil || w.Reason != "CrashLoopBackOff" || cs.RestartCount < crashRestarts || t == nil {
+			continue
+		}
+		return fmt.Errorf("pod %s, container %s: CrashLoopBackOff after %d restarts, last exit code %d (%s); its log ends:\n%s",
+			p.Name, cs.Name, cs.RestartCount, t.ExitCode, t.Reason, c.containerLogTail(p, cs.Name))
+	}
+	return nil
+}
+
+// containerLogTail is the end of the newest log kubelet keeps of the pod's container, on the
+// seed's node or an extra node (read from the machine: a shoot's kubelet is reached only
+// through the tunnel, which may be what fails).
+func (c *Cluster) containerLogTail(p *corev1.Pod, container string) string {
+	dirs := []string{c.path("var", "log", "pods")}
+	for _, n := range c.nodes {
+		dirs = append(dirs, n.path("var", "log", "pods"))
+	}
+	for _, d := range dirs {
+		logs, _ := filepath.Glob(filepath.Join(d, fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), container, "*.log"))
+		if len(logs) > 0 {
+			slices.Sort(logs)
+			return procgroup.LogTail(logs[len(logs)-1])
+		}
+	}
+	return "(no log found)"
 }
 
 // mrState says in a few words where ManagedResource name in garden stands.

@@ -33,28 +33,29 @@ func nodeReady(ctx context.Context, c client.Client, name string) error {
 	return fmt.Errorf("node %s: no Ready condition yet", name)
 }
 
-// drain deletes every workload and pod and waits until kubelet has ended them all, so that CNI
-// removes each pod's interface and address before the daemons stop.
-func (c *Cluster) drain(ctx context.Context) error {
+// drain deletes every workload and pod of the cluster cl reaches (the seed, a shoot) and waits
+// until the kubelets have ended them all, so that CNI removes each pod's interface and address
+// before the daemons stop.
+func drain(ctx context.Context, cl client.Client) error {
 	var nss corev1.NamespaceList
-	if err := c.Client.List(ctx, &nss); err != nil {
+	if err := cl.List(ctx, &nss); err != nil {
 		return err
 	}
 	one := int64(1)
 	for _, ns := range nss.Items {
 		in := client.InNamespace(ns.Name)
 		for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.StatefulSet{}, &appsv1.DaemonSet{}, &appsv1.ReplicaSet{}, &batchv1.Job{}} {
-			if err := c.Client.DeleteAllOf(ctx, obj, in, client.PropagationPolicy("Background")); err != nil && !apierrors.IsNotFound(err) {
+			if err := cl.DeleteAllOf(ctx, obj, in, client.PropagationPolicy("Background")); err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("delete %T in %s: %w", obj, ns.Name, err)
 			}
 		}
-		if err := c.Client.DeleteAllOf(ctx, &corev1.Pod{}, in, client.GracePeriodSeconds(one)); err != nil && !apierrors.IsNotFound(err) {
+		if err := cl.DeleteAllOf(ctx, &corev1.Pod{}, in, client.GracePeriodSeconds(one)); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete pods in %s: %w", ns.Name, err)
 		}
 	}
 	for {
 		var pods corev1.PodList
-		err := c.Client.List(ctx, &pods)
+		err := cl.List(ctx, &pods)
 		if err == nil && len(pods.Items) == 0 {
 			return nil
 		}

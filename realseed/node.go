@@ -49,7 +49,19 @@ func (n *Node) netns() string           { return fmt.Sprintf("tendril-node-%d", 
 func (n *Node) hostLink() string        { return fmt.Sprintf("tsnode%d", n.cfg.Index) }
 func (n *Node) cgroupRoot() string      { return fmt.Sprintf("tendril-node-%d", n.cfg.Index) }
 func (n *Node) path(p ...string) string { return filepath.Join(append([]string{n.dir}, p...)...) }
-func (n *Node) socket() string          { return n.path("run", "containerd", "containerd.sock") }
+
+// socket is the node's containerd socket, outside its state directory: containerd refuses a
+// socket path longer than 104 bytes (with its .ttrpc suffix), which a test's temporary
+// directory reaches.
+func (n *Node) socket() string {
+	return filepath.Join(socketDir, fmt.Sprintf("node-%d.sock", n.cfg.Index))
+}
+
+// maxSocketPath is the longest Unix socket path: sun_path's 108 bytes less the terminating NUL.
+const maxSocketPath = 107
+
+// socketDir holds the extra nodes' containerd sockets (one real seed per machine: a fixed path).
+const socketDir = "/run/tendril-realseed"
 
 // StartNode starts the node and returns once it is Ready. Stop ends it with the cluster.
 func (c *Cluster) StartNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
@@ -68,11 +80,19 @@ func (c *Cluster) StartNode(ctx context.Context, cfg NodeConfig) (*Node, error) 
 	}
 	n := &Node{cfg: cfg, dir: c.path("nodes", cfg.Name),
 		host: netip.AddrFrom4([4]byte{10, 198, byte(cfg.Index), 1}), IP: netip.AddrFrom4([4]byte{10, 198, byte(cfg.Index), 2})}
+	// kubelet binds Unix sockets under its root directory (pod-resources/<10 digits> the longest),
+	// and a socket path has at most 107 bytes: say so instead of a kubelet that exits.
+	if p := n.path("var", "kubelet", "pod-resources", "0123456789"); len(p) > maxSocketPath {
+		return nil, fmt.Errorf("node %s: the state directory %s is too long for kubelet's sockets (%s has %d bytes, at most %d)", cfg.Name, c.cfg.Dir, p, len(p), maxSocketPath)
+	}
 	c.nodes = append(c.nodes, n)
 	for _, d := range []string{"etc/cni/net.d", "run/containerd", "var/containerd", "var/kubelet", "var/cni", "var/log/pods"} {
 		if err := os.MkdirAll(n.path(d), 0o755); err != nil {
 			return nil, err
 		}
+	}
+	if err := os.MkdirAll(socketDir, 0o700); err != nil {
+		return nil, err
 	}
 	if err := n.link(ctx, pods); err != nil {
 		return nil, err

@@ -28,7 +28,7 @@ func DefaultSeedbinDir() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("cache directory of hack/seedbin.sh: %w", err)
 	}
-	return filepath.Join(cache, "tendril", "seedbin", "k8s-"+kubeenv.KubernetesVersion+"-kube-router-"+KubeRouterVersion+"-coredns-"+CoreDNSVersion), nil
+	return filepath.Join(cache, "tendril", "seedbin", "k8s-"+kubeenv.KubernetesVersion+"-kube-router-"+KubeRouterVersion+"-coredns-"+CoreDNSVersion+"-static"), nil
 }
 
 // cniBinDir is where Debian's containernetworking-plugins puts the plugins.

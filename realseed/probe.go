@@ -12,7 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -42,29 +44,11 @@ func (c *Cluster) ProbePodOn(ctx context.Context, nodeName, ns, name string, lab
 // probePod is ProbePod with the pod's annotations and declared ports apart from those it serves;
 // it returns the pod as stored once it runs (never nil).
 func (c *Cluster) probePod(ctx context.Context, ns, name, nodeName string, labels, annotations map[string]string, cports []corev1.ContainerPort, serve []int32) (*corev1.Pod, error) {
-	c.probeOnce.Do(func() {
-		c.probeImage, c.probeErr = c.pushBinary(filepath.Join(c.cfg.BinDir, "tendril-probe"), "tendril/probe", "1")
-	})
+	c.probeOnce.Do(c.pushProbe)
 	if c.probeErr != nil {
 		return &corev1.Pod{}, c.probeErr
 	}
-	args := []string{"serve"}
-	for _, p := range serve {
-		args = append(args, fmt.Sprint(p))
-	}
-	no, yes, grace := false, true, int64(1)
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels, Annotations: annotations}, Spec: corev1.PodSpec{
-		NodeName:                      nodeName,
-		TerminationGracePeriodSeconds: &grace,
-		AutomountServiceAccountToken:  &no,
-		SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: &yes, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-			// A probe stands in for kube-apiserver on 443 without a capability: a safe sysctl,
-			// which restricted Pod Security admits.
-			Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_unprivileged_port_start", Value: "0"}}},
-		Containers: []corev1.Container{{Name: "probe", Image: c.probeImage, Args: args, Ports: cports,
-			SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
-				Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}},
-	}}
+	pod := probePodSpec(ns, name, nodeName, c.probeImage, labels, annotations, cports, serve)
 	if err := c.Client.Create(ctx, pod); err != nil {
 		return &corev1.Pod{}, fmt.Errorf("probe pod %s/%s: %w", ns, name, err)
 	}
@@ -83,29 +67,38 @@ func (c *Cluster) probePod(ctx context.Context, ns, name, nodeName string, label
 	return running, err
 }
 
+// pushProbe pushes tendril-probe's image (once: probeOnce).
+func (c *Cluster) pushProbe() {
+	c.probeImage, c.probeErr = c.pushBinary(filepath.Join(c.cfg.BinDir, "tendril-probe"), "tendril/probe", "1")
+}
+
+// probePodSpec is a restricted-PSS probe pod serving ports serve.
+func probePodSpec(ns, name, nodeName, image string, labels, annotations map[string]string, cports []corev1.ContainerPort, serve []int32) *corev1.Pod {
+	args := []string{"serve"}
+	for _, p := range serve {
+		args = append(args, fmt.Sprint(p))
+	}
+	no, yes, grace := false, true, int64(1)
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels, Annotations: annotations}, Spec: corev1.PodSpec{
+		NodeName:                      nodeName,
+		TerminationGracePeriodSeconds: &grace,
+		AutomountServiceAccountToken:  &no,
+		SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: &yes, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			// A probe stands in for kube-apiserver on 443 without a capability: a safe sysctl,
+			// which restricted Pod Security admits.
+			Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_unprivileged_port_start", Value: "0"}}},
+		Containers: []corev1.Container{{Name: "probe", Image: image, Args: args, Ports: cports,
+			SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
+				Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}},
+	}}
+}
+
 // Dial runs `tendril-probe dial address` in probe pod ns/name (an exec through kube-apiserver and
 // the kubelet) and tells whether the connection opened; detail is what the probe printed. An
 // error means the probe could not run, not that the path is closed.
 func (c *Cluster) Dial(ctx context.Context, ns, name, address string, timeout time.Duration) (open bool, detail string, err error) {
-	req := c.kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: "probe", Command: []string{"/tendril-probe", "dial", "--timeout", timeout.String(), address}, Stdout: true, Stderr: true}, scheme.ParameterCodec)
-	// As kubectl exec: WebSocket, SPDY where the server has no WebSocket.
-	ws, err := remotecommand.NewWebSocketExecutor(c.REST, "GET", req.URL().String())
-	if err != nil {
-		return false, "", err
-	}
-	spdy, err := remotecommand.NewSPDYExecutor(c.REST, "POST", req.URL())
-	if err != nil {
-		return false, "", err
-	}
-	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, httpstream.IsUpgradeFailure)
-	if err != nil {
-		return false, "", err
-	}
-	// Two buffers: the streams are copied by goroutines of their own.
-	var stdout, stderr bytes.Buffer
-	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})
-	detail = strings.TrimSpace(stdout.String() + " " + stderr.String())
+	stdout, stderr, err := execIn(ctx, c.REST, ns, name, "probe", "/tendril-probe", "dial", "--timeout", timeout.String(), address)
+	detail = strings.TrimSpace(stdout + " " + stderr)
 	var exit interface{ ExitStatus() int }
 	switch {
 	case err == nil && detail == "open":
@@ -117,6 +110,33 @@ func (c *Cluster) Dial(ctx context.Context, ns, name, address string, timeout ti
 	default:
 		return false, detail, fmt.Errorf("exec in probe %s/%s: %w (%s)", ns, name, err, detail)
 	}
+}
+
+// execIn runs command in container of pod ns/name through the API server rc names, as kubectl
+// exec does (WebSocket, SPDY where the server has no WebSocket), and returns what it printed.
+func execIn(ctx context.Context, rc *rest.Config, ns, name, container string, command ...string) (stdout, stderr string, err error) {
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return "", "", err
+	}
+	req := kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: container, Command: command, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(rc, "GET", req.URL().String())
+	if err != nil {
+		return "", "", err
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(rc, "POST", req.URL())
+	if err != nil {
+		return "", "", err
+	}
+	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, httpstream.IsUpgradeFailure)
+	if err != nil {
+		return "", "", err
+	}
+	// Two buffers: the streams are copied by goroutines of their own.
+	var out, errOut bytes.Buffer
+	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &out, Stderr: &errOut})
+	return out.String(), errOut.String(), err
 }
 
 // PodLogs is the logs of every container of the pods labelled labels in ns, one after another.

@@ -18,11 +18,6 @@ package realseed
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
-	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -41,13 +36,10 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tendril-net/tendril/internal/kubeenv"
-	"github.com/tendril-net/tendril/internal/kubescheme"
 	"github.com/tendril-net/tendril/internal/procgroup"
-	"github.com/tendril-net/tendril/internal/testpki"
 )
 
 // The cluster's networks. Only these two leave the machine's guard closed (see guard).
@@ -134,12 +126,17 @@ type Cluster struct {
 	started time.Time
 	// dnsActuator writes the DNSRecords of the local provider for CoreDNS.
 	dnsActuator *hostsActuator
-	// nodes are the extra nodes StartNode made.
-	nodes []*Node
+	// nodes are the extra nodes StartNode made, shoots the shoots StartShoot made.
+	nodes  []*Node
+	shoots []*Shoot
 	// probeImage is tendril-probe's image, pushed on the first ProbePod.
 	probeOnce  sync.Once
 	probeImage string
 	probeErr   error
+	// cpImages are the shoots' etcd and kube-apiserver images, pushed on the first StartShoot.
+	cpOnce   sync.Once
+	cpImages map[string]string
+	cpErr    error
 }
 
 // Timing is one step of Start.
@@ -264,6 +261,9 @@ func (c *Cluster) takeLock() error {
 // its Stop (SIGKILL, a test's timeout) left its processes, whose ids it wrote there, and their
 // mounts: they are ended and unmounted first.
 func (c *Cluster) freshDirs() error {
+	if err := recoverKilledRun(c.cfg.Out); err != nil {
+		return err
+	}
 	killStale(c.path("pids"))
 	killShims(c.cfg.Dir) // the shims of every containerd under it: the nodes' too
 	killCgroup("kubepods")
@@ -271,6 +271,7 @@ func (c *Cluster) freshDirs() error {
 	for _, m := range mountsUnder(c.cfg.Dir) {
 		_ = unix.Unmount(m, unix.MNT_DETACH)
 	}
+	removeStalePodNetns()
 	if err := os.RemoveAll(c.cfg.Dir); err != nil {
 		return fmt.Errorf("empty %s: %w", c.cfg.Dir, err)
 	}
@@ -317,6 +318,32 @@ func (c *Cluster) startWith(name string, o procgroup.Options, path string, args 
 		_ = os.WriteFile(c.path("pids", strings.ReplaceAll(name, " ", "-")), []byte(strconv.Itoa(pid)+" "+filepath.Base(bin)+"\n"), 0o644)
 	}
 	return nil
+}
+
+// removeStalePodNetns deletes the pods' network namespaces a killed run left: their veths stay
+// on the bridge with the addresses the next run hands out again, and answer for the new pods
+// (a probe of a new pod then meets the old pod's empty namespace: connection refused). They
+// are containerd's (cni-…) with an address in the cluster's pod ranges.
+func removeStalePodNetns() {
+	ranges := []netip.Prefix{netip.MustParsePrefix(PodCIDR), netip.MustParsePrefix(ShootNetworks)}
+	nss, _ := filepath.Glob("/run/netns/cni-*")
+	for _, ns := range nss {
+		out, err := exec.Command("ip", "-n", filepath.Base(ns), "-4", "-o", "addr", "show").Output()
+		if err != nil {
+			continue
+		}
+		ours := false
+		for _, f := range strings.Fields(string(out)) {
+			if p, err := netip.ParsePrefix(f); err == nil {
+				for _, r := range ranges {
+					ours = ours || r.Contains(p.Addr())
+				}
+			}
+		}
+		if ours {
+			_ = exec.Command("ip", "netns", "del", filepath.Base(ns)).Run()
+		}
+	}
 }
 
 // killStale kills the processes whose ids a run that did not stop wrote into dir, if they still
@@ -437,56 +464,14 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 // pki writes the cluster's CA, kube-apiserver's serving certificate (for the node's address,
 // Service kubernetes and its names, so that pods verify it against kube-root-ca.crt), the
 // service-account signing key and the admin token, and the admin kubeconfig.
-func (c *Cluster) pki() error {
-	ca, err := testpki.NewCA("tendril real seed CA")
-	if err != nil {
-		return err
-	}
-	if err := ca.WriteCA(c.path("pki", "ca.crt")); err != nil {
-		return err
-	}
-	serving, err := ca.Leaf(c.NodeIP.String(), APIServiceIP, "127.0.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
-	if err != nil {
-		return err
-	}
-	if err := testpki.WritePair(serving, c.path("pki", "apiserver.crt"), c.path("pki", "apiserver.key")); err != nil {
-		return err
-	}
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(c.path("pki", "sa.key"), pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
-		return err
-	}
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(c.path("pki", "sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644); err != nil {
-		return err
-	}
-	tok := make([]byte, 16)
-	if _, err := rand.Read(tok); err != nil {
-		return err
-	}
-	c.token = hex.EncodeToString(tok)
-	if err := os.WriteFile(c.path("pki", "tokens.csv"), []byte(c.token+`,admin,admin,"system:masters"`+"\n"), 0o600); err != nil {
+func (c *Cluster) pki() (err error) {
+	if c.token, err = controlPlanePKI(c.path("pki"), "tendril real seed CA", c.NodeIP.String(), APIServiceIP, "127.0.0.1",
+		"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"); err != nil {
 		return err
 	}
 	c.Kubeconfig = c.path("etc", "kubeconfig")
-	apiServer := net.JoinHostPort(c.NodeIP.String(), strconv.Itoa(APIServerPort))
-	if err := render(kubeconfigYAML, map[string]string{"APIServer": apiServer, "Dir": c.cfg.Dir, "Token": c.token}, c.Kubeconfig); err != nil {
-		return err
-	}
-	if c.REST, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig); err != nil {
-		return err
-	}
-	c.REST.QPS, c.REST.Burst = 100, 200
-	if c.kube, err = kubernetes.NewForConfig(c.REST); err != nil {
-		return err
-	}
-	c.Client, err = client.New(c.REST, client.Options{Scheme: kubescheme.New()})
+	c.REST, c.kube, c.Client, err = adminKubeconfig(c.Kubeconfig, "tendril-seed", net.JoinHostPort(c.NodeIP.String(), strconv.Itoa(APIServerPort)),
+		"", c.path("pki", "ca.crt"), c.token, 100)
 	return err
 }
 
@@ -504,7 +489,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	}
 	if err := c.start("kube-apiserver", c.testbin("kube-apiserver"), "--etcd-servers", etcdURL,
 		"--secure-port", strconv.Itoa(APIServerPort), "--bind-address", c.NodeIP.String(), "--advertise-address", c.NodeIP.String(),
-		"--tls-cert-file", c.path("pki", "apiserver.crt"), "--tls-private-key-file", c.path("pki", "apiserver.key"),
+		"--tls-cert-file", c.path("pki", "tls.crt"), "--tls-private-key-file", c.path("pki", "tls.key"),
 		"--client-ca-file", c.path("pki", "ca.crt"),
 		"--token-auth-file", c.path("pki", "tokens.csv"), "--authorization-mode", "Node,RBAC", "--allow-privileged=true",
 		"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", c.path("pki", "sa.pub"),
@@ -593,9 +578,20 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		c.bg.Wait()
 	}
 	var errs []error
+	// The shoots' pods first, through their API servers, which are the seed's pods.
+	for _, s := range c.shoots {
+		if s.Node == nil || !c.running("kubelet") || !c.running("kubelet "+s.Node.cfg.Name) {
+			continue
+		}
+		dctx, cancel := context.WithTimeout(ctx, drainTimeout)
+		if err := drain(dctx, s.Client); err != nil {
+			errs = append(errs, fmt.Errorf("drain shoot %s: %w", s.cfg.Name, err))
+		}
+		cancel()
+	}
 	if c.Client != nil && c.running("kubelet") && c.running("kube-apiserver") {
 		dctx, cancel := context.WithTimeout(ctx, drainTimeout)
-		if err := c.drain(dctx); err != nil {
+		if err := drain(dctx, c.Client); err != nil {
 			errs = append(errs, fmt.Errorf("drain: %w", err))
 		}
 		cancel()
@@ -613,6 +609,8 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	}
 	if err := c.restore(); err != nil {
 		errs = append(errs, err)
+	} else if c.host != nil {
+		_ = os.Remove(baselinePath)
 	}
 	if c.lock != nil {
 		c.lock.Close()

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"maps"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,8 +70,12 @@ func TestMain(m *testing.M) {
 // the machine as it found it.
 func TestRealSeed(t *testing.T) {
 	cfg := testConfig(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	// A run killed before (a test's timeout) left the machine changed; what it found counts.
+	if err := RecoverKilledRun(cfg.Out); err != nil {
+		t.Fatal(err)
+	}
 	before := machineState(t)
 	c, err := Start(ctx, cfg)
 	if err != nil {
@@ -258,7 +263,58 @@ func TestRealSeed(t *testing.T) {
 		if err != nil || !open {
 			t.Fatalf("pod on %s (%s) → CoreDNS pod on the first node: %v %s", n.IP, ip, err, detail)
 		}
+		// It runs no kube-proxy and no kube-router: the seed's workloads (the shoots' control
+		// planes below) stay on the first node.
+		var node corev1.Node
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: "tendril-node-1"}, &node); err != nil {
+			t.Fatal(err)
+		}
+		patch := client.MergeFrom(node.DeepCopy())
+		node.Spec.Unschedulable = true
+		if err := c.Client.Patch(ctx, &node, patch); err != nil {
+			t.Fatal(err)
+		}
 	})
+
+	// make seed's shoots: control planes in the seed mutated by tendril's webhook, a node each
+	// registered through the ingress, and kubectl logs -f, port-forward and exec through
+	// tendril-server and the tunnel, for each egress mode.
+	for _, sc := range Shoots {
+		t.Run("Shoot/"+string(sc.Egress), func(t *testing.T) {
+			s, err := c.StartShoot(ctx, inst, sc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod, err := c.StartWorkload(ctx, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !s.Pods.Contains(netip.MustParseAddr(pod.Status.PodIP)) {
+				t.Errorf("workload address %s, want one of the shoot's pods %s", pod.Status.PodIP, s.Pods)
+			}
+			use, err := c.UseTunnel(ctx, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("first kubectl logs through the tunnel %s after the Extension, %s after the agent started",
+				s.FirstLogs.Sub(s.Created).Round(10*time.Millisecond), s.FirstLogs.Sub(s.AgentStarted).Round(10*time.Millisecond))
+			t.Logf("port-forward read %q; logs -f printed %q; kubectl exec printed %q in %s; tendril-server dialled %v times",
+				use.Greeting, use.LogLine, use.ExecOut, use.Exec.Round(time.Millisecond), use.Dials)
+			tunnel, direct, err := c.ExecComparison(ctx, s, execRounds)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("exec, median of %d: %s through the tunnel, %s direct to a seed pod (%.2f×)", execRounds,
+				tunnel.Round(time.Millisecond), direct.Round(time.Millisecond), tunnel.Seconds()/direct.Seconds())
+			for _, f := range failovers(s) {
+				res, err := c.Failover(ctx, s, f.inShoot, f.ns, f.name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("%s pod deleted: %d of %d log reads through the tunnel failed, outage %s", f.name, res.Failed, res.Calls, res.Outage.Round(10*time.Millisecond))
+			}
+		})
+	}
 
 	if err := c.Stop(context.Background()); err != nil {
 		t.Errorf("stop: %v", err)
@@ -274,8 +330,15 @@ func TestRealSeed(t *testing.T) {
 	// The same as the shipped binary runs it (make seed SEED_ARGS=--once): bin/ is make
 	// build's, the image make image's; from a directory of its own.
 	t.Run("TendrilLocalRealOnce", func(t *testing.T) {
+		// A short state directory: kubelet's and containerd's Unix sockets live under it, and a
+		// socket path may have at most 107 bytes (this test's TempDir takes 55 of them).
+		dir, err := os.MkdirTemp("/var/tmp", "rs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
 		cmd := exec.CommandContext(ctx, filepath.Join(cfg.BinDir, "tendril-local"), "--real", "--once",
-			"--testbin-dir", cfg.TestbinDir, "--seedbin-dir", cfg.SeedbinDir, "--real-dir", filepath.Join(t.TempDir(), "seed"))
+			"--testbin-dir", cfg.TestbinDir, "--seedbin-dir", cfg.SeedbinDir, "--real-dir", filepath.Join(dir, "seed"))
 		cmd.Dir = t.TempDir()
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -288,8 +351,8 @@ func TestRealSeed(t *testing.T) {
 				t.Log(l)
 			}
 		}
-		if oks != 4 || strings.Contains(string(out), "FAIL ") {
-			t.Fatalf("%d checks ok, want 4:\n%s", oks, out)
+		if want := 4 + len(Shoots)*(1+len(failovers(&Shoot{}))); oks != want || strings.Contains(string(out), "FAIL ") {
+			t.Fatalf("%d checks ok, want %d:\n%s", oks, want, out)
 		}
 		if after := machineState(t); !maps.Equal(after, before) {
 			t.Errorf("after tendril-local --real --once the machine differs: %v, before %v", after, before)

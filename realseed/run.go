@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
+	"github.com/tendril-net/tendril/extension/manifest"
 )
 
 // Run starts the cluster, says how to reach it and how long each step took, and then, with
@@ -33,7 +36,20 @@ func Run(ctx context.Context, cfg Config, once bool) (err error) {
 	fmt.Fprintf(out, "real seed ready after %.1f s; memory of the whole set %.0f MiB RSS\n", time.Since(c.started).Seconds(), float64(c.RSS())/(1<<20))
 	fmt.Fprintf(out, "  kubectl --kubeconfig %s get pods -A\n", c.Kubeconfig)
 	fmt.Fprintf(out, "  registry http://%s, logs %s\n", c.Registry, c.path("logs"))
-	failed := c.check(ctx, inst)
+	var shoots []*Shoot
+	for _, sc := range Shoots {
+		s, err := c.StartShoot(ctx, inst, sc)
+		if err != nil {
+			return err
+		}
+		if _, err := c.StartWorkload(ctx, s); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "[%5.1fs] shoot %s ready: first kubectl logs through the tunnel %.1f s after its Extension, %.1f s after the agent started; kubectl --kubeconfig %s get pods -A\n",
+			time.Since(c.started).Seconds(), s.cfg.Name, s.FirstLogs.Sub(s.Created).Seconds(), s.FirstLogs.Sub(s.AgentStarted).Seconds(), s.Kubeconfig)
+		shoots = append(shoots, s)
+	}
+	failed := c.check(ctx, inst, shoots)
 	if once && failed > 0 {
 		return fmt.Errorf("%d of the real seed's checks failed", failed)
 	}
@@ -48,8 +64,29 @@ func Run(ctx context.Context, cfg Config, once bool) (err error) {
 	}
 }
 
+// Shoots are make seed's shoots: one for each of kube-apiserver's egress modes through
+// tendril-server's own front-ends.
+var Shoots = []ShootConfig{
+	{Name: "a", Index: 1, Egress: tendrilv1alpha1.EgressHTTPConnect},
+	{Name: "b", Index: 2, Egress: tendrilv1alpha1.EgressGRPC},
+}
+
+// failover is a pod Failover replaces.
+type failover struct {
+	inShoot  bool
+	ns, name string
+}
+
+// failovers are the shoot's tunnel ends: tendril-server in the seed, the agent in the shoot.
+func failovers(s *Shoot) []failover {
+	return []failover{{false, s.Namespace, manifest.ServerName}, {true, manifest.ShootNamespace, manifest.AgentObjectName(0)}}
+}
+
+// execRounds is how many kubectl execs each side of ExecComparison takes the median of.
+const execRounds = 10
+
 // check runs the real seed's checks, prints a line for each and returns how many failed.
-func (c *Cluster) check(ctx context.Context, inst *Installation) (failed int) {
+func (c *Cluster) check(ctx context.Context, inst *Installation, shoots []*Shoot) (failed int) {
 	report := func(name string, err error, detail string) {
 		if err != nil {
 			failed++
@@ -73,6 +110,26 @@ func (c *Cluster) check(ctx context.Context, inst *Installation) (failed int) {
 	}
 	report("network paths: kube-router treats each as Gardener's policies say", err,
 		fmt.Sprintf(" (%d of %d paths agree, %.1f s)", agree, len(rows), time.Since(t0).Seconds()))
+	for _, s := range shoots {
+		use, err := c.UseTunnel(ctx, s)
+		detail := ""
+		if err == nil {
+			var tunnel, direct time.Duration
+			if tunnel, direct, err = c.ExecComparison(ctx, s, execRounds); err == nil {
+				detail = fmt.Sprintf(" (%v connections through the tunnel; exec median of %d: %.1f ms, direct to a seed pod %.1f ms)",
+					use.Dials, execRounds, tunnel.Seconds()*1000, direct.Seconds()*1000)
+			}
+		}
+		report(fmt.Sprintf("shoot %s (%s): kubectl logs -f, port-forward and exec through tendril-server and the tunnel", s.cfg.Name, s.cfg.Egress), err, detail)
+		for _, f := range failovers(s) {
+			res, err := c.Failover(ctx, s, f.inShoot, f.ns, f.name)
+			detail := ""
+			if err == nil {
+				detail = fmt.Sprintf(": %d of %d log reads failed, outage %.1f s", res.Failed, res.Calls, res.Outage.Seconds())
+			}
+			report(fmt.Sprintf("shoot %s: %s pod deleted, the tunnel carries logs again", s.cfg.Name, f.name), err, detail)
+		}
+	}
 	// The chart's heartbeat is every 30 s: a renewal comes within a minute.
 	report("tendril-seed under its chart's RBAC: heartbeat renewed, nothing refused", c.CheckSeedUnderRBAC(ctx, inst, time.Minute), "")
 	return failed

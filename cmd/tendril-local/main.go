@@ -32,7 +32,7 @@ func main() {
 	// -version on the global one.
 	fs := flag.NewFlagSet("tendril-local", flag.ExitOnError)
 	fs.StringVar(&cfg.BinDir, "bin-dir", "", "directory holding tendril-ingress, tendril-server and tendril-agent (default: the one tendril-local is in, as make build puts them)")
-	fs.StringVar(&cfg.TestbinDir, "testbin-dir", "", "directory holding kube-apiserver, etcd and kubectl (default: where make testbin builds them, ${XDG_CACHE_HOME:-$HOME/.cache}/tendril/testbin/k8s-"+kubeenv.KubernetesVersion+"-etcd-"+kubeenv.EtcdVersion+")")
+	fs.StringVar(&cfg.TestbinDir, "testbin-dir", "", "directory holding kube-apiserver, etcd and kubectl (default: where make testbin builds them, ${XDG_CACHE_HOME:-$HOME/.cache}/tendril/testbin/k8s-"+kubeenv.KubernetesVersion+"-etcd-"+kubeenv.EtcdVersion+"-static)")
 	fs.StringVar(&cfg.Dir, "dir", "", "working directory for certificates, kubeconfigs, secrets and logs (default: a new temporary directory, removed at the end)")
 	fs.StringVar(&cfg.SNIAddress, "sni-address", "127.0.0.1:9443", "ingress SNI listener (kubectl reaches the shoots here)")
 	fs.StringVar(&cfg.ProxyAddress, "proxy-address", "127.0.0.1:9444", "ingress PROXY listener")

@@ -1,7 +1,8 @@
 // Command tendril-probe is the real local seed's network probe (make seed): its pods stand in
 // for a component on a network path and tell whether a connection passes. `tendril-probe
-// serve PORT...` listens on the TCP ports and holds what connects (a probe pod's main process:
-// the source or destination of a path); `tendril-probe dial ADDRESS` exits 0 when a TCP
+// serve PORT...` listens on the TCP ports, greets and holds what connects and logs each
+// connection (a probe pod's main process: the source or destination of a path, a shoot's
+// workload for kubectl logs -f and port-forward); `tendril-probe dial ADDRESS` exits 0 when a TCP
 // connection to ADDRESS opens within --timeout and 1 when it does not, saying why (run in a
 // probe pod with kubectl exec). It is a developer tool; nothing of a seed or a shoot runs it.
 package main
@@ -57,7 +58,8 @@ func main() {
 	}
 }
 
-// serve accepts on every port until ctx ends; each connection is held until its peer closes it.
+// serve accepts on every port until ctx ends; each connection gets a line naming the probe's
+// address and is held until its peer closes it, and each is logged to stdout.
 func serve(ctx context.Context, ports []string) error {
 	if len(ports) == 0 {
 		return errors.New("serve: no port")
@@ -76,6 +78,7 @@ func serve(ctx context.Context, ports []string) error {
 			return err
 		}
 		lns = append(lns, l)
+		fmt.Printf("serving %s\n", l.Addr())
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -90,6 +93,11 @@ func serve(ctx context.Context, ports []string) error {
 					defer c.Close()
 					stop := context.AfterFunc(ctx, func() { c.Close() })
 					defer stop()
+					// A line in the pod's log and one to the peer: kubectl logs -f and
+					// port-forward through a shoot's tunnel see each other's connection.
+					fmt.Printf("accepted %s on %s\n", c.RemoteAddr(), c.LocalAddr())
+					_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+					_, _ = fmt.Fprintf(c, "tendril-probe on %s\n", c.LocalAddr())
 					_, _ = c.Read(make([]byte, 1))
 				}()
 			}

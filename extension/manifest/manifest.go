@@ -216,7 +216,7 @@ func restricted() *corev1.SecurityContext {
 		AllowPrivilegeEscalation: ptr.To(false),
 		ReadOnlyRootFilesystem:   ptr.To(true),
 		RunAsNonRoot:             ptr.To(true),
-		RunAsUser:                ptr.To[int64](65532),
+		RunAsUser:                ptr.To[int64](nonRootUID),
 		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
@@ -242,10 +242,22 @@ func kernelTunnel(p *corev1.PodSpec, c *corev1.Container) {
 	}})
 }
 
+// secretVolume mounts Secret secret with files only their owner may read. They belong to root;
+// the pod's fsGroup (podSecurity) makes them readable by the non-root user the containers run as.
 func secretVolume(name, secret string) corev1.Volume {
 	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 		SecretName: secret, DefaultMode: ptr.To[int32](0o400),
 	}}}
+}
+
+// nonRootUID is the user tendril's containers run as (distroless's nonroot, as Gardener's).
+const nonRootUID = 65532
+
+// podSecurity is the pod security context of tendril's pods: kubelet gives the files of Secret
+// volumes the fsGroup as their group and group read, without which the non-root user could not
+// read its keys (found on a real kubelet: "open …/private-key: permission denied").
+func podSecurity() *corev1.PodSecurityContext {
+	return &corev1.PodSecurityContext{FSGroup: ptr.To[int64](nonRootUID)}
 }
 
 // probes are the liveness and readiness probes of a tendril process serving /healthz and
@@ -314,6 +326,7 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 				},
 				Spec: corev1.PodSpec{
 					AutomountServiceAccountToken: ptr.To(false),
+					SecurityContext:              podSecurity(),
 					PriorityClassName:            v1beta1constants.PriorityClassNameShootControlPlane500,
 					Containers: []corev1.Container{{
 						Name:  ServerName,

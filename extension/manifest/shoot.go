@@ -135,6 +135,7 @@ func AgentDeployment(v Values, i int) *appsv1.Deployment {
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{
 					AutomountServiceAccountToken: ptr.To(false),
+					SecurityContext:              podSecurity(),
 					PriorityClassName:            v1beta1constants.PriorityClassNameShootSystem900,
 					Affinity:                     agentAntiAffinity(len(v.Tunnel.Agents)),
 					Containers: []corev1.Container{{

@@ -100,11 +100,10 @@ func RenderChart(scheme *runtime.Scheme, namespace string) ([]client.Object, err
 	return objs, nil
 }
 
-// KubeAPIServerDeployment is the shoot's kube-apiserver as the egress webhook receives it: the
-// pod labels of Gardener's kube-apiserver Deployment (pkg/component/kubernetes/apiserver
-// deployment.go), then MutateDeployment for the shoot's egress mode.
-func KubeAPIServerDeployment(ns string, mode tendrilv1alpha1.EgressMode) (*appsv1.Deployment, error) {
-	allowed := v1beta1constants.LabelNetworkPolicyAllowed
+// KubeAPIServerPodLabels are the pod labels of Gardener's kube-apiserver Deployment
+// (pkg/component/kubernetes/apiserver deployment.go) that its NetworkPolicies read, without
+// those for etcd, which a World does not have.
+func KubeAPIServerPodLabels() map[string]string {
 	podLabels := kubeapiserver.GetLabels()
 	for _, k := range []string{
 		v1beta1constants.LabelNetworkPolicyToDNS,
@@ -113,8 +112,16 @@ func KubeAPIServerDeployment(ns string, mode tendrilv1alpha1.EgressMode) (*appsv
 		resourcesv1alpha1.NetworkPolicyLabelKeyPrefix + "to-" + v1beta1constants.LabelNetworkPolicyWebhookTargets,
 		resourcesv1alpha1.NetworkPolicyLabelKeyPrefix + "to-" + v1beta1constants.LabelNetworkPolicyExtensionsNamespaceAlias + "-" + v1beta1constants.LabelNetworkPolicyWebhookTargets,
 	} {
-		podLabels[k] = allowed
+		podLabels[k] = v1beta1constants.LabelNetworkPolicyAllowed
 	}
+	return podLabels
+}
+
+// KubeAPIServerDeployment is the shoot's kube-apiserver as the egress webhook receives it: the
+// pod labels of Gardener's kube-apiserver Deployment (pkg/component/kubernetes/apiserver
+// deployment.go), then MutateDeployment for the shoot's egress mode.
+func KubeAPIServerDeployment(ns string, mode tendrilv1alpha1.EgressMode) (*appsv1.Deployment, error) {
+	podLabels := KubeAPIServerPodLabels()
 	dep := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: manifest.KubeAPIServerName, Namespace: ns, Labels: kubeapiserver.GetLabels()},
 		Spec: appsv1.DeploymentSpec{

@@ -48,13 +48,13 @@ const (
 var Binaries = []string{"etcd", "kube-apiserver", "kubectl"}
 
 // DefaultTestbinDir is where hack/testbin.sh (make testbin) puts the binaries when TESTBIN_DIR
-// is unset: ${XDG_CACHE_HOME:-$HOME/.cache}/tendril/testbin/k8s-<version>-etcd-<version>.
+// is unset: ${XDG_CACHE_HOME:-$HOME/.cache}/tendril/testbin/k8s-<version>-etcd-<version>-static.
 func DefaultTestbinDir() (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		return "", fmt.Errorf("cache directory of hack/testbin.sh: %w", err)
 	}
-	return filepath.Join(cache, "tendril", "testbin", "k8s-"+KubernetesVersion+"-etcd-"+EtcdVersion), nil
+	return filepath.Join(cache, "tendril", "testbin", "k8s-"+KubernetesVersion+"-etcd-"+EtcdVersion+"-static"), nil
 }
 
 // Environment is an envtest environment that runs the binaries in dir (a testbin directory):
