@@ -180,9 +180,19 @@ func TestRealSeed(t *testing.T) {
 			if _, err := c.ProbePod(ctx, ns, "probe-"+p.name, p.labels, 8080); err != nil {
 				t.Fatal(err)
 			}
-			open, detail, err := c.Dial(ctx, ns, "probe-"+p.name, target, 2*time.Second)
-			if err != nil {
-				t.Fatal(err)
+			// kube-router puts a new pod into its policies' ipsets on its next sync, which on a
+			// loaded machine comes seconds later: until then the allowed pod is still denied.
+			var open bool
+			var detail string
+			for deadline := time.Now().Add(15 * time.Second); ; {
+				var err error
+				if open, detail, err = c.Dial(ctx, ns, "probe-"+p.name, target, 2*time.Second); err != nil {
+					t.Fatal(err)
+				}
+				if open || !p.want || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(500 * time.Millisecond)
 			}
 			if open != p.want {
 				t.Errorf("%s pod -> tendril-xds %s: open %v (%s), want %v", p.name, target, open, detail, p.want)
