@@ -241,7 +241,7 @@ func (s *Shoot) pki(lb netip.Addr) (err error) {
 		return err
 	}
 	// The ingress's SNI listener on the load balancer's address: the user's way in, and the
-	// shoot node's kubelet's and the controllers' too.
+	// shoot node's kubelet's too.
 	s.Kubeconfig = filepath.Join(s.dir, "kubeconfig")
 	s.REST, s.kube, s.Client, err = adminKubeconfig(s.Kubeconfig, s.Namespace, net.JoinHostPort(lb.String(), strconv.Itoa(manifest.PortKubeAPIServer)),
 		s.Host, filepath.Join(s.dir, "ca.crt"), s.token, 50)
@@ -505,10 +505,20 @@ func hasArg(cs []corev1.Container, container, arg string) bool {
 }
 
 // startShootControllers runs the shoot's kube-controller-manager and kube-scheduler on the
-// machine (through the ingress, as the node's kubelet), the shoot's resource manager in this
+// machine (through kube-apiserver's Service), the shoot's resource manager in this
 // process, and deploys Gardener's shoot system component through it.
 func (c *Cluster) startShootControllers(ctx context.Context, s *Shoot) error {
-	kc, i := s.Kubeconfig, s.cfg.Index
+	// As on a seed, the controllers reach kube-apiserver by its Service in the namespace, not
+	// through the load balancer (kube-proxy carries the machine's connections to its ClusterIP).
+	var svc corev1.Service
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: manifest.KubeAPIServerName}, &svc); err != nil {
+		return err
+	}
+	kc, i := filepath.Join(s.dir, "controllers.kubeconfig"), s.cfg.Index
+	if _, _, _, err := adminKubeconfig(kc, s.Namespace, net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(manifest.PortKubeAPIServer)),
+		manifest.KubeAPIServerName+"."+s.Namespace+".svc", filepath.Join(s.dir, "ca.crt"), s.token, 50); err != nil {
+		return err
+	}
 	kcm, sched := "kube-controller-manager "+s.cfg.Name, "kube-scheduler "+s.cfg.Name
 	if err := c.start(kcm, c.seedbin("kube-controller-manager"), "--kubeconfig", kc,
 		"--authentication-kubeconfig", kc, "--authorization-kubeconfig", kc,
