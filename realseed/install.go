@@ -364,10 +364,7 @@ func (c *Cluster) deploymentReadyIn(ctx context.Context, cl client.Client, ns, n
 	}
 	ready := int32(0)
 	for _, p := range pods.Items {
-		if err := pullFailed(&p); err != nil {
-			return &fatalError{fmt.Errorf("deployment %s/%s: %w", ns, name, err)}
-		}
-		if err := c.crashLooping(&p); err != nil {
+		if err := c.podStuck(&p); err != nil {
 			return &fatalError{fmt.Errorf("deployment %s/%s: %w", ns, name, err)}
 		}
 		ok := p.DeletionTimestamp == nil
@@ -402,6 +399,12 @@ func pullFailed(p *corev1.Pod) error {
 		}
 	}
 	return nil
+}
+
+// podStuck tells why the pod cannot come up (an image it cannot pull, a container that keeps
+// crashing), or nil: what ends a wait for it at once.
+func (c *Cluster) podStuck(p *corev1.Pod) error {
+	return errors.Join(pullFailed(p), c.crashLooping(p))
 }
 
 // crashRestarts is how many restarts of a crash-looping container make it final: a container

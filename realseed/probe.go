@@ -97,7 +97,7 @@ func probePodSpec(ns, name, nodeName, image string, labels, annotations map[stri
 // the kubelet) and tells whether the connection opened; detail is what the probe printed. An
 // error means the probe could not run, not that the path is closed.
 func (c *Cluster) Dial(ctx context.Context, ns, name, address string, timeout time.Duration) (open bool, detail string, err error) {
-	stdout, stderr, err := execIn(ctx, c.REST, ns, name, "probe", "/tendril-probe", "dial", "--timeout", timeout.String(), address)
+	stdout, stderr, err := execIn(ctx, c.REST, c.kube, ns, name, "probe", "/tendril-probe", "dial", "--timeout", timeout.String(), address)
 	detail = strings.TrimSpace(stdout + " " + stderr)
 	var exit interface{ ExitStatus() int }
 	switch {
@@ -112,13 +112,10 @@ func (c *Cluster) Dial(ctx context.Context, ns, name, address string, timeout ti
 	}
 }
 
-// execIn runs command in container of pod ns/name through the API server rc names, as kubectl
+// execIn runs command in container of pod ns/name through the API server rc names (kube is a
+// clientset made from rc, kept by the caller: one per cluster, not one per exec), as kubectl
 // exec does (WebSocket, SPDY where the server has no WebSocket), and returns what it printed.
-func execIn(ctx context.Context, rc *rest.Config, ns, name, container string, command ...string) (stdout, stderr string, err error) {
-	kube, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return "", "", err
-	}
+func execIn(ctx context.Context, rc *rest.Config, kube kubernetes.Interface, ns, name, container string, command ...string) (stdout, stderr string, err error) {
 	req := kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: container, Command: command, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(rc, "GET", req.URL().String())

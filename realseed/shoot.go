@@ -571,7 +571,7 @@ func (c *Cluster) podsCrashing(ctx context.Context, ns string, labels map[string
 		return err
 	}
 	for _, p := range pods.Items {
-		if err := errors.Join(pullFailed(&p), c.crashLooping(&p)); err != nil {
+		if err := c.podStuck(&p); err != nil {
 			return &fatalError{err}
 		}
 	}
@@ -590,7 +590,7 @@ func (c *Cluster) firstLogs(ctx context.Context, s *Shoot) error {
 			return err
 		}
 		for _, p := range pods.Items {
-			if err := errors.Join(pullFailed(&p), c.crashLooping(&p)); err != nil {
+			if err := c.podStuck(&p); err != nil {
 				return &fatalError{err}
 			}
 			for _, cs := range p.Status.ContainerStatuses {

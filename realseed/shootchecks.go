@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -48,7 +49,7 @@ func (c *Cluster) StartWorkload(ctx context.Context, s *Shoot) (*corev1.Pod, err
 		if err := s.Client.Get(ctx, client.ObjectKeyFromObject(pod), &running); err != nil {
 			return err
 		}
-		if err := pullFailed(&running); err != nil {
+		if err := c.podStuck(&running); err != nil {
 			return &fatalError{err}
 		}
 		if running.Status.Phase != corev1.PodRunning {
@@ -239,13 +240,13 @@ func (w *lineWaiter) wait(ctx context.Context, re *regexp.Regexp) (string, error
 }
 
 // ExecRoundTrips runs command in pod ns/name n times, one after another, through the API server
-// rc names (as kubectl exec does, in this process: a kubectl process would add its own start to
+// rc names (kube made from it) (as kubectl exec does, in this process: a kubectl process would add its own start to
 // each), and returns how long each took.
-func ExecRoundTrips(ctx context.Context, rc *rest.Config, ns, name, container string, n int, command ...string) ([]time.Duration, error) {
+func ExecRoundTrips(ctx context.Context, rc *rest.Config, kube kubernetes.Interface, ns, name, container string, n int, command ...string) ([]time.Duration, error) {
 	var took []time.Duration
 	for range n {
 		t0 := time.Now()
-		if _, stderr, err := execIn(ctx, rc, ns, name, container, command...); err != nil {
+		if _, stderr, err := execIn(ctx, rc, kube, ns, name, container, command...); err != nil {
 			return nil, fmt.Errorf("exec in %s/%s: %w (%s)", ns, name, err, strings.TrimSpace(stderr))
 		}
 		took = append(took, time.Since(t0))
@@ -270,11 +271,11 @@ func (c *Cluster) ExecComparison(ctx context.Context, s *Shoot, n int) (tunnel, 
 	if err := c.Client.List(ctx, &dns, client.InNamespace(metav1.NamespaceSystem), client.MatchingLabels{"k8s-app": "kube-dns"}); err != nil || len(dns.Items) == 0 {
 		return 0, 0, fmt.Errorf("CoreDNS pod: %v", err)
 	}
-	t, err := ExecRoundTrips(ctx, s.REST, metav1.NamespaceDefault, workloadName, "probe", n, "/tendril-probe", "--version")
+	t, err := ExecRoundTrips(ctx, s.REST, s.kube, metav1.NamespaceDefault, workloadName, "probe", n, "/tendril-probe", "--version")
 	if err != nil {
 		return 0, 0, err
 	}
-	d, err := ExecRoundTrips(ctx, c.REST, metav1.NamespaceSystem, dns.Items[0].Name, dnsName, n, "/coredns", "-version")
+	d, err := ExecRoundTrips(ctx, c.REST, c.kube, metav1.NamespaceSystem, dns.Items[0].Name, dnsName, n, "/coredns", "-version")
 	if err != nil {
 		return 0, 0, err
 	}
