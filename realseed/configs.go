@@ -97,7 +97,7 @@ hostnameOverride: {{.NodeName}}
 # NodePorts only on the node's address: tests elsewhere on this machine bind loopback ports.
 nodePortAddresses: ["{{.NodeIP}}/32"]
 metricsBindAddress: 127.0.0.1:{{.KubeProxyMetricsPort}}
-healthzBindAddress: 127.0.0.1:{{.KubeProxyHealthzPort}}
+healthzBindAddress: {{.HealthzAddress}}
 # Leave the machine's conntrack sysctls alone.
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
 # No route_localnet and no NodePorts on 127.0.0.1.

@@ -34,6 +34,9 @@ type NodeConfig struct {
 	PodCIDR string
 	// ClusterDNS is kubelet's clusterDNS (the seed's kube-dns when empty).
 	ClusterDNS string
+	// KubeProxy runs a kube-proxy in the node's namespace too, against the same API server: the
+	// node's pods and processes then reach that cluster's Services (a shoot's node).
+	KubeProxy bool
 }
 
 // Node is a running extra node.
@@ -136,9 +139,20 @@ func (c *Cluster) StartNode(ctx context.Context, cfg NodeConfig) (*Node, error) 
 	if err != nil {
 		return nil, err
 	}
-	return n, c.waitFor(ctx, name, "Ready node "+cfg.Name, 3*time.Minute, func(ctx context.Context) error {
+	if err := c.waitFor(ctx, name, "Ready node "+cfg.Name, 3*time.Minute, func(ctx context.Context) error {
 		return nodeReady(ctx, cl, cfg.Name)
-	})
+	}); err != nil {
+		return n, err
+	}
+	if cfg.KubeProxy {
+		// Its health port on the node's address, which the machine reaches; the namespace's
+		// loopback is the node's own.
+		if err := c.runKubeProxy(ctx, "kube-proxy "+cfg.Name, n.netns(), n.path("etc", "kube-proxy.yaml"), cfg.Kubeconfig, cfg.Name,
+			cfg.PodCIDR, netip.AddrPortFrom(n.IP, kubeProxyHealthzPort), n.IP); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // makeCgroup makes cgroup name in every hierarchy (kubelet wants its cgroupRoot to exist); a

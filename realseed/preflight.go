@@ -45,7 +45,7 @@ var (
 )
 
 // tools are the programs the node's daemons run or Start and Stop call.
-var tools = []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "iptables-save", "iptables-restore", "ipset", "nft", "conntrack", "docker-registry", "ip", "nsenter"}
+var tools = []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "iptables-save", "iptables-restore", "ipset", "nft", "conntrack", "docker-registry", "ip", "nsenter", "unshare", "mount"}
 
 var cniPlugins = []string{"bridge", "host-local", "portmap", "loopback"}
 

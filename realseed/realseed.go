@@ -544,16 +544,29 @@ func (c *Cluster) startKubelet(ctx context.Context) error {
 }
 
 func (c *Cluster) startKubeProxy(ctx context.Context) error {
-	cfgPath := c.path("etc", "kube-proxy.yaml")
-	data := map[string]any{"Kubeconfig": c.Kubeconfig, "PodCIDR": PodCIDR, "NodeName": NodeName, "NodeIP": c.NodeIP,
-		"KubeProxyMetricsPort": kubeProxyMetricsPort, "KubeProxyHealthzPort": kubeProxyHealthzPort}
+	return c.runKubeProxy(ctx, "kube-proxy", "", c.path("etc", "kube-proxy.yaml"), c.Kubeconfig, NodeName, PodCIDR,
+		netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), kubeProxyHealthzPort), c.NodeIP)
+}
+
+// runKubeProxy starts a kube-proxy for node nodeName (in network namespace ns; the machine's
+// when empty) with its configuration at cfgPath, and waits for its /healthz on healthz.
+func (c *Cluster) runKubeProxy(ctx context.Context, name, ns, cfgPath, kubeconfig, nodeName, podCIDR string, healthz netip.AddrPort, nodeIP netip.Addr) error {
+	data := map[string]any{"Kubeconfig": kubeconfig, "PodCIDR": podCIDR, "NodeName": nodeName, "NodeIP": nodeIP,
+		"KubeProxyMetricsPort": kubeProxyMetricsPort, "HealthzAddress": healthz}
 	if err := render(kubeProxyYAML, data, cfgPath); err != nil {
 		return err
 	}
-	if err := c.start("kube-proxy", c.seedbin("kube-proxy"), "--config", cfgPath, "--v=2"); err != nil {
+	args := []string{"--config", cfgPath, "--v=2"}
+	var err error
+	if ns == "" {
+		err = c.start(name, c.seedbin("kube-proxy"), args...)
+	} else {
+		err = c.startIn(name, ns, c.seedbin("kube-proxy"), args...)
+	}
+	if err != nil {
 		return err
 	}
-	return c.waitFor(ctx, "kube-proxy", "/healthz", time.Minute, httpOK("http://127.0.0.1:"+strconv.Itoa(kubeProxyHealthzPort)+"/healthz"))
+	return c.waitFor(ctx, name, "/healthz", time.Minute, httpOK("http://"+healthz.String()+"/healthz"))
 }
 
 func (c *Cluster) startKubeRouter(ctx context.Context) error {

@@ -310,6 +310,12 @@ func TestRealSeed(t *testing.T) {
 				s.FirstLogs.Sub(s.Created).Round(10*time.Millisecond), s.FirstLogs.Sub(s.AgentStarted).Round(10*time.Millisecond))
 			t.Logf("port-forward read %q; logs -f printed %q; kubectl exec printed %q in %s; tendril-server dialled %v times",
 				use.Greeting, use.LogLine, use.ExecOut, use.Exec.Round(time.Millisecond), use.Dials)
+			wh, err := c.CallWebhook(ctx, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("webhook: %s; the webhook logged %q; call median of %d: %s; tendril-server dialled %v times",
+				wh.Denial, wh.Review, webhookRounds, wh.Median.Round(100*time.Microsecond), wh.Dials)
 			tunnel, direct, err := c.ExecComparison(ctx, s, execRounds)
 			if err != nil {
 				t.Fatal(err)
@@ -361,7 +367,7 @@ func TestRealSeed(t *testing.T) {
 				t.Log(l)
 			}
 		}
-		if want := 4 + len(Shoots)*(1+len(failovers(&Shoot{}))); oks != want || strings.Contains(string(out), "FAIL ") {
+		if want := 4 + len(Shoots)*(2+len(failovers(&Shoot{}))); oks != want || strings.Contains(string(out), "FAIL ") {
 			t.Fatalf("%d checks ok, want %d:\n%s", oks, want, out)
 		}
 		if after := machineState(t); !maps.Equal(after, before) {

@@ -120,7 +120,13 @@ func (c *Cluster) check(ctx context.Context, inst *Installation, shoots []*Shoot
 					use.Dials, execRounds, tunnel.Seconds()*1000, direct.Seconds()*1000)
 			}
 		}
-		report(fmt.Sprintf("shoot %s (%s): kubectl logs -f, port-forward and exec through tendril-server and the tunnel", s.cfg.Name, s.cfg.Egress), err, detail)
+		report(fmt.Sprintf("shoot %s (%s): kubectl by %s (CoreDNS's answer): logs -f, port-forward and exec through tendril-server and the tunnel", s.cfg.Name, s.cfg.Egress, s.Host), err, detail)
+		wh, err := c.CallWebhook(ctx, s)
+		detail = ""
+		if err == nil {
+			detail = fmt.Sprintf(" (call median of %d: %.1f ms; %s)", webhookRounds, wh.Median.Seconds()*1000, wh.Review)
+		}
+		report(fmt.Sprintf("shoot %s: kube-apiserver calls a webhook on the shoot's node by its Service through the tunnel", s.cfg.Name), err, detail)
 		for _, f := range failovers(s) {
 			res, err := c.Failover(ctx, s, f.inShoot, f.ns, f.name)
 			detail := ""

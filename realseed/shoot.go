@@ -91,9 +91,12 @@ type Shoot struct {
 	// tendril-ingress's SNI listener (the load balancer's address, Host as TLS server name);
 	// REST and Client the same as client configurations.
 	Kubeconfig string
-	REST       *rest.Config
-	Client     client.Client
-	kube       kubernetes.Interface
+	// UserKubeconfig is the same by the API server's name (https://Host), which the cluster's
+	// DNS answers once the shoot's external DNSRecord is in place; kubectl uses it.
+	UserKubeconfig string
+	REST           *rest.Config
+	Client         client.Client
+	kube           kubernetes.Interface
 	// Node is the shoot's node.
 	Node *Node
 	// Nodes, Pods and Services are its networks.
@@ -122,7 +125,9 @@ var dnsLabel = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,18}[a-z0-9])?$`)
 //   - the shoot's resource manager (Gardener's, in this process) and Gardener's shoot system
 //     component through it (PriorityClasses, kube-system's policies);
 //   - a node: an extra node registered with the shoot's API server through the ingress, its pods'
-//     DNS the seed's CoreDNS (which answers the ingress's name the agent dials).
+//     DNS the seed's CoreDNS (which answers the ingress's name the agent dials), with a
+//     kube-proxy for the shoot's Services (a webhook's ClusterIP, which the agent dials for
+//     kube-apiserver).
 func (c *Cluster) StartShoot(ctx context.Context, inst *Installation, cfg ShootConfig) (*Shoot, error) {
 	if !dnsLabel.MatchString(cfg.Name) || cfg.Index < 1 || cfg.Index > maxShoots {
 		return nil, fmt.Errorf("shoot %q: a name of up to 20 lower-case letters, digits and dashes and an index 1–%d are required", cfg.Name, maxShoots)
@@ -171,7 +176,7 @@ func (c *Cluster) StartShoot(ctx context.Context, inst *Installation, cfg ShootC
 	}
 	if err := step("node Ready, tendril-agent Ready on it", func() error {
 		n, err := c.StartNode(ctx, NodeConfig{Name: "shoot-" + cfg.Name + "-node", Index: shootNodeBase + cfg.Index,
-			Kubeconfig: s.Kubeconfig, PodCIDR: s.Pods.String(), ClusterDNS: DNSServiceIP})
+			Kubeconfig: s.Kubeconfig, PodCIDR: s.Pods.String(), ClusterDNS: DNSServiceIP, KubeProxy: true})
 		if err != nil {
 			return err
 		}
@@ -187,6 +192,11 @@ func (c *Cluster) StartShoot(ctx context.Context, inst *Installation, cfg ShootC
 			}
 			return c.deploymentReadyIn(ctx, s.Client, manifest.ShootNamespace, manifest.AgentObjectName(0), inst.Image)
 		})
+	}); err != nil {
+		return nil, err
+	}
+	if err := step("api."+cfg.Name+" DNSRecord pointed at the ingress by tendril's webhook, resolved by CoreDNS", func() error {
+		return c.externalDNSRecord(ctx, s, inst)
 	}); err != nil {
 		return nil, err
 	}

@@ -41,19 +41,24 @@ func (c *Cluster) StartWorkload(ctx context.Context, s *Shoot) (*corev1.Pod, err
 	}
 	pod := probePodSpec(metav1.NamespaceDefault, workloadName, s.Node.cfg.Name, c.probeImage, nil, nil,
 		[]corev1.ContainerPort{{Name: "probe", ContainerPort: workloadPort}}, []int32{workloadPort})
+	return c.runInShoot(ctx, s, pod)
+}
+
+// runInShoot creates pod in shoot s and returns it once it runs and is Ready.
+func (c *Cluster) runInShoot(ctx context.Context, s *Shoot, pod *corev1.Pod) (*corev1.Pod, error) {
 	if err := s.Client.Create(ctx, pod); err != nil {
-		return nil, fmt.Errorf("shoot %s: workload: %w", s.cfg.Name, err)
+		return nil, fmt.Errorf("shoot %s: pod %s: %w", s.cfg.Name, pod.Name, err)
 	}
 	var running corev1.Pod
-	err := c.waitFor(ctx, "kubelet "+s.Node.cfg.Name, "workload "+workloadName+" running in shoot "+s.cfg.Name, 2*time.Minute, func(ctx context.Context) error {
+	err := c.waitFor(ctx, "kubelet "+s.Node.cfg.Name, "pod "+pod.Name+" Ready in shoot "+s.cfg.Name, 2*time.Minute, func(ctx context.Context) error {
 		if err := s.Client.Get(ctx, client.ObjectKeyFromObject(pod), &running); err != nil {
 			return err
 		}
 		if err := c.podStuck(&running); err != nil {
 			return &fatalError{err}
 		}
-		if running.Status.Phase != corev1.PodRunning {
-			return fmt.Errorf("pod %s", running.Status.Phase)
+		if running.Status.Phase != corev1.PodRunning || !podIsReady(&running) {
+			return fmt.Errorf("pod %s, not Ready", running.Status.Phase)
 		}
 		return nil
 	})
@@ -141,9 +146,13 @@ func (c *Cluster) UseTunnel(ctx context.Context, s *Shoot) (*TunnelUse, error) {
 	return use, nil
 }
 
-// kubectl is make testbin's kubectl against the shoot, as its owner runs it.
+// kubectl is make testbin's kubectl against the shoot, as its owner runs it: by the API
+// server's name, resolved by the cluster's DNS (once the shoot's DNSRecord is in place).
 func (c *Cluster) kubectl(ctx context.Context, s *Shoot, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, c.testbin("kubectl"), append([]string{"--kubeconfig", s.Kubeconfig, "--request-timeout", "30s"}, args...)...)
+	if s.UserKubeconfig == "" {
+		return exec.CommandContext(ctx, c.testbin("kubectl"), append([]string{"--kubeconfig", s.Kubeconfig, "--request-timeout", "30s"}, args...)...)
+	}
+	return c.clusterDNSCommand(ctx, c.testbin("kubectl"), append([]string{"--kubeconfig", s.UserKubeconfig, "--request-timeout", "30s"}, args...)...)
 }
 
 var forwarding = regexp.MustCompile(`^Forwarding from (127\.0\.0\.1:\d+) -> `)
@@ -361,13 +370,18 @@ func replaced(ctx context.Context, cl client.Client, ns string, labels map[strin
 		return false
 	}
 	for _, p := range pods.Items {
-		if old[p.UID] || p.DeletionTimestamp != nil {
-			continue
+		if !old[p.UID] && p.DeletionTimestamp == nil && podIsReady(&p) {
+			return true
 		}
-		for _, cond := range p.Status.Conditions {
-			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
-				return true
-			}
+	}
+	return false
+}
+
+// podIsReady tells whether p's Ready condition is true.
+func podIsReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
 		}
 	}
 	return false

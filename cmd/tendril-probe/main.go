@@ -4,7 +4,10 @@
 // connection (a probe pod's main process: the source or destination of a path, a shoot's
 // workload for kubectl logs -f and port-forward); `tendril-probe dial ADDRESS` exits 0 when a TCP
 // connection to ADDRESS opens within --timeout and 1 when it does not, saying why (run in a
-// probe pod with kubectl exec). It is a developer tool; nothing of a seed or a shoot runs it.
+// probe pod with kubectl exec); `tendril-probe webhook --cert F --key F` serves validating
+// admission calls over TLS and denies each with a message naming itself (a shoot's webhook,
+// which kube-apiserver calls through the tunnel). It is a developer tool; nothing of a seed or
+// a shoot runs it.
 package main
 
 import (
@@ -24,7 +27,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: tendril-probe serve PORT... | dial [--timeout 2s] ADDRESS | --version")
+		fmt.Fprintln(os.Stderr, "usage: tendril-probe serve PORT... | dial [--timeout 2s] ADDRESS | webhook [--listen :9443] --cert F --key F | --version")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -34,6 +37,22 @@ func main() {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 		defer stop()
 		if err := serve(ctx, os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "tendril-probe:", err)
+			os.Exit(1)
+		}
+	case "webhook":
+		fs := flag.NewFlagSet("webhook", flag.ExitOnError)
+		listen := fs.String("listen", ":9443", "the TLS address kube-apiserver calls")
+		cert := fs.String("cert", "", "the serving certificate (PEM)")
+		key := fs.String("key", "", "its key (PEM)")
+		_ = fs.Parse(os.Args[2:])
+		if *cert == "" || *key == "" {
+			fmt.Fprintln(os.Stderr, "usage: tendril-probe webhook [--listen :9443] --cert F --key F")
+			os.Exit(2)
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		defer stop()
+		if err := webhook(ctx, *listen, *cert, *key); err != nil {
 			fmt.Fprintln(os.Stderr, "tendril-probe:", err)
 			os.Exit(1)
 		}
