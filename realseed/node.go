@@ -37,6 +37,11 @@ type NodeConfig struct {
 	// KubeProxy runs a kube-proxy in the node's namespace too, against the same API server: the
 	// node's pods and processes then reach that cluster's Services (a shoot's node).
 	KubeProxy bool
+	// NetworkPolicy runs a kube-router (firewall only) in the node's namespace too, against the
+	// same API server: that cluster's NetworkPolicies are then enforced for the node's pods.
+	// ServiceCIDR is that cluster's Service range, which kube-router needs.
+	NetworkPolicy bool
+	ServiceCIDR   string
 }
 
 // Node is a running extra node.
@@ -70,6 +75,9 @@ const socketDir = "/run/tendril-realseed"
 func (c *Cluster) StartNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
 	if cfg.Index < 1 || cfg.Index > 250 || cfg.Name == "" || cfg.PodCIDR == "" {
 		return nil, fmt.Errorf("node %q: a name, an index 1–250 and a pod range are required", cfg.Name)
+	}
+	if cfg.NetworkPolicy && cfg.ServiceCIDR == "" {
+		return nil, fmt.Errorf("node %s: NetworkPolicy needs the cluster's Service range", cfg.Name)
 	}
 	if cfg.Kubeconfig == "" {
 		cfg.Kubeconfig = c.Kubeconfig
@@ -149,6 +157,12 @@ func (c *Cluster) StartNode(ctx context.Context, cfg NodeConfig) (*Node, error) 
 		// loopback is the node's own.
 		if err := c.runKubeProxy(ctx, "kube-proxy "+cfg.Name, n.netns(), n.path("etc", "kube-proxy.yaml"), cfg.Kubeconfig, cfg.Name,
 			cfg.PodCIDR, netip.AddrPortFrom(n.IP, kubeProxyHealthzPort), n.IP); err != nil {
+			return n, err
+		}
+	}
+	if cfg.NetworkPolicy {
+		name := "kube-router " + cfg.Name
+		if err := c.runKubeRouter(ctx, name, n.netns(), cfg.Kubeconfig, cfg.Name, cfg.ServiceCIDR, n.IP); err != nil {
 			return n, err
 		}
 	}

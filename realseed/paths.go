@@ -163,8 +163,8 @@ func (c *Cluster) probeFor(ctx context.Context, ns, name string, tmpl corev1.Pod
 	return c.probePod(ctx, ns, name, "", tmpl.Labels, tmpl.Annotations, cports, serve)
 }
 
-// PathsDocument is docs/network-paths-measured.md for rows.
-func PathsDocument(rows []PathRow) string {
+// PathsDocument is docs/network-paths-measured.md for the seed's rows and a shoot's.
+func PathsDocument(rows, shootRows []PathRow) string {
 	word := map[bool]string{true: "allowed", false: "denied"}
 	conn := map[bool]string{true: "open", false: "closed"}
 	var b strings.Builder
@@ -190,12 +190,32 @@ dropped or rejected, not a port nobody listens on.
 | from | to | port | why | wanted | policies (netpoleval) | connection (kube-router) |
 |---|---|---|---|---|---|---|
 `)
-	for _, r := range rows {
-		mark := ""
-		if r.Measured != r.Evaluated {
-			mark = " ✗"
+	table := func(rows []PathRow) {
+		for _, r := range rows {
+			mark := ""
+			if r.Measured != r.Evaluated {
+				mark = " ✗"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s%s |\n", r.From, r.To, r.Port, r.Why, word[r.Want], word[r.Evaluated], conn[r.Measured], mark)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s%s |\n", r.From, r.To, r.Port, r.Why, word[r.Want], word[r.Evaluated], conn[r.Measured], mark)
 	}
+	table(rows)
+	b.WriteString(`
+## Shoot side
+
+In make seed's shoot ` + "`a`" + ` (package realseed, StartShoot): kube-system of the shoot as Gardener's
+resource manager applies it (Gardener's shoot system component: ` + "`gardener.cloud--deny-all`" + ` and
+the allow-to-* policies; tendril's ManagedResource: the agent's policies), kube-router enforcing
+them on the shoot's node. A probe pod on that node for each actor with the labels the policies
+select (the agent's from its Deployment's template), each connection opened from the source's
+probe pod by an exec through the shoot's API server (so through the tunnel), retried for up to
+15 s while kube-router's next sync puts a new pod into its chains. The load balancer is the
+ingress's address. Gardener's vpn-shoot is not deployed in these shoots: its rows stay in the
+evaluator's table.
+
+| from | to | port | why | wanted | policies (netpoleval) | connection (kube-router) |
+|---|---|---|---|---|---|---|
+`)
+	table(shootRows)
 	return b.String()
 }

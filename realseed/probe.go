@@ -97,7 +97,12 @@ func probePodSpec(ns, name, nodeName, image string, labels, annotations map[stri
 // the kubelet) and tells whether the connection opened; detail is what the probe printed. An
 // error means the probe could not run, not that the path is closed.
 func (c *Cluster) Dial(ctx context.Context, ns, name, address string, timeout time.Duration) (open bool, detail string, err error) {
-	stdout, stderr, err := execIn(ctx, c.REST, c.kube, ns, name, "probe", "/tendril-probe", "dial", "--timeout", timeout.String(), address)
+	return dialIn(ctx, c.REST, c.kube, ns, name, address, timeout)
+}
+
+// dialIn is Dial in the cluster rc names.
+func dialIn(ctx context.Context, rc *rest.Config, kube kubernetes.Interface, ns, name, address string, timeout time.Duration) (open bool, detail string, err error) {
+	stdout, stderr, err := execIn(ctx, rc, kube, ns, name, "probe", "/tendril-probe", "dial", "--timeout", timeout.String(), address)
 	detail = strings.TrimSpace(stdout + " " + stderr)
 	var exit interface{ ExitStatus() int }
 	switch {

@@ -570,12 +570,26 @@ func (c *Cluster) runKubeProxy(ctx context.Context, name, ns, cfgPath, kubeconfi
 }
 
 func (c *Cluster) startKubeRouter(ctx context.Context) error {
-	if err := c.start("kube-router", c.seedbin("kube-router"), "--kubeconfig", c.Kubeconfig, "--hostname-override", NodeName,
+	return c.runKubeRouter(ctx, "kube-router", "", c.Kubeconfig, NodeName, ServiceCIDR, netip.MustParseAddr("127.0.0.1"))
+}
+
+// runKubeRouter starts kube-router as the NetworkPolicy enforcer (firewall only) of node
+// nodeName (in network namespace ns; the machine's when empty) and waits for its /healthz on
+// health (it listens on every address of its namespace).
+func (c *Cluster) runKubeRouter(ctx context.Context, name, ns, kubeconfig, nodeName, serviceCIDR string, health netip.Addr) error {
+	args := []string{"--kubeconfig", kubeconfig, "--hostname-override", nodeName,
 		"--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--enable-ipv4=true", "--enable-ipv6=false",
-		"--service-cluster-ip-range", ServiceCIDR, "--metrics-port", "0", "--health-port", strconv.Itoa(kubeRouterHealthPort), "--v=2"); err != nil {
+		"--service-cluster-ip-range", serviceCIDR, "--metrics-port", "0", "--health-port", strconv.Itoa(kubeRouterHealthPort), "--v=2"}
+	var err error
+	if ns == "" {
+		err = c.start(name, c.seedbin("kube-router"), args...)
+	} else {
+		err = c.startIn(name, ns, c.seedbin("kube-router"), args...)
+	}
+	if err != nil {
 		return err
 	}
-	return c.waitFor(ctx, "kube-router", "/healthz", time.Minute, httpOK("http://127.0.0.1:"+strconv.Itoa(kubeRouterHealthPort)+"/healthz"))
+	return c.waitFor(ctx, name, "/healthz", time.Minute, httpOK("http://"+netip.AddrPortFrom(health, kubeRouterHealthPort).String()+"/healthz"))
 }
 
 // drainTimeout bounds how long Stop waits for kubelet to end the pods (and CNI to remove their

@@ -200,6 +200,7 @@ func TestRealSeed(t *testing.T) {
 		}
 	})
 
+	var seedRows, shootRows []PathRow
 	t.Run("NetworkPathsMeasured", func(t *testing.T) {
 		rows, err := c.MeasurePaths(ctx)
 		if err != nil {
@@ -210,18 +211,7 @@ func TestRealSeed(t *testing.T) {
 				t.Errorf("%s → %s :%d (%s): the policies say %v, the connection %s", r.From, r.To, r.Port, r.Why, r.Evaluated, r.Detail)
 			}
 		}
-		doc := PathsDocument(rows)
-		t.Log("\n" + doc)
-		path := filepath.Join(kubetest.RepoRoot(t), "docs", "network-paths-measured.md")
-		if *update {
-			if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			return
-		}
-		if old, err := os.ReadFile(path); err != nil || string(old) != doc {
-			t.Errorf("docs/network-paths-measured.md is stale (go test ./realseed -run TestRealSeed -update, as root): %v", err)
-		}
+		seedRows = rows
 	})
 
 	t.Run("WrongImageDigest", func(t *testing.T) {
@@ -322,6 +312,22 @@ func TestRealSeed(t *testing.T) {
 			}
 			t.Logf("exec, median of %d: %s through the tunnel, %s direct to a seed pod (%.2f×)", execRounds,
 				tunnel.Round(time.Millisecond), direct.Round(time.Millisecond), tunnel.Seconds()/direct.Seconds())
+			lb, err := c.LoadBalancerAddress(ctx, inst.Namespace, "tendril-ingress")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows, err := c.MeasureShootPaths(ctx, s, lb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rows {
+				if r.Measured != r.Evaluated || r.Evaluated != r.Want {
+					t.Errorf("%s → %s :%d (%s): wanted %v, the policies say %v, the connection %s", r.From, r.To, r.Port, r.Why, r.Want, r.Evaluated, r.Detail)
+				}
+			}
+			if sc.Name == Shoots[0].Name {
+				shootRows = rows
+			}
 			for _, f := range failovers(s) {
 				res, err := c.Failover(ctx, s, f.inShoot, f.ns, f.name)
 				if err != nil {
@@ -331,6 +337,24 @@ func TestRealSeed(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("NetworkPathsDocument", func(t *testing.T) {
+		if seedRows == nil || shootRows == nil {
+			t.Skip("a measurement failed above")
+		}
+		doc := PathsDocument(seedRows, shootRows)
+		t.Log("\n" + doc)
+		path := filepath.Join(kubetest.RepoRoot(t), "docs", "network-paths-measured.md")
+		if *update {
+			if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		if old, err := os.ReadFile(path); err != nil || string(old) != doc {
+			t.Errorf("docs/network-paths-measured.md is stale (go test ./realseed -run TestRealSeed -update, as root): %v", err)
+		}
+	})
 
 	if err := c.Stop(context.Background()); err != nil {
 		t.Errorf("stop: %v", err)
@@ -367,7 +391,7 @@ func TestRealSeed(t *testing.T) {
 				t.Log(l)
 			}
 		}
-		if want := 4 + len(Shoots)*(2+len(failovers(&Shoot{}))); oks != want || strings.Contains(string(out), "FAIL ") {
+		if want := 4 + len(Shoots)*(3+len(failovers(&Shoot{}))); oks != want || strings.Contains(string(out), "FAIL ") {
 			t.Fatalf("%d checks ok, want %d:\n%s", oks, want, out)
 		}
 		if after := machineState(t); !maps.Equal(after, before) {

@@ -110,6 +110,11 @@ func (c *Cluster) check(ctx context.Context, inst *Installation, shoots []*Shoot
 	}
 	report("network paths: kube-router treats each as Gardener's policies say", err,
 		fmt.Sprintf(" (%d of %d paths agree, %.1f s)", agree, len(rows), time.Since(t0).Seconds()))
+	lb, err := c.LoadBalancerAddress(ctx, inst.Namespace, "tendril-ingress")
+	if err != nil {
+		report("the ingress's load balancer address", err, "")
+		return failed
+	}
 	for _, s := range shoots {
 		use, err := c.UseTunnel(ctx, s)
 		detail := ""
@@ -127,6 +132,17 @@ func (c *Cluster) check(ctx context.Context, inst *Installation, shoots []*Shoot
 			detail = fmt.Sprintf(" (call median of %d: %.1f ms; %s)", webhookRounds, wh.Median.Seconds()*1000, wh.Review)
 		}
 		report(fmt.Sprintf("shoot %s: kube-apiserver calls a webhook on the shoot's node by its Service through the tunnel", s.cfg.Name), err, detail)
+		rows, err := c.MeasureShootPaths(ctx, s, lb)
+		agree := 0
+		for _, r := range rows {
+			if r.Measured == r.Evaluated && r.Evaluated == r.Want {
+				agree++
+			} else if err == nil {
+				err = fmt.Errorf("%s → %s :%d: wanted %v, the policies say %v, the connection %s", r.From, r.To, r.Port, r.Want, r.Evaluated, r.Detail)
+			}
+		}
+		report(fmt.Sprintf("shoot %s: network paths of its kube-system: kube-router on its node treats each as the policies say", s.cfg.Name), err,
+			fmt.Sprintf(" (%d of %d paths agree)", agree, len(rows)))
 		for _, f := range failovers(s) {
 			res, err := c.Failover(ctx, s, f.inShoot, f.ns, f.name)
 			detail := ""

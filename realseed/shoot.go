@@ -127,7 +127,8 @@ var dnsLabel = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,18}[a-z0-9])?$`)
 //   - a node: an extra node registered with the shoot's API server through the ingress, its pods'
 //     DNS the seed's CoreDNS (which answers the ingress's name the agent dials), with a
 //     kube-proxy for the shoot's Services (a webhook's ClusterIP, which the agent dials for
-//     kube-apiserver).
+//     kube-apiserver) and a kube-router enforcing the shoot's NetworkPolicies (Gardener's
+//     kube-system deny-all among them, from the shoot system component).
 func (c *Cluster) StartShoot(ctx context.Context, inst *Installation, cfg ShootConfig) (*Shoot, error) {
 	if !dnsLabel.MatchString(cfg.Name) || cfg.Index < 1 || cfg.Index > maxShoots {
 		return nil, fmt.Errorf("shoot %q: a name of up to 20 lower-case letters, digits and dashes and an index 1–%d are required", cfg.Name, maxShoots)
@@ -176,7 +177,8 @@ func (c *Cluster) StartShoot(ctx context.Context, inst *Installation, cfg ShootC
 	}
 	if err := step("node Ready, tendril-agent Ready on it", func() error {
 		n, err := c.StartNode(ctx, NodeConfig{Name: "shoot-" + cfg.Name + "-node", Index: shootNodeBase + cfg.Index,
-			Kubeconfig: s.Kubeconfig, PodCIDR: s.Pods.String(), ClusterDNS: DNSServiceIP, KubeProxy: true})
+			Kubeconfig: s.Kubeconfig, PodCIDR: s.Pods.String(), ClusterDNS: DNSServiceIP, KubeProxy: true,
+			NetworkPolicy: true, ServiceCIDR: s.Services.String()})
 		if err != nil {
 			return err
 		}
