@@ -556,17 +556,22 @@ func (c *Cluster) runKubeProxy(ctx context.Context, name, ns, cfgPath, kubeconfi
 	if err := render(kubeProxyYAML, data, cfgPath); err != nil {
 		return err
 	}
-	args := []string{"--config", cfgPath, "--v=2"}
+	return c.startHealthy(ctx, name, ns, "http://"+healthz.String()+"/healthz", c.seedbin("kube-proxy"), "--config", cfgPath, "--v=2")
+}
+
+// startHealthy starts one of the cluster's daemons (in network namespace ns; the machine's when
+// empty) and waits until health answers 200.
+func (c *Cluster) startHealthy(ctx context.Context, name, ns, health, path string, args ...string) error {
 	var err error
 	if ns == "" {
-		err = c.start(name, c.seedbin("kube-proxy"), args...)
+		err = c.start(name, path, args...)
 	} else {
-		err = c.startIn(name, ns, c.seedbin("kube-proxy"), args...)
+		err = c.startIn(name, ns, path, args...)
 	}
 	if err != nil {
 		return err
 	}
-	return c.waitFor(ctx, name, "/healthz", time.Minute, httpOK("http://"+healthz.String()+"/healthz"))
+	return c.waitFor(ctx, name, "/healthz", time.Minute, httpOK(health))
 }
 
 func (c *Cluster) startKubeRouter(ctx context.Context) error {
@@ -577,19 +582,10 @@ func (c *Cluster) startKubeRouter(ctx context.Context) error {
 // nodeName (in network namespace ns; the machine's when empty) and waits for its /healthz on
 // health (it listens on every address of its namespace).
 func (c *Cluster) runKubeRouter(ctx context.Context, name, ns, kubeconfig, nodeName, serviceCIDR string, health netip.Addr) error {
-	args := []string{"--kubeconfig", kubeconfig, "--hostname-override", nodeName,
+	return c.startHealthy(ctx, name, ns, "http://"+netip.AddrPortFrom(health, kubeRouterHealthPort).String()+"/healthz", c.seedbin("kube-router"),
+		"--kubeconfig", kubeconfig, "--hostname-override", nodeName,
 		"--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--enable-ipv4=true", "--enable-ipv6=false",
-		"--service-cluster-ip-range", serviceCIDR, "--metrics-port", "0", "--health-port", strconv.Itoa(kubeRouterHealthPort), "--v=2"}
-	var err error
-	if ns == "" {
-		err = c.start(name, c.seedbin("kube-router"), args...)
-	} else {
-		err = c.startIn(name, ns, c.seedbin("kube-router"), args...)
-	}
-	if err != nil {
-		return err
-	}
-	return c.waitFor(ctx, name, "/healthz", time.Minute, httpOK("http://"+netip.AddrPortFrom(health, kubeRouterHealthPort).String()+"/healthz"))
+		"--service-cluster-ip-range", serviceCIDR, "--metrics-port", "0", "--health-port", strconv.Itoa(kubeRouterHealthPort), "--v=2")
 }
 
 // drainTimeout bounds how long Stop waits for kubelet to end the pods (and CNI to remove their
