@@ -95,13 +95,16 @@ func extensionsIn(ctx context.Context, c client.Reader, namespace string) []reco
 	return reqs
 }
 
-// watchHibernation reconciles a shoot when its Cluster's hibernation changes. The
-// registration says reconcile: BeforeKubeAPIServer, and gardenlet skips that step of its flow
-// while a shoot hibernates (gardener's pkg/gardenlet/controller/shoot/shoot/
-// reconciler_reconcile.go): without this watch tendril-server and the Route would stay up for
-// every hibernated shoot, and on wake-up nothing would be asked of tendril before
-// kube-apiserver came back. Only a change of spec.hibernation.enabled or
-// status.isHibernated counts, not every Cluster update gardenlet writes.
+// watchHibernation reconciles a shoot when its Cluster's hibernation changes. gardenlet
+// (v1.150, pkg/gardenlet/controller/shoot/shoot/reconciler_reconcile.go) does reconcile
+// BeforeKubeAPIServer extensions while a shoot goes to sleep, once its control plane is down,
+// but then the Cluster still says status.isHibernated=false: gardenlet writes that into the
+// Cluster only after its flow, and no reconcile of the Extension follows. tendril scales down
+// on IsHibernated (enabled and isHibernated), so that reconcile leaves the tunnel up while the
+// workers drain, and this watch is what scales tendril-server to zero and withdraws the Route
+// once isHibernated arrives (testHibernation drives that order with Gardener's extension
+// component). Only a change of spec.hibernation.enabled or status.isHibernated counts, not
+// every Cluster update gardenlet writes.
 func watchHibernation(mgr manager.Manager, c controller.Controller) error {
 	changed := predicate.Funcs{
 		CreateFunc: func(event.CreateEvent) bool { return false },

@@ -17,6 +17,7 @@ import (
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	extensionsv1alpha1 "github.com/gardener/gardener/pkg/apis/extensions/v1alpha1"
 	resourcesv1alpha1 "github.com/gardener/gardener/pkg/apis/resources/v1alpha1"
+	gardenerextension "github.com/gardener/gardener/pkg/component/extensions/extension"
 	"github.com/gardener/gardener/pkg/utils/managedresources"
 	secretsmanager "github.com/gardener/gardener/pkg/utils/secrets/manager"
 	"github.com/go-logr/logr/testr"
@@ -1054,10 +1055,16 @@ func mapsEqualBytes(a, b map[string][]byte) bool {
 	return true
 }
 
-// testHibernation takes an awake shoot through hibernation and back by changing only its
-// Cluster, as gardenlet does: it writes no operation annotation, because gardenlet skips
-// BeforeKubeAPIServer extensions while a shoot hibernates. tendril-server goes to zero and the
-// Route is withdrawn once the shoot is hibernated; both return as soon as wake-up starts.
+// testHibernation takes an awake shoot through hibernation and back as gardenlet v1.150 does
+// (pkg/gardenlet/controller/shoot/shoot/reconciler_reconcile.go): going to sleep, the flow
+// starts with the Cluster saying spec.hibernation.enabled, drains the workers, scales the
+// control plane down and then, in "Hibernating extension resources after kube-apiserver
+// hibernation", deploys the BeforeKubeAPIServer extensions again and waits for them (Gardener's
+// extension component does both here, as in gardenlet); status.isHibernated reaches the Cluster
+// only after the flow. Until then the workers may still be there and kube-apiserver still needs
+// the tunnel: tendril-server must still run and the Route still exist when that reconcile has
+// succeeded (a tendril that scaled down on spec.hibernation.enabled alone fails here). Once the
+// shoot is hibernated both go; both return as soon as wake-up starts.
 func testHibernation(t *testing.T, c client.Client) {
 	ctx := context.Background()
 	ns := "shoot--local--eta"
@@ -1068,9 +1075,21 @@ func testHibernation(t *testing.T, c client.Client) {
 	waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
 	waitSeedSide(t, c, ns, 1, true)
 
-	// gardenlet's order: spec first; status.isHibernated once its flow has scaled the
-	// control plane down.
 	setHibernation(t, c, ns, true, false)
+	gardenletExtensions := gardenerextension.New(testr.New(t), c, &gardenerextension.Values{
+		Namespace: ns,
+		Extensions: map[string]gardenerextension.Extension{extension.Type: {
+			Extension: *newExtension(ns, ""),
+			Timeout:   time.Minute,
+			Lifecycle: &gardencorev1beta1.ControllerResourceLifecycle{Reconcile: ptr.To(gardencorev1beta1.BeforeKubeAPIServer)},
+		}},
+	}, 100*time.Millisecond, 30*time.Second, time.Minute)
+	must(t, gardenletExtensions.DeployBeforeKubeAPIServer(ctx))
+	must(t, gardenletExtensions.WaitBeforeKubeAPIServer(ctx))
+	// No wait: the reconcile gardenlet waited for has run, and what it left is what counts.
+	if err := seedSide(ctx, c, ns, 1, true); err != nil {
+		t.Fatalf("after gardenlet's reconcile while the shoot goes to sleep (workers may still run): %v", err)
+	}
 	setHibernation(t, c, ns, true, true)
 	waitSeedSide(t, c, ns, 0, false)
 
@@ -1102,22 +1121,26 @@ func setHibernation(t *testing.T, c client.Client, ns string, enabled, hibernate
 // waitSeedSide waits until tendril-server has replicas and the Route exists or not.
 func waitSeedSide(t *testing.T, c client.Client, ns string, replicas int32, route bool) {
 	t.Helper()
-	ctx := context.Background()
 	testwait.For(t, fmt.Sprintf("%s: tendril-server replicas %d, route %v", ns, replicas, route), func() error {
-		d := &appsv1.Deployment{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, d); err != nil {
-			return err
-		}
-		if got := ptr.Deref(d.Spec.Replicas, 1); got != replicas {
-			return fmt.Errorf("replicas %d", got)
-		}
-		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.RouteName}, &tendrilv1alpha1.Route{})
-		switch {
-		case route && err != nil:
-			return fmt.Errorf("route: %w", err)
-		case !route && !apierrors.IsNotFound(err):
-			return fmt.Errorf("route still there (%v)", err)
-		}
-		return nil
+		return seedSide(context.Background(), c, ns, replicas, route)
 	})
+}
+
+// seedSide checks that tendril-server has replicas and the Route exists or not.
+func seedSide(ctx context.Context, c client.Client, ns string, replicas int32, route bool) error {
+	d := &appsv1.Deployment{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, d); err != nil {
+		return err
+	}
+	if got := ptr.Deref(d.Spec.Replicas, 1); got != replicas {
+		return fmt.Errorf("tendril-server replicas %d, want %d", got, replicas)
+	}
+	err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.RouteName}, &tendrilv1alpha1.Route{})
+	switch {
+	case route && err != nil:
+		return fmt.Errorf("route: %w", err)
+	case !route && !apierrors.IsNotFound(err):
+		return fmt.Errorf("route still there (%v)", err)
+	}
+	return nil
 }
