@@ -5,24 +5,32 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/Masterminds/semver/v3"
+	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
+	shootsystem "github.com/gardener/gardener/pkg/component/shoot/system"
 	"github.com/gardener/gardener/pkg/utils/managedresources"
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension/manifest"
+	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/netpoleval"
 )
@@ -89,7 +97,7 @@ func TestNetworkPaths(t *testing.T) {
 	}
 	rows := res.Rows
 
-	shootRows := shootPaths(t)
+	shootRows := shootPaths(ctx, t, env.Client)
 	doc := document(rows, shootRows)
 	t.Log("\n" + doc)
 	docPath := filepath.Join(kubetest.RepoRoot(t), "docs", "network-paths.md")
@@ -139,12 +147,56 @@ func gardenerShootPolicies() ([]networkingv1.NetworkPolicy, map[string]string) {
 	}, vpnShootLabels
 }
 
+// gardenerShootSystemPolicies are the NetworkPolicies of Gardener's shoot system component
+// (pkg/component/shoot/system: gardener.cloud--deny-all in kube-system for Kubernetes ≥ 1.33 and
+// the allow-to-* policies), produced by Gardener's own code: the component deploys its
+// ManagedResource into namespace ns of the API server c talks to, and Gardener's
+// managedresources.GetObjects reads the objects back from it.
+func gardenerShootSystemPolicies(ctx context.Context, t *testing.T, c client.Client, ns string) []networkingv1.NetworkPolicy {
+	t.Helper()
+	sh := &gardencorev1beta1.Shoot{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "garden-local"},
+		Spec: gardencorev1beta1.ShootSpec{Kubernetes: gardencorev1beta1.Kubernetes{Version: strings.TrimPrefix(kubeenv.KubernetesVersion, "v")},
+			Provider: gardencorev1beta1.Provider{Type: "local"}, Region: "local",
+			Maintenance: &gardencorev1beta1.Maintenance{TimeWindow: &gardencorev1beta1.MaintenanceTimeWindow{Begin: "220000+0000", End: "230000+0000"}}}}
+	cidr := func(s string) []net.IPNet {
+		_, n, err := net.ParseCIDR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []net.IPNet{*n}
+	}
+	sys := shootsystem.New(c, ns, shootsystem.Values{
+		Extensions: []string{"tendril"}, ExternalClusterDomain: ptr.To("a.local.example.org"),
+		KubernetesVersion: semver.MustParse(kubeenv.KubernetesVersion), Object: sh, ProjectName: "local",
+		PodNetworkCIDRs: cidr("100.64.0.0/16"), ServiceNetworkCIDRs: cidr("100.96.0.0/16"), NodeNetworkCIDRs: cidr("10.250.0.0/16"),
+	})
+	if err := sys.Deploy(ctx); err != nil {
+		t.Fatalf("Gardener's shoot system component: %v", err)
+	}
+	objs, err := managedresources.GetObjects(ctx, c, ns, shootsystem.ManagedResourceName)
+	if err != nil {
+		t.Fatalf("Gardener's shoot system ManagedResource: %v", err)
+	}
+	var policies []networkingv1.NetworkPolicy
+	for _, o := range objs {
+		if np, ok := o.(*networkingv1.NetworkPolicy); ok {
+			policies = append(policies, *np)
+		}
+	}
+	if !slices.ContainsFunc(policies, func(p networkingv1.NetworkPolicy) bool { return p.Name == "gardener.cloud--deny-all" }) {
+		t.Fatalf("Gardener's shoot system component wrote no gardener.cloud--deny-all for Kubernetes %s: %d policies", kubeenv.KubernetesVersion, len(policies))
+	}
+	return policies
+}
+
 // shootPaths judges the shoot side: the agent, as the seed's end inside the shoot, must reach
 // the pods Gardener opens to the seed (vpn-shoot's from-seed pods), through the ManagedResource's
-// policies (extension/manifest ShootObjects).
-func shootPaths(t *testing.T) []string {
+// policies (extension/manifest ShootObjects), under Gardener's own kube-system policies (the
+// shoot system component's deny-all among them).
+func shootPaths(ctx context.Context, t *testing.T, c client.Client) []string {
 	t.Helper()
 	policies, vpnShootLabels := gardenerShootPolicies()
+	policies = append(policies, gardenerShootSystemPolicies(ctx, t, c, shootA)...)
 	v := shootValues(shootA, tendrilv1alpha1.EgressHTTPConnect)
 	v.Ingress = "tendril.ingress.local.seed.example.org"
 	var agentTemplate corev1.PodTemplateSpec
@@ -172,8 +224,9 @@ func shootPaths(t *testing.T) []string {
 		metricsSv: pod("metrics-server", "100.64.0.12", map[string]string{
 			"k8s-app": "metrics-server", v1beta1constants.LabelNetworkPolicyShootFromSeed: v1beta1constants.LabelNetworkPolicyAllowed,
 		}, corev1.ContainerPort{Name: "https", ContainerPort: 10250}),
-		coreDNS: pod("coredns", "100.64.0.13", map[string]string{"k8s-app": "kube-dns"}),
-		world:   netpoleval.External(world, netip.MustParseAddr("203.0.113.10")),
+		coreDNS:  pod("coredns", "100.64.0.13", map[string]string{"k8s-app": "kube-dns"}),
+		plainPod: pod("plain", "100.64.0.14", map[string]string{"app": "plain"}),
+		world:    netpoleval.External(world, netip.MustParseAddr("203.0.113.10")),
 	}
 	p := func(from, to string, port int32, want bool, why string) Path { return Path{from, to, port, want, why} }
 	paths := []Path{
@@ -181,6 +234,8 @@ func shootPaths(t *testing.T) []string {
 		p(vpnShoot, metricsSv, 10250, true, "Gardener's own VPN, for comparison"),
 		p(agent, world, 8132, true, "the agent dials the seed ingress"),
 		p(coreDNS, metricsSv, 10250, false, "from-seed is the seed's only"),
+		p(plainPod, metricsSv, 10250, false, "Gardener's deny-all in kube-system"),
+		p(plainPod, world, 8132, false, "Gardener's deny-all in kube-system"),
 	}
 	rows := make([]string, 0, len(paths))
 	for _, p := range paths {
@@ -225,10 +280,13 @@ admit it. Every pod is isolated (deny-all) on both sides, so each "allowed" name
 		b.WriteString(r + "\n")
 	}
 	b.WriteString(`
-**Shoot.** kube-system with Gardener's vpn-shoot policies (` + "`gardener.cloud--allow-vpn`" + `,
-` + "`gardener.cloud--allow-from-seed`" + `, transcribed from pkg/component/networking/vpn/shoot) and the
-ManagedResource's policies (extension/manifest ShootObjects). No deny-all here: Gardener ships none in
-kube-system, so "not isolated" is expected on some sides.
+**Shoot.** kube-system with Gardener's shoot system component's policies, produced by Gardener's own code
+(pkg/component/shoot/system, deployed into envtest and read back from its ManagedResource:
+` + "`gardener.cloud--deny-all`" + ` for Kubernetes ≥ 1.33 and the allow-to-* policies), Gardener's vpn-shoot
+policies (` + "`gardener.cloud--allow-vpn`" + `, ` + "`gardener.cloud--allow-from-seed`" + `, transcribed from
+pkg/component/networking/vpn/shoot, whose component needs a shoot to run) and the ManagedResource's policies
+(extension/manifest ShootObjects). The real seed measures these rows against kube-router on a shoot node
+([network-paths-measured.md](network-paths-measured.md)).
 
 `)
 	b.WriteString(TableHeader)

@@ -112,6 +112,7 @@ const (
 	vpnShoot  = "vpn-shoot"
 	metricsSv = "metrics-server (from-seed)"
 	coreDNS   = "coredns"
+	plainPod  = "kube-system pod without policy labels"
 )
 
 // Shoot is one shoot's control plane in the seed.
