@@ -17,8 +17,12 @@ import (
 	"github.com/Masterminds/semver/v3"
 	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
+	vpnseedserver "github.com/gardener/gardener/pkg/component/networking/vpn/seedserver"
+	vpnshoot "github.com/gardener/gardener/pkg/component/networking/vpn/shoot"
 	shootsystem "github.com/gardener/gardener/pkg/component/shoot/system"
 	"github.com/gardener/gardener/pkg/utils/managedresources"
+	secretsutils "github.com/gardener/gardener/pkg/utils/secrets"
+	fakesecretsmanager "github.com/gardener/gardener/pkg/utils/secrets/manager/fake"
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -112,41 +116,6 @@ func TestNetworkPaths(t *testing.T) {
 	}
 }
 
-// gardenerShootPolicies are vpn-shoot's NetworkPolicies in the shoot's kube-system, transcribed
-// from gardener pkg/component/networking/vpn/shoot (shoot.go: gardener.cloud--allow-vpn and
-// gardener.cloud--allow-from-seed, whose peer is vpn-shoot's full pod template label set). The
-// component itself needs a secrets manager and a shoot client to run; the shapes are copied
-// with Gardener's constants.
-func gardenerShootPolicies() ([]networkingv1.NetworkPolicy, map[string]string) {
-	vpnShootLabels := map[string]string{
-		v1beta1constants.GardenRole:     v1beta1constants.GardenRoleSystemComponent,
-		v1beta1constants.LabelApp:       "vpn-shoot",
-		managedresources.LabelKeyOrigin: managedresources.LabelValueGardener,
-		"type":                          "tunnel",
-	}
-	return []networkingv1.NetworkPolicy{
-		{
-			ObjectMeta: metav1.ObjectMeta{Name: "gardener.cloud--allow-vpn", Namespace: metav1.NamespaceSystem},
-			Spec: networkingv1.NetworkPolicySpec{
-				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{v1beta1constants.LabelApp: "vpn-shoot"}},
-				Egress:      []networkingv1.NetworkPolicyEgressRule{{}},
-				Ingress:     []networkingv1.NetworkPolicyIngressRule{{}},
-				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress, networkingv1.PolicyTypeIngress},
-			},
-		},
-		{
-			ObjectMeta: metav1.ObjectMeta{Name: "gardener.cloud--allow-from-seed", Namespace: metav1.NamespaceSystem},
-			Spec: networkingv1.NetworkPolicySpec{
-				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{v1beta1constants.LabelNetworkPolicyShootFromSeed: v1beta1constants.LabelNetworkPolicyAllowed}},
-				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
-					PodSelector: &metav1.LabelSelector{MatchLabels: vpnShootLabels},
-				}}}},
-				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-			},
-		},
-	}, vpnShootLabels
-}
-
 // gardenerShootSystemPolicies are the NetworkPolicies of Gardener's shoot system component
 // (pkg/component/shoot/system: gardener.cloud--deny-all in kube-system for Kubernetes ≥ 1.33 and
 // the allow-to-* policies), produced by Gardener's own code: the component deploys its
@@ -189,13 +158,70 @@ func gardenerShootSystemPolicies(ctx context.Context, t *testing.T, c client.Cli
 	return policies
 }
 
+// gardenerVPNShoot is vpn-shoot as Gardener's own component (pkg/component/networking/vpn/shoot)
+// deploys it, run against the API server c talks to in namespace ns with Gardener's fake secrets
+// manager (a real CA in ca-vpn, which it signs vpn-shoot's client certificate with): its
+// NetworkPolicies (gardener.cloud--allow-vpn, gardener.cloud--allow-from-seed) and its pods'
+// labels, read back from its ManagedResource.
+func gardenerVPNShoot(ctx context.Context, t *testing.T, c client.Client, ns string) ([]networkingv1.NetworkPolicy, map[string]string) {
+	t.Helper()
+	ca, err := (&secretsutils.CertificateSecretConfig{Name: v1beta1constants.SecretNameCAVPN, CommonName: v1beta1constants.SecretNameCAVPN,
+		CertType: secretsutils.CACert}).Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string]map[string][]byte{
+		v1beta1constants.SecretNameCAVPN: ca.SecretData(),
+		vpnseedserver.SecretNameTLSAuth:  {"vpn.tlsauth": []byte("static key of the test")},
+	} {
+		if err := c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cidr := func(s string) []net.IPNet {
+		_, n, err := net.ParseCIDR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []net.IPNet{*n}
+	}
+	vpn := vpnshoot.New(c, ns, fakesecretsmanager.New(c, ns), vpnshoot.Values{
+		Image: "vpn-shoot:test",
+		ReversedVPN: vpnshoot.ReversedVPNValues{Header: "outbound|1194||vpn-seed-server." + ns + ".svc.cluster.local",
+			Endpoint: "api.a.local.example.org", IPFamilies: []gardencorev1beta1.IPFamily{gardencorev1beta1.IPFamilyIPv4}},
+		SeedPodNetwork: "10.244.0.0/16",
+		Network:        vpnshoot.NetworkValues{PodCIDRs: cidr("100.64.0.0/16"), ServiceCIDRs: cidr("100.96.0.0/16"), NodeCIDRs: cidr("10.250.0.0/16")},
+	})
+	if err := vpn.Deploy(ctx); err != nil {
+		t.Fatalf("Gardener's vpn-shoot component: %v", err)
+	}
+	objs, err := managedresources.GetObjects(ctx, c, ns, "shoot-core-vpn-shoot")
+	if err != nil {
+		t.Fatalf("Gardener's vpn-shoot ManagedResource: %v", err)
+	}
+	var policies []networkingv1.NetworkPolicy
+	var labels map[string]string
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *networkingv1.NetworkPolicy:
+			policies = append(policies, *o)
+		case *appsv1.Deployment:
+			labels = o.Spec.Template.Labels
+		}
+	}
+	if len(policies) == 0 || labels == nil {
+		t.Fatalf("Gardener's vpn-shoot component wrote %d policies and no Deployment: %d objects", len(policies), len(objs))
+	}
+	return policies, labels
+}
+
 // shootPaths judges the shoot side: the agent, as the seed's end inside the shoot, must reach
 // the pods Gardener opens to the seed (vpn-shoot's from-seed pods), through the ManagedResource's
 // policies (extension/manifest ShootObjects), under Gardener's own kube-system policies (the
 // shoot system component's deny-all among them).
 func shootPaths(ctx context.Context, t *testing.T, c client.Client) []string {
 	t.Helper()
-	policies, vpnShootLabels := gardenerShootPolicies()
+	policies, vpnShootLabels := gardenerVPNShoot(ctx, t, c, shootA)
 	policies = append(policies, gardenerShootSystemPolicies(ctx, t, c, shootA)...)
 	v := shootValues(shootA, tendrilv1alpha1.EgressHTTPConnect)
 	v.Ingress = "tendril.ingress.local.seed.example.org"
@@ -283,8 +309,8 @@ admit it. Every pod is isolated (deny-all) on both sides, so each "allowed" name
 **Shoot.** kube-system with Gardener's shoot system component's policies, produced by Gardener's own code
 (pkg/component/shoot/system, deployed into envtest and read back from its ManagedResource:
 ` + "`gardener.cloud--deny-all`" + ` for Kubernetes ≥ 1.33 and the allow-to-* policies), Gardener's vpn-shoot
-policies (` + "`gardener.cloud--allow-vpn`" + `, ` + "`gardener.cloud--allow-from-seed`" + `, transcribed from
-pkg/component/networking/vpn/shoot, whose component needs a shoot to run) and the ManagedResource's policies
+policies and pod labels from its own component (pkg/component/networking/vpn/shoot, deployed the same way with
+Gardener's fake secrets manager: ` + "`gardener.cloud--allow-vpn`" + `, ` + "`gardener.cloud--allow-from-seed`" + `) and the ManagedResource's policies
 (extension/manifest ShootObjects). The real seed measures these rows against kube-router on a shoot node
 ([network-paths-measured.md](network-paths-measured.md)).
 
