@@ -1,0 +1,80 @@
+package wire_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/tendril-net/tendril/wire"
+)
+
+// gardenerDestination is the grammar of X-Gardener-Destination as Gardener's istio ingress
+// gateway routes it on the unified port: the regex of its http-proxy EnvoyFilter, read from the
+// gardener module this project builds against (not a copy of it).
+func gardenerDestination(t testing.TB) *regexp.Regexp {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/gardener/gardener").Output()
+	if err != nil {
+		t.Fatalf("go list the gardener module: %v", err)
+	}
+	path := filepath.Join(strings.TrimSpace(string(out)), "pkg/component/networking/istio/charts/istio/istio-ingress/templates/http-proxy-envoy-filter.yaml")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*regex: '([^']+)'\s*$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("%s: no X-Gardener-Destination regex", path)
+	}
+	// Envoy's safe_regex matches the whole value, as the regex's own anchors also say.
+	re, err := regexp.Compile(string(m[1]))
+	if err != nil {
+		t.Fatalf("%s: Gardener's regex does not compile as RE2: %v", path, err)
+	}
+	return re
+}
+
+// shootNamespace is Gardener's form of a shoot's control-plane namespace: shoot--<project>--<name>.
+var shootNamespace = regexp.MustCompile(`^shoot--[a-z0-9]+(-[a-z0-9]+)*--[a-z0-9]+(-[a-z0-9]+)*$`)
+
+// TestWireNamesInGardenersGrammar: every destination tendril puts on the unified port (and routes
+// by) is one Gardener's gateway routes too, so that a shoot moves between the two without a
+// change of its clients.
+func TestWireNamesInGardenersGrammar(t *testing.T) {
+	re := gardenerDestination(t)
+	for _, ns := range []string{"shoot--local--a", "shoot--garden--x-1", "shoot--p-1--s-2-b"} {
+		for _, name := range []string{wire.APIServerWireName(ns), wire.VPNServerWireName(ns)} {
+			if !re.MatchString(name) {
+				t.Errorf("%q is outside Gardener's X-Gardener-Destination grammar %s", name, re)
+			}
+		}
+	}
+	// And the grammar refuses what is not a destination: the check can fail.
+	for _, bad := range []string{"", "kube-apiserver", "outbound|443||kube-apiserver.shoot--a--b.svc.cluster.local.evil", "outbound|22||sshd.shoot--a--b.svc.cluster.local"} {
+		if re.MatchString(bad) {
+			t.Errorf("Gardener's grammar accepts %q", bad)
+		}
+	}
+}
+
+// FuzzWireNamesInGardenersGrammar: for any shoot namespace of Gardener's form, tendril's names are
+// inside Gardener's grammar.
+func FuzzWireNamesInGardenersGrammar(f *testing.F) {
+	re := gardenerDestination(f)
+	for _, s := range []string{"shoot--local--a", "shoot--a-b--c-d", "shoot--x--y"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, ns string) {
+		if !shootNamespace.MatchString(ns) {
+			return
+		}
+		for _, name := range []string{wire.APIServerWireName(ns), wire.VPNServerWireName(ns)} {
+			if !re.MatchString(name) {
+				t.Errorf("%q is outside Gardener's grammar", name)
+			}
+		}
+	})
+}
