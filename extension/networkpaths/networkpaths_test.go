@@ -127,17 +127,10 @@ func gardenerShootSystemPolicies(ctx context.Context, t *testing.T, c client.Cli
 		Spec: gardencorev1beta1.ShootSpec{Kubernetes: gardencorev1beta1.Kubernetes{Version: strings.TrimPrefix(kubeenv.KubernetesVersion, "v")},
 			Provider: gardencorev1beta1.Provider{Type: "local"}, Region: "local",
 			Maintenance: &gardencorev1beta1.Maintenance{TimeWindow: &gardencorev1beta1.MaintenanceTimeWindow{Begin: "220000+0000", End: "230000+0000"}}}}
-	cidr := func(s string) []net.IPNet {
-		_, n, err := net.ParseCIDR(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return []net.IPNet{*n}
-	}
 	sys := shootsystem.New(c, ns, shootsystem.Values{
 		Extensions: []string{"tendril"}, ExternalClusterDomain: ptr.To("a.local.example.org"),
 		KubernetesVersion: semver.MustParse(kubeenv.KubernetesVersion), Object: sh, ProjectName: "local",
-		PodNetworkCIDRs: cidr("100.64.0.0/16"), ServiceNetworkCIDRs: cidr("100.96.0.0/16"), NodeNetworkCIDRs: cidr("10.250.0.0/16"),
+		PodNetworkCIDRs: cidr(t, "100.64.0.0/16"), ServiceNetworkCIDRs: cidr(t, "100.96.0.0/16"), NodeNetworkCIDRs: cidr(t, "10.250.0.0/16"),
 	})
 	if err := sys.Deploy(ctx); err != nil {
 		t.Fatalf("Gardener's shoot system component: %v", err)
@@ -178,19 +171,12 @@ func gardenerVPNShoot(ctx context.Context, t *testing.T, c client.Client, ns str
 			t.Fatal(err)
 		}
 	}
-	cidr := func(s string) []net.IPNet {
-		_, n, err := net.ParseCIDR(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return []net.IPNet{*n}
-	}
 	vpn := vpnshoot.New(c, ns, fakesecretsmanager.New(c, ns), vpnshoot.Values{
 		Image: "vpn-shoot:test",
 		ReversedVPN: vpnshoot.ReversedVPNValues{Header: "outbound|1194||vpn-seed-server." + ns + ".svc.cluster.local",
 			Endpoint: "api.a.local.example.org", IPFamilies: []gardencorev1beta1.IPFamily{gardencorev1beta1.IPFamilyIPv4}},
 		SeedPodNetwork: "10.244.0.0/16",
-		Network:        vpnshoot.NetworkValues{PodCIDRs: cidr("100.64.0.0/16"), ServiceCIDRs: cidr("100.96.0.0/16"), NodeCIDRs: cidr("10.250.0.0/16")},
+		Network:        vpnshoot.NetworkValues{PodCIDRs: cidr(t, "100.64.0.0/16"), ServiceCIDRs: cidr(t, "100.96.0.0/16"), NodeCIDRs: cidr(t, "10.250.0.0/16")},
 	})
 	if err := vpn.Deploy(ctx); err != nil {
 		t.Fatalf("Gardener's vpn-shoot component: %v", err)
@@ -213,6 +199,16 @@ func gardenerVPNShoot(ctx context.Context, t *testing.T, c client.Client, ns str
 		t.Fatalf("Gardener's vpn-shoot component wrote %d policies and no Deployment: %d objects", len(policies), len(objs))
 	}
 	return policies, labels
+}
+
+// cidr is s as the one network Gardener's components take.
+func cidr(t *testing.T, s string) []net.IPNet {
+	t.Helper()
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []net.IPNet{*n}
 }
 
 // shootPaths judges the shoot side: the agent, as the seed's end inside the shoot, must reach
