@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tendril-net/tendril/wire"
+	"github.com/tendril-net/tendril/xds/translate"
 )
 
 // gardenerDestination is the grammar of X-Gardener-Destination as Gardener's istio ingress
@@ -75,6 +76,23 @@ func FuzzWireNamesInGardenersGrammar(f *testing.F) {
 			if !re.MatchString(name) {
 				t.Errorf("%q is outside Gardener's grammar", name)
 			}
+		}
+	})
+}
+
+// FuzzIngressGuardWithinGardenersGrammar: the header guard tendril's ingress applies on the
+// unified port (translate.ProxyDestinationRegex) admits nothing that Gardener's gateway would
+// refuse, so no client can rely on tendril for a destination Gardener does not route.
+func FuzzIngressGuardWithinGardenersGrammar(f *testing.F) {
+	re := gardenerDestination(f)
+	guard := regexp.MustCompile(translate.ProxyDestinationRegex)
+	for _, s := range []string{wire.APIServerWireName("shoot--a--b"), wire.VPNServerWireName("x"),
+		"outbound|443||kube-apiserver.a-.svc.cluster.local", "shoot--a--b--kube-apiserver-socket"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		if guard.MatchString(v) && !re.MatchString(v) {
+			t.Errorf("tendril's ingress admits %q, Gardener's grammar does not", v)
 		}
 	})
 }
