@@ -587,8 +587,11 @@ func TestSendWaitsForRoom(t *testing.T) {
 // per stream after a load at MTU 60,000.
 func TestReceivedBuffersGoBack(t *testing.T) {
 	a, b := tcpPair(t)
-	bindA, _ := openBind(t, Config{})
-	bindB, recvB := openBind(t, Config{})
+	// No authentication deadline: nothing marks these streams, and moving 3 × DefaultStreamBuffers
+	// frames of 60 KB under -race on a loaded 2-core machine took over DefaultAuthTimeout once
+	// (the stream was detached as unauthenticated mid-test).
+	bindA, _ := openBind(t, Config{AuthTimeout: -1})
+	bindB, recvB := openBind(t, Config{AuthTimeout: -1})
 	epA, err := bindA.Attach(a)
 	if err != nil {
 		t.Fatal(err)
