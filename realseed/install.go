@@ -336,6 +336,19 @@ func (c *Cluster) deploymentReady(ctx context.Context, ns, name, image string) e
 	return err
 }
 
+// deploymentPods is Deployment ns/name and the pods its selector selects.
+func deploymentPods(ctx context.Context, cl client.Client, ns, name string) (*appsv1.Deployment, *corev1.PodList, error) {
+	var d appsv1.Deployment
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &d); err != nil {
+		return nil, nil, fmt.Errorf("deployment %s/%s: %w", ns, name, err)
+	}
+	var pods corev1.PodList
+	if err := cl.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
+		return nil, nil, err
+	}
+	return &d, &pods, nil
+}
+
 // notReady is a Deployment with fewer Ready pods than replicas.
 type notReady struct {
 	deployment  string
@@ -350,17 +363,13 @@ func (e *notReady) Error() string {
 // deploymentReadyIn checks that Deployment ns/name of the cluster cl reaches (the seed, a shoot)
 // has all its replicas Ready, each container running image.
 func (c *Cluster) deploymentReadyIn(ctx context.Context, cl client.Client, ns, name, image string) error {
-	var d appsv1.Deployment
-	if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &d); err != nil {
-		return fmt.Errorf("deployment %s/%s: %w", ns, name, err)
+	d, pods, err := deploymentPods(ctx, cl, ns, name)
+	if err != nil {
+		return err
 	}
 	want := int32(1)
 	if d.Spec.Replicas != nil {
 		want = *d.Spec.Replicas
-	}
-	var pods corev1.PodList
-	if err := cl.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
-		return err
 	}
 	ready := int32(0)
 	for _, p := range pods.Items {

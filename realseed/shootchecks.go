@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -147,11 +146,8 @@ func (c *Cluster) UseTunnel(ctx context.Context, s *Shoot) (*TunnelUse, error) {
 }
 
 // kubectl is make testbin's kubectl against the shoot, as its owner runs it: by the API
-// server's name, resolved by the cluster's DNS (once the shoot's DNSRecord is in place).
+// server's name, resolved by the cluster's DNS (StartShoot put the shoot's DNSRecord in place).
 func (c *Cluster) kubectl(ctx context.Context, s *Shoot, args ...string) *exec.Cmd {
-	if s.UserKubeconfig == "" {
-		return exec.CommandContext(ctx, c.testbin("kubectl"), append([]string{"--kubeconfig", s.Kubeconfig, "--request-timeout", "30s"}, args...)...)
-	}
 	return c.clusterDNSCommand(ctx, c.testbin("kubectl"), append([]string{"--kubeconfig", s.UserKubeconfig, "--request-timeout", "30s"}, args...)...)
 }
 
@@ -313,12 +309,8 @@ func (c *Cluster) Failover(ctx context.Context, s *Shoot, inShoot bool, ns, name
 	if inShoot {
 		cl = s.Client
 	}
-	var d appsv1.Deployment
-	if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &d); err != nil {
-		return nil, err
-	}
-	var pods corev1.PodList
-	if err := cl.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
+	d, pods, err := deploymentPods(ctx, cl, ns, name)
+	if err != nil {
 		return nil, err
 	}
 	old := map[types.UID]bool{}

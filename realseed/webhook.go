@@ -12,7 +12,6 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -135,13 +134,9 @@ func (c *Cluster) CallWebhook(ctx context.Context, s *Shoot) (*WebhookUse, error
 
 // agentPodIPs are the addresses of the shoot's tendril-agent pods.
 func agentPodIPs(ctx context.Context, s *Shoot) ([]string, error) {
-	var d appsv1.Deployment
-	if err := s.Client.Get(ctx, client.ObjectKey{Namespace: manifest.ShootNamespace, Name: manifest.AgentObjectName(0)}, &d); err != nil {
-		return nil, fmt.Errorf("shoot %s: the agent's Deployment: %w", s.cfg.Name, err)
-	}
-	var pods corev1.PodList
-	if err := s.Client.List(ctx, &pods, client.InNamespace(manifest.ShootNamespace), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
-		return nil, err
+	_, pods, err := deploymentPods(ctx, s.Client, manifest.ShootNamespace, manifest.AgentObjectName(0))
+	if err != nil {
+		return nil, fmt.Errorf("shoot %s: the agent: %w", s.cfg.Name, err)
 	}
 	var ips []string
 	for _, p := range pods.Items {
