@@ -93,8 +93,9 @@ type Config struct {
 	// Type is empty: a record written earlier is deleted). Its ServiceNamespace defaults to
 	// Extension.IngressNamespace; the DNSRecord webhook reads the same Service.
 	SeedDNS ingressdns.SeedRecord
-	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
-	LBProxyProtocol bool
+	// Listeners are the seed-wide choices of the ingress's listeners (translate.Options): the
+	// load balancer's PROXY header, Gardener's VPN relay, the legacy port.
+	Listeners translate.Options
 	// Pod, when its Name is set, is this replica's Pod. The leader, once it serves xDS, labels
 	// it XDSLeaderLabel=true and takes the label off every other Pod of its namespace, so that
 	// the xDS Service, which selects the label, leads to the leader only. Its Namespace defaults
@@ -202,7 +203,7 @@ func Run(ctx context.Context, cfg Config) error {
 	scfg := server.Config{
 		Log:      cfg.Log.WithName("xds"),
 		Registry: cfg.Registry,
-		Options:  translate.Options{LBProxyProtocol: cfg.LBProxyProtocol},
+		Options:  cfg.Listeners,
 	}
 	var certs *xdsCerts
 	switch {

@@ -138,7 +138,7 @@ func TestKubeAPIServerEgress(t *testing.T) {
 	eventually(t, "ingress ready", func() error { _, err := get("http://" + ingressMetrics + "/readyz"); return err })
 	startBinary(t, "tendril-agent", "ip", nil, "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
 		"--private-key-file", write("agent.key", agentKey.String()), "--server-public-key", serverKey.PublicKey().String(),
-		"--shoot-cidrs", "10.218.0.0/24", "--seed", "10.217.0.1:"+port, "--destination", translate.VPNServerWireName(ns),
+		"--shoot-cidrs", "10.218.0.0/24", "--seed", "10.217.0.1:"+port, "--destination", translate.TendrilServerWireName(ns),
 		"--metrics-address", "")
 	eventually(t, "server ready (tunnel up)", func() error { _, err := get("http://" + serverMetrics + "/readyz"); return err })
 	// The extension's httpConnectRelay: the relay sidecar's CONNECT socket, each CONNECT a stream

@@ -134,7 +134,7 @@ func newHARig(t *testing.T) *haRig {
 		r.agentArgs[i] = []string{"netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
 			"--private-key-file", write(fmt.Sprintf("agent%d.key", i), k.String()), "--address", fmt.Sprintf("fd8f:6d53:b97a:1::%d", 2+i),
 			"--server-public-key", "@" + serverPub, "--shoot-cidrs", "10.222.0.0/24",
-			"--seed", "10.221.0.1:" + port, "--destination", translate.VPNServerWireName(ns), "--metrics-address", ""}
+			"--seed", "10.221.0.1:" + port, "--destination", translate.TendrilServerWireName(ns), "--metrics-address", ""}
 	}
 	r.startServer()
 	for i := range 2 {

@@ -79,7 +79,7 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	startAgent := func(name string) *exec.Cmd {
 		return startKillable(t, name, "ip", nil, "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
 			"--private-key-file", agentKeyFile, "--server-public-key", "@"+serverPub, "--shoot-cidrs", "10.220.0.0/24",
-			"--seed", ingressTunnel, "--destination", translate.VPNServerWireName(ns), "--metrics-address", "")
+			"--seed", ingressTunnel, "--destination", translate.TendrilServerWireName(ns), "--metrics-address", "")
 	}
 	clientTLS := &tls.Config{Certificates: []tls.Certificate{apiCert}, RootCAs: ca.Pool, ServerName: "tendril-server"}
 	// toPod is kube-apiserver's egress: CONNECT to the pod through tendril-server, then a request.
@@ -129,7 +129,7 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			junkStreams(ctx, addr, header, translate.VPNServerWireName(ns), &opened)
+			junkStreams(ctx, addr, header, translate.TendrilServerWireName(ns), &opened)
 		}()
 	}
 	eventually(t, "every stream slot taken", func() error {

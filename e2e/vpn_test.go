@@ -140,7 +140,7 @@ func TestReversedVPN(t *testing.T) {
 	} {
 		agents[a.pub] = startKillable(t, fmt.Sprintf("tendril-agent-%d", i+1), "ip", nil, "netns", "exec", shoot, filepath.Join(binDir, "tendril-agent"), "vpn",
 			"--private-key-file", a.key, "--address", a.address, "--server-public-key", "@"+serverPub, "--shoot-cidrs", "10.216.0.0/24",
-			"--seed", "10.215.0.1:"+port, "--destination", translate.VPNServerWireName(ns), "--metrics-address", agentMetrics[i])
+			"--seed", "10.215.0.1:"+port, "--destination", translate.TendrilServerWireName(ns), "--metrics-address", agentMetrics[i])
 	}
 	eventually(t, "server ready (tunnel up)", func() error { _, err := get("http://" + serverMetrics + "/readyz"); return err })
 

@@ -115,6 +115,9 @@ func (a *actuator) Reconcile(ctx context.Context, log logr.Logger, ext *extensio
 	if err != nil {
 		return fmt.Errorf("read cluster: %w", err)
 	}
+	if note := istioTerminationNote(cluster); note != "" {
+		log.Info(note)
+	}
 	v, st, sm, err := a.values(ctx, log, ext, cluster, pc)
 	if err != nil {
 		return err
@@ -145,6 +148,25 @@ func (a *actuator) Reconcile(ctx context.Context, log logr.Logger, ext *extensio
 		return fmt.Errorf("clean up old secrets: %w", err)
 	}
 	return a.saveState(ctx, ext, st)
+}
+
+// DisableIstioTLSTermination is the Shoot annotation that keeps a shoot's kube-apiserver traffic
+// passthrough at Gardener's gateway (Gardener's IstioTLSTermination, on by default since
+// v1.144, terminates TLS there). A tendril shoot carries it: then Gardener's apiserver-proxy
+// names the kube-apiserver, which tendril routes itself, instead of the gateway's socket
+// (docs/design-notes/gardener-coexistence.md).
+const DisableIstioTLSTermination = "shoot.gardener.cloud/disable-istio-tls-termination"
+
+// istioTerminationNote says, for a shoot whose kube-apiserver TLS Gardener's gateway would
+// terminate, what that means through tendril; "" for a shoot that carries
+// DisableIstioTLSTermination. The decision is Gardener's own helper's, on the Cluster's Shoot.
+func istioTerminationNote(cluster *extensionscontroller.Cluster) string {
+	if cluster == nil || cluster.Shoot == nil || !v1beta1helper.IsShootIstioTLSTerminationEnabled(cluster.Shoot) {
+		return ""
+	}
+	return "Gardener's gateway terminates TLS for this shoot (IstioTLSTermination): through tendril's ingress its API traffic stays passthrough, " +
+		"balanced per connection, and its apiserver-proxy's kube-apiserver-socket CONNECTs are relayed to Gardener's gateway; annotate the Shoot " +
+		DisableIstioTLSTermination + "=true for tendril to route all of it"
 }
 
 // values gathers everything the builders need, generating secrets on the way.

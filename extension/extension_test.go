@@ -610,8 +610,8 @@ func testReconcile(t *testing.T, c client.Client) {
 	for _, want := range []string{
 		"kind: Deployment", "name: tendril-agent", "kind: DaemonSet", "name: tendril-apiserver-proxy",
 		"kind: NetworkPolicy", "name: " + manifest.AgentFromSeedPolicyName, "name: " + manifest.AgentPolicyName,
-		"--advertised-address=240.0.0.10", "--seed=ingress.seed.example.org:8132",
-		"--destination=outbound|1194||vpn-seed-server." + alpha + ".svc.cluster.local",
+		"--advertised-address=240.0.0.10", "--seed=ingress.seed.example.org:8443",
+		"--destination=outbound|1194||tendril-server." + alpha + ".svc.cluster.local",
 		"--server-public-key=" + string(serverKey.Data[extension.DataKeyPublicKey]),
 	} {
 		if !strings.Contains(shootYAML, want) {

@@ -3,8 +3,10 @@ package ingress
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -27,11 +29,15 @@ type config struct {
 	endpoints map[string][]netip.AddrPort
 }
 
-// clusterConfig is one upstream cluster: an EDS service name or static endpoints.
+// clusterConfig is one upstream cluster: an EDS service name, static endpoints or names that
+// DNS resolves.
 type clusterConfig struct {
-	name           string
-	service        string // EDS service name; "" for a static cluster
-	static         []netip.AddrPort
+	name    string
+	service string // EDS service name; "" for a static or DNS cluster
+	static  []netip.AddrPort
+	// dns are a STRICT_DNS cluster's endpoints, host:port, resolved at each dial: only CONNECT
+	// routes name such a cluster (Gardener's VPN relay), and a VPN connects a few times a day.
+	dns            []string
 	connectTimeout time.Duration
 	maxConnections int64
 	// next picks endpoints round robin. It lives in the cluster, so a cluster update restarts
@@ -185,12 +191,20 @@ func parseCluster(c *clusterv3.Cluster) (*clusterConfig, error) {
 			cc.service = c.GetName() // Envoy's default
 		}
 	case clusterv3.Cluster_STATIC:
-		la := c.GetLoadAssignment()
-		eps, err := parseAssignment(la)
+		eps, _, err := parseAssignment(c.GetLoadAssignment(), false)
 		if err != nil {
 			return nil, fmt.Errorf("cluster %s: %w", c.GetName(), err)
 		}
 		cc.static = eps
+	case clusterv3.Cluster_STRICT_DNS:
+		_, names, err := parseAssignment(c.GetLoadAssignment(), true)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", c.GetName(), err)
+		}
+		if len(names) == 0 {
+			return nil, fmt.Errorf("cluster %s: a STRICT_DNS cluster needs an endpoint", c.GetName())
+		}
+		cc.dns = names
 	default:
 		return nil, fmt.Errorf("cluster %s: discovery type %s is not supported", c.GetName(), c.GetType())
 	}
@@ -198,46 +212,57 @@ func parseCluster(c *clusterv3.Cluster) (*clusterConfig, error) {
 }
 
 // parseAssignment returns the addresses of the usable endpoints: those not marked unhealthy,
-// draining or timed out.
-func parseAssignment(la *endpointv3.ClusterLoadAssignment) ([]netip.AddrPort, error) {
+// draining or timed out. With names, every endpoint is a host name (or IP) and port, returned
+// as host:port for DNS to resolve.
+func parseAssignment(la *endpointv3.ClusterLoadAssignment, names bool) ([]netip.AddrPort, []string, error) {
 	if err := checkOnly(la, "cluster_name", "endpoints"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out []netip.AddrPort
+	var hosts []string
 	for _, lle := range la.GetEndpoints() {
 		if err := checkOnly(lle, "lb_endpoints", "locality"); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, le := range lle.GetLbEndpoints() {
 			if err := checkOnly(le, "endpoint", "health_status"); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			ep := le.GetEndpoint()
 			if err := checkOnly(ep, "address"); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			sa := ep.GetAddress().GetSocketAddress()
 			if sa == nil {
-				return nil, errors.New("endpoint without a socket address")
+				return nil, nil, errors.New("endpoint without a socket address")
 			}
 			if err := checkOnly(sa, "address", "port_value", "protocol"); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if sa.GetProtocol() != corev3.SocketAddress_TCP {
-				return nil, fmt.Errorf("endpoint protocol %s is not supported", sa.GetProtocol())
-			}
-			ip, err := netip.ParseAddr(sa.GetAddress())
-			if err != nil {
-				return nil, fmt.Errorf("endpoint address %q is not an IP: %w", sa.GetAddress(), err)
+				return nil, nil, fmt.Errorf("endpoint protocol %s is not supported", sa.GetProtocol())
 			}
 			if sa.GetPortValue() == 0 || sa.GetPortValue() > 65535 {
-				return nil, fmt.Errorf("endpoint port %d out of range", sa.GetPortValue())
+				return nil, nil, fmt.Errorf("endpoint port %d out of range", sa.GetPortValue())
 			}
 			switch le.GetHealthStatus() {
 			case corev3.HealthStatus_UNKNOWN, corev3.HealthStatus_HEALTHY, corev3.HealthStatus_DEGRADED:
-				out = append(out, netip.AddrPortFrom(ip, uint16(sa.GetPortValue())))
+			default:
+				continue
 			}
+			if names {
+				if sa.GetAddress() == "" {
+					return nil, nil, errors.New("endpoint without a host")
+				}
+				hosts = append(hosts, net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue()))))
+				continue
+			}
+			ip, err := netip.ParseAddr(sa.GetAddress())
+			if err != nil {
+				return nil, nil, fmt.Errorf("endpoint address %q is not an IP: %w", sa.GetAddress(), err)
+			}
+			out = append(out, netip.AddrPortFrom(ip, uint16(sa.GetPortValue())))
 		}
 	}
-	return out, nil
+	return out, hosts, nil
 }

@@ -46,7 +46,7 @@ func update(t *testing.T, typeURL string, ms ...proto.Message) xdsclient.Update 
 // TestApplyTranslated accepts everything tendril generates.
 func TestApplyTranslated(t *testing.T) {
 	in := New(Config{Listeners: map[string]string{"sni": "127.0.0.1:0", "proxy": "127.0.0.1:0", "tunnel": "127.0.0.1:0"}})
-	r := translate.All(translate.Options{}, []model.Shoot{{Name: "shoot--a--b", Hosts: []string{"api.b.test"}, APIServer: netip.MustParseAddrPort("10.0.0.1:443")}})
+	r := translate.All(translate.Options{ProxyProtocol: true}, []model.Shoot{{Name: "shoot--a--b", Hosts: []string{"api.b.test"}, APIServer: netip.MustParseAddrPort("10.0.0.1:443")}})
 	var clusters, endpoints, listeners []proto.Message
 	for _, c := range r.Clusters {
 		clusters = append(clusters, c)
@@ -85,10 +85,10 @@ func TestApplyTranslated(t *testing.T) {
 	if ch := p.chain(443); ch == nil || ch.tcp == nil || ch.tcp.clusterFormat.render(connInfo{localAddr: "240.0.0.1:443"}) != "proxy|240.0.0.1:443" {
 		t.Fatalf("proxy listener, port 443 chain: %+v", ch)
 	}
-	if ch := p.chain(8443); ch == nil || ch.http == nil || len(ch.http.routes) != 3 || ch.http.maxHeaderBytes != translate.MaxRequestHeadersKB<<10 {
+	if ch := p.chain(8443); ch == nil || ch.http == nil || len(ch.http.routes) != 4 || ch.http.maxHeaderBytes != translate.MaxRequestHeadersKB<<10 {
 		t.Fatalf("proxy listener, CONNECT chain: %+v", ch)
 	}
-	if tl := c.listeners[translate.TunnelListener]; tl == nil || tl.chain(8132) == nil || tl.chain(8132).http.routes[0].clusterHeader != translate.ReversedVPNHeader {
+	if tl := c.listeners[translate.TunnelListener]; tl == nil || tl.chain(8132) == nil || tl.chain(8132).http.routes[1].clusterHeader != translate.ReversedVPNHeader {
 		t.Fatalf("tunnel listener: %+v", tl)
 	}
 	cl := c.clusters["sni|api.b.test"]
@@ -136,8 +136,11 @@ func TestApplyRejects(t *testing.T) {
 			tp.MaxConnectAttempts = wrapperspb.UInt32(maxConnectAttempts + 1)
 			fs[len(fs)-1].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyT(t, tp)}
 		})), "max_connect_attempts 11"},
-		"strict DNS cluster": {update(t, resourcev3.ClusterType, &clusterv3.Cluster{
+		"strict DNS cluster without endpoints": {update(t, resourcev3.ClusterType, &clusterv3.Cluster{
 			Name: "x", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STRICT_DNS}, ConnectTimeout: durationpb.New(1),
+		}), "needs an endpoint"},
+		"logical DNS cluster": {update(t, resourcev3.ClusterType, &clusterv3.Cluster{
+			Name: "x", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_LOGICAL_DNS}, ConnectTimeout: durationpb.New(1),
 		}), "discovery type"},
 		"upstream TLS": {update(t, resourcev3.ClusterType, &clusterv3.Cluster{
 			Name: "x", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},

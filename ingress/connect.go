@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -30,15 +31,18 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 	case route == nil:
 		s.respond(d, "", outcomeNoRoute, http.StatusNotFound, "no route\n", nil)
 		return
-	case route.clusterHeader == "":
+	case route.clusterHeader == "" && route.relayCluster == "":
 		s.respond(d, "", outcomeDirectResponse, route.status, route.body, fmt.Errorf("%s %q matched route %s", req.Method, req.Host, route.name))
 		return
 	}
 	cfg := s.in.current.Load()
-	name := req.Header.Get(route.clusterHeader)
+	name, what := route.relayCluster, "relay"
+	if route.clusterHeader != "" {
+		name, what = req.Header.Get(route.clusterHeader), route.clusterHeader
+	}
 	cl := cfg.clusters[name]
 	if cl == nil {
-		s.respond(d, "", outcomeUnknownRoute, http.StatusServiceUnavailable, "no upstream for this "+route.clusterHeader+"\n", fmt.Errorf("no cluster %q", name))
+		s.respond(d, "", outcomeUnknownRoute, http.StatusServiceUnavailable, "no upstream for this "+what+"\n", fmt.Errorf("no cluster %q", name))
 		return
 	}
 	up, release, outcome, err := s.dial(ctx, cfg, cl, 1)
@@ -54,12 +58,35 @@ func (s *server) serveConnect(ctx context.Context, d *downstream, hc *connectCon
 		s.respond(d, cl.name, outcome, http.StatusBadGateway, "upstream connect failed\n", err)
 		return
 	}
+	if route.relayCluster != "" {
+		// The upstream answers the CONNECT: it goes first, and its response reaches the client
+		// through the pair like any byte after it.
+		s.join(d, up, release, cl.name, relayedRequest(req), hc.idleTimeout)
+		return
+	}
 	if err := connect.Established(d.C); err != nil {
 		release()
 		up.Close()
 		return
 	}
 	s.join(d, up, release, cl.name, nil, hc.idleTimeout)
+}
+
+// hopByHop are the headers of one connection (RFC 9110 7.6.1), which a proxy does not forward.
+var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// relayedRequest is req as the ingress forwards it to a relay: its request line, Host and
+// end-to-end headers (the destination header among them), as Envoy proxies a CONNECT.
+func relayedRequest(req *http.Request) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n", req.RequestURI, req.Host)
+	h := req.Header.Clone()
+	for _, name := range hopByHop {
+		h.Del(name)
+	}
+	_ = h.Write(&b) // a bytes.Buffer does not fail
+	b.WriteString("\r\n")
+	return b.Bytes()
 }
 
 // readRequest reads one request within the chain's time and size limits.

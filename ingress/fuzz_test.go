@@ -1,15 +1,18 @@
 package ingress
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/pires/go-proxyproto"
 
+	"github.com/tendril-net/tendril/wire"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -32,7 +35,7 @@ func (m *memConn) RemoteAddr() net.Addr             { return &net.TCPAddr{IP: ne
 // panics; a refusal always names its outcome; a PROXY header yields valid addresses; a cluster is
 // only ever taken from a header value that passed its route's guard.
 func FuzzProxyListener(f *testing.F) {
-	lc, err := parseListener(translate.Constant(translate.Options{}).Listeners[1])
+	lc, err := parseListener(translate.Constant(translate.Options{ProxyProtocol: true, GardenerGateway: translate.HostPort{Host: "gateway", Port: 8443}}).Listeners[1])
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -49,6 +52,7 @@ func FuzzProxyListener(f *testing.F) {
 		[]byte("CONNECT x:443 HTTP/1.1\r\nX-Gardener-Destination: "+translate.APIServerWireName("shoot--a--b")+"\r\n\r\n"),
 		[]byte("CONNECT x:443 HTTP/1.1\r\nX-Gardener-Destination: sni|a\r\n\r\n"),
 		[]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
+		[]byte("CONNECT x:8443 HTTP/1.1\r\nHost: x:8443\r\nX-Gardener-Destination: "+wire.GardenerVPNWireName("shoot--a--b", 1)+"\r\nProxy-Connection: keep-alive\r\n\r\n"),
 		append(append([]byte{}, v2...), []byte("CONNECT x:443 HTTP/1.1\r\n\r\n")...),
 		append(append([]byte{}, proxyproto.SIGV2...), 0x21, 0x11, 0xff, 0xff),
 		[]byte("PROXY TCP4 1.2.3.4 5.6.7.8 1 443\r\n"),
@@ -94,6 +98,22 @@ func FuzzProxyListener(f *testing.F) {
 			return
 		}
 		route := chain.http.match(req)
+		if route != nil && route.relayCluster != "" {
+			// What goes on to Gardener's gateway is one CONNECT, naming the destination that
+			// passed the guard once, and nothing the client smuggled in after it.
+			v := req.Header.Values(translate.GardenerDestinationHeader)
+			if len(v) != 1 || !route.headers[0].regex.MatchString(v[0]) {
+				t.Fatalf("relayed %q past the guard", v)
+			}
+			out := relayedRequest(req)
+			br := bufio.NewReader(bytes.NewReader(out))
+			again, err := http.ReadRequest(br)
+			if err != nil || again.Method != http.MethodConnect || br.Buffered() != 0 ||
+				len(again.Header.Values(translate.GardenerDestinationHeader)) != 1 || again.Header.Get(translate.GardenerDestinationHeader) != v[0] {
+				t.Fatalf("relayed request %q does not read back as the one CONNECT (%v)", out, err)
+			}
+			return
+		}
 		if route == nil || route.clusterHeader == "" {
 			return
 		}

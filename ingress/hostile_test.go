@@ -53,7 +53,7 @@ func TestConnectHeaderLimitOnBothListeners(t *testing.T) {
 				t.Fatal(err)
 			}
 			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-			req := append(append([]byte{}, tc.prefix...), connectOfSize(t, tc.header, translate.VPNServerWireName("shoot--t--alpha"), size)...)
+			req := append(append([]byte{}, tc.prefix...), connectOfSize(t, tc.header, translate.TendrilServerWireName("shoot--t--alpha"), size)...)
 			if _, err := c.Write(req); err != nil {
 				t.Fatal(err)
 			}
@@ -113,7 +113,7 @@ func reachAll(t *testing.T, w *world, during string) {
 	}
 	c.Close()
 	for addr, header := range map[string]string{w.proxy: translate.GardenerDestinationHeader, w.tunnel: translate.ReversedVPNHeader} {
-		resp, c := connectRequest(t, addr, header+": "+translate.VPNServerWireName("shoot--t--alpha"))
+		resp, c := connectRequest(t, addr, header+": "+translate.TendrilServerWireName("shoot--t--alpha"))
 		c.Close()
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("%s CONNECT %s: %s", header, during, resp.Status)

@@ -208,7 +208,7 @@ func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, remo
 			if err != nil {
 				return fmt.Errorf("assignment %s: %w", r.GetName(), err)
 			}
-			eps, err := parseAssignment(la)
+			eps, _, err := parseAssignment(la, false)
 			if err != nil {
 				return fmt.Errorf("assignment %s: %w", r.GetName(), err)
 			}

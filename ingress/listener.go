@@ -78,8 +78,11 @@ type connectRoute struct {
 	connect bool
 	prefix  string
 	headers []headerMatch
-	// Exactly one action: a cluster named by a request header, or a fixed response.
+	// Exactly one action: a cluster named by a request header (the CONNECT is terminated), a
+	// fixed cluster the CONNECT request itself is relayed to (its upstream answers it), or a
+	// fixed response.
 	clusterHeader string
+	relayCluster  string
 	status        int
 	body          string
 }
@@ -430,25 +433,33 @@ func parseRoute(r *routev3.Route, connectUpgrade bool) (connectRoute, error) {
 	switch a := r.GetAction().(type) {
 	case *routev3.Route_Route:
 		ra := a.Route
-		if err := checkOnly(ra, "cluster_header", "timeout", "upgrade_configs"); err != nil {
+		if err := checkOnly(ra, "cluster_header", "cluster", "timeout", "upgrade_configs"); err != nil {
 			return cr, err
-		}
-		if ra.GetClusterHeader() == "" {
-			return cr, errors.New("only cluster_header routes are supported")
 		}
 		if t := ra.GetTimeout(); t == nil || t.AsDuration() != 0 {
 			return cr, errors.New("a CONNECT route must disable the route timeout (timeout: 0s)")
 		}
-		if !cr.connect || len(ra.GetUpgradeConfigs()) != 1 || ra.GetUpgradeConfigs()[0].GetUpgradeType() != "CONNECT" || ra.GetUpgradeConfigs()[0].GetConnectConfig() == nil {
-			return cr, errors.New("a cluster route must be a CONNECT route with connect_config")
+		if !cr.connect || len(ra.GetUpgradeConfigs()) != 1 || ra.GetUpgradeConfigs()[0].GetUpgradeType() != "CONNECT" {
+			return cr, errors.New("a cluster route must be a CONNECT route")
 		}
-		if err := checkOnly(ra.GetUpgradeConfigs()[0], "upgrade_type", "connect_config"); err != nil {
+		u := ra.GetUpgradeConfigs()[0]
+		if err := checkOnly(u, "upgrade_type", "connect_config"); err != nil {
 			return cr, err
 		}
-		if err := checkOnly(ra.GetUpgradeConfigs()[0].GetConnectConfig()); err != nil {
-			return cr, err
+		// Envoy terminates a CONNECT whose upgrade has connect_config and proxies it, request
+		// and all, otherwise; tendril generates the first with a header-named cluster and the
+		// second with a fixed one.
+		switch {
+		case ra.GetClusterHeader() != "" && u.GetConnectConfig() != nil:
+			if err := checkOnly(u.GetConnectConfig()); err != nil {
+				return cr, err
+			}
+			cr.clusterHeader = ra.GetClusterHeader()
+		case ra.GetCluster() != "" && u.GetConnectConfig() == nil:
+			cr.relayCluster = ra.GetCluster()
+		default:
+			return cr, errors.New("only a terminated CONNECT to a cluster_header and a proxied CONNECT to a cluster are supported")
 		}
-		cr.clusterHeader = ra.GetClusterHeader()
 	case *routev3.Route_DirectResponse:
 		dr := a.DirectResponse
 		if err := checkOnly(dr, "status", "body"); err != nil {

@@ -34,7 +34,7 @@ import (
 // inClusterWorldWith is inClusterWorld behind a load balancer that sends its own PROXY header.
 func inClusterWorldWith(t *testing.T, trusted []netip.Prefix) *world {
 	t.Helper()
-	w := newWorldWith(t, translate.Options{LBProxyProtocol: true}, trusted)
+	w := newWorldWith(t, translate.Options{LBProxyProtocol: true, ProxyProtocol: true}, trusted)
 	u := startUpstream(t, w.ca, "shoot--t--alpha", "api.alpha.test")
 	w.upstreams["shoot--t--alpha"] = u
 	w.route(model.Shoot{Name: "shoot--t--alpha", Hosts: []string{"api.alpha.test"}, APIServer: u.addr, AdvertisedAddress: netip.MustParseAddr("240.0.0.1")})
@@ -54,7 +54,7 @@ func inClusterWorld(t *testing.T) (*world, map[string]string) {
 // inClusterWorldConfig is inClusterWorld with an ingress configured by cfg.
 func inClusterWorldConfig(t *testing.T, cfg Config) (*world, map[string]string) {
 	t.Helper()
-	w := newWorldConfig(t, translate.Options{}, cfg)
+	w := newWorldConfig(t, translate.Options{ProxyProtocol: true}, cfg)
 	vpn := map[string]string{}
 	for i, n := range []string{"alpha", "beta"} {
 		name := "shoot--t--" + n
@@ -68,7 +68,7 @@ func inClusterWorldConfig(t *testing.T, cfg Config) (*world, map[string]string) 
 	w.addShoot("shoot--t--gamma", "api.gamma.test")
 	waitFor(t, "vpn clusters", func() bool {
 		c := w.in.current.Load()
-		return c.clusters[translate.VPNServerWireName("shoot--t--beta")] != nil && c.clusters[translate.ProxyCluster(netip.MustParseAddr("240.0.0.2"))] != nil
+		return c.clusters[translate.TendrilServerWireName("shoot--t--beta")] != nil && c.clusters[translate.ProxyCluster(netip.MustParseAddr("240.0.0.2"))] != nil
 	})
 	return w, vpn
 }
@@ -206,11 +206,11 @@ func TestConnectStatusCodes(t *testing.T) {
 		{"another listener's cluster", w.proxy, []string{gd + "proxy|240.0.0.1:443"}, 400},
 		{"header twice", w.proxy, []string{gd + translate.APIServerWireName("shoot--t--alpha"), gd + translate.APIServerWireName("shoot--t--beta")}, 400},
 		{"unknown shoot", w.proxy, []string{gd + translate.APIServerWireName("shoot--t--nope")}, 503},
-		{"vpn of a shoot without one", w.proxy, []string{gd + translate.VPNServerWireName("shoot--t--gamma")}, 503},
+		{"vpn of a shoot without one", w.proxy, []string{gd + translate.TendrilServerWireName("shoot--t--gamma")}, 503},
 		{"upstream refuses", w.proxy, []string{gd + translate.APIServerWireName("shoot--t--delta")}, 502},
-		{"tunnel: wrong header", w.tunnel, []string{gd + translate.VPNServerWireName("shoot--t--alpha")}, 400},
+		{"tunnel: wrong header", w.tunnel, []string{gd + translate.TendrilServerWireName("shoot--t--alpha")}, 400},
 		{"tunnel: kube-apiserver", w.tunnel, []string{rv + translate.APIServerWireName("shoot--t--alpha")}, 400},
-		{"tunnel: refused vpn server", w.tunnel, []string{rv + translate.VPNServerWireName("shoot--t--delta")}, 502},
+		{"tunnel: refused vpn server", w.tunnel, []string{rv + translate.TendrilServerWireName("shoot--t--delta")}, 502},
 	} {
 		resp, c := connectRequest(t, tc.addr, tc.headers...)
 		c.Close()
@@ -244,7 +244,7 @@ func TestConnectReachesShoots(t *testing.T) {
 	c.Close()
 	// The vpn server through both ports, with both header generations.
 	for addr, header := range map[string]string{w.proxy: translate.GardenerDestinationHeader, w.tunnel: translate.ReversedVPNHeader} {
-		resp, c := connectRequest(t, addr, header+": "+translate.VPNServerWireName("shoot--t--alpha"))
+		resp, c := connectRequest(t, addr, header+": "+translate.TendrilServerWireName("shoot--t--alpha"))
 		if resp.StatusCode != 200 {
 			t.Fatalf("%s to alpha's vpn server: %s", header, resp.Status)
 		}
@@ -289,7 +289,7 @@ func TestCurlProxyTunnel(t *testing.T) {
 	if got != "shoot--t--alpha" {
 		t.Errorf("curl via X-Gardener-Destination: %q", got)
 	}
-	got = run("-p", "-x", "http://"+w.tunnel, "--proxy-header", translate.ReversedVPNHeader+": "+translate.VPNServerWireName("shoot--t--beta"), "http://vpn.test/")
+	got = run("-p", "-x", "http://"+w.tunnel, "--proxy-header", translate.ReversedVPNHeader+": "+translate.TendrilServerWireName("shoot--t--beta"), "http://vpn.test/")
 	if got != "vpn-beta" {
 		t.Errorf("curl via Reversed-VPN: %q", got)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -177,6 +179,12 @@ func (s *server) refuse(d *preamble.Conn, cluster, outcome string, err error) {
 // counted.
 func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attempts int) (*relay.Socket, func(), string, error) {
 	eps := cfg.upstreams(cl)
+	if len(cl.dns) > 0 {
+		var err error
+		if eps, err = resolve(ctx, cl); err != nil {
+			return nil, nil, outcomeNoEndpoint, err
+		}
+	}
 	if len(eps) == 0 {
 		return nil, nil, outcomeNoEndpoint, nil
 	}
@@ -238,4 +246,29 @@ func (s *server) join(d *downstream, up *relay.Socket, release func(), cluster s
 		return
 	}
 	in.metrics.conn(s.name, cluster, outcomeProxied)
+}
+
+// resolve looks up a DNS cluster's names within its connect timeout: the addresses of all of
+// them, in the resolver's order. A name that does not resolve is skipped while another does.
+func resolve(ctx context.Context, cl *clusterConfig) ([]netip.AddrPort, error) {
+	ctx, cancel := context.WithTimeout(ctx, cl.connectTimeout)
+	defer cancel()
+	var eps []netip.AddrPort
+	var errs []error
+	for _, hp := range cl.dns {
+		host, p, _ := net.SplitHostPort(hp) // joined by parseAssignment
+		port, _ := strconv.ParseUint(p, 10, 16)
+		ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("resolve %s: %w", host, err))
+			continue
+		}
+		for _, ip := range ips {
+			eps = append(eps, netip.AddrPortFrom(ip.Unmap(), uint16(port)))
+		}
+	}
+	if len(eps) == 0 {
+		return nil, errors.Join(errs...)
+	}
+	return eps, nil
 }

@@ -289,7 +289,7 @@ func (s *seed) runShoot(ctx context.Context, sh *shoot) error {
 		}
 		for i, a := range apod.args {
 			if strings.HasPrefix(a, "--seed=") {
-				apod.args[i] = "--seed=" + s.cfg.TunnelAddress // the ingress's tunnel listener
+				apod.args[i] = "--seed=" + s.cfg.ProxyAddress // the ingress's unified port
 			}
 		}
 		sh.agentMetrics = append(sh.agentMetrics, net.JoinHostPort("127.0.0.1", strconv.Itoa(apod.ports["metrics"])))

@@ -263,8 +263,11 @@ func (s *Shoot) pki(lb netip.Addr) (err error) {
 // shootObject is the Shoot as gardenlet hands it to extensions in the Cluster.
 func (s *Shoot) shootObject() *gardencorev1beta1.Shoot {
 	return &gardencorev1beta1.Shoot{
-		TypeMeta:   metav1.TypeMeta{APIVersion: gardencorev1beta1.SchemeGroupVersion.String(), Kind: "Shoot"},
-		ObjectMeta: metav1.ObjectMeta{Name: s.cfg.Name, Namespace: "garden-local", UID: types.UID("shoot-" + s.cfg.Name)},
+		TypeMeta: metav1.TypeMeta{APIVersion: gardencorev1beta1.SchemeGroupVersion.String(), Kind: "Shoot"},
+		// A tendril shoot keeps its kube-apiserver traffic passthrough at Gardener's gateway
+		// (docs/design-notes/gardener-coexistence.md).
+		ObjectMeta: metav1.ObjectMeta{Name: s.cfg.Name, Namespace: "garden-local", UID: types.UID("shoot-" + s.cfg.Name),
+			Annotations: map[string]string{extension.DisableIstioTLSTermination: "true"}},
 		Spec: gardencorev1beta1.ShootSpec{
 			DNS:        &gardencorev1beta1.DNS{Domain: ptr.To(s.cfg.Name + "." + ShootDomain)},
 			Kubernetes: gardencorev1beta1.Kubernetes{Version: strings.TrimPrefix(kubeenv.KubernetesVersion, "v")},

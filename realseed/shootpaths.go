@@ -39,10 +39,10 @@ const (
 func shootPaths() []networkpaths.Path {
 	return []networkpaths.Path{
 		{From: shootAgent, To: shootFromSeed, Port: fromSeedPort, Want: true, Why: "kubectl top, HPA: the seed through the tunnel"},
-		{From: shootAgent, To: networkpaths.Internet, Port: manifest.PortIngressTunnel, Want: true, Why: "the agent dials the seed ingress"},
+		{From: shootAgent, To: networkpaths.Internet, Port: manifest.PortIngressProxy, Want: true, Why: "the agent dials the seed ingress"},
 		{From: shootCoreDNS, To: shootFromSeed, Port: fromSeedPort, Want: false, Why: "from-seed is the seed's only"},
 		{From: shootPlain, To: shootFromSeed, Port: fromSeedPort, Want: false, Why: "Gardener's deny-all in kube-system"},
-		{From: shootPlain, To: networkpaths.Internet, Port: manifest.PortIngressTunnel, Want: false, Why: "Gardener's deny-all in kube-system"},
+		{From: shootPlain, To: networkpaths.Internet, Port: manifest.PortIngressProxy, Want: false, Why: "Gardener's deny-all in kube-system"},
 	}
 }
 

@@ -41,28 +41,43 @@ func gardenerDestination(t testing.TB) *regexp.Regexp {
 // shootNamespace is Gardener's form of a shoot's control-plane namespace: shoot--<project>--<name>.
 var shootNamespace = regexp.MustCompile(`^shoot--[a-z0-9]+(-[a-z0-9]+)*--[a-z0-9]+(-[a-z0-9]+)*$`)
 
-// TestWireNamesInGardenersGrammar: every destination tendril puts on the unified port (and routes
-// by) is one Gardener's gateway routes too, so that a shoot moves between the two without a
-// change of its clients.
+// gardenerNames are the destinations of shoot ns that Gardener's gateway routes: its
+// kube-apiserver and its VPN servers, single and HA.
+func gardenerNames(ns string) []string {
+	names := []string{wire.APIServerWireName(ns), wire.GardenerVPNWireName(ns, -1)}
+	for i := range 5 {
+		names = append(names, wire.GardenerVPNWireName(ns, i))
+	}
+	return names
+}
+
+// TestWireNamesInGardenersGrammar: every Gardener destination tendril spells is one Gardener's
+// gateway routes too, so that a shoot moves between the two without a change of its clients;
+// tendril's own tunnel name is outside it, so that Gardener's gateway never takes a tendril agent
+// for its VPN (and tendril's ingress never takes Gardener's VPN for its own).
 func TestWireNamesInGardenersGrammar(t *testing.T) {
 	re := gardenerDestination(t)
 	for _, ns := range []string{"shoot--local--a", "shoot--garden--x-1", "shoot--p-1--s-2-b"} {
-		for _, name := range []string{wire.APIServerWireName(ns), wire.VPNServerWireName(ns)} {
+		for _, name := range gardenerNames(ns) {
 			if !re.MatchString(name) {
 				t.Errorf("%q is outside Gardener's X-Gardener-Destination grammar %s", name, re)
 			}
 		}
+		if name := wire.TendrilServerWireName(ns); re.MatchString(name) {
+			t.Errorf("tendril's own %q is inside Gardener's grammar", name)
+		}
 	}
 	// And the grammar refuses what is not a destination: the check can fail.
-	for _, bad := range []string{"", "kube-apiserver", "outbound|443||kube-apiserver.shoot--a--b.svc.cluster.local.evil", "outbound|22||sshd.shoot--a--b.svc.cluster.local"} {
+	for _, bad := range []string{"", "kube-apiserver", "outbound|443||kube-apiserver.shoot--a--b.svc.cluster.local.evil", "outbound|22||sshd.shoot--a--b.svc.cluster.local",
+		"outbound|1194||vpn-seed-server-5.shoot--a--b.svc.cluster.local"} {
 		if re.MatchString(bad) {
 			t.Errorf("Gardener's grammar accepts %q", bad)
 		}
 	}
 }
 
-// FuzzWireNamesInGardenersGrammar: for any shoot namespace of Gardener's form, tendril's names are
-// inside Gardener's grammar.
+// FuzzWireNamesInGardenersGrammar: for any shoot namespace of Gardener's form, tendril's
+// spelling of Gardener's names is inside Gardener's grammar and its own tunnel name outside.
 func FuzzWireNamesInGardenersGrammar(f *testing.F) {
 	re := gardenerDestination(f)
 	for _, s := range []string{"shoot--local--a", "shoot--a-b--c-d", "shoot--x--y"} {
@@ -72,27 +87,41 @@ func FuzzWireNamesInGardenersGrammar(f *testing.F) {
 		if !shootNamespace.MatchString(ns) {
 			return
 		}
-		for _, name := range []string{wire.APIServerWireName(ns), wire.VPNServerWireName(ns)} {
+		for _, name := range gardenerNames(ns) {
 			if !re.MatchString(name) {
 				t.Errorf("%q is outside Gardener's grammar", name)
 			}
 		}
+		if name := wire.TendrilServerWireName(ns); re.MatchString(name) {
+			t.Errorf("tendril's own %q is inside Gardener's grammar", name)
+		}
 	})
 }
 
-// FuzzIngressGuardWithinGardenersGrammar: the header guard tendril's ingress applies on the
-// unified port (translate.ProxyDestinationRegex) admits nothing that Gardener's gateway would
-// refuse, so no client can rely on tendril for a destination Gardener does not route.
+// FuzzIngressGuardWithinGardenersGrammar: what tendril's ingress admits on the unified port is
+// Gardener's grammar plus tendril's own tunnel names: the relay's guard
+// (translate.GardenerGatewayRegex) admits nothing Gardener's gateway would refuse, and the routing
+// guard (translate.ProxyDestinationRegex) nothing but Gardener's kube-apiserver names and
+// tendril's tunnel names, so no client can rely on tendril for a destination Gardener does not
+// route, and no Gardener VPN name is routed by tendril itself.
 func FuzzIngressGuardWithinGardenersGrammar(f *testing.F) {
 	re := gardenerDestination(f)
 	guard := regexp.MustCompile(translate.ProxyDestinationRegex)
-	for _, s := range []string{wire.APIServerWireName("shoot--a--b"), wire.VPNServerWireName("x"),
+	relay := regexp.MustCompile(translate.GardenerGatewayRegex)
+	tendril := regexp.MustCompile(translate.TunnelDestinationRegex)
+	for _, s := range []string{wire.APIServerWireName("shoot--a--b"), wire.TendrilServerWireName("x"), wire.GardenerVPNWireName("x", 3),
 		"outbound|443||kube-apiserver.a-.svc.cluster.local", "shoot--a--b--kube-apiserver-socket"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		if guard.MatchString(v) && !re.MatchString(v) {
-			t.Errorf("tendril's ingress admits %q, Gardener's grammar does not", v)
+		if relay.MatchString(v) && !re.MatchString(v) {
+			t.Errorf("tendril's relay admits %q, Gardener's grammar does not", v)
+		}
+		if relay.MatchString(v) && guard.MatchString(v) {
+			t.Errorf("%q is both relayed and routed", v)
+		}
+		if guard.MatchString(v) && !re.MatchString(v) && !tendril.MatchString(v) {
+			t.Errorf("tendril's ingress admits %q, which is neither in Gardener's grammar nor tendril's tunnel name", v)
 		}
 	})
 }

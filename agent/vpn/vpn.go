@@ -45,7 +45,7 @@ type Config struct {
 	// Direct dials the server without a CONNECT (a seed reachable without the ingress).
 	Direct bool
 	// Header and Destination make the CONNECT: Header defaults to "Reversed-VPN", Destination is
-	// "outbound|1194||vpn-seed-server.<ns>.svc.cluster.local" (required unless Direct).
+	// "outbound|1194||tendril-server.<ns>.svc.cluster.local" (required unless Direct).
 	Header, Destination string
 	// DialTimeout bounds a dial and its CONNECT answer. If zero, 10 s.
 	DialTimeout time.Duration
@@ -101,7 +101,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, errors.New("vpn: the seed address is required")
 	}
 	if !cfg.Direct && cfg.Destination == "" {
-		return nil, errors.New("vpn: the CONNECT destination (outbound|1194||vpn-seed-server.<ns>.svc.cluster.local) is required")
+		return nil, errors.New("vpn: the CONNECT destination (outbound|1194||tendril-server.<ns>.svc.cluster.local) is required")
 	}
 	if cfg.Header == "" {
 		cfg.Header = wire.ReversedVPNHeader
@@ -474,7 +474,7 @@ func (a *Agent) dial(ctx context.Context) (net.Conn, error) {
 	deadline, _ := ctx.Deadline()
 	_ = c.SetDeadline(deadline)
 	// The request line needs an authority; the header routes.
-	if err := connect.Open(c, "vpn-seed-server:1194", a.cfg.Header, a.cfg.Destination); err != nil {
+	if err := connect.Open(c, "tendril-server:1194", a.cfg.Header, a.cfg.Destination); err != nil {
 		a.dialErrors.WithLabelValues("connect").Inc()
 		c.Close()
 		return nil, err

@@ -110,7 +110,7 @@ func TestThroughIngress(t *testing.T) {
 		t.Fatal("an agent without a seed address was accepted")
 	}
 	a, err := New(Config{PrivateKey: agentKey, ServerPublicKey: serverKey.PublicKey(), Address: agentAddr, ServerAddresses: []netip.Addr{serverAddr},
-		Seed: ingressAddr, Destination: translate.VPNServerWireName(ns), MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		Seed: ingressAddr, Destination: translate.TendrilServerWireName(ns), MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
 		Log: testr.New(t).WithName("agent")})
 	if err != nil {
 		t.Fatal(err)

@@ -206,7 +206,7 @@ func routed(ctx context.Context, tunnel string, i int) error {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
-	fmt.Fprintf(c, "CONNECT 127.0.0.1:1194 HTTP/1.1\r\nHost: x\r\nReversed-VPN: %s\r\n\r\n", translate.VPNServerWireName(cpShoot(i)))
+	fmt.Fprintf(c, "CONNECT 127.0.0.1:1194 HTTP/1.1\r\nHost: x\r\nReversed-VPN: %s\r\n\r\n", translate.TendrilServerWireName(cpShoot(i)))
 	buf := make([]byte, 12)
 	if _, err := io.ReadFull(c, buf); err != nil {
 		return err

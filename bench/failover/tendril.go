@@ -185,7 +185,7 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 		rig.agentArgs[i] = append(netns.Exec(r.topo.shootNS), r.bin("tendril-agent"), "vpn",
 			"--private-key-file", keyFile, "--address", fmt.Sprintf("fd8f:6d53:b97a:1::%d", 2+i),
 			"--server-public-key", "@"+f("server.pub"), "--shoot-cidrs", r.topo.podNet.String(),
-			"--seed", ingressListen, "--destination", translate.VPNServerWireName(nsTendril), "--metrics-address", "")
+			"--seed", ingressListen, "--destination", translate.TendrilServerWireName(nsTendril), "--metrics-address", "")
 	}
 	if err := rig.startServer(ctx); err != nil {
 		return rig, err

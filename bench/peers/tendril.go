@@ -102,7 +102,7 @@ func (t Tendril) Version() string {
 
 // Start implements Peer:
 //
-//	tendril-seed --routes FILE --xds-address 127.0.0.1:P1 --xds-insecure --metrics-address 127.0.0.1:P2
+//	tendril-seed --routes FILE --xds-address 127.0.0.1:P1 --xds-insecure --metrics-address 127.0.0.1:P2 --proxy-protocol
 //	tendril-ingress --xds 127.0.0.1:P1 --xds-insecure --node-id bench --sni-address 127.0.0.1:P3 --metrics-address 127.0.0.1:P4 --profiling
 //
 // with --proxy-address instead of --sni-address for JobProxy and JobConnect.
@@ -146,7 +146,7 @@ func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instan
 	}
 	xds, seedMetrics, listen, ingressMetrics := socks[0].Addr, socks[1].Addr, socks[2].Addr, socks[3].Addr
 	seed, err := StartWithSockets("tendril-seed", filepath.Join(dir, "tendril-seed.log"), socks[:2], seedBin,
-		"--routes", path, "--xds-address", xds, "--xds-insecure", "--metrics-address", seedMetrics)
+		"--routes", path, "--xds-address", xds, "--xds-insecure", "--metrics-address", seedMetrics, "--proxy-protocol")
 	if err != nil {
 		inherit.Close(socks[2:]...)
 		return nil, err

@@ -208,7 +208,7 @@ func (in *ingress) connectStatus(ns string) (string, error) {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: x\r\nReversed-VPN: %s\r\n\r\n", "127.0.0.1:1194", translate.VPNServerWireName(ns))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: x\r\nReversed-VPN: %s\r\n\r\n", "127.0.0.1:1194", translate.TendrilServerWireName(ns))
 	buf := make([]byte, 12)
 	if _, err := io.ReadFull(c, buf); err != nil {
 		return "", err
@@ -504,7 +504,7 @@ func (r *runner) tendrilStack(kernel bool) *stack {
 		agentArgs = append(netns.Exec(r.topo.shootNS), r.bin("tendril-agent"), "vpn",
 			"--private-key-file", f("agent.key"), "--server-public-key", "@"+f("server.pub"),
 			"--shoot-cidrs", r.topo.podNet.String(), "--seed", in.listen,
-			"--destination", translate.VPNServerWireName(nsTendril), "--metrics-address", "")
+			"--destination", translate.TendrilServerWireName(nsTendril), "--metrics-address", "")
 		agentArgs = append(agentArgs, agentTUN...)
 		s.config += "\n" + strings.Join(agentArgs, " ")
 		pod := r.podTarget()
@@ -603,7 +603,7 @@ func (r *runner) openvpnStack() *stack {
 		id := strconv.Itoa(os.Getpid())
 		listen := "127.0.0.1:" + strconv.Itoa(in.ports.openvpn)
 		cfg := peers.OpenVPNConfig{Dir: dir, Listen: listen, Remote: listen, HTTPProxy: in.listen,
-			ProxyHeader: "Reversed-VPN", ProxyHeaderValue: translate.VPNServerWireName(nsOpenVPN),
+			ProxyHeader: "Reversed-VPN", ProxyHeaderValue: translate.TendrilServerWireName(nsOpenVPN),
 			Network: r.topo.vpnNet, ShootCIDRs: []netip.Prefix{r.topo.podNet},
 			ServerDev: "tbvs" + id, ClientDev: "tbvc" + id, ClientName: certOpenVPNClient}
 		srvArgs, cliArgs, err := o.WriteOpenVPN(cfg)

@@ -43,8 +43,9 @@ type Config struct {
 	MetricsAddress string
 	// Profiling serves the Go profiler on the metrics address.
 	Profiling bool
-	// LBProxyProtocol: the seed's load balancer prepends a PROXY header to every connection.
-	LBProxyProtocol bool
+	// Ingress are the seed-wide choices of the ingress's listeners: the load balancer's PROXY
+	// header, Gardener's VPN relay, the legacy port.
+	Ingress translate.Options
 	// XDSCertFile, XDSKeyFile and XDSCAFile are the xDS server's certificate, key and the CA
 	// bundle client certificates must chain to, re-read when they change. Required in route-file
 	// mode unless XDSInsecure; in Kubernetes mode they replace the secrets manager's.
@@ -76,7 +77,14 @@ func main() {
 	fs.StringVar(&k.XDSSecrets.ServiceName, "xds-service", "tendril-xds", "Kubernetes mode: the xDS Service in --leader-election-namespace, whose names the secrets manager's server certificate carries")
 	fs.StringVar(&k.XDSSecrets.ClientSecret, "xds-client-secret", "tendril-xds-client", "Kubernetes mode: the Secret in --ingress-namespace that receives the ingress's xDS client certificate, key and CA bundle (tls.crt, tls.key, ca.crt)")
 	fs.StringVar(&k.XDSSecrets.ClientName, "xds-client-name", "tendril-ingress", "Kubernetes mode: common name of the ingress's xDS client certificate: the node IDs it may use are this name and this name followed by a dash")
-	fs.BoolVar(&cfg.LBProxyProtocol, "lb-proxy-protocol", false, "the seed's load balancer prepends its own PROXY header to every connection: every listener reads it first (tendril-ingress needs --trusted-proxy-cidr)")
+	fs.Func("gardener-gateway", "host:port of Gardener's istio ingress gateway's unified port (its Service, e.g. istio-ingressgateway.istio-ingress.svc.cluster.local:8443): the ingress relays the CONNECTs only Gardener's gateway serves (X-Gardener-Destination vpn-seed-server[-N], <ns>--kube-apiserver-socket) there, request and all (empty: refused with 503)", func(v string) error {
+		hp, err := parseHostPort(v)
+		cfg.Ingress.GardenerGateway = hp
+		return err
+	})
+	fs.BoolVar(&cfg.Ingress.ProxyProtocol, "proxy-protocol", false, "the unified port (8443) also reads PROXY headers and routes them by destination (an advertised address on 443): GEP-8's first in-cluster path, which Gardener removed in v1.123; for apiserver-proxies in proxy-protocol mode")
+	fs.BoolVar(&cfg.Ingress.RemoveHTTPProxyLegacyPort, "remove-http-proxy-legacy-port", false, "serve no legacy tunnel listener (8132, Reversed-VPN), as Gardener's RemoveHTTPProxyLegacyPort gate removes its gateway's; tendril's agents use the unified port 8443")
+	fs.BoolVar(&cfg.Ingress.LBProxyProtocol, "lb-proxy-protocol", false, "the seed's load balancer prepends its own PROXY header to every connection: every listener reads it first (tendril-ingress needs --trusted-proxy-cidr)")
 	fs.BoolVar(&cfg.Profiling, "profiling", false, "serve the Go profiler under /debug/pprof/ on the metrics address")
 	// Kubernetes mode; flag names follow Gardener's extensions (--kubeconfig is registered by
 	// controller-runtime and read through ctrl.GetConfig).
@@ -144,7 +152,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "tendril-seed: no route file (--routes) and no Kubernetes configuration: %v\n", err)
 			os.Exit(2)
 		}
-		k.REST, k.XDSAddress, k.LBProxyProtocol, k.Log = rc, cfg.XDSAddress, cfg.LBProxyProtocol, cfg.Log
+		k.REST, k.XDSAddress, k.Listeners, k.Log = rc, cfg.XDSAddress, cfg.Ingress, cfg.Log
 		k.XDSInsecure = cfg.XDSInsecure
 		k.MetricsAddress = cfg.MetricsAddress // /metrics only: health is on --health-bind-address
 		if k.MetricsAddress == "" {
@@ -176,7 +184,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return errors.New("xDS runs over mutual TLS: give --xds-cert-file, --xds-key-file and --xds-ca-file (or --xds-insecure for local use)")
 	}
 	reg := probe.NewRegistry()
-	scfg := server.Config{Log: cfg.Log.WithName("xds"), Registry: reg, Options: translate.Options{LBProxyProtocol: cfg.LBProxyProtocol}}
+	scfg := server.Config{Log: cfg.Log.WithName("xds"), Registry: reg, Options: cfg.Ingress}
 	if files != nil {
 		scfg.TLS, scfg.Authorize = tlsreload.ServerConfig(files), server.NodeOfCertificate
 	} else {
@@ -234,4 +242,20 @@ func xdsFiles(cfg Config) (*tlsreload.Files, error) {
 		return nil, fmt.Errorf("xDS server certificate: %w", err)
 	}
 	return f, nil
+}
+
+// parseHostPort reads host:port with a non-zero port; empty is unset.
+func parseHostPort(v string) (translate.HostPort, error) {
+	if v == "" {
+		return translate.HostPort{}, nil
+	}
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return translate.HostPort{}, err
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || p == 0 || host == "" {
+		return translate.HostPort{}, fmt.Errorf("%q: want host:port with a port of 1 to 65535", v)
+	}
+	return translate.HostPort{Host: host, Port: uint16(p)}, nil
 }

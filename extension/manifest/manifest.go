@@ -49,9 +49,9 @@ const (
 	PortConnect = 9443 // egress HTTP CONNECT over mutual TLS
 	PortGRPC    = 8090 // egress konnectivity gRPC over mutual TLS
 	PortMetrics = 9090 // metrics, /healthz, /readyz
-	// Ingress listener ports the agents dial.
-	PortIngressProxy  = 8443
-	PortIngressTunnel = 8132
+	// PortIngressProxy is the ingress's unified port (Gardener's since GEP-30): the agents dial
+	// it with X-Gardener-Destination, and so do the apiserver-proxies.
+	PortIngressProxy = 8443
 	// PortKubeAPIServer is the kube-apiserver Service port.
 	PortKubeAPIServer = 443
 )
@@ -170,7 +170,7 @@ func (v Values) Validate() error {
 // TunnelDestination is the wire name of the shoot's tunnel cluster at the ingress; it keeps
 // Gardener's format so Gardener-style clients work too (design.md, "Relation to Gardener's
 // own components").
-func TunnelDestination(namespace string) string { return wire.VPNServerWireName(namespace) }
+func TunnelDestination(namespace string) string { return wire.TendrilServerWireName(namespace) }
 
 func serverLabels() map[string]string {
 	return map[string]string{v1beta1constants.LabelApp: ServerName}

@@ -226,8 +226,8 @@ func TestValidate(t *testing.T) {
 }
 
 func TestHostPort(t *testing.T) {
-	for in, want := range map[string]string{"ingress.example.org": "ingress.example.org:8132", "192.0.2.1": "192.0.2.1:8132", "2001:db8::1": "[2001:db8::1]:8132"} {
-		if got := hostPort(in, PortIngressTunnel); got != want {
+	for in, want := range map[string]string{"ingress.example.org": "ingress.example.org:8443", "192.0.2.1": "192.0.2.1:8443", "2001:db8::1": "[2001:db8::1]:8443"} {
+		if got := hostPort(in, PortIngressProxy); got != want {
 			t.Errorf("hostPort(%q) = %q, want %q", in, got, want)
 		}
 	}

@@ -118,8 +118,8 @@ func AgentDeployment(v Values, i int) *appsv1.Deployment {
 		"--address=" + v.Tunnel.Agents[i].Address.String(),
 		"--server-addresses=" + joinAddrs(v.Tunnel.ServerAddresses),
 		"--shoot-cidrs=" + joinPrefixes(v.ShootCIDRs),
-		"--seed=" + hostPort(v.Ingress, PortIngressTunnel),
-		"--header=" + wire.ReversedVPNHeader,
+		"--seed=" + hostPort(v.Ingress, PortIngressProxy),
+		"--header=" + wire.GardenerDestinationHeader,
 		"--destination=" + TunnelDestination(v.Namespace),
 		"--metrics-address=:" + strconv.Itoa(portAgentMetrics),
 	}
@@ -222,6 +222,9 @@ func APIServerProxyDaemonSet(v Values) *appsv1.DaemonSet {
 							"--advertised-address=" + v.AdvertisedAddress.String(),
 							"--port=" + strconv.Itoa(PortKubeAPIServer),
 							"--ingress=" + hostPort(v.Ingress, PortIngressProxy),
+							// CONNECT with X-Gardener-Destination, as Gardener's own apiserver-proxy
+							// announces the destination since v1.123.
+							"--mode=connect",
 							"--namespace=" + v.Namespace,
 							"--interface=tendril-api",
 							"--metrics-address=127.0.0.1:" + strconv.Itoa(portProxyMetrics),

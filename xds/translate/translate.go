@@ -100,6 +100,20 @@ type Options struct {
 	// header's addresses; tendril-ingress keeps both and trusts the outer one only from its
 	// --trusted-proxy-cidr.)
 	LBProxyProtocol bool
+	// ProxyProtocol has the unified port also read PROXY headers (v1 or v2) and route those to
+	// an advertised address on 443: GEP-8's first in-cluster path, which Gardener removed from
+	// its :8443 in v1.123 (CONNECT with X-Gardener-Destination replaced it), kept for
+	// apiserver-proxies in proxy-protocol mode. Off, the unified port serves CONNECT only, as
+	// Gardener's does.
+	ProxyProtocol bool
+	// GardenerGateway is Gardener's istio ingress gateway's unified port (its Service's name
+	// and 8443, typically): the unified port relays the CONNECTs only Gardener serves there
+	// (its VPN, the kube-apiserver socket). Unset: they are refused with 503.
+	GardenerGateway HostPort
+	// RemoveHTTPProxyLegacyPort drops the legacy tunnel listener (8132, Reversed-VPN), as
+	// Gardener's feature gate of that name drops its gateway's; tendril's agents use the
+	// unified port.
+	RemoveHTTPProxyLegacyPort bool
 }
 
 // All translates a whole route set: the constant resources followed by every shoot's, in the
@@ -112,19 +126,27 @@ func All(opts Options, shoots []model.Shoot) Resources {
 	return r
 }
 
-// Constant returns the resources that never change with shoots: the listeners and the
-// blackhole cluster tcp_proxy falls back to.
+// Constant returns the resources that never change with shoots: the listeners, the blackhole
+// cluster tcp_proxy falls back to and, with a gateway to relay to, its cluster.
 func Constant(opts Options) Resources {
-	return Resources{
-		Listeners: []*listenerv3.Listener{sniListener(opts), proxyListener(opts), tunnelListener(opts)},
+	r := Resources{
+		Listeners: []*listenerv3.Listener{sniListener(opts), proxyListener(opts)},
 		Clusters:  []*clusterv3.Cluster{blackholeCluster()},
 	}
+	if !opts.RemoveHTTPProxyLegacyPort {
+		r.Listeners = append(r.Listeners, tunnelListener(opts))
+	}
+	if opts.GardenerGateway.IsSet() {
+		r.Clusters = append(r.Clusters, gardenerGatewayCluster(opts.GardenerGateway))
+	}
+	return r
 }
 
 // Shoot returns one shoot's resources: the clusters that reach its kube-apiserver (one per server
 // name, one for its advertised address, one for the CONNECT wire name), sharing one load
 // assignment with all of its endpoints (none while it has no ready endpoint), and when it has vpn
-// server endpoints, that server's cluster and assignment. Nothing else depends on the shoot, and
+// server endpoints, that server's clusters (its own name, and the legacy port's name of earlier
+// agents) and assignment. Nothing else depends on the shoot, and
 // an endpoint change touches only the one assignment.
 func Shoot(s model.Shoot) Resources {
 	service := APIServerService(s.Name)
@@ -139,7 +161,7 @@ func Shoot(s model.Shoot) Resources {
 	r.Endpoints = append(r.Endpoints, assignment(service, s.APIServerEndpoints()))
 	if vpnEndpoints := s.VPNServerEndpoints(); len(vpnEndpoints) > 0 {
 		vpn := VPNServerService(s.Name)
-		r.Clusters = append(r.Clusters, edsCluster(VPNServerWireName(s.Name), vpn))
+		r.Clusters = append(r.Clusters, edsCluster(TendrilServerWireName(s.Name), vpn), edsCluster(LegacyTunnelWireName(s.Name), vpn))
 		r.Endpoints = append(r.Endpoints, assignment(vpn, vpnEndpoints))
 	}
 	return r

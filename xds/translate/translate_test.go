@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/tendril-net/tendril/wire"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/source"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -48,8 +49,14 @@ func TestGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Inputs named lb-proxy-protocol* are translated for a seed whose load balancer
-			// prepends its own PROXY header.
-			opts := translate.Options{LBProxyProtocol: strings.HasPrefix(name, "lb-proxy-protocol")}
+			// prepends its own PROXY header; gardener-gateway* for a seed that relays
+			// Gardener's VPN to its istio gateway and serves no legacy port.
+			// Inputs with proxy-protocol in their name serve PROXY headers on the unified port.
+			opts := translate.Options{LBProxyProtocol: strings.HasPrefix(name, "lb-proxy-protocol"), ProxyProtocol: strings.Contains(name, "proxy-protocol")}
+			if strings.HasPrefix(name, "gardener-gateway") {
+				opts.GardenerGateway = translate.HostPort{Host: "istio-ingressgateway.istio-ingress.svc.cluster.local", Port: 8443}
+				opts.RemoveHTTPProxyLegacyPort = true
+			}
 			r := translate.All(opts, shoots)
 			for _, m := range messages(r) {
 				if err := translate.Validate(m); err != nil {
@@ -202,24 +209,35 @@ func testShoot(i int) model.Shoot {
 }
 
 // TestDestinationRegexes pins what the CONNECT guards admit: only the wire names tendril
-// generates, of any shoot, and on the tunnel port only vpn servers.
+// generates, of any shoot, and on the tunnel port only tendril-servers; Gardener's VPN names
+// (single and HA) and kube-apiserver sockets are Gardener's, matched only by the relay's guard.
 func TestDestinationRegexes(t *testing.T) {
 	proxy := regexp.MustCompile(translate.ProxyDestinationRegex)
 	tunnel := regexp.MustCompile(translate.TunnelDestinationRegex)
+	gardener := regexp.MustCompile(translate.GardenerGatewayRegex)
 	for _, tc := range []struct {
-		value         string
-		proxy, tunnel bool
+		value                   string
+		proxy, tunnel, gardener bool
 	}{
-		{translate.APIServerWireName("shoot--dev--alpha"), true, false},
-		{translate.VPNServerWireName("shoot--dev--alpha"), true, true},
-		{"outbound|1194||vpn-seed-server-0.shoot--dev--alpha.svc.cluster.local", false, false},
-		{"sni|api.alpha.example.com", false, false},
-		{"proxy|10.0.0.1:443", false, false},
-		{"outbound|443||kube-apiserver.shoot--dev--alpha.svc.cluster.local.evil", false, false},
-		{"outbound|443||kube-apiserver.a.b.svc.cluster.local", false, false},
-		{"outbound|443||kube-apiserver.-x.svc.cluster.local", false, false},
-		{"outbound|443||kube-apiserver.shoot--dev--alpha.svc.cluster.local\n", false, false},
-		{"", false, false},
+		{translate.APIServerWireName("shoot--dev--alpha"), true, false, false},
+		{translate.TendrilServerWireName("shoot--dev--alpha"), true, true, false},
+		{wire.GardenerVPNWireName("shoot--dev--alpha", -1), false, true, true},
+		{wire.GardenerVPNWireName("shoot--dev--alpha", 0), false, false, true},
+		{wire.GardenerVPNWireName("shoot--dev--alpha", 4), false, false, true},
+		{wire.GardenerVPNWireName("shoot--dev--alpha", 5), false, false, false},
+		{"outbound|1194||vpn-seed-server-01.shoot--dev--alpha.svc.cluster.local", false, false, false},
+		{"outbound|1194||vpn-seed-server.a.b.svc.cluster.local", false, false, false},
+		{"shoot--dev--alpha--kube-apiserver-socket", false, false, true},
+		{"shoot-garden-x--kube-apiserver-socket", false, false, true},
+		{"x--kube-apiserver-socket", false, false, false},
+		{"shoot--dev--alpha--kube-apiserver-socket.evil", false, false, false},
+		{"sni|api.alpha.example.com", false, false, false},
+		{"proxy|10.0.0.1:443", false, false, false},
+		{"outbound|443||kube-apiserver.shoot--dev--alpha.svc.cluster.local.evil", false, false, false},
+		{"outbound|443||kube-apiserver.a.b.svc.cluster.local", false, false, false},
+		{"outbound|443||kube-apiserver.-x.svc.cluster.local", false, false, false},
+		{"outbound|443||kube-apiserver.shoot--dev--alpha.svc.cluster.local\n", false, false, false},
+		{"", false, false, false},
 	} {
 		if got := proxy.MatchString(tc.value); got != tc.proxy {
 			t.Errorf("proxy regex on %q: %v, want %v", tc.value, got, tc.proxy)
@@ -227,6 +245,32 @@ func TestDestinationRegexes(t *testing.T) {
 		if got := tunnel.MatchString(tc.value); got != tc.tunnel {
 			t.Errorf("tunnel regex on %q: %v, want %v", tc.value, got, tc.tunnel)
 		}
+		if got := gardener.MatchString(tc.value); got != tc.gardener {
+			t.Errorf("Gardener gateway regex on %q: %v, want %v", tc.value, got, tc.gardener)
+		}
+	}
+}
+
+// TestLegacyPortAndRelay: the legacy tunnel listener goes with RemoveHTTPProxyLegacyPort, as
+// Gardener's gateway port goes with its gate, and the relay's cluster exists only with a relay.
+func TestLegacyPortAndRelay(t *testing.T) {
+	names := func(opts translate.Options) (ls, cs []string) {
+		r := translate.Constant(opts)
+		for _, l := range r.Listeners {
+			ls = append(ls, l.GetName())
+		}
+		for _, c := range r.Clusters {
+			cs = append(cs, c.GetName())
+		}
+		return ls, cs
+	}
+	ls, cs := names(translate.Options{})
+	if strings.Join(ls, ",") != "sni,proxy,tunnel" || strings.Join(cs, ",") != translate.BlackholeCluster {
+		t.Errorf("zero options: listeners %v, clusters %v", ls, cs)
+	}
+	ls, cs = names(translate.Options{RemoveHTTPProxyLegacyPort: true, GardenerGateway: translate.HostPort{Host: "10.0.0.1", Port: 8443}})
+	if strings.Join(ls, ",") != "sni,proxy" || strings.Join(cs, ",") != translate.BlackholeCluster+","+translate.GardenerGatewayCluster {
+		t.Errorf("relay, no legacy port: listeners %v, clusters %v", ls, cs)
 	}
 }
 
