@@ -29,7 +29,8 @@ func (sh *shoot) egressMode() tendrilv1alpha1.EgressMode {
 }
 
 func (sh *shoot) pathsShoot() networkpaths.Shoot {
-	return networkpaths.Shoot{Name: sh.name, Namespace: sh.namespace, Egress: sh.egressMode()}
+	// Gardener's VPN as the HA pair where the egress mode is gRPC, so that the table has both.
+	return networkpaths.Shoot{Name: sh.name, Namespace: sh.namespace, Egress: sh.egressMode(), VPNHighAvailability: sh.index%2 == 1}
 }
 
 // startPaths builds the network-paths world over this seed's objects (the shoot namespaces

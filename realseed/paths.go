@@ -27,10 +27,10 @@ const (
 )
 
 // PathsShoots are the two shoots of the measured table, named and configured as in
-// docs/network-paths.md (A: httpConnect, B: grpc).
+// docs/network-paths.md (A: httpConnect, B: grpc and Gardener's VPN as the HA pair).
 var PathsShoots = [2]networkpaths.Shoot{
 	{Name: "A", Namespace: pathsA, Egress: tendrilv1alpha1.EgressHTTPConnect},
-	{Name: "B", Namespace: pathsB, Egress: tendrilv1alpha1.EgressGRPC},
+	{Name: "B", Namespace: pathsB, Egress: tendrilv1alpha1.EgressGRPC, VPNHighAvailability: true},
 }
 
 // PathRow is one network path: what tendril wants, what internal/netpoleval judged from the
@@ -64,6 +64,8 @@ func (c *Cluster) MeasurePaths(ctx context.Context) ([]PathRow, error) {
 		MakePod: func(ctx context.Context, ns, name string, tmpl corev1.PodTemplateSpec) (*corev1.Pod, error) {
 			return c.probeFor(ctx, ns, name, tmpl, ports)
 		},
+		// Not Gardener's default namespace: the installed chart's gateway address names it.
+		IstioNamespace: "istio-ingress-paths",
 		// A second LoadBalancer Service on the node's one address would take the real
 		// ingress's ports; the policies do not depend on the type.
 		Mutate: func(o client.Object) {
@@ -177,7 +179,8 @@ The real seed of ` + "`make seed`" + ` (package realseed): one node with kube-ro
 NetworkPolicies. The paths of [docs/network-paths.md](network-paths.md) are built again there, in
 namespaces of their own beside tendril's installation, labelled as gardenlet labels them: the
 tendril-seed chart's Services, extension/manifest's tendril-server Service and Gardener's
-kube-apiserver Service per shoot, and for every actor a probe pod (` + "`tendril-probe`" + `) with its
+kube-apiserver Service per shoot, Gardener's istio ingress gateway and each shoot's vpn-seed-server
+as Gardener's components make them, and for every actor a probe pod (` + "`tendril-probe`" + `) with its
 Deployment template's labels, annotations and ports. Gardener's own NetworkPolicy controllers
 (gardenlet's seed controller, the resource manager's) write the policies; internal/netpoleval
 judges each path from them, and a TCP connection along it is then opened from the source's probe

@@ -5,7 +5,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -51,7 +50,7 @@ const (
 
 var (
 	a = Shoot{Name: "A", Namespace: shootA, Egress: tendrilv1alpha1.EgressHTTPConnect}
-	b = Shoot{Name: "B", Namespace: shootB, Egress: tendrilv1alpha1.EgressGRPC}
+	b = Shoot{Name: "B", Namespace: shootB, Egress: tendrilv1alpha1.EgressGRPC, VPNHighAvailability: true}
 )
 
 func shootValues(ns string, mode tendrilv1alpha1.EgressMode) manifest.Values {
@@ -130,7 +129,7 @@ func gardenerShootSystemPolicies(ctx context.Context, t *testing.T, c client.Cli
 	sys := shootsystem.New(c, ns, shootsystem.Values{
 		Extensions: []string{"tendril"}, ExternalClusterDomain: ptr.To("a.local.example.org"),
 		KubernetesVersion: semver.MustParse(kubeenv.KubernetesVersion), Object: sh, ProjectName: "local",
-		PodNetworkCIDRs: cidr(t, "100.64.0.0/16"), ServiceNetworkCIDRs: cidr(t, "100.96.0.0/16"), NodeNetworkCIDRs: cidr(t, "10.250.0.0/16"),
+		PodNetworkCIDRs: cidr("100.64.0.0/16"), ServiceNetworkCIDRs: cidr("100.96.0.0/16"), NodeNetworkCIDRs: cidr("10.250.0.0/16"),
 	})
 	if err := sys.Deploy(ctx); err != nil {
 		t.Fatalf("Gardener's shoot system component: %v", err)
@@ -176,7 +175,7 @@ func gardenerVPNShoot(ctx context.Context, t *testing.T, c client.Client, ns str
 		ReversedVPN: vpnshoot.ReversedVPNValues{Header: "outbound|1194||vpn-seed-server." + ns + ".svc.cluster.local",
 			Endpoint: "api.a.local.example.org", IPFamilies: []gardencorev1beta1.IPFamily{gardencorev1beta1.IPFamilyIPv4}},
 		SeedPodNetwork: "10.244.0.0/16",
-		Network:        vpnshoot.NetworkValues{PodCIDRs: cidr(t, "100.64.0.0/16"), ServiceCIDRs: cidr(t, "100.96.0.0/16"), NodeCIDRs: cidr(t, "10.250.0.0/16")},
+		Network:        vpnshoot.NetworkValues{PodCIDRs: cidr("100.64.0.0/16"), ServiceCIDRs: cidr("100.96.0.0/16"), NodeCIDRs: cidr("10.250.0.0/16")},
 	})
 	if err := vpn.Deploy(ctx); err != nil {
 		t.Fatalf("Gardener's vpn-shoot component: %v", err)
@@ -199,16 +198,6 @@ func gardenerVPNShoot(ctx context.Context, t *testing.T, c client.Client, ns str
 		t.Fatalf("Gardener's vpn-shoot component wrote %d policies and no Deployment: %d objects", len(policies), len(objs))
 	}
 	return policies, labels
-}
-
-// cidr is s as the one network Gardener's components take.
-func cidr(t *testing.T, s string) []net.IPNet {
-	t.Helper()
-	_, n, err := net.ParseCIDR(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return []net.IPNet{*n}
 }
 
 // shootPaths judges the shoot side: the agent, as the seed's end inside the shoot, must reach
@@ -254,10 +243,10 @@ func shootPaths(ctx context.Context, t *testing.T, c client.Client) []string {
 	paths := []Path{
 		p(agent, metricsSv, 10250, true, "kubectl top, HPA: the seed through the tunnel"),
 		p(vpnShoot, metricsSv, 10250, true, "Gardener's own VPN, for comparison"),
-		p(agent, world, 8132, true, "the agent dials the seed ingress"),
+		p(agent, world, manifest.PortIngressProxy, true, "the agent dials the seed ingress"),
 		p(coreDNS, metricsSv, 10250, false, "from-seed is the seed's only"),
 		p(plainPod, metricsSv, 10250, false, "Gardener's deny-all in kube-system"),
-		p(plainPod, world, 8132, false, "Gardener's deny-all in kube-system"),
+		p(plainPod, world, manifest.PortIngressProxy, false, "Gardener's deny-all in kube-system"),
 	}
 	rows := make([]string, 0, len(paths))
 	for _, p := range paths {
@@ -289,8 +278,13 @@ from the one wanted (marked ✗).
 ` + "`" + extNS + "`" + ` with ` + "`gardener.cloud/role=extension`" + `, ` + "`" + shootA + "`" + ` and ` + "`" + shootB + "`" + ` with
 ` + "`gardener.cloud/role=shoot`" + `), the tendril-seed chart rendered with Gardener's chart renderer, per shoot
 extension/manifest's tendril-server Service and pod, Gardener's kube-apiserver Service (apiserverexposure)
-and a kube-apiserver pod with the egress webhook's mutation (shoot A: httpConnect, shoot B: grpc), and a
-Prometheus pod. Gardener's own controllers then write every NetworkPolicy: gardenlet's seed NetworkPolicy
+and a kube-apiserver pod with the egress webhook's mutation (shoot A: httpConnect, shoot B: grpc), a
+Prometheus pod, and Gardener's own reversed VPN beside tendril's, each made by Gardener's component into a
+fake client and read back: the istio ingress gateway's namespace, Service and pod (pkg/component/shared
+NewIstio, as gardenlet's seed reconciler calls it) and per shoot the vpn-seed-server's Service and pod
+(pkg/component/networking/vpn/seedserver; shoot B as the HA pair, vpn-seed-server-0). tendril-ingress relays
+Gardener's CONNECTs to the gateway's unified port (docs/design-notes/gardener-coexistence.md); the gateway
+alone reaches vpn-seed-server. Gardener's own controllers then write every NetworkPolicy: gardenlet's seed NetworkPolicy
 controller (deny-all, allow-to-dns, …) and the resource manager's NetworkPolicy controller (policies derived
 from Services and ` + "`networking.resources.gardener.cloud/*`" + ` annotations). internal/netpoleval judges
 each path by the NetworkPolicy API's semantics: the source's egress and the destination's ingress must both

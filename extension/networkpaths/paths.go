@@ -113,6 +113,8 @@ const (
 	metricsSv = "metrics-server (from-seed)"
 	coreDNS   = "coredns"
 	plainPod  = "kube-system pod without policy labels"
+	// istioGateway is Gardener's istio ingress gateway (IstioIngressGateway).
+	istioGateway = "istio-ingressgateway (Gardener)"
 )
 
 // Shoot is one shoot's control plane in the seed.
@@ -123,6 +125,9 @@ type Shoot struct {
 	Namespace string
 	// Egress is its kube-apiserver's egress mode.
 	Egress tendrilv1alpha1.EgressMode
+	// VPNHighAvailability is whether Gardener runs its own VPN for the shoot as the HA pair
+	// (vpn-seed-server-0/1) rather than the single vpn-seed-server.
+	VPNHighAvailability bool
 }
 
 // KubeAPIServer, Server and Prometheus are the shoot's actors.
@@ -131,6 +136,9 @@ func (s Shoot) KubeAPIServer() string {
 }
 func (s Shoot) Server() string     { return s.Name + " tendril-server" }
 func (s Shoot) Prometheus() string { return s.Name + " prometheus" }
+
+// VPNSeedServer is the shoot's Gardener vpn-seed-server (VPNServiceName).
+func (s Shoot) VPNSeedServer() string { return s.Name + " " + s.VPNServiceName() + " (Gardener)" }
 
 // egress is the tendril-server port the shoot's kube-apiserver uses, and the other one.
 func (s Shoot) egress() (port, other int32, why string) {
@@ -151,8 +159,8 @@ func SeedPaths(a, b Shoot) []Path {
 	bPort, bOther, bWhy := b.egress()
 	return []Path{
 		p(world, ingress, 443, true, "SNI listener"),
-		p(world, ingress, 8443, true, "PROXY listener"),
-		p(world, ingress, 8132, true, "agents' tunnel listener"),
+		p(world, ingress, 8443, true, "unified port (agents, CONNECT, PROXY)"),
+		p(world, ingress, 8132, true, "legacy tunnel listener"),
 		p(seedAPI, seed, 10250, true, "control-plane egress webhook"),
 		p(ingress, seed, 18000, true, "xDS"),
 		p(ingress, a.KubeAPIServer(), manifest.PortKubeAPIServer, true, "SNI/PROXY → shoot "+a.Name+"'s API server"),
@@ -165,6 +173,9 @@ func SeedPaths(a, b Shoot) []Path {
 		p(b.Prometheus(), b.Server(), manifest.PortMetrics, true, "metrics"),
 		p(promSeed, seed, 8080, true, "metrics"),
 		p(promSeed, ingress, 18081, true, "metrics"),
+		p(ingress, istioGateway, vpnGatewayPort, true, "Gardener's CONNECTs relayed to its gateway"),
+		p(istioGateway, a.VPNSeedServer(), vpnPort, true, "Gardener's own VPN, as Gardener runs it"),
+		p(istioGateway, b.VPNSeedServer(), vpnPort, true, "Gardener's own VPN, as Gardener runs it"),
 
 		p(a.KubeAPIServer(), b.Server(), aPort, false, "cross-shoot"),
 		p(a.KubeAPIServer(), b.Server(), aOther, false, "cross-shoot"),
@@ -183,6 +194,9 @@ func SeedPaths(a, b Shoot) []Path {
 		p(world, seed, 18000, false, "xDS is the ingress's only"),
 		p(promSeed, seed, 18000, false, "xDS is the ingress's only"),
 		p(promSeed, a.Server(), manifest.PortMetrics, false, "the shoot's Prometheus scrapes it"),
+		p(ingress, a.VPNSeedServer(), vpnPort, false, "Gardener's VPN is its gateway's only"),
+		p(ingress, b.VPNSeedServer(), vpnPort, false, "Gardener's VPN is its gateway's only"),
+		p(istioGateway, a.Server(), manifest.PortTunnel, false, "tendril's tunnel is tendril-ingress's only"),
 	}
 }
 

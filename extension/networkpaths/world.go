@@ -211,6 +211,9 @@ type WorldOptions struct {
 	SeedAPIServer netip.Addr
 	// Mutate changes each object before it is created (nil: none).
 	Mutate func(client.Object)
+	// IstioNamespace is the namespace of Gardener's istio ingress gateway (default
+	// IstioIngressNamespace).
+	IstioNamespace string
 }
 
 // NewWorld builds in the API server c talks to.
@@ -220,6 +223,9 @@ func NewWorld(c client.Client) *World { return NewWorldWith(c, WorldOptions{}) }
 func NewWorldWith(c client.Client, opts WorldOptions) *World {
 	if !opts.SeedAPIServer.IsValid() {
 		opts.SeedAPIServer = netip.MustParseAddr("10.250.0.10")
+	}
+	if opts.IstioNamespace == "" {
+		opts.IstioNamespace = IstioIngressNamespace
 	}
 	return &World{c: c, actors: map[string]netpoleval.Endpoint{}, namespaces: map[string]*corev1.Namespace{}, pods: map[string]*corev1.Pod{}, opts: opts}
 }
@@ -292,9 +298,14 @@ func (w *World) envtestPod(ctx context.Context, ns, name string, tmpl corev1.Pod
 	// 10.244.0.0/16 (RuntimeNetworks.Pods), 250 addresses per /24.
 	ip := netip.AddrFrom4([4]byte{10, 244, byte(w.nextIP / 250), byte(w.nextIP%250 + 1)})
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: tmpl.Labels, Annotations: tmpl.Annotations}, Spec: *tmpl.Spec.DeepCopy()}
-	// Admission of what envtest lacks (Gardener's PriorityClasses, ServiceAccounts) is no
-	// concern of NetworkPolicies.
-	p.Spec.ServiceAccountName, p.Spec.PriorityClassName = "", ""
+	// Admission of what envtest lacks (Gardener's PriorityClasses, ServiceAccounts and the
+	// token volumes that need one) is no concern of NetworkPolicies.
+	p.Spec.ServiceAccountName, p.Spec.PriorityClassName, p.Spec.Volumes = "", "", nil
+	for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for i := range cs {
+			cs[i].VolumeMounts = nil
+		}
+	}
 	if err := w.Create(ctx, p); err != nil {
 		return nil, err
 	}
@@ -310,7 +321,8 @@ func (w *World) envtestPod(ctx context.Context, ns, name string, tmpl corev1.Pod
 }
 
 // Seed makes the seed's side: garden, the extension namespace extNS with the tendril-seed
-// chart's Services and a pod per Deployment, the seed's Prometheus, the outside actors (the
+// chart's Services and a pod per Deployment, the seed's Prometheus, Gardener's istio ingress
+// gateway (IstioIngressGateway), the outside actors (the
 // internet, the seed API server on the node network) and the seed API server's endpoints
 // gardenlet's allow-to-runtime-apiserver reads.
 func (w *World) Seed(ctx context.Context, scheme *runtime.Scheme, extNS string) error {
@@ -359,6 +371,9 @@ func (w *World) Seed(ctx context.Context, scheme *runtime.Scheme, extNS string) 
 	if err := w.Pod(ctx, promSeed, v1beta1constants.GardenNamespace, "prometheus-seed-0", seedPrometheusPod()); err != nil {
 		return err
 	}
+	if err := w.IstioIngressGateway(ctx, w.opts.IstioNamespace); err != nil {
+		return err
+	}
 	w.actors[world] = netpoleval.External(world, netip.MustParseAddr("203.0.113.10"))
 	w.actors[seedAPI] = netpoleval.External(seedAPI, w.opts.SeedAPIServer)
 	return nil
@@ -366,7 +381,8 @@ func (w *World) Seed(ctx context.Context, scheme *runtime.Scheme, extNS string) 
 
 // Shoot makes a shoot's side, in a namespace labelled as gardenlet labels it: tendril-server's
 // pod from its Deployment's template (its Service is the caller's: extension/manifest's, as the
-// actuator creates it), a kube-apiserver pod as the egress webhook mutates it, a Prometheus.
+// actuator creates it), a kube-apiserver pod as the egress webhook mutates it, a Prometheus,
+// Gardener's vpn-seed-server (VPNSeedServer).
 // Gardener's kube-apiserver Service is DeployKubeAPIServerService's.
 func (w *World) Shoot(ctx context.Context, s Shoot, server corev1.PodTemplateSpec) error {
 	if err := w.Namespace(ctx, s.Namespace, ShootNamespaceLabels()); err != nil {
@@ -382,7 +398,10 @@ func (w *World) Shoot(ctx context.Context, s Shoot, server corev1.PodTemplateSpe
 	if err := w.Pod(ctx, s.KubeAPIServer(), s.Namespace, "kube-apiserver-0", kas.Spec.Template); err != nil {
 		return err
 	}
-	return w.Pod(ctx, s.Prometheus(), s.Namespace, "prometheus-shoot-0", prometheusPod())
+	if err := w.Pod(ctx, s.Prometheus(), s.Namespace, "prometheus-shoot-0", prometheusPod()); err != nil {
+		return err
+	}
+	return w.VPNSeedServer(ctx, s, w.opts.IstioNamespace)
 }
 
 // ShootValues are extension/manifest's values for a shoot's seed objects in a World: only what

@@ -127,6 +127,11 @@ networking.gardener.cloud/to-dns: allowed
 networking.resources.gardener.cloud/to-{{ include "tendril.xdsService" . }}-tcp-{{ .Values.ports.xds }}: allowed
 networking.resources.gardener.cloud/to-all-shoots-kube-apiserver-tcp-443: allowed
 networking.resources.gardener.cloud/to-all-shoots-tendril-server-tcp-1194: allowed
+{{- if .Values.gardenerGateway }}
+{{- /* Gardener's istio ingress gateway admits the extension namespaces (its Service's namespace
+selectors, alias all-istio-ingresses): the relay of Gardener's CONNECTs to its unified port. */}}
+networking.resources.gardener.cloud/to-all-istio-ingresses-istio-ingressgateway-tcp-8443: allowed
+{{- end }}
 {{- end -}}
 
 {{/* The ingress's metrics port: Envoy's stats listener or tendril-ingress's. */}}
