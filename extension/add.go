@@ -95,16 +95,19 @@ func extensionsIn(ctx context.Context, c client.Reader, namespace string) []reco
 	return reqs
 }
 
-// watchHibernation reconciles a shoot when its Cluster's hibernation changes. gardenlet
-// (v1.150, pkg/gardenlet/controller/shoot/shoot/reconciler_reconcile.go) does reconcile
-// BeforeKubeAPIServer extensions while a shoot goes to sleep, once its control plane is down,
-// but then the Cluster still says status.isHibernated=false: gardenlet writes that into the
-// Cluster only after its flow, and no reconcile of the Extension follows. tendril scales down
+// watchHibernation reconciles a shoot when its Cluster's hibernation changes. gardenlet v1.150
+// does reconcile tendril while the shoot goes to sleep, once kube-apiserver is down
+// ("Hibernating extension resources after kube-apiserver hibernation",
+// pkg/gardenlet/controller/shoot/shoot/reconciler_reconcile.go l.899–902), but the Cluster
+// still says status.isHibernated=false then: gardenlet sets it in
+// patchShootStatusOperationSuccess (reconciler.go l.821) and writes it into the Cluster only
+// after the flow (reconciler.go l.137), and asks nothing more of tendril. tendril scales down
 // on IsHibernated (enabled and isHibernated), so that reconcile leaves the tunnel up while the
-// workers drain, and this watch is what scales tendril-server to zero and withdraws the Route
-// once isHibernated arrives (testHibernation drives that order with Gardener's extension
-// component). Only a change of spec.hibernation.enabled or status.isHibernated counts, not
-// every Cluster update gardenlet writes.
+// workers drain, and only this watch scales tendril-server to zero and withdraws the Route
+// once isHibernated arrives. On wake-up the watch is not needed: the Cluster (enabled=false)
+// is written before the flow (reconciler.go l.346) and "Deploying extension resources before
+// kube-apiserver" (reconciler_reconcile.go l.389–391) reconciles tendril. Only a change of
+// spec.hibernation.enabled or status.isHibernated counts, not every Cluster update.
 func watchHibernation(mgr manager.Manager, c controller.Controller) error {
 	changed := predicate.Funcs{
 		CreateFunc: func(event.CreateEvent) bool { return false },

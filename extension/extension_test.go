@@ -1055,16 +1055,19 @@ func mapsEqualBytes(a, b map[string][]byte) bool {
 	return true
 }
 
-// testHibernation takes an awake shoot through hibernation and back as gardenlet v1.150 does
-// (pkg/gardenlet/controller/shoot/shoot/reconciler_reconcile.go): going to sleep, the flow
-// starts with the Cluster saying spec.hibernation.enabled, drains the workers, scales the
-// control plane down and then, in "Hibernating extension resources after kube-apiserver
-// hibernation", deploys the BeforeKubeAPIServer extensions again and waits for them (Gardener's
-// extension component does both here, as in gardenlet); status.isHibernated reaches the Cluster
-// only after the flow. Until then the workers may still be there and kube-apiserver still needs
-// the tunnel: tendril-server must still run and the Route still exist when that reconcile has
-// succeeded (a tendril that scaled down on spec.hibernation.enabled alone fails here). Once the
-// shoot is hibernated both go; both return as soon as wake-up starts.
+// testHibernation takes an awake shoot through hibernation and back in the order gardenlet
+// v1.150 does (pkg/gardenlet/controller/shoot/shoot/reconciler.go, reconciler_reconcile.go),
+// with Gardener's extension component doing gardenlet's steps (deploy with the reconcile
+// operation, then wait until it has been handled). Going to sleep, the Cluster says
+// spec.hibernation.enabled from the start of the flow (reconciler.go l.346), and once
+// kube-apiserver is down "Hibernating extension resources after kube-apiserver hibernation"
+// (reconciler_reconcile.go l.899–902) reconciles tendril while status.isHibernated is still
+// false: the workers may still be draining and kube-apiserver's next start needs the tunnel, so
+// tendril-server, the Route and the agent must stay (a tendril that scaled down on
+// spec.hibernation.enabled alone fails here). isHibernated reaches the Cluster after the flow
+// (reconciler.go l.821, l.137); then the seed side goes. Waking, the Cluster says
+// enabled=false before the flow, and tendril must be back when "Deploying extension resources
+// before kube-apiserver" (reconciler_reconcile.go l.389–391) has been handled.
 func testHibernation(t *testing.T, c client.Client) {
 	ctx := context.Background()
 	ns := "shoot--local--eta"
@@ -1074,9 +1077,48 @@ func testHibernation(t *testing.T, c client.Client) {
 	must(t, c.Create(ctx, ext))
 	waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
 	waitSeedSide(t, c, ns, 1, true)
+	shootSide := managedResourceData(t, c, managedResource(t, c, ns))
+	agentsAwake := agentReplicas(t, c, ns)
+	if len(agentsAwake) == 0 {
+		t.Fatalf("no %s Deployment in the shoot's ManagedResource", manifest.AgentName)
+	}
 
+	// Going to sleep, in the flow: workers draining, kube-apiserver scaled down.
 	setHibernation(t, c, ns, true, false)
-	gardenletExtensions := gardenerextension.New(testr.New(t), c, &gardenerextension.Values{
+	gardenletStep(t, c, ns, "hibernating extension resources after kube-apiserver hibernation")
+	// No wait: the reconcile gardenlet waited for has run, and what it left is what counts.
+	if err := seedSide(ctx, c, ns, 1, true); err != nil {
+		t.Fatalf("after gardenlet's reconcile while the shoot goes to sleep (workers may still run): %v", err)
+	}
+	if got := agentReplicas(t, c, ns); !maps.Equal(got, agentsAwake) {
+		t.Fatalf("after gardenlet's reconcile while the shoot goes to sleep: agents %v, want %v", got, agentsAwake)
+	}
+	if got := managedResourceData(t, c, managedResource(t, c, ns)); got != shootSide {
+		t.Fatalf("after gardenlet's reconcile while the shoot goes to sleep the shoot's ManagedResource changed:\n%s\nwant:\n%s", got, shootSide)
+	}
+	// After the flow: the Cluster says isHibernated, and nothing but the Cluster watch follows.
+	setHibernation(t, c, ns, true, true)
+	waitSeedSide(t, c, ns, 0, false)
+
+	// Wake-up: the Cluster first, then gardenlet's step before kube-apiserver.
+	setHibernation(t, c, ns, false, true)
+	gardenletStep(t, c, ns, "deploying extension resources before kube-apiserver")
+	if err := seedSide(ctx, c, ns, 1, true); err != nil {
+		t.Fatalf("waking up, when gardenlet would deploy kube-apiserver: %v", err)
+	}
+	setHibernation(t, c, ns, false, false)
+	waitSeedSide(t, c, ns, 1, true)
+}
+
+// gardenletStep does what gardenlet's DeployExtensionsBeforeKubeAPIServer task and the wait
+// after it do for tendril: it asks for a reconcile (operation and timestamp annotations) and
+// waits until the Extension has handled it (Gardener's CheckExtensionObject: annotation gone,
+// observed generation current, lastOperation Succeeded no earlier than the timestamp), then
+// checks that itself, so what the caller asserts next is what that reconcile left.
+func gardenletStep(t *testing.T, c client.Client, ns, step string) {
+	t.Helper()
+	ctx := context.Background()
+	ext := gardenerextension.New(testr.New(t), c, &gardenerextension.Values{
 		Namespace: ns,
 		Extensions: map[string]gardenerextension.Extension{extension.Type: {
 			Extension: *newExtension(ns, ""),
@@ -1084,27 +1126,61 @@ func testHibernation(t *testing.T, c client.Client) {
 			Lifecycle: &gardencorev1beta1.ControllerResourceLifecycle{Reconcile: ptr.To(gardencorev1beta1.BeforeKubeAPIServer)},
 		}},
 	}, 100*time.Millisecond, 30*time.Second, time.Minute)
-	must(t, gardenletExtensions.DeployBeforeKubeAPIServer(ctx))
-	must(t, gardenletExtensions.WaitBeforeKubeAPIServer(ctx))
-	// No wait: the reconcile gardenlet waited for has run, and what it left is what counts.
-	if err := seedSide(ctx, c, ns, 1, true); err != nil {
-		t.Fatalf("after gardenlet's reconcile while the shoot goes to sleep (workers may still run): %v", err)
-	}
-	setHibernation(t, c, ns, true, true)
-	waitSeedSide(t, c, ns, 0, false)
+	afterLastOperation(t, c, client.ObjectKey{Namespace: ns, Name: "tendril"})
+	must(t, ext.DeployBeforeKubeAPIServer(ctx))
+	must(t, ext.WaitBeforeKubeAPIServer(ctx))
 
-	// Wake-up: spec first; tendril comes back before kube-apiserver does.
-	setHibernation(t, c, ns, false, true)
-	waitSeedSide(t, c, ns, 1, true)
-	setHibernation(t, c, ns, false, false)
-	waitSeedSide(t, c, ns, 1, true)
+	op, e, err := lastOp(c, client.ObjectKey{Namespace: ns, Name: "tendril"})
+	must(t, err)
+	asked, err := time.Parse(time.RFC3339Nano, e.Annotations[v1beta1constants.GardenerTimestamp])
+	if err != nil {
+		t.Fatalf("%s: %s annotation: %v", step, v1beta1constants.GardenerTimestamp, err)
+	}
+	if pending := e.Annotations[v1beta1constants.GardenerOperation]; pending != "" {
+		t.Fatalf("%s: operation %q not handled", step, pending)
+	}
+	if op.Type != gardencorev1beta1.LastOperationTypeReconcile || op.State != gardencorev1beta1.LastOperationStateSucceeded ||
+		op.LastUpdateTime.Time.Before(asked.Truncate(time.Second)) || e.Status.ObservedGeneration != e.Generation {
+		t.Fatalf("%s: lastOperation %s %s at %s (asked at %s), observed generation %d/%d",
+			step, op.Type, op.State, op.LastUpdateTime, asked, e.Status.ObservedGeneration, e.Generation)
+	}
+}
+
+// afterLastOperation waits until the second after the Extension's last lastOperation update
+// and returns it. lastOperation and gardener.cloud/timestamp are compared in whole seconds, so
+// only a reconcile that ends after what the caller does next can then look newer than that.
+func afterLastOperation(t *testing.T, c client.Client, key client.ObjectKey) time.Time {
+	t.Helper()
+	op, _, err := lastOp(c, key)
+	must(t, err)
+	next := op.LastUpdateTime.Truncate(time.Second).Add(time.Second)
+	time.Sleep(time.Until(next))
+	return next
+}
+
+// agentReplicas maps each tendril-agent Deployment in the shoot's ManagedResource to its replicas.
+func agentReplicas(t *testing.T, c client.Client, ns string) map[string]int32 {
+	t.Helper()
+	objs, err := managedresources.GetObjects(context.Background(), c, ns, manifest.ManagedResourceName)
+	must(t, err)
+	agents := map[string]int32{}
+	for _, o := range objs {
+		if d, ok := o.(*appsv1.Deployment); ok && strings.HasPrefix(d.Name, manifest.AgentName) {
+			agents[d.Name] = ptr.Deref(d.Spec.Replicas, 1)
+		}
+	}
+	return agents
 }
 
 // setHibernation writes the shoot's spec.hibernation.enabled and status.isHibernated into
-// its Cluster.
+// its Cluster, as gardenlet's Cluster sync does, and waits until the reconcile tendril's Cluster
+// watch starts for it has succeeded, so that no reconcile is still running when the test goes
+// on (a gardenletStep after it then sees its own reconcile's end, not that one's).
 func setHibernation(t *testing.T, c client.Client, ns string, enabled, hibernated bool) {
 	t.Helper()
 	ctx := context.Background()
+	key := client.ObjectKey{Namespace: ns, Name: "tendril"}
+	changed := afterLastOperation(t, c, key)
 	cluster := &extensionsv1alpha1.Cluster{}
 	must(t, c.Get(ctx, client.ObjectKey{Name: ns}, cluster))
 	var sh gardencorev1beta1.Shoot
@@ -1116,6 +1192,7 @@ func setHibernation(t *testing.T, c client.Client, ns string, enabled, hibernate
 	patch := client.MergeFrom(cluster.DeepCopy())
 	cluster.Spec.Shoot.Raw = raw
 	must(t, c.Patch(ctx, cluster, patch))
+	waitSucceeded(t, c, key, changed)
 }
 
 // waitSeedSide waits until tendril-server has replicas and the Route exists or not.
