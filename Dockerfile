@@ -4,7 +4,7 @@
 # /tendril-seed, the OCI labels source, revision and version. The digests differ (Docker records
 # its own history and timestamps); the files and the config's user, entrypoint and labels do not.
 #
-#   docker build --build-arg VERSION=v0.1.0 --build-arg REVISION=$(git rev-parse HEAD) -t tendril .
+#   docker build --build-arg VERSION=v0.1.0 --build-arg REVISION=$(make -s print-revision) -t tendril .
 
 ARG GO_VERSION=1.26.8
 

@@ -7,23 +7,27 @@ BENCH_ARGS ?=
 SEED_ARGS ?=
 CONTROLLER_GEN_VERSION ?= v0.23.0
 
-# What every binary's --version and the image's labels say. The version is the chart's
-# appVersion; the revision is the commit, marked -dirty when tracked files differ from it.
-VERSION  ?= v$(shell sed -n 's/^appVersion: "\(.*\)"$$/\1/p' charts/tendril-seed/Chart.yaml)
-REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
-# The image's timestamps: the commit's time, so that the same commit gives the same digest.
-SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
-IMAGE_REPO ?= ghcr.io/tendril-net/tendril
 # What the seed and the shoots run; tendril-local (make run) and tendril-bench are developer
 # tools and would add 188 MB (78 MB compressed) that every shoot node pulls for its agent.
 IMAGE_BINARIES ?= tendril-agent tendril-egress-relay tendril-ingress tendril-seed tendril-server
+# What every binary's --version and the image's labels say. The version is the chart's
+# appVersion. The revision is not the commit but a digest of the image binaries' sources
+# (hack/image revision.go): the chart pins the image's digest (make image-pin), and a commit
+# inside the image would change with the commit that writes the pin.
+VERSION  ?= v$(shell sed -n 's/^appVersion: "\(.*\)"$$/\1/p' charts/tendril-seed/Chart.yaml)
+REVISION ?= $(shell CGO_ENABLED=0 $(GO) run ./hack/image revision $(addprefix ./cmd/,$(IMAGE_BINARIES)))
+# The image's timestamps: none (1970), so that the digest depends on the binaries alone.
+SOURCE_DATE_EPOCH ?= 0
+IMAGE_REPO ?= ghcr.io/tendril-net/tendril
+# Where make image writes the OCI layout, the docker load tarball and the digest.
+IMAGE_OUT ?= bin/image
 BUILDINFO := github.com/tendril-net/tendril/internal/buildinfo
 # Reproducible binaries: no file system paths (-trimpath), no VCS stamp that a checkout without
 # .git (a Docker build context) would lack (-buildvcs=false; the revision comes in by -X).
 # hack/image/image_test.go and the Dockerfile build with the same flags.
 GO_BUILD_FLAGS = -trimpath -buildvcs=false -ldflags "-X $(BUILDINFO).Version=$(VERSION) -X $(BUILDINFO).Revision=$(REVISION)"
 
-.PHONY: help build image image-pin test vet fuzz bench run seed clean generate testbin seedbin
+.PHONY: help build image image-pin print-revision chart test vet fuzz bench run seed clean generate testbin seedbin
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -34,11 +38,21 @@ build: ## Build every binary into bin/ (static: no cgo, which also keeps libc ou
 	CGO_ENABLED=0 $(GO) build $(GO_BUILD_FLAGS) -o $(BIN)/ ./cmd/...
 
 image: build ## Build the OCI image of bin/ without a Docker engine: bin/image/oci (OCI layout), bin/image/tendril.tar (docker load); prints its digest.
-	$(GO) run ./hack/image --out bin/image --repository $(IMAGE_REPO) --version $(VERSION) --revision $(REVISION) \
-		--source-date-epoch $(SOURCE_DATE_EPOCH) $(addprefix bin/,$(IMAGE_BINARIES))
+	$(GO) run ./hack/image --out $(IMAGE_OUT) --repository $(IMAGE_REPO) --version $(VERSION) --revision $(REVISION) \
+		--source-date-epoch $(SOURCE_DATE_EPOCH) $(addprefix $(BIN)/,$(IMAGE_BINARIES))
 
-image-pin: image ## Pin the chart (and controller-registration.yaml) to the digest make image printed.
-	sed -i "s/^imageDigest: .*/imageDigest: $$(cat bin/image/digest)/" charts/tendril-seed/values.yaml
+# Where make chart writes the seed chart's OCI layout and digest.
+CHART_OUT  ?= bin/chart
+CHART_REPO ?= ghcr.io/tendril-net/charts/tendril-seed
+
+chart: ## Build the seed chart's Helm OCI artifact that charts/extension.yaml references: bin/chart/oci (OCI layout; push it unchanged, e.g. crane push bin/chart/oci $(CHART_REPO):<version>), bin/chart/digest; prints <repository>:<version>@<digest>.
+	$(GO) run ./hack/chart --out $(CHART_OUT) --repository $(CHART_REPO)
+
+print-revision: ## Print the source revision the binaries and the image carry.
+	@echo $(REVISION)
+
+image-pin: image ## Pin the chart (and the registration files) to the digest make image printed: after every change to the image's sources (hack/image TestChartPinsTheImage fails until then).
+	sed -i "s/^imageDigest: .*/imageDigest: $$(cat $(IMAGE_OUT)/digest)/" charts/tendril-seed/values.yaml
 	$(GO) test ./charts -update
 
 vet: ## go vet and gofmt.

@@ -1,7 +1,9 @@
 // Package charts embeds tendril's Helm charts: tendril-seed, the seed-level deployment of the
 // extension (tendril-seed and the shared ingress with tendril-ingress or Envoy), which gardenlet
-// installs from a ControllerDeployment. Per-shoot objects are not charts: extension/manifest
-// builds them.
+// installs from a ControllerDeployment. It packs the chart as the Helm OCI artifact that
+// extension.yaml references by digest (OCIArtifact); it does not push it anywhere (hack/chart
+// writes it as an OCI layout, realseed pushes it to its registry). Per-shoot objects are not
+// charts: extension/manifest builds them.
 package charts
 
 import (
@@ -23,8 +25,9 @@ const SeedChart = "tendril-seed"
 var FS embed.FS
 
 // Archive packs the chart in dir of FS as Helm does (a gzip'ed tar whose entries sit under the
-// chart's directory), for a ControllerDeployment's helm.rawChart. The archive depends only on
-// the files: entries are in lexical order with zero times and fixed modes.
+// chart's directory): the layer of the chart's OCI artifact. The archive depends only on the
+// files (and the Go release's compress/flate): entries are in lexical order with zero times and
+// fixed modes.
 func Archive(dir string) ([]byte, error) {
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)

@@ -42,7 +42,7 @@ import (
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/ and controller-registration.yaml")
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/, extension.yaml and controller-registration.yaml")
 
 const namespace = "extension-tendril-abcde"
 

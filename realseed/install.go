@@ -3,8 +3,6 @@ package realseed
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -40,20 +38,12 @@ import (
 	"k8s.io/apimachinery/pkg/version"
 	podsecurityadmissionapi "k8s.io/pod-security-admission/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tendril-net/tendril/charts"
 	"github.com/tendril-net/tendril/extension/networkpaths"
 	"github.com/tendril-net/tendril/internal/kubeenv"
 	"github.com/tendril-net/tendril/internal/procgroup"
 	"github.com/tendril-net/tendril/internal/shootgrm"
-)
-
-// The Helm chart as an OCI artifact (helm.sh/docs/topics/registries: the media types Helm
-// pushes and Gardener's HelmRegistry pulls).
-const (
-	helmConfigMediaType = "application/vnd.cncf.helm.config.v1+json"
-	helmChartMediaType  = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
 )
 
 // SeedName is the Seed the real seed is, in the values gardenlet mixes in.
@@ -157,11 +147,7 @@ func (c *Cluster) InstallTendril(ctx context.Context, rel Release) (*Installatio
 	if inst.Image, err = c.Push(img, "tendril", "latest"); err != nil {
 		return nil, err
 	}
-	archive, err := charts.Archive(charts.SeedChart)
-	if err != nil {
-		return nil, err
-	}
-	if inst.Chart, err = c.pushChart(archive); err != nil {
+	if inst.Chart, err = c.pushChart(); err != nil {
 		return nil, err
 	}
 	// What gardenlet does with a ControllerDeployment whose helm.ociRepository names the chart.
@@ -275,47 +261,26 @@ func layoutImage(dir string) (v1.Image, error) {
 	return idx.Image(m.Manifests[0].Digest)
 }
 
-// pushChart pushes the chart archive as a Helm OCI artifact (config: Chart.yaml as JSON) and
-// returns its reference by digest.
-func (c *Cluster) pushChart(archive []byte) (string, error) {
-	meta, err := charts.FS.ReadFile(charts.SeedChart + "/Chart.yaml")
+// pushChart pushes the seed chart as its Helm OCI artifact (charts.OCIArtifact: the blobs and
+// manifest bytes make chart writes) and returns its reference by digest.
+func (c *Cluster) pushChart() (string, error) {
+	a, err := charts.OCIArtifact(charts.SeedChart)
 	if err != nil {
 		return "", err
 	}
-	var chart struct {
-		Name    string `json:"name"`
-		Version string `json:"version"`
-	}
-	cfgJSON, err := yaml.YAMLToJSON(meta)
+	repo, err := name.NewRepository(c.Registry+"/charts/"+a.Name, name.Insecure)
 	if err != nil {
 		return "", err
 	}
-	if err := json.Unmarshal(cfgJSON, &chart); err != nil {
-		return "", err
-	}
-	repo, err := name.NewRepository(c.Registry+"/charts/"+chart.Name, name.Insecure)
-	if err != nil {
-		return "", err
-	}
-	cfgLayer := static.NewLayer(cfgJSON, helmConfigMediaType)
-	chartLayer := static.NewLayer(archive, helmChartMediaType)
-	for _, l := range []v1.Layer{cfgLayer, chartLayer} {
+	for _, l := range []v1.Layer{static.NewLayer(a.Config, charts.HelmConfigMediaType), static.NewLayer(a.Chart, charts.HelmChartMediaType)} {
 		if err := remote.WriteLayer(repo, l); err != nil {
 			return "", fmt.Errorf("push the chart to the local registry: %w", err)
 		}
 	}
-	desc := func(b []byte, mt string) v1.Descriptor {
-		return v1.Descriptor{MediaType: types.MediaType(mt), Size: int64(len(b)), Digest: v1.Hash{Algorithm: "sha256", Hex: fmt.Sprintf("%x", sha256.Sum256(b))}}
-	}
-	manifest, err := json.Marshal(v1.Manifest{SchemaVersion: 2, MediaType: types.OCIManifestSchema1,
-		Config: desc(cfgJSON, helmConfigMediaType), Layers: []v1.Descriptor{desc(archive, helmChartMediaType)}})
-	if err != nil {
-		return "", err
-	}
-	if err := remote.Put(repo.Tag(chart.Version), rawManifest(manifest)); err != nil {
+	if err := remote.Put(repo.Tag(a.Version), rawManifest(a.Manifest)); err != nil {
 		return "", fmt.Errorf("push the chart's manifest: %w", err)
 	}
-	return repo.Name() + "@" + desc(manifest, "").Digest.String(), nil
+	return repo.Name() + "@" + a.Digest, nil
 }
 
 // rawManifest is a manifest pushed as its bytes.

@@ -6,6 +6,11 @@
 //
 // It writes OUT/oci (an OCI image layout), OUT/tendril.tar (for docker load) and OUT/digest (the
 // manifest's digest, which it also prints). The Dockerfile builds the same image with Docker.
+//
+//	go run ./hack/image revision ./cmd/tendril-agent ./cmd/tendril-seed …
+//
+// prints the source revision of those packages (sourceRevision), which make passes to the
+// binaries and the image instead of the commit, so that the chart can pin the image's digest.
 package main
 
 import (
@@ -32,6 +37,14 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "revision" {
+		rev, err := sourceRevision("", args[1:])
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(stdout, rev)
+		return err
+	}
 	var cfg ociimage.Config
 	var out, repo, epoch string
 	fs := flag.NewFlagSet("image", flag.ContinueOnError)
@@ -39,10 +52,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&out, "out", "bin/image", "output directory: oci/ (OCI layout), tendril.tar (docker load), digest")
 	fs.StringVar(&repo, "repository", "ghcr.io/tendril-net/tendril", "the image's repository; its tag is --version")
 	fs.StringVar(&cfg.Version, "version", "", "label org.opencontainers.image.version and the tag (required)")
-	fs.StringVar(&cfg.Revision, "revision", "", "label org.opencontainers.image.revision: the commit (required)")
+	fs.StringVar(&cfg.Revision, "revision", "", "label org.opencontainers.image.revision: the source revision (required; make image: go run ./hack/image revision)")
 	fs.StringVar(&cfg.Source, "source", ociimage.DefaultSource, "label org.opencontainers.image.source")
 	fs.StringVar(&cfg.Entrypoint, "entrypoint", "tendril-seed", "the binary that runs when no command is given (empty: none)")
-	fs.StringVar(&epoch, "source-date-epoch", os.Getenv("SOURCE_DATE_EPOCH"), "every timestamp of the image, in seconds since 1970 (default $SOURCE_DATE_EPOCH; make image: the commit's time)")
+	fs.StringVar(&epoch, "source-date-epoch", os.Getenv("SOURCE_DATE_EPOCH"), "every timestamp of the image, in seconds since 1970 (default $SOURCE_DATE_EPOCH; make image: 0, so that the digest depends on the binaries alone)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

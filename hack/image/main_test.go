@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/tendril-net/tendril/internal/testoci"
 )
 
 const (
@@ -94,32 +96,7 @@ func TestImage(t *testing.T) {
 	layoutDir := filepath.Join(outs[0], "oci")
 
 	// The layout: oci-layout, index.json naming the manifest, blobs addressed by their sha256.
-	var marker struct {
-		Version string `json:"imageLayoutVersion"`
-	}
-	readJSON(t, filepath.Join(layoutDir, "oci-layout"), &marker)
-	if marker.Version != "1.0.0" {
-		t.Errorf("oci-layout version %q", marker.Version)
-	}
-	var index struct {
-		Manifests []descriptor `json:"manifests"`
-	}
-	readJSON(t, filepath.Join(layoutDir, "index.json"), &index)
-	if len(index.Manifests) != 1 {
-		t.Fatalf("index.json: %d manifests", len(index.Manifests))
-	}
-	md := index.Manifests[0]
-	if md.Digest != digests[0] || md.MediaType != "application/vnd.oci.image.manifest.v1+json" ||
-		md.Annotations["org.opencontainers.image.ref.name"] != version {
-		t.Errorf("index.json manifest %+v", md)
-	}
-	var manifest struct {
-		Config descriptor   `json:"config"`
-		Layers []descriptor `json:"layers"`
-	}
-	if err := json.Unmarshal(blob(t, layoutDir, md), &manifest); err != nil {
-		t.Fatal(err)
-	}
+	manifest := testoci.ReadLayout(t, layoutDir, digests[0], version)
 	if manifest.Config.MediaType != "application/vnd.oci.image.config.v1+json" || len(manifest.Layers) != 1 ||
 		manifest.Layers[0].MediaType != "application/vnd.oci.image.layer.v1.tar+gzip" {
 		t.Fatalf("manifest %+v", manifest)
@@ -138,7 +115,7 @@ func TestImage(t *testing.T) {
 			DiffIDs []string `json:"diff_ids"`
 		} `json:"rootfs"`
 	}
-	if err := json.Unmarshal(blob(t, layoutDir, manifest.Config), &config); err != nil {
+	if err := json.Unmarshal(testoci.Blob(t, layoutDir, manifest.Config), &config); err != nil {
 		t.Fatal(err)
 	}
 	c := config.Config
@@ -160,7 +137,7 @@ func TestImage(t *testing.T) {
 
 	// Unpack the layer as a container runtime would, checking its diff_id on the way.
 	root := t.TempDir()
-	zr, err := gzip.NewReader(bytes.NewReader(blob(t, layoutDir, manifest.Layers[0])))
+	zr, err := gzip.NewReader(bytes.NewReader(testoci.Blob(t, layoutDir, manifest.Layers[0])))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,42 +207,6 @@ func checkVersion(t *testing.T, cmd *exec.Cmd, name string) {
 	}
 	if want := name + " " + version + " (revision " + revision + ", go"; !strings.HasPrefix(string(b), want) {
 		t.Errorf("%s --version printed %q, want %q…", name, b, want)
-	}
-}
-
-type descriptor struct {
-	MediaType   string            `json:"mediaType"`
-	Digest      string            `json:"digest"`
-	Size        int64             `json:"size"`
-	Annotations map[string]string `json:"annotations"`
-}
-
-// blob reads a descriptor's blob from the layout and checks its size and digest.
-func blob(t *testing.T, layoutDir string, d descriptor) []byte {
-	t.Helper()
-	algo, hexDigest, ok := strings.Cut(d.Digest, ":")
-	if !ok || algo != "sha256" {
-		t.Fatalf("digest %q", d.Digest)
-	}
-	b, err := os.ReadFile(filepath.Join(layoutDir, "blobs", algo, hexDigest))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(b)
-	if int64(len(b)) != d.Size || hex.EncodeToString(sum[:]) != hexDigest {
-		t.Fatalf("blob %s: %d bytes, sha256 %x", d.Digest, len(b), sum)
-	}
-	return b
-}
-
-func readJSON(t *testing.T, path string, v any) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, v); err != nil {
-		t.Fatalf("%s: %v", path, err)
 	}
 }
 

@@ -73,7 +73,7 @@ func list(t *testing.T, patterns ...string) []pkg {
 
 // fixtures are tendril's test fixtures, which import testing (testpki is not one: it makes the
 // certificates of local runs too).
-var fixtures = []string{"internal/kubetest", "internal/metrictest", "internal/testnet", "internal/testwait", "server/servertest"}
+var fixtures = []string{"internal/kubetest", "internal/metrictest", "internal/testnet", "internal/testoci", "internal/testwait", "server/servertest"}
 
 // TestBinariesLinkNoTestFixtures: no shipped binary (cmd/...) reaches a test fixture. tendril-local
 // (make run) takes its kube-apiserver's binaries and CRDs from internal/kubeenv, not kubetest.
