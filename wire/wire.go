@@ -51,3 +51,11 @@ func decimal(n int) string {
 		}
 	}
 }
+
+// TendrilServerReplicaWireName is the destination, and the ingress's cluster, of one replica of
+// shoot ns's tendril-server (an HA shoot's StatefulSet pod of that hostname, tendril-server-0):
+// the pod's DNS name under the tendril-server Service, so that an agent can keep a tunnel to
+// every replica.
+func TendrilServerReplicaWireName(ns, hostname string) string {
+	return "outbound|1194||" + hostname + ".tendril-server." + ns + ".svc.cluster.local"
+}

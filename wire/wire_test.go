@@ -109,7 +109,10 @@ func FuzzIngressGuardWithinGardenersGrammar(f *testing.F) {
 	guard := regexp.MustCompile(translate.ProxyDestinationRegex)
 	relay := regexp.MustCompile(translate.GardenerGatewayRegex)
 	tendril := regexp.MustCompile(translate.TunnelDestinationRegex)
+	// An HA shoot's server replicas, by their pod names under the tendril-server Service.
+	replica := regexp.MustCompile(`^outbound\|1194\|\|tendril-server-[0-9]\.tendril-server\.[a-z0-9]([-a-z0-9]*[a-z0-9])?\.svc\.cluster\.local$`)
 	for _, s := range []string{wire.APIServerWireName("shoot--a--b"), wire.TendrilServerWireName("x"), wire.GardenerVPNWireName("x", 3),
+		wire.TendrilServerReplicaWireName("shoot--a--b", "tendril-server-1"),
 		"outbound|443||kube-apiserver.a-.svc.cluster.local", "shoot--a--b--kube-apiserver-socket"} {
 		f.Add(s)
 	}
@@ -120,8 +123,8 @@ func FuzzIngressGuardWithinGardenersGrammar(f *testing.F) {
 		if relay.MatchString(v) && guard.MatchString(v) {
 			t.Errorf("%q is both relayed and routed", v)
 		}
-		if guard.MatchString(v) && !re.MatchString(v) && !tendril.MatchString(v) {
-			t.Errorf("tendril's ingress admits %q, which is neither in Gardener's grammar nor tendril's tunnel name", v)
+		if guard.MatchString(v) && !re.MatchString(v) && !tendril.MatchString(v) && !replica.MatchString(v) {
+			t.Errorf("tendril's ingress admits %q, which is neither in Gardener's grammar nor one of tendril's tunnel names", v)
 		}
 	})
 }

@@ -76,6 +76,9 @@ type Config struct {
 	Log logr.Logger
 	// Registry receives the metrics. If nil, they are not registered.
 	Registry prometheus.Registerer
+	// NoProcessMetrics leaves out the metrics that are the process's, not the tunnel's (the
+	// relay's buffers): a Set's agents after the first, which share the process.
+	NoProcessMetrics bool
 }
 
 // Agent keeps one tunnel to the seed.
@@ -170,11 +173,13 @@ func New(cfg Config) (*Agent, error) {
 				return time.Since(last).Seconds()
 			}
 			return -1
-		}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tendril_agent_vpn_relay_buffers",
-			Help: "128 KiB copy buffers the agent's connections into the shoot hold now: one per direction moving bytes or blocked writing them; an idle connection holds none.",
-		}, func() float64 { return float64(relay.BuffersHeld()) }),
-			stackmetrics.New("tendril_agent_vpn", len(cfg.ShootCIDRs) > 0, t.StackStats))
+		}), stackmetrics.New("tendril_agent_vpn", len(cfg.ShootCIDRs) > 0, t.StackStats))
+		if !cfg.NoProcessMetrics {
+			cfg.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "tendril_agent_vpn_relay_buffers",
+				Help: "128 KiB copy buffers the agent's connections into the shoot hold now: one per direction moving bytes or blocked writing them; an idle connection holds none.",
+			}, func() float64 { return float64(relay.BuffersHeld()) }))
+		}
 	}
 	return a, nil
 }

@@ -124,22 +124,8 @@ func TestThroughIngress(t *testing.T) {
 	wgr.Add(1)
 	go func() { defer wgr.Done(); _ = a.Run(ctx) }()
 
-	roundTrip := func() error {
-		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
-		defer dcancel()
-		c, err := srv.Tunnel().DialContext(dctx, "tcp", netip.AddrPortFrom(agentAddr, 7).String()) // srv: the current server
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		fmt.Fprintln(c, "ping")
-		l, err := bufio.NewReader(c).ReadString('\n')
-		if err != nil || l != "ping\n" {
-			return fmt.Errorf("echo %q, %v", l, err)
-		}
-		return nil
-	}
+	// srv: the current server.
+	roundTrip := func() error { return pingThrough(ctx, srv, netip.AddrPortFrom(agentAddr, 7)) }
 	eventually(t, "the first round trip", roundTrip)
 	if ok, why := a.Ready(); !ok {
 		t.Errorf("agent not ready with a working tunnel: %s", why)
@@ -172,6 +158,24 @@ func TestThroughIngress(t *testing.T) {
 
 // eventually polls f for up to 20 s: room for a failover or a dead path (5 s of silence) under
 // -race on a loaded machine; no test asserts how fast.
+// pingThrough dials echo through srv's tunnel and checks that a line comes back.
+func pingThrough(ctx context.Context, srv *seedserver.Server, echo netip.AddrPort) error {
+	dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+	defer dcancel()
+	c, err := srv.Tunnel().DialContext(dctx, "tcp", echo.String())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintln(c, "ping")
+	l, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || l != "ping\n" {
+		return fmt.Errorf("echo %q, %v", l, err)
+	}
+	return nil
+}
+
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)

@@ -115,8 +115,11 @@ func runSysctl(args []string) error {
 type VPNConfig struct {
 	// Listeners are the sockets this process inherited (nil: none): a listener whose address
 	// is among them is that socket.
-	Listeners      *inherit.Listeners
-	VPN            vpn.Config
+	Listeners *inherit.Listeners
+	VPN       vpn.Config
+	// Destinations are the CONNECT destinations, one tunnel to each (vpn.Set); none: the one
+	// a Direct agent needs no name for.
+	Destinations   []string
 	PrivateKeyFile string
 	ServerKey      string
 	MetricsAddress string
@@ -148,7 +151,10 @@ func parseVPN(args []string) (VPNConfig, error) {
 	fs.StringVar(&cfg.VPN.Seed, "seed", "", "the ingress's tunnel listener (host:8132), or with --direct the server's tunnel port")
 	fs.BoolVar(&cfg.VPN.Direct, "direct", false, "dial the server directly, without CONNECT")
 	fs.StringVar(&cfg.VPN.Header, "header", wire.ReversedVPNHeader, "CONNECT header naming the destination (Reversed-VPN on 8132, X-Gardener-Destination on 8443)")
-	fs.StringVar(&cfg.VPN.Destination, "destination", "", "CONNECT destination: outbound|1194||tendril-server.<namespace>.svc.cluster.local")
+	fs.Func("destination", "CONNECT destination: outbound|1194||tendril-server.<namespace>.svc.cluster.local; comma-separated, one tunnel to each (an HA shoot's server replicas: outbound|1194||tendril-server-N.tendril-server.<namespace>.svc.cluster.local)", func(v string) error {
+		cfg.Destinations = strings.Split(v, ",")
+		return nil
+	})
 	fs.StringVar(&cfg.VPN.TUN, "tun", "", "create a TUN device of this name and carry the tunnel's connections with the kernel's TCP/IP stack: TCP into --shoot-cidrs is redirected to the agent, which dials it, UDP (DNS) forwarded by the kernel, masqueraded (needs NET_ADMIN, /dev/net/tun and a writable net.ipv4.ip_forward); empty: gVisor's userspace TCP/IP stack, unprivileged")
 	fs.DurationVar(&cfg.VPN.HeartbeatInterval, "heartbeat-interval", time.Second, "how often to send a heartbeat through the tunnel (the server echoes it)")
 	fs.DurationVar(&cfg.VPN.PathTimeout, "path-timeout", 5*time.Second, "end the stream and dial again when heartbeats go unanswered this long")
@@ -181,7 +187,11 @@ func RunVPN(ctx context.Context, cfg VPNConfig) error {
 	}
 	reg := probe.NewRegistry()
 	cfg.VPN.Registry = reg
-	agent, err := vpn.New(cfg.VPN)
+	dests := cfg.Destinations
+	if len(dests) == 0 {
+		dests = []string{cfg.VPN.Destination}
+	}
+	agent, err := vpn.NewSet(cfg.VPN, dests)
 	if err != nil {
 		return err
 	}

@@ -489,7 +489,7 @@ func (s *Source) build(ctx context.Context, r *route) error {
 		return nil
 	}
 	var problems []string
-	eps, problem, err := s.endpoints(ctx, r.obj.Namespace, spec.APIServer)
+	eps, _, problem, err := s.endpoints(ctx, r.obj.Namespace, spec.APIServer)
 	if err != nil {
 		return err
 	}
@@ -498,11 +498,11 @@ func (s *Source) build(ctx context.Context, r *route) error {
 		problems = append(problems, problem)
 	}
 	if spec.TunnelServer != nil {
-		eps, problem, err := s.endpoints(ctx, r.obj.Namespace, *spec.TunnelServer)
+		eps, replicas, problem, err := s.endpoints(ctx, r.obj.Namespace, *spec.TunnelServer)
 		if err != nil {
 			return err
 		}
-		sh.VPNServers = eps
+		sh.VPNServers, sh.VPNReplicas = eps, replicas
 		if problem != "" {
 			problems = append(problems, problem)
 		}
@@ -514,20 +514,22 @@ func (s *Source) build(ctx context.Context, r *route) error {
 	return nil
 }
 
-// endpoints resolves a Service port to the ready endpoints of its EndpointSlices. The endpoint
-// port is the slice port with the Service port's name, as kube-proxy matches them. A problem
-// (no Service, no such port, nothing ready) is returned as a sentence for the condition.
-func (s *Source) endpoints(ctx context.Context, ns string, ref tendrilv1alpha1.ServiceReference) ([]netip.AddrPort, string, error) {
+// endpoints resolves a Service port to the ready endpoints of its EndpointSlices, and those of
+// them that have a hostname (a StatefulSet's pods under the Service they name as theirs) as
+// replicas. The endpoint port is the slice port with the Service port's name, as kube-proxy
+// matches them. A problem (no Service, no such port, nothing ready) is returned as a sentence for
+// the condition.
+func (s *Source) endpoints(ctx context.Context, ns string, ref tendrilv1alpha1.ServiceReference) ([]netip.AddrPort, []model.VPNReplica, string, error) {
 	if len(s.cfg.Services) > 0 && !slices.Contains(s.cfg.Services, ref.Name) {
-		return nil, fmt.Sprintf("Service %s is not one whose endpoints tendril-seed watches (%s).", ref.Name, strings.Join(s.cfg.Services, ", ")), nil
+		return nil, nil, fmt.Sprintf("Service %s is not one whose endpoints tendril-seed watches (%s).", ref.Name, strings.Join(s.cfg.Services, ", ")), nil
 	}
 	var svc corev1.Service
 	switch err := s.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, &svc); {
 	case err == nil:
 	case client.IgnoreNotFound(err) == nil:
-		return nil, fmt.Sprintf("Service %s not found.", ref.Name), nil
+		return nil, nil, fmt.Sprintf("Service %s not found.", ref.Name), nil
 	default:
-		return nil, "", fmt.Errorf("kubesource: get Service %s/%s: %w", ns, ref.Name, err)
+		return nil, nil, "", fmt.Errorf("kubesource: get Service %s/%s: %w", ns, ref.Name, err)
 	}
 	portName, found := "", false
 	for _, p := range svc.Spec.Ports {
@@ -537,13 +539,16 @@ func (s *Source) endpoints(ctx context.Context, ns string, ref tendrilv1alpha1.S
 		}
 	}
 	if !found {
-		return nil, fmt.Sprintf("Service %s has no TCP port %d.", ref.Name, ref.Port), nil
+		return nil, nil, fmt.Sprintf("Service %s has no TCP port %d.", ref.Name, ref.Port), nil
 	}
 	var list discoveryv1.EndpointSliceList
 	if err := s.cache.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: ref.Name}); err != nil {
-		return nil, "", fmt.Errorf("kubesource: list EndpointSlices of %s/%s: %w", ns, ref.Name, err)
+		return nil, nil, "", fmt.Errorf("kubesource: list EndpointSlices of %s/%s: %w", ns, ref.Name, err)
 	}
-	var out []netip.AddrPort
+	var (
+		out      []netip.AddrPort
+		replicas []model.VPNReplica
+	)
 	for _, sl := range list.Items {
 		if sl.AddressType != discoveryv1.AddressTypeIPv4 && sl.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue // FQDN slices: EDS endpoints must be IPs
@@ -568,15 +573,22 @@ func (s *Source) endpoints(ctx context.Context, ns string, ref tendrilv1alpha1.S
 			if err != nil {
 				continue
 			}
-			out = append(out, netip.AddrPortFrom(ip.Unmap(), uint16(port)))
+			ep := netip.AddrPortFrom(ip.Unmap(), uint16(port))
+			out = append(out, ep)
+			if h := ptrOr(e.Hostname, ""); h != "" {
+				replicas = append(replicas, model.VPNReplica{Hostname: h, Endpoint: ep})
+			}
 		}
 	}
 	slices.SortFunc(out, netip.AddrPort.Compare)
 	out = slices.Compact(out)
 	if len(out) == 0 {
-		return nil, fmt.Sprintf("Service %s has no ready endpoints.", ref.Name), nil
+		return nil, nil, fmt.Sprintf("Service %s has no ready endpoints.", ref.Name), nil
 	}
-	return out, "", nil
+	model.SortReplicas(replicas)
+	// A hostname seen twice (two slices during a change) keeps its first, lowest-sorting entry.
+	replicas = slices.CompactFunc(replicas, func(a, b model.VPNReplica) bool { return a.Hostname == b.Hostname })
+	return out, replicas, "", nil
 }
 
 // resolveClaims assembles the set: every namespace's active route that can be applied, the

@@ -10,11 +10,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,6 +41,7 @@ import (
 	"github.com/tendril-net/tendril/internal/testwait"
 	"github.com/tendril-net/tendril/xds/kubesource"
 	xdsserver "github.com/tendril-net/tendril/xds/server"
+	"github.com/tendril-net/tendril/xds/translate"
 )
 
 // seed is one loopback seed on a real API server: the xDS server fed by the Kubernetes source
@@ -59,7 +62,7 @@ type seed struct {
 }
 
 // watched are the Services the test seed's Routes may name (kubesource.Config.Services).
-var watched = []string{"kube-apiserver"}
+var watched = []string{"kube-apiserver", "tendril-server"}
 
 // ingressStatus is the xDS server's view of what the ingress acknowledged for shoot ns.
 func (s *seed) ingressStatus(ns string) xdsserver.State { return s.xds.ShootStatus(ns).State }
@@ -588,7 +591,7 @@ func TestWatchesOnlyNamedServices(t *testing.T) {
 
 	s.route(ns, "shoot", "api.slices.test", "etcd-main", 2379)
 	s.waitCondition(ns, tendrilv1alpha1.ReasonNoEndpoints)
-	if _, c, _ := s.condition(ns); c == nil || !strings.Contains(c.Message, "Service etcd-main is not one whose endpoints tendril-seed watches (kube-apiserver)") {
+	if _, c, _ := s.condition(ns); c == nil || !strings.Contains(c.Message, "Service etcd-main is not one whose endpoints tendril-seed watches (kube-apiserver, tendril-server)") {
 		t.Errorf("condition %+v, want the unwatched Service named", c)
 	}
 }
@@ -612,5 +615,56 @@ func TestConfig(t *testing.T) {
 	}
 	if by, err := kubesource.CacheByObject(nil); by != nil || err != nil {
 		t.Errorf("no Services: %v, %v; want every EndpointSlice (nil)", by, err)
+	}
+}
+
+// TestTunnelReplicas: the endpoints of the tunnel Service that carry a hostname (an HA shoot's
+// tendril-server StatefulSet pods) become a cluster each, named as the pod, beside the
+// Service-wide one; an endpoint without a hostname and one not ready become none.
+func TestTunnelReplicas(t *testing.T) {
+	s := startSeed(t, time.Minute)
+	ctx := context.Background()
+	ns := "shoot--t--ha"
+	s.shoot(ns, "api.ha.test", s.upstream("ha-0", "api.ha.test"))
+	must(t, s.env.Client.Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tendril-server"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "tunnel", Port: 1194}}},
+	}))
+	ep := func(ip, host string, ready bool) discoveryv1.Endpoint {
+		e := discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)}}
+		if host != "" {
+			e.Hostname = ptr.To(host)
+		}
+		return e
+	}
+	ip := func(last byte) string { a := s.hostIP.As4(); a[3] = last; return netip.AddrFrom4(a).String() }
+	must(t, s.env.Client.Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: "tendril-server-x", Labels: map[string]string{discoveryv1.LabelServiceName: "tendril-server"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("tunnel"), Port: ptr.To[int32](1194), Protocol: ptr.To(corev1.ProtocolTCP)}},
+		Endpoints:   []discoveryv1.Endpoint{ep(ip(201), "tendril-server-1", true), ep(ip(200), "tendril-server-0", true), ep(ip(202), "", true), ep(ip(203), "tendril-server-2", false)},
+	}))
+	var r tendrilv1alpha1.Route
+	must(t, s.env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "shoot"}, &r))
+	r.Spec.TunnelServer = &tendrilv1alpha1.ServiceReference{Name: "tendril-server", Port: 1194}
+	must(t, s.env.Client.Update(ctx, &r))
+	want := []string{translate.TendrilServerReplicaWireName(ns, "tendril-server-0"), translate.TendrilServerReplicaWireName(ns, "tendril-server-1"), translate.TendrilServerWireName(ns)}
+	testwait.For(t, "the replicas' clusters", func() error {
+		var got []string
+		for _, c := range s.xds.Resources(resourcev3.ClusterType) {
+			if strings.Contains(c, "1194||tendril-server") && strings.Contains(c, ns) {
+				got = append(got, c)
+			}
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("clusters %q, want %q", got, want)
+		}
+		return nil
+	})
+	endpoints := s.xds.Resources(resourcev3.EndpointType)
+	for _, h := range []string{"tendril-server-0", "tendril-server-1"} {
+		if !slices.Contains(endpoints, translate.VPNReplicaService(ns, h)) {
+			t.Errorf("no assignment %s in %q", translate.VPNReplicaService(ns, h), endpoints)
+		}
 	}
 }

@@ -31,6 +31,11 @@ type Shoot struct {
 	// VPNServers are the shoot's tunnel endpoints (tendril-server), reached through the CONNECT
 	// listeners; empty means the shoot has no tunnel route.
 	VPNServers []netip.AddrPort
+	// VPNReplicas are the tunnel server's replicas by their own names (an HA shoot's
+	// tendril-server StatefulSet: each replica's hostname and endpoint), so that an agent can keep
+	// a tunnel to each one; sorted by hostname. Empty: the shoot's server is reached only as a
+	// whole (VPNServers).
+	VPNReplicas []VPNReplica
 
 	// APIServer and VPNServer are single-endpoint shorthands, merged into the lists by
 	// APIServerEndpoints and VPNServerEndpoints.
@@ -49,6 +54,9 @@ func (s Shoot) Validate() error {
 	}
 	if err := validateEndpoints(s.VPNServers, s.VPNServer); err != nil {
 		return fmt.Errorf("shoot %s: vpnServer: %w", s.Name, err)
+	}
+	if err := validateReplicas(s.VPNReplicas); err != nil {
+		return fmt.Errorf("shoot %s: vpnReplicas: %w", s.Name, err)
 	}
 	if len(s.Hosts) == 0 {
 		return fmt.Errorf("shoot %s: at least one host is required", s.Name)
@@ -73,6 +81,39 @@ func (s Shoot) APIServerEndpoints() []netip.AddrPort { return endpoints(s.APISer
 
 // VPNServerEndpoints returns the tunnel endpoints like APIServerEndpoints.
 func (s Shoot) VPNServerEndpoints() []netip.AddrPort { return endpoints(s.VPNServers, s.VPNServer) }
+
+// VPNReplica is one replica of a shoot's tunnel server.
+type VPNReplica struct {
+	// Hostname is the replica's name in its Service's DNS (tendril-server-0): a DNS label.
+	Hostname string
+	// Endpoint is its tunnel endpoint.
+	Endpoint netip.AddrPort
+}
+
+func validateReplicas(list []VPNReplica) error {
+	seen := make(map[string]bool, len(list))
+	for _, r := range list {
+		if err := validateLabel(r.Hostname); err != nil {
+			return fmt.Errorf("hostname %q: %w", r.Hostname, err)
+		}
+		if seen[r.Hostname] {
+			return fmt.Errorf("hostname %q listed twice", r.Hostname)
+		}
+		seen[r.Hostname] = true
+		if !r.Endpoint.IsValid() || r.Endpoint.Port() == 0 {
+			return fmt.Errorf("%s: endpoint %q must be IP:port with a non-zero port", r.Hostname, r.Endpoint)
+		}
+	}
+	return nil
+}
+
+// SortReplicas sorts replicas by hostname, then endpoint, so that the order a source lists them
+// in never changes the resources.
+func SortReplicas(list []VPNReplica) {
+	slices.SortFunc(list, func(a, b VPNReplica) int {
+		return cmp.Or(strings.Compare(a.Hostname, b.Hostname), a.Endpoint.Compare(b.Endpoint))
+	})
+}
 
 func validateEndpoints(list []netip.AddrPort, single netip.AddrPort) error {
 	if single.IsValid() {
@@ -188,6 +229,7 @@ func (s Shoot) Equal(o Shoot) bool {
 		slices.Equal(s.APIServers, o.APIServers) &&
 		s.AdvertisedAddress == o.AdvertisedAddress &&
 		slices.Equal(s.VPNServers, o.VPNServers) &&
+		slices.Equal(s.VPNReplicas, o.VPNReplicas) &&
 		s.APIServer == o.APIServer &&
 		s.VPNServer == o.VPNServer
 }

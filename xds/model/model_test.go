@@ -46,12 +46,14 @@ func TestEqualCoversEveryField(t *testing.T) {
 		VPNServers:        []netip.AddrPort{netip.MustParseAddrPort("10.0.1.1:1194")},
 		APIServer:         netip.MustParseAddrPort("10.0.0.2:443"),
 		VPNServer:         netip.MustParseAddrPort("10.0.1.2:1194"),
+		VPNReplicas:       []VPNReplica{{Hostname: "tendril-server-0", Endpoint: netip.MustParseAddrPort("10.0.1.1:1194")}},
 	}
 	// A copy with fresh slices: equal content in other memory.
 	same := base
 	same.Hosts = slices.Clone(base.Hosts)
 	same.APIServers = slices.Clone(base.APIServers)
 	same.VPNServers = slices.Clone(base.VPNServers)
+	same.VPNReplicas = slices.Clone(base.VPNReplicas)
 	if !base.Equal(same) {
 		t.Fatal("a copy is not Equal")
 	}
@@ -63,6 +65,9 @@ func TestEqualCoversEveryField(t *testing.T) {
 		"VPNServers":        func(s *Shoot) { s.VPNServers = nil },
 		"APIServer":         func(s *Shoot) { s.APIServer = netip.MustParseAddrPort("10.0.0.2:6443") },
 		"VPNServer":         func(s *Shoot) { s.VPNServer = netip.AddrPort{} },
+		"VPNReplicas": func(s *Shoot) {
+			s.VPNReplicas = []VPNReplica{{Hostname: "tendril-server-1", Endpoint: s.VPNReplicas[0].Endpoint}}
+		},
 	}
 	typ := reflect.TypeFor[Shoot]()
 	for i := range typ.NumField() {
@@ -80,5 +85,36 @@ func TestEqualCoversEveryField(t *testing.T) {
 		if base.Equal(other) || other.Equal(base) {
 			t.Errorf("field %s changed, but Equal reports the routes equal", name)
 		}
+	}
+}
+
+// TestValidateReplicas: an HA server's replicas are DNS labels with one endpoint each, each
+// named once.
+func TestValidateReplicas(t *testing.T) {
+	ep := netip.MustParseAddrPort("10.0.1.1:1194")
+	ok := Shoot{Name: "shoot--a--b", Hosts: []string{"a.b"}, VPNReplicas: []VPNReplica{{"tendril-server-0", ep}, {"tendril-server-1", ep}}}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	for _, tc := range []struct {
+		replicas []VPNReplica
+		want     string
+	}{
+		{[]VPNReplica{{"tendril-server-0", ep}, {"tendril-server-0", ep}}, "listed twice"},
+		{[]VPNReplica{{"", ep}}, "empty"},
+		{[]VPNReplica{{"Tendril", ep}}, "hostname"},
+		{[]VPNReplica{{"tendril-server-0", netip.AddrPort{}}}, "non-zero port"},
+		{[]VPNReplica{{"tendril-server-0", netip.MustParseAddrPort("10.0.1.1:0")}}, "non-zero port"},
+	} {
+		s := ok
+		s.VPNReplicas = tc.replicas
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("replicas %v: %v, want an error with %q", tc.replicas, err, tc.want)
+		}
+	}
+	list := []VPNReplica{{"tendril-server-1", ep}, {"tendril-server-0", ep}}
+	SortReplicas(list)
+	if list[0].Hostname != "tendril-server-0" {
+		t.Errorf("sorted: %v", list)
 	}
 }

@@ -46,6 +46,9 @@ type RouteEntry struct {
 	APIServer         Addresses `json:"apiserver"`
 	AdvertisedAddress string    `json:"advertisedAddress,omitempty"`
 	VPNServer         Addresses `json:"vpnServer,omitempty"`
+	// VPNReplicas are the tunnel server's replicas by hostname (tendril-server-0: "host:port"),
+	// each a single endpoint, for agents that keep a tunnel to each.
+	VPNReplicas map[string]string `json:"vpnReplicas,omitempty"`
 }
 
 // Addresses are an upstream's "host:port" endpoints. In the file they are one string (the
@@ -132,6 +135,17 @@ func (e RouteEntry) model(ctx context.Context, r Resolver) (model.Shoot, error) 
 	if s.VPNServers, err = resolveAll(ctx, r, e.VPNServer); err != nil {
 		return s, fmt.Errorf("vpnServer: %w", err)
 	}
+	for host, addr := range e.VPNReplicas {
+		eps, err := resolveHostPort(ctx, r, addr)
+		if err != nil {
+			return s, fmt.Errorf("vpnReplicas[%s]: %w", host, err)
+		}
+		if len(eps) != 1 {
+			return s, fmt.Errorf("vpnReplicas[%s]: %s has %d addresses, want one (a replica is one pod)", host, addr, len(eps))
+		}
+		s.VPNReplicas = append(s.VPNReplicas, model.VPNReplica{Hostname: host, Endpoint: eps[0]})
+	}
+	model.SortReplicas(s.VPNReplicas)
 	if e.AdvertisedAddress != "" {
 		// An advertised address is what clients dial, so it is an IP by definition.
 		if s.AdvertisedAddress, err = netip.ParseAddr(e.AdvertisedAddress); err != nil {

@@ -51,7 +51,8 @@ const (
 const (
 	nsLabel = `[a-z0-9]([-a-z0-9]*[a-z0-9])?`
 	// ProxyDestinationRegex admits the kube-apiserver and the tendril-server of any shoot.
-	ProxyDestinationRegex = `^outbound\|(443\|\|kube-apiserver|1194\|\|tendril-server)\.` + nsLabel + `\.svc\.cluster\.local$`
+	// A replica of an HA shoot's server is named as its pod under the Service (tendril-server-N.tendril-server).
+	ProxyDestinationRegex = `^outbound\|(443\|\|kube-apiserver|1194\|\|tendril-server(-[0-9]\.tendril-server)?)\.` + nsLabel + `\.svc\.cluster\.local$`
 	// TunnelDestinationRegex admits only tendril-servers on the legacy port: by their own name,
 	// and by the single vpn-seed-server name that tendril's agents used before they had one, so
 	// that an agent of an earlier tendril keeps its tunnel until its shoot's next reconcile
@@ -90,6 +91,14 @@ func APIServerWireName(ns string) string { return wire.APIServerWireName(ns) }
 // TendrilServerWireName is the cluster, and the header value, that reaches shoot ns's tunnel
 // server (tendril-server) for tendril's agents.
 func TendrilServerWireName(ns string) string { return wire.TendrilServerWireName(ns) }
+
+// TendrilServerReplicaWireName is wire.TendrilServerReplicaWireName.
+func TendrilServerReplicaWireName(ns, hostname string) string {
+	return wire.TendrilServerReplicaWireName(ns, hostname)
+}
+
+// VPNReplicaService is the EDS service name of one replica of shoot ns's tendril-server.
+func VPNReplicaService(ns, hostname string) string { return ns + "/" + hostname + ".tendril-server" }
 
 // LegacyTunnelWireName is the cluster by which the legacy port still reaches shoot ns's
 // tendril-server under the name earlier agents dial (TunnelDestinationRegex).

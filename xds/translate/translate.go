@@ -146,7 +146,8 @@ func Constant(opts Options) Resources {
 // name, one for its advertised address, one for the CONNECT wire name), sharing one load
 // assignment with all of its endpoints (none while it has no ready endpoint), and when it has vpn
 // server endpoints, that server's clusters (its own name, and the legacy port's name of earlier
-// agents) and assignment. Nothing else depends on the shoot, and
+// agents) and assignment, and a cluster and assignment per named replica of that server (an HA
+// shoot's, whose agents keep a tunnel to each). Nothing else depends on the shoot, and
 // an endpoint change touches only the one assignment.
 func Shoot(s model.Shoot) Resources {
 	service := APIServerService(s.Name)
@@ -163,6 +164,11 @@ func Shoot(s model.Shoot) Resources {
 		vpn := VPNServerService(s.Name)
 		r.Clusters = append(r.Clusters, edsCluster(TendrilServerWireName(s.Name), vpn), edsCluster(LegacyTunnelWireName(s.Name), vpn))
 		r.Endpoints = append(r.Endpoints, assignment(vpn, vpnEndpoints))
+	}
+	for _, rep := range s.VPNReplicas {
+		service := VPNReplicaService(s.Name, rep.Hostname)
+		r.Clusters = append(r.Clusters, edsCluster(TendrilServerReplicaWireName(s.Name, rep.Hostname), service))
+		r.Endpoints = append(r.Endpoints, assignment(service, []netip.AddrPort{netip.AddrPortFrom(rep.Endpoint.Addr().Unmap(), rep.Endpoint.Port())}))
 	}
 	return r
 }

@@ -209,7 +209,8 @@ func testShoot(i int) model.Shoot {
 }
 
 // TestDestinationRegexes pins what the CONNECT guards admit: only the wire names tendril
-// generates, of any shoot, and on the tunnel port only tendril-servers; Gardener's VPN names
+// generates, of any shoot (an HA server's replicas by their pod names), and on the tunnel port
+// only tendril-servers as a whole; Gardener's VPN names
 // (single and HA) and kube-apiserver sockets are Gardener's, matched only by the relay's guard.
 func TestDestinationRegexes(t *testing.T) {
 	proxy := regexp.MustCompile(translate.ProxyDestinationRegex)
@@ -221,6 +222,11 @@ func TestDestinationRegexes(t *testing.T) {
 	}{
 		{translate.APIServerWireName("shoot--dev--alpha"), true, false, false},
 		{translate.TendrilServerWireName("shoot--dev--alpha"), true, true, false},
+		{translate.TendrilServerReplicaWireName("shoot--dev--alpha", "tendril-server-0"), true, false, false},
+		{translate.TendrilServerReplicaWireName("shoot--dev--alpha", "tendril-server-9"), true, false, false},
+		{translate.TendrilServerReplicaWireName("shoot--dev--alpha", "tendril-server-10"), false, false, false},
+		{translate.TendrilServerReplicaWireName("shoot--dev--alpha", "kube-apiserver-0"), false, false, false},
+		{"outbound|1194||tendril-server-0.shoot--dev--alpha.svc.cluster.local", false, false, false},
 		{wire.GardenerVPNWireName("shoot--dev--alpha", -1), false, true, true},
 		{wire.GardenerVPNWireName("shoot--dev--alpha", 0), false, false, true},
 		{wire.GardenerVPNWireName("shoot--dev--alpha", 4), false, false, true},
