@@ -115,19 +115,34 @@ func (r *Relay) tunnelConnect(ctx context.Context, c net.Conn) {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	up, uc, err := r.open(sctx, cancel, "CONNECT")
-	if err != nil {
-		(&connect.Refusal{Status: http.StatusServiceUnavailable, Body: "tendril-egress-relay: " + err.Error() + "\n"}).Answer(c)
-		return
-	}
-	defer r.up.release(uc)
-
-	id, err := dial(up, req.Host, r.cfg.HandshakeTimeout, cancel)
-	if err != nil {
+	s, refused, scancel, err := race(sctx, r.up, func(ctx context.Context, cancel context.CancelFunc, u *upstreams) (*connectStream, error, error) {
+		return r.tryConnect(ctx, cancel, u, req.Host)
+	}, func(s *connectStream) { s.c.release() })
+	var f *failure
+	switch {
+	case errors.As(err, &f) && f.dialStage() != nil:
+		// A stream opened but the dial got no answer on it (nor on any other): the dial's
+		// failure, as when tendril-server refused it.
 		r.metrics.connections.WithLabelValues(outcomeDialFailed).Inc()
 		(&connect.Refusal{Status: http.StatusBadGateway, Body: err.Error() + "\n"}).Answer(c)
 		return
+	case err != nil:
+		outcome := outcomeUnavailable
+		if f != nil {
+			outcome = f.outcome()
+		}
+		r.fail("CONNECT", outcome, err)
+		(&connect.Refusal{Status: http.StatusServiceUnavailable, Body: "tendril-egress-relay: " + err.Error() + "\n"}).Answer(c)
+		return
 	}
+	defer scancel()
+	defer s.c.release()
+	if refused != nil {
+		r.metrics.connections.WithLabelValues(outcomeDialFailed).Inc()
+		(&connect.Refusal{Status: http.StatusBadGateway, Body: refused.Error() + "\n"}).Answer(c)
+		return
+	}
+	up, id := s.up, s.id
 	if err := connect.Established(c); err != nil {
 		_ = sendPacket(up, closeRequest(id))
 		return
@@ -138,28 +153,62 @@ func (r *Relay) tunnelConnect(ctx context.Context, c net.Conn) {
 	r.pumpConnect(sctx, cancel, c, br, up, id)
 }
 
+// connectStream is a stream to tendril-server that answered a CONNECT's dial.
+type connectStream struct {
+	up grpc.ClientStream
+	c  *upstream
+	id int64 // the connection's ID; 0 when refused
+}
+
+// tryConnect is one server's attempt at a CONNECT (tryFunc): a stream, then the dial of target
+// on it.
+func (r *Relay) tryConnect(ctx context.Context, cancel context.CancelFunc, u *upstreams, target string) (*connectStream, error, error) {
+	up, c, outcome, err := r.openStream(ctx, cancel, u)
+	if err != nil {
+		return nil, nil, &attemptError{server: u.server, outcome: outcome, stage: stageOpen, err: err}
+	}
+	id, refused, err := dial(up, target, r.cfg.HandshakeTimeout, cancel)
+	if err != nil {
+		c.release()
+		outcome := outcomeUnavailable
+		switch {
+		case errors.Is(err, errNoAnswerInTime):
+			outcome = outcomeTimeout
+		case ctx.Err() != nil:
+			outcome = outcomeShutdown
+		}
+		return nil, nil, &attemptError{server: u.server, outcome: outcome, stage: stageDial, err: err}
+	}
+	return &connectStream{up: up, c: c, id: id}, refused, nil
+}
+
+// errNoAnswerInTime marks a dial that tendril-server did not answer within the timeout.
+var errNoAnswerInTime = errors.New("no answer in time")
+
 // dial asks tendril-server for a connection to target and waits up to timeout for its answer;
-// it returns the connection's ID.
-func dial(up grpc.ClientStream, target string, timeout time.Duration, cancel context.CancelFunc) (int64, error) {
+// it returns the connection's ID, or tendril-server's refusal, or err when there was no answer.
+func dial(up grpc.ClientStream, target string, timeout time.Duration, cancel context.CancelFunc) (id int64, refused, err error) {
 	random := rand.Int64()
-	err := sendPacket(up, &client.Packet{Type: client.PacketType_DIAL_REQ, Payload: &client.Packet_DialRequest{
+	err = sendPacket(up, &client.Packet{Type: client.PacketType_DIAL_REQ, Payload: &client.Packet_DialRequest{
 		DialRequest: &client.DialRequest{Protocol: "tcp", Address: target, Random: random}}})
 	if err != nil {
-		return 0, fmt.Errorf("tendril-egress-relay: dial %s: %w", target, err)
+		return 0, nil, fmt.Errorf("tendril-egress-relay: dial %s: %w", target, err)
 	}
 	// tendril-server answers within its own dial timeout; past this one the stream is cancelled.
 	timer := time.AfterFunc(timeout, cancel)
-	defer timer.Stop()
 	pkt, err := recvPacket(up)
+	if !timer.Stop() && err != nil {
+		err = fmt.Errorf("%w (%v): %w", errNoAnswerInTime, timeout, err)
+	}
 	switch {
 	case err != nil:
-		return 0, fmt.Errorf("tendril-egress-relay: dial %s: no answer from tendril-server: %w", target, err)
+		return 0, nil, fmt.Errorf("tendril-egress-relay: dial %s: no answer from tendril-server: %w", target, err)
 	case pkt.GetType() != client.PacketType_DIAL_RSP || pkt.GetDialResponse().GetRandom() != random:
-		return 0, fmt.Errorf("tendril-egress-relay: dial %s: tendril-server answered %v", target, pkt.GetType())
+		return 0, nil, fmt.Errorf("tendril-egress-relay: dial %s: tendril-server answered %v", target, pkt.GetType())
 	case pkt.GetDialResponse().GetError() != "":
-		return 0, fmt.Errorf("tendril-egress-relay: dial %s: %s", target, pkt.GetDialResponse().GetError())
+		return 0, fmt.Errorf("tendril-egress-relay: dial %s: %s", target, pkt.GetDialResponse().GetError()), nil
 	}
-	return pkt.GetDialResponse().GetConnectID(), nil
+	return pkt.GetDialResponse().GetConnectID(), nil, nil
 }
 
 // connectBuffers are the buffers of kube-apiserver's bytes toward the shoot, one per tunnel

@@ -10,7 +10,9 @@
 // does not decode konnectivity's packets, and kube-apiserver and tendril-server speak the
 // protocol to each other through it. On a second socket (beside the first or instead of it) it
 // serves kube-apiserver's HTTP CONNECT egress the same way, a stream per CONNECT, speaking
-// konnectivity's client side itself there (connect.go). It knows nothing of Kubernetes objects;
+// konnectivity's client side itself there (connect.go). Given several tendril-servers (an HA
+// shoot's replicas), it keeps a connection to each and sends every tunnel to the first that
+// answers its dial (servers.go). It knows nothing of Kubernetes objects;
 // the certificate files it is given may be rotated under it (mounted Secrets) and are read again
 // when they change.
 package egressrelay
@@ -24,6 +26,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,13 +36,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/tendril-net/tendril/internal/acceptor"
 )
 
-// Config configures a Relay. Socket or ConnectSocket (or both), Server and the three certificate
-// files are required.
+// Config configures a Relay. Socket or ConnectSocket (or both), Server or Servers and the three
+// certificate files are required.
 type Config struct {
 	// Socket is the Unix socket on which the relay serves konnectivity's gRPC (kube-apiserver's
 	// egress selection with proxyProtocol GRPC: its udsName). A stale socket left there by an
@@ -52,10 +59,18 @@ type Config struct {
 	// konnectivity dial on a stream of the same connection to tendril-server (connect.go).
 	// Empty: no CONNECT socket. MaxConnections counts both sockets' connections.
 	ConnectSocket string
-	// Server is tendril-server's konnectivity gRPC front-end, host:port.
+	// Server is tendril-server's konnectivity gRPC front-end, host:port: the one-server form of
+	// Servers (set one of the two).
 	Server string
+	// Servers are several tendril-servers' konnectivity gRPC front-ends, host:port each: an HA
+	// shoot's replicas by their own names (tendril-server-N.tendril-server.<namespace>.svc.cluster.local:8090),
+	// not by the Service, through which kube-proxy would send dials to a lost node's pod too. Each
+	// tunnel goes to the first server that answers its dial (servers.go); each server has its own
+	// connection.
+	Servers []string
 	// ServerName is the name tendril-server's certificate must carry
-	// (tendril-server.<namespace>.svc). If empty, the host of Server.
+	// (tendril-server.<namespace>.svc), whatever host is dialled: both replicas carry the
+	// Service's names. If empty, the servers' host, which must then be the same for all.
 	ServerName string
 	// CertFile and KeyFile are the relay's client certificate for tendril-server (PEM), CAFile
 	// the CA bundle that signed tendril-server's certificate. They are checked on every new
@@ -69,7 +84,9 @@ type Config struct {
 	// HTTP/2's flow-control windows (streamWindow, 256 KiB per stream and side).
 	MaxConnections int
 	// HandshakeTimeout bounds opening a stream to tendril-server, a new connection's dial and TLS
-	// handshake included. If zero, 10 s.
+	// handshake included, and then the wait for tendril-server's answer to a CONNECT's dial (with
+	// several servers, to any tunnel's dial). With several servers it bounds each server's
+	// attempt; the next server is tried long before (attemptDelay). If zero, 10 s.
 	HandshakeTimeout time.Duration
 	// IdleTimeout ends a relayed tunnel without a message in either direction for this long.
 	// If zero, 1 h (tendril-server's own egress idle timeout).
@@ -87,15 +104,39 @@ func (c *Config) defaults() error {
 	if c.Socket == "" && c.ConnectSocket == "" {
 		return errors.New("egressrelay: a socket path is required (the gRPC socket, the CONNECT socket or both)")
 	}
-	if c.Server == "" {
+	switch {
+	case c.Server != "" && len(c.Servers) > 0:
+		return errors.New("egressrelay: Server and Servers both set: give one server as Server or all as Servers")
+	case c.Server != "":
+		c.Servers = []string{c.Server}
+	case len(c.Servers) == 0:
 		return errors.New("egressrelay: tendril-server's gRPC address is required")
+	default:
+		c.Servers = slices.Clone(c.Servers)
 	}
-	host, _, err := net.SplitHostPort(c.Server)
-	if err != nil {
-		return fmt.Errorf("egressrelay: server address %q: %w", c.Server, err)
+	var hosts []string
+	seen := map[string]bool{}
+	for _, s := range c.Servers {
+		host, _, err := net.SplitHostPort(s)
+		if err != nil {
+			return fmt.Errorf("egressrelay: server address %q: %w", s, err)
+		}
+		if seen[s] {
+			return fmt.Errorf("egressrelay: server %s listed twice", s)
+		}
+		seen[s] = true
+		if !slices.Contains(hosts, host) {
+			hosts = append(hosts, host)
+		}
 	}
 	if c.ServerName == "" {
-		c.ServerName = host
+		// The replicas' own names are not on their certificate (it carries the Service's), so
+		// a host of one of them is no default for the others.
+		if len(hosts) > 1 {
+			return fmt.Errorf("egressrelay: the servers are on several hosts (%s): the name their certificate carries "+
+				"(tendril-server.<namespace>.svc) is required", strings.Join(hosts, ", "))
+		}
+		c.ServerName = hosts[0]
 	}
 	if c.CertFile == "" || c.KeyFile == "" || c.CAFile == "" {
 		return errors.New("egressrelay: the client certificate, its key and the CA bundle are required (mutual TLS)")
@@ -140,7 +181,7 @@ type Relay struct {
 	cfg     Config
 	log     logr.Logger
 	certs   *certLoader
-	up      *upstreams
+	up      *pool
 	metrics *metrics
 	ready   atomic.Bool
 	limit   acceptor.Limit // kube-apiserver's connections open, against MaxConnections
@@ -172,7 +213,7 @@ func New(cfg Config) (*Relay, error) {
 	if _, err := r.certs.config(); err != nil {
 		return nil, err
 	}
-	r.up = &upstreams{server: cfg.Server, handshakeTimeout: cfg.HandshakeTimeout, certs: r.certs}
+	r.up = newPool(cfg.Servers, cfg.HandshakeTimeout, r.certs, cfg.Log, r.metrics)
 	return r, nil
 }
 
@@ -208,7 +249,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		cl = ul
 	}
-	r.log.Info("Relaying", "socket", r.cfg.Socket, "connectSocket", r.cfg.ConnectSocket, "server", r.cfg.Server,
+	r.log.Info("Relaying", "socket", r.cfg.Socket, "connectSocket", r.cfg.ConnectSocket, "servers", r.cfg.Servers,
 		"serverName", r.cfg.ServerName, "maxConnections", r.cfg.MaxConnections)
 	return r.Serve(ctx, l, cl)
 }
@@ -309,7 +350,8 @@ func (r *Relay) Serve(ctx context.Context, l, connectL net.Listener) error {
 // goroutines copy messages, one per direction. The handler returns as soon as tendril-server's
 // side ended (its status, OK or an error such as a refused dial, goes to kube-apiserver), and
 // the goroutine still blocked reading kube-apiserver's side ends when gRPC cancels that stream,
-// right after: the relay owns it (r.streams) and Serve waits for it.
+// right after: the relay owns it (r.streams) and Serve waits for it. With several servers the
+// stream goes to the first that answers kube-apiserver's first message (openRaced).
 func (r *Relay) forward(_ any, down grpc.ServerStream) error {
 	if m, _ := grpc.MethodFromServerStream(down); m != proxyMethod {
 		r.metrics.connections.WithLabelValues(outcomeNotProxy).Inc()
@@ -317,15 +359,6 @@ func (r *Relay) forward(_ any, down grpc.ServerStream) error {
 	}
 	ctx, cancel := context.WithCancel(down.Context())
 	defer cancel()
-	up, c, err := r.open(ctx, cancel, "tunnel")
-	if err != nil {
-		return status.Errorf(codes.Unavailable, "tendril-egress-relay: %v", err)
-	}
-	defer r.up.release(c)
-	r.metrics.connections.WithLabelValues(outcomeRelayed).Inc()
-	r.metrics.active.Inc()
-	defer r.metrics.active.Dec()
-
 	idle := newIdleTimer(r.cfg.IdleTimeout, cancel)
 	defer idle.stop()
 	var toServer, fromServer atomic.Int64
@@ -333,6 +366,46 @@ func (r *Relay) forward(_ any, down grpc.ServerStream) error {
 		r.metrics.bytes.WithLabelValues("to_server").Add(float64(toServer.Load()))
 		r.metrics.bytes.WithLabelValues("from_server").Add(float64(fromServer.Load()))
 	}()
+	var (
+		up    grpc.ClientStream
+		c     *upstream
+		reply *frame // tendril-server's answer to the first message, not relayed yet (several servers)
+	)
+	if len(r.up.servers) == 1 {
+		var err error
+		if up, c, err = r.open(ctx, cancel, "tunnel"); err != nil {
+			return status.Errorf(codes.Unavailable, "tendril-egress-relay: %v", err)
+		}
+	} else {
+		first, err := r.firstMessage(ctx, down)
+		switch {
+		case errors.Is(err, io.EOF):
+			return nil // kube-apiserver ended the tunnel before it dialled: nothing to relay
+		case idle.fired():
+			return status.Errorf(codes.DeadlineExceeded, "tendril-egress-relay: no message either way for %v", r.cfg.IdleTimeout)
+		case err != nil:
+			return err
+		}
+		t, tcancel, err := r.openRaced(ctx, first)
+		if err != nil {
+			return status.Errorf(codes.Unavailable, "tendril-egress-relay: %v", err)
+		}
+		defer tcancel()
+		up, c, reply = t.up, t.c, &t.reply
+		toServer.Add(int64(len(first)))
+	}
+	defer c.release()
+	r.metrics.connections.WithLabelValues(outcomeRelayed).Inc()
+	r.metrics.active.Inc()
+	defer r.metrics.active.Dec()
+	if reply != nil {
+		n := int64(reply.data.Len())
+		if err := down.SendMsg(reply); err != nil {
+			reply.data.Free()
+			return err
+		}
+		fromServer.Add(n)
+	}
 	r.streams.Add(1)
 	go func() { // kube-apiserver → tendril-server
 		defer r.streams.Done()
@@ -376,24 +449,128 @@ func (r *Relay) forward(_ any, down grpc.ServerStream) error {
 	}
 }
 
-// open opens a stream to tendril-server for one of kube-apiserver's tunnels (what: "tunnel",
-// "CONNECT", for the log), timed; a failure is counted by its outcome and logged.
+// open opens a stream to the one tendril-server for one of kube-apiserver's tunnels; a failure is
+// counted by its outcome and logged.
 func (r *Relay) open(ctx context.Context, cancel context.CancelFunc, what string) (grpc.ClientStream, *upstream, error) {
-	start := time.Now()
-	up, c, outcome, err := r.openStream(ctx, cancel)
-	r.metrics.dialSeconds.Observe(time.Since(start).Seconds())
+	up, c, outcome, err := r.openStream(ctx, cancel, r.up.servers[0])
 	if err != nil {
-		r.metrics.connections.WithLabelValues(outcome).Inc()
-		r.failures.Info("No stream to tendril-server, failing kube-apiserver's "+what+" (log lines at most once a second; all counted)",
-			"outcome", outcome, "server", r.cfg.Server, "serverName", r.cfg.ServerName, "error", err.Error())
+		r.fail(what, outcome, err)
 	}
 	return up, c, err
 }
 
-// openStream opens a stream to tendril-server under ctx, bounded by HandshakeTimeout: cancel ends
-// ctx, and so the stream, if the timer fires first.
-func (r *Relay) openStream(ctx context.Context, cancel context.CancelFunc) (grpc.ClientStream, *upstream, string, error) {
-	c, err := r.up.acquire()
+// fail counts and logs a tunnel of kube-apiserver's (what: "tunnel", "CONNECT") that no
+// tendril-server took.
+func (r *Relay) fail(what, outcome string, err error) {
+	r.metrics.connections.WithLabelValues(outcome).Inc()
+	r.failures.Info("No stream to tendril-server, failing kube-apiserver's "+what+" (log lines at most once a second; all counted)",
+		"outcome", outcome, "servers", r.cfg.Servers, "serverName", r.cfg.ServerName, "error", err.Error())
+}
+
+// firstMessage waits for kube-apiserver's first message on down (konnectivity's DIAL_REQ, sent
+// as soon as the tunnel is open) until ctx ends (the idle timer included). The read runs in a
+// goroutine the relay owns (r.streams), as gRPC ends it only by ending down, once the handler
+// returned.
+func (r *Relay) firstMessage(ctx context.Context, down grpc.ServerStream) ([]byte, error) {
+	type message struct {
+		f   frame
+		err error
+	}
+	got := make(chan message, 1)
+	r.streams.Add(1)
+	go func() {
+		defer r.streams.Done()
+		var m message
+		m.err = down.RecvMsg(&m.f)
+		got <- m // buffered: the handler may be gone, and the frame with it (it is garbage then)
+	}()
+	select {
+	case m := <-got:
+		if m.err != nil {
+			return nil, m.err
+		}
+		b := m.f.data.Materialize()
+		m.f.data.Free()
+		return b, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// relayedStream is a stream to tendril-server that answered kube-apiserver's first message.
+type relayedStream struct {
+	up    grpc.ClientStream
+	c     *upstream
+	reply frame // the answer
+}
+
+// openRaced is open with several servers: kube-apiserver's first message (first), the dial, goes
+// to the servers in the race's order (servers.go), each attempt bounded by HandshakeTimeout for
+// its stream and again for the answer, and the first stream that answered without refusing
+// carries the tunnel; if all refused, the first refusal is relayed as kube-apiserver's answer, as
+// with one server. The answer is decoded to tell a refusal (a DIAL_RSP with an error), nothing
+// else: the relayed bytes stay as they came. A failure is counted and logged.
+func (r *Relay) openRaced(ctx context.Context, first []byte) (*relayedStream, context.CancelFunc, error) {
+	try := func(ctx context.Context, cancel context.CancelFunc, u *upstreams) (*relayedStream, error, error) {
+		up, c, outcome, err := r.openStream(ctx, cancel, u)
+		if err != nil {
+			return nil, nil, &attemptError{server: u.server, outcome: outcome, stage: stageOpen, err: err}
+		}
+		// Each attempt sends a frame of its own, gRPC taking the buffers it is given; the bytes
+		// are shared and only read. A failed send shows in RecvMsg as the stream's status.
+		_ = up.SendMsg(&frame{data: mem.BufferSlice{mem.SliceBuffer(first)}})
+		t := &relayedStream{up: up, c: c}
+		timer := time.AfterFunc(r.cfg.HandshakeTimeout, cancel)
+		err = up.RecvMsg(&t.reply)
+		inTime := timer.Stop()
+		if err == nil {
+			return t, refusal(t.reply), nil
+		}
+		c.release()
+		outcome = outcomeUnavailable
+		switch {
+		case !inTime:
+			outcome, err = outcomeTimeout, fmt.Errorf("no answer to the dial from %s within %v", u.server, r.cfg.HandshakeTimeout)
+		case ctx.Err() != nil:
+			outcome = outcomeShutdown
+		case errors.Is(err, io.EOF):
+			err = fmt.Errorf("%s ended the stream without answering the dial", u.server)
+		}
+		return nil, nil, &attemptError{server: u.server, outcome: outcome, stage: stageDial, err: err}
+	}
+	drop := func(t *relayedStream) {
+		t.reply.data.Free()
+		t.c.release()
+	}
+	t, _, tcancel, err := race(ctx, r.up, try, drop)
+	if err != nil {
+		var f *failure
+		outcome := outcomeUnavailable
+		if errors.As(err, &f) {
+			outcome = f.outcome()
+		}
+		r.fail("tunnel", outcome, err)
+		return nil, nil, err
+	}
+	return t, tcancel, nil
+}
+
+// refusal is the error of a DIAL_RSP that refused the dial, nil for any other answer.
+func refusal(f frame) error {
+	pkt := &client.Packet{}
+	if proto.Unmarshal(f.data.Materialize(), pkt) != nil || pkt.GetType() != client.PacketType_DIAL_RSP ||
+		pkt.GetDialResponse().GetError() == "" {
+		return nil
+	}
+	return errors.New(pkt.GetDialResponse().GetError())
+}
+
+// openStream opens a stream to tendril-server u under ctx, bounded by HandshakeTimeout: cancel
+// ends ctx, and so the stream, if the timer fires first. It is timed, failures included.
+func (r *Relay) openStream(ctx context.Context, cancel context.CancelFunc, u *upstreams) (grpc.ClientStream, *upstream, string, error) {
+	start := time.Now()
+	defer func() { r.metrics.dialSeconds.Observe(time.Since(start).Seconds()) }()
+	c, err := u.acquire()
 	if err != nil {
 		if errors.Is(err, errShutdown) {
 			return nil, nil, outcomeShutdown, err
@@ -411,9 +588,9 @@ func (r *Relay) openStream(ctx context.Context, cancel context.CancelFunc) (grpc
 	case err == nil && inTime:
 		return up, c, "", nil
 	case err == nil:
-		err = fmt.Errorf("no stream to %s within %v", r.cfg.Server, r.cfg.HandshakeTimeout)
+		err = fmt.Errorf("no stream to %s within %v", u.server, r.cfg.HandshakeTimeout)
 	}
-	r.up.release(c)
+	c.release()
 	switch {
 	case !inTime:
 		return nil, nil, outcomeTimeout, err

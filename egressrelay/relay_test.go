@@ -500,6 +500,14 @@ func TestConfigErrors(t *testing.T) {
 		"missing cert": {func(c *Config) { c.CertFile = filepath.Join(dir, "nope") }, "client certificate"},
 		"bad CA":       {func(c *Config) { c.CAFile = f.key }, "no certificates"},
 		"negative max": {func(c *Config) { c.MaxConnections = -1 }, "negative"},
+		"both forms":   {func(c *Config) { c.Servers = []string{"tendril-server-0.x:8090"} }, "both set"},
+		"twice": {func(c *Config) {
+			c.Server, c.Servers = "", []string{"tendril-server-0.x:8090", "tendril-server-0.x:8090"}
+		}, "listed twice"},
+		"a list without a port": {func(c *Config) { c.Server, c.Servers = "", []string{"tendril-server-0.x:8090", "x"} }, "server address"},
+		"replicas without a name": {func(c *Config) {
+			c.Server, c.Servers = "", []string{"tendril-server-0.x:8090", "tendril-server-1.x:8090"}
+		}, "name their certificate carries"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := ok
@@ -513,7 +521,24 @@ func TestConfigErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.cfg.ServerName != "tendril-server.ns.svc" || r.cfg.SocketMode != 0o600 || r.cfg.MaxConnections != 1024 {
+	if r.cfg.ServerName != "tendril-server.ns.svc" || r.cfg.SocketMode != 0o600 || r.cfg.MaxConnections != 1024 ||
+		len(r.cfg.Servers) != 1 || r.cfg.Servers[0] != ok.Server {
 		t.Errorf("defaults %+v", r.cfg)
+	}
+	// Replicas by their own names, their certificate's name given; or on one host, its name the
+	// default.
+	for _, c := range []Config{
+		{Servers: []string{"tendril-server-0.t.ns.svc.cluster.local:8090", "tendril-server-1.t.ns.svc.cluster.local:8090"},
+			ServerName: "tendril-server.ns.svc"},
+		{Servers: []string{"tendril-server.ns.svc:8090", "tendril-server.ns.svc:8091"}},
+	} {
+		c.Socket, c.CertFile, c.KeyFile, c.CAFile = ok.Socket, ok.CertFile, ok.KeyFile, ok.CAFile
+		r, err := New(c)
+		if err != nil {
+			t.Fatalf("%q: %v", c.Servers, err)
+		}
+		if r.cfg.ServerName != "tendril-server.ns.svc" || len(r.up.servers) != 2 {
+			t.Errorf("%q: server name %q, %d servers", c.Servers, r.cfg.ServerName, len(r.up.servers))
+		}
 	}
 }

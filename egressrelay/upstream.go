@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
@@ -86,11 +87,12 @@ const (
 	upstreamBuffer = 128 << 10
 )
 
-// upstreams is the relay's connection to tendril-server: one long-lived gRPC connection over
+// upstreams is the relay's connection to one tendril-server: one long-lived gRPC connection over
 // mutual TLS that carries every relayed tunnel as its own stream (HTTP/2 flow control per
 // stream, so a tunnel whose reader stalls holds up no other). gRPC dials it on the first stream
-// and again after it broke. When the certificate files change, new streams go to a new
-// connection made with them, and the old one is closed when its last stream ends.
+// (with several servers: when the pool first orders them, servers.go) and again after it broke,
+// with its own backoff. When the certificate files change, new streams go to a new connection
+// made with them, and the old one is closed when its last stream ends.
 type upstreams struct {
 	server           string
 	handshakeTimeout time.Duration
@@ -100,9 +102,16 @@ type upstreams struct {
 	cur    *upstream
 	open   int // connections not closed yet (cur and retired ones with streams)
 	closed bool
+	// With several servers (pool): failing is whether it failed (an attempt, or its connection)
+	// since it last answered, so that the change is logged once, not every failed dial;
+	// avoidUntil puts it last in the order until then, after it failed or was slower than
+	// attemptDelay while another server answered.
+	failing    bool
+	avoidUntil time.Time
 }
 
 type upstream struct {
+	owner   *upstreams
 	cc      *grpc.ClientConn
 	tls     *tls.Config // the configuration cc was made with
 	streams int
@@ -117,6 +126,17 @@ func (u *upstreams) acquire() (*upstream, error) {
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	c, err := u.currentLocked(tlsCfg)
+	if err != nil {
+		return nil, err
+	}
+	c.streams++
+	return c, nil
+}
+
+// currentLocked returns the connection made with tlsCfg, making it (and retiring the one made
+// with older files) if there is none. u.mu is held.
+func (u *upstreams) currentLocked(tlsCfg *tls.Config) (*upstream, error) {
 	if u.closed {
 		return nil, errShutdown
 	}
@@ -136,14 +156,31 @@ func (u *upstreams) acquire() (*upstream, error) {
 			old.retired = true
 			u.closeIfDone(old)
 		}
-		u.cur = &upstream{cc: cc, tls: tlsCfg}
+		u.cur = &upstream{owner: u, cc: cc, tls: tlsCfg}
 		u.open++
 	}
-	u.cur.streams++
 	return u.cur, nil
 }
 
-func (u *upstreams) release(c *upstream) {
+// state is the state of the connection for new streams, made with tlsCfg. An idle one (never
+// used, or idle for gRPC's idle timeout) is told to connect, so that the pool learns whether the
+// server answers before a tunnel depends on it.
+func (u *upstreams) state(tlsCfg *tls.Config) connectivity.State {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	c, err := u.currentLocked(tlsCfg)
+	if err != nil {
+		return connectivity.Shutdown
+	}
+	st := c.cc.GetState()
+	if st == connectivity.Idle {
+		c.cc.Connect()
+	}
+	return st
+}
+
+func (c *upstream) release() {
+	u := c.owner
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	c.streams--
@@ -157,8 +194,8 @@ func (u *upstreams) closeIfDone(c *upstream) {
 	}
 }
 
-// connections is the number of connections to tendril-server the relay holds (one, two while
-// a rotated certificate's streams finish on the old one).
+// connections is the number of connections to this tendril-server the relay holds (one, two
+// while a rotated certificate's streams finish on the old one).
 func (u *upstreams) connections() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()

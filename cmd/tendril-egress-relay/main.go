@@ -2,7 +2,8 @@
 // konnectivity gRPC egress: kube-apiserver dials gRPC egress only over a Unix socket, so the relay
 // listens on one in a volume shared with kube-apiserver and carries each connection to
 // tendril-server's gRPC port over mutual TLS (package egressrelay). On a CONNECT socket (beside
-// that one or instead of it) it serves kube-apiserver's HTTP CONNECT egress the same way.
+// that one or instead of it) it serves kube-apiserver's HTTP CONNECT egress the same way. Given
+// several servers (an HA shoot's replicas), it sends each tunnel to the first that answers.
 package main
 
 import (
@@ -14,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -74,13 +76,15 @@ var errVersion = errors.New("version requested")
 func parse(args []string) (Config, error) {
 	var cfg Config
 	var verbosity int
-	var mode string
+	var mode, servers string
 	flags := flag.NewFlagSet("tendril-egress-relay", flag.ContinueOnError)
 	flags.StringVar(&cfg.Relay.Socket, "socket", "", "the Unix socket on which konnectivity's gRPC is served (egress selection proxyProtocol GRPC: its udsName); a stale socket there is replaced (empty: off; this or --connect-socket is required)")
 	flags.StringVar(&cfg.Relay.ConnectSocket, "connect-socket", "", "the Unix socket on which HTTP CONNECT is served (egress selection proxyProtocol HTTPConnect over a Unix socket); each CONNECT is a stream of the one connection to tendril-server (empty: off)")
 	flags.StringVar(&mode, "socket-mode", "0600", "permission bits of the socket (octal); kube-apiserver's user must be able to write it")
-	flags.StringVar(&cfg.Relay.Server, "server", "", "tendril-server's konnectivity gRPC front-end, host:port (tendril-server.<namespace>.svc:8090)")
-	flags.StringVar(&cfg.Relay.ServerName, "server-name", "", "the name tendril-server's certificate must carry (default: the host of --server)")
+	flags.StringVar(&servers, "server", "", "tendril-server's konnectivity gRPC front-end, host:port (tendril-server.<namespace>.svc:8090); "+
+		"for an HA shoot its replicas by their own names, comma-separated (tendril-server-0.tendril-server.<namespace>.svc.cluster.local:8090,"+
+		"tendril-server-1.tendril-server.<namespace>.svc.cluster.local:8090): each tunnel goes to the first that answers its dial")
+	flags.StringVar(&cfg.Relay.ServerName, "server-name", "", "the name tendril-server's certificate must carry, whichever server is dialled (default: the host of --server; required when its servers are on several hosts)")
 	flags.StringVar(&cfg.Relay.CertFile, "tls-cert-file", "", "the client certificate for tendril-server (PEM); read again when it changes")
 	flags.StringVar(&cfg.Relay.KeyFile, "tls-key-file", "", "the client certificate's key (PEM); read again when it changes")
 	flags.StringVar(&cfg.Relay.CAFile, "ca-file", "", "the CA bundle that signed tendril-server's certificate (PEM); read again when it changes")
@@ -100,6 +104,14 @@ func parse(args []string) (Config, error) {
 	}
 	if flags.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", flags.Args())
+	}
+	if servers != "" {
+		for s := range strings.SplitSeq(servers, ",") {
+			if s = strings.TrimSpace(s); s == "" {
+				return cfg, fmt.Errorf("--server %q: an empty entry in the list", servers)
+			}
+			cfg.Relay.Servers = append(cfg.Relay.Servers, s)
+		}
 	}
 	m, err := strconv.ParseUint(mode, 8, 32)
 	if err != nil || m > 0o777 || m == 0 {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,14 +24,23 @@ func TestParse(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := cfg.Relay
-	if r.Socket != "/s/relay.sock" || r.Server != "tendril-server.ns.svc:8090" || r.SocketMode != 0o660 || r.MaxConnections != 7 ||
+	if r.Socket != "/s/relay.sock" || !slices.Equal(r.Servers, []string{"tendril-server.ns.svc:8090"}) || r.SocketMode != 0o660 || r.MaxConnections != 7 ||
 		r.CertFile != "c" || r.KeyFile != "k" || r.CAFile != "ca" || cfg.MetricsAddress != "127.0.0.1:16913" || cfg.Profiling {
 		t.Errorf("config %+v", cfg)
+	}
+	// An HA shoot's replicas, by their own names.
+	const r0, r1 = "tendril-server-0.tendril-server.ns.svc.cluster.local:8090", "tendril-server-1.tendril-server.ns.svc.cluster.local:8090"
+	cfg, err = parse([]string{"--socket=/s/relay.sock", "--server=" + r0 + ", " + r1, "--server-name=tendril-server.ns.svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cfg.Relay.Servers, []string{r0, r1}) || cfg.Relay.ServerName != "tendril-server.ns.svc" {
+		t.Errorf("servers %q, server name %q", cfg.Relay.Servers, cfg.Relay.ServerName)
 	}
 	if _, err := parse([]string{"--version"}); !errors.Is(err, errVersion) {
 		t.Errorf("--version: %v, want errVersion", err)
 	}
-	for _, args := range [][]string{{"--socket-mode=rw"}, {"--socket-mode=01777"}, {"extra"}} {
+	for _, args := range [][]string{{"--socket-mode=rw"}, {"--socket-mode=01777"}, {"extra"}, {"--server=" + r0 + ",," + r1}, {"--server=" + r0 + ","}} {
 		if _, err := parse(args); err == nil {
 			t.Errorf("%q accepted", args)
 		}
