@@ -130,6 +130,13 @@ func (a *actuator) Reconcile(ctx context.Context, log logr.Logger, ext *extensio
 			return err
 		}
 	}
+	// The other shape's objects, after the control plane changed between one server and
+	// several: the new workload is applied first, so the shoot keeps a server meanwhile.
+	for _, obj := range manifest.StaleSeedObjects(v) {
+		if err := a.client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("delete %T %s: %w", obj, client.ObjectKeyFromObject(obj), err)
+		}
+	}
 	if err := a.deleteLegacyServerPolicy(ctx, v.Namespace); err != nil {
 		return err
 	}
@@ -178,6 +185,15 @@ func agentCount(cluster *extensionscontroller.Cluster, pc *tendrilv1alpha1.Provi
 		def = tendrilv1alpha1.MaxAgents
 	}
 	return pc.AgentsOr(def)
+}
+
+// serverCount is how many tendril-server replicas the shoot runs: manifest.HAServers for a highly
+// available control plane (any failure tolerance: its kube-apiserver is spread too), else one.
+func serverCount(cluster *extensionscontroller.Cluster) int {
+	if cluster.Shoot != nil && v1beta1helper.IsHAControlPlaneConfigured(cluster.Shoot) {
+		return manifest.HAServers
+	}
+	return 1
 }
 
 // values gathers everything the builders need, generating secrets on the way; the state it
@@ -248,6 +264,7 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 			ServerAddresses: st.ServerAddresses,
 			ServerPublicKey: string(server[DataKeyPublicKey]),
 			Agents:          agents,
+			Servers:         serverCount(cluster),
 		},
 		Secrets: manifest.SecretNames{
 			ServerTLS:       names[SecretNameServerTLS],
@@ -392,7 +409,7 @@ func (a *actuator) deleteLegacyServerPolicy(ctx context.Context, ns string) erro
 
 func (a *actuator) deleteSeedObjects(ctx context.Context, ns string, withRoute bool) error {
 	v := manifest.Values{Namespace: ns}
-	objs := manifest.SeedObjects(v)
+	objs := append(manifest.SeedObjects(v), manifest.StaleSeedObjects(v)...)
 	if withRoute {
 		objs = append([]client.Object{manifest.Route(v)}, objs...)
 	}

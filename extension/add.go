@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -72,7 +73,7 @@ func watchDrift(mgr manager.Manager, c controller.Controller) error {
 	toExtension := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 		return extensionsIn(ctx, mgr.GetClient(), o.GetNamespace())
 	})
-	for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &networkingv1.NetworkPolicy{}, &tendrilv1alpha1.Route{}} {
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.StatefulSet{}, &policyv1.PodDisruptionBudget{}, &corev1.Service{}, &networkingv1.NetworkPolicy{}, &tendrilv1alpha1.Route{}} {
 		if err := c.Watch(source.Kind[client.Object](mgr.GetCache(), obj, toExtension, ours, drift)); err != nil {
 			return fmt.Errorf("watch %T: %w", obj, err)
 		}

@@ -6,6 +6,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,8 +25,10 @@ func CacheOptions() cache.Options {
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
-			&appsv1.Deployment{}:          {Label: ours},
-			&networkingv1.NetworkPolicy{}: {Label: ours},
+			&appsv1.Deployment{}:            {Label: ours},
+			&appsv1.StatefulSet{}:           {Label: ours},
+			&policyv1.PodDisruptionBudget{}: {Label: ours},
+			&networkingv1.NetworkPolicy{}:   {Label: ours},
 		},
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -46,6 +47,7 @@ import (
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/testwait"
+	"github.com/tendril-net/tendril/wire"
 )
 
 // healthGrace is the tests' RolloutGrace: long enough to see Progressing on a loaded
@@ -386,6 +388,50 @@ func wantAgents(t *testing.T, c client.Client, ns string, ks map[int]corev1.Secr
 	})
 }
 
+// wantServers checks the shape of ns's tendril-server for n replicas: a StatefulSet of n under
+// the tendril-server Service, spread, with a PodDisruptionBudget and no Deployment for n > 1,
+// each agent dialling every replica by name; a Deployment and nothing else for one.
+func wantServers(t *testing.T, c client.Client, ns string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	key := client.ObjectKey{Namespace: ns, Name: manifest.ServerName}
+	testwait.For(t, fmt.Sprintf("%s: %d tendril-server replicas", ns, n), func() error {
+		sts, dep, pdb := &appsv1.StatefulSet{}, &appsv1.Deployment{}, &policyv1.PodDisruptionBudget{}
+		stsErr, depErr, pdbErr := c.Get(ctx, key, sts), c.Get(ctx, key, dep), c.Get(ctx, key, pdb)
+		if n == 1 {
+			if depErr != nil || !apierrors.IsNotFound(stsErr) || !apierrors.IsNotFound(pdbErr) {
+				return fmt.Errorf("deployment %v, statefulset %v, budget %v; want the Deployment alone", depErr, stsErr, pdbErr)
+			}
+			return nil
+		}
+		switch {
+		case stsErr != nil || pdbErr != nil || !apierrors.IsNotFound(depErr):
+			return fmt.Errorf("statefulset %v, budget %v, deployment %v; want the StatefulSet and its budget alone", stsErr, pdbErr, depErr)
+		case ptr.Deref(sts.Spec.Replicas, 0) != int32(n) || sts.Spec.ServiceName != manifest.ServerName || sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement:
+			return fmt.Errorf("statefulset replicas %v, serviceName %q, policy %q", sts.Spec.Replicas, sts.Spec.ServiceName, sts.Spec.PodManagementPolicy)
+		case sts.Spec.Template.Spec.Affinity == nil || sts.Spec.Template.Spec.Affinity.PodAntiAffinity == nil:
+			return errors.New("the replicas are not spread")
+		case pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1:
+			return fmt.Errorf("budget maxUnavailable %v", pdb.Spec.MaxUnavailable)
+		}
+		objs, err := managedresources.GetObjects(ctx, c, ns, manifest.ManagedResourceName)
+		if err != nil {
+			return err
+		}
+		var dests []string
+		for i := range n {
+			dests = append(dests, wire.TendrilServerReplicaWireName(ns, fmt.Sprintf("tendril-server-%d", i)))
+		}
+		want := "--destination=" + strings.Join(dests, ",")
+		for _, o := range objs {
+			if d, ok := o.(*appsv1.Deployment); ok && !slices.Contains(d.Spec.Template.Spec.Containers[0].Args, want) {
+				return fmt.Errorf("agent %s args %q lack %q", d.Name, d.Spec.Template.Spec.Containers[0].Args, want)
+			}
+		}
+		return nil
+	})
+}
+
 // testHighAvailability: a shoot with an HA control plane gets two agents, each with its own
 // persisted key and address; the providerConfig overrides the count both ways; going down to
 // one agent and back up gives agent 1 its recorded address again and never touches agent 0's
@@ -407,6 +453,10 @@ func testHighAvailability(t *testing.T, c client.Client) {
 	}
 	wantAgents(t, c, ha, keys, "fd8f:6d53:b97a:1::2", "fd8f:6d53:b97a:1::3")
 	wantAgents(t, c, plain, agentKeys(t, c, plain), "fd8f:6d53:b97a:1::2", "fd8f:6d53:b97a:1::3")
+	// The HA control plane gets two servers, each agent a tunnel to both; the plain one with
+	// two agents keeps its one server.
+	wantServers(t, c, ha, manifest.HAServers)
+	wantServers(t, c, plain, 1)
 
 	setConfig := func(raw string) {
 		t.Helper()
@@ -1031,9 +1081,24 @@ func testForceDelete(t *testing.T, c client.Client) {
 
 func serverArgs(t *testing.T, c client.Client, ns string) string {
 	t.Helper()
+	spec := serverPod(t, c, ns).Spec
+	return strings.Join(spec.Containers[0].Args, " ") + fmt.Sprint(spec.Volumes)
+}
+
+// serverPod is tendril-server's pod template: the StatefulSet's of an HA shoot, else the
+// Deployment's.
+func serverPod(t *testing.T, c client.Client, ns string) corev1.PodTemplateSpec {
+	t.Helper()
+	key := client.ObjectKey{Namespace: ns, Name: manifest.ServerName}
+	sts := &appsv1.StatefulSet{}
+	if err := c.Get(context.Background(), key, sts); err == nil {
+		return sts.Spec.Template
+	} else if !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
 	d := &appsv1.Deployment{}
-	must(t, c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, d))
-	return strings.Join(d.Spec.Template.Spec.Containers[0].Args, " ") + fmt.Sprint(d.Spec.Template.Spec.Volumes)
+	must(t, c.Get(context.Background(), key, d))
+	return d.Spec.Template
 }
 
 func managedResource(t *testing.T, c client.Client, ns string) *resourcesv1alpha1.ManagedResource {

@@ -72,31 +72,64 @@ type serverCheck struct {
 func (c *serverCheck) SetLoggerSuffix(string, string) {}
 
 func (c *serverCheck) Check(ctx context.Context, req types.NamespacedName) (*healthcheck.SingleCheckResult, error) {
-	dep := &appsv1.Deployment{}
-	if err := c.client.Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: manifest.ServerName}, dep); err != nil {
-		if apierrors.IsNotFound(err) {
-			return &healthcheck.SingleCheckResult{Status: gardencorev1beta1.ConditionFalse, Detail: "deployment " + manifest.ServerName + " not found"}, nil
-		}
-		return nil, fmt.Errorf("read deployment %s: %w", manifest.ServerName, err)
+	w, err := c.workload(ctx, req.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	if w == nil {
+		return &healthcheck.SingleCheckResult{Status: gardencorev1beta1.ConditionFalse, Detail: "tendril-server not found (no Deployment or StatefulSet " + manifest.ServerName + ")"}, nil
 	}
 	// The health library does not run checks for a hibernated shoot, and the actuator
 	// scales to zero only then: zero replicas here is someone else's doing.
-	if ptr.Deref(dep.Spec.Replicas, 1) == 0 {
-		return &healthcheck.SingleCheckResult{Status: gardencorev1beta1.ConditionFalse, Detail: "deployment " + manifest.ServerName + " is scaled to zero"}, nil
+	if w.replicas == 0 {
+		return &healthcheck.SingleCheckResult{Status: gardencorev1beta1.ConditionFalse, Detail: w.kind + " " + manifest.ServerName + " is scaled to zero"}, nil
 	}
-	if dep.Status.ReadyReplicas > 0 && dep.Status.ObservedGeneration >= dep.Generation {
+	// One Ready replica carries the shoot: every agent keeps a tunnel to each.
+	if w.ready > 0 && w.observed >= w.generation {
 		return &healthcheck.SingleCheckResult{Status: gardencorev1beta1.ConditionTrue}, nil
 	}
 	// No Ready pod: a server that just started (or restarted, or is being replaced) waits for
 	// its agent; Progressing until the grace runs out, after which the library turns the
 	// condition False.
-	detail := fmt.Sprintf("no shoot agent tunnel: %d of %d tendril-server pods ready (readiness is the tunnel)", dep.Status.ReadyReplicas, ptr.Deref(dep.Spec.Replicas, 1))
-	if dep.Status.ObservedGeneration < dep.Generation {
-		detail = fmt.Sprintf("tendril-server rollout not observed yet (generation %d, observed %d)", dep.Generation, dep.Status.ObservedGeneration)
+	detail := fmt.Sprintf("no shoot agent tunnel: %d of %d tendril-server pods ready (readiness is the tunnel)", w.ready, w.replicas)
+	if w.observed < w.generation {
+		detail = fmt.Sprintf("tendril-server rollout not observed yet (generation %d, observed %d)", w.generation, w.observed)
 	}
 	return &healthcheck.SingleCheckResult{
 		Status:               gardencorev1beta1.ConditionProgressing,
 		Detail:               detail,
 		ProgressingThreshold: &c.grace,
 	}, nil
+}
+
+// serverWorkload is what the check reads of tendril-server's Deployment or StatefulSet.
+type serverWorkload struct {
+	kind                 string
+	replicas, ready      int32
+	generation, observed int64
+}
+
+// workload reads tendril-server as it runs: the StatefulSet of an HA shoot, else the Deployment
+// (nil: neither). While a shoot changes shape both may exist for a moment; the StatefulSet,
+// the newer shape of the two, is read first.
+func (c *serverCheck) workload(ctx context.Context, ns string) (*serverWorkload, error) {
+	key := client.ObjectKey{Namespace: ns, Name: manifest.ServerName}
+	sts := &appsv1.StatefulSet{}
+	switch err := c.client.Get(ctx, key, sts); {
+	case err == nil:
+		return &serverWorkload{kind: "statefulset", replicas: ptr.Deref(sts.Spec.Replicas, 1), ready: sts.Status.ReadyReplicas,
+			generation: sts.Generation, observed: sts.Status.ObservedGeneration}, nil
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("read statefulset %s: %w", manifest.ServerName, err)
+	}
+	dep := &appsv1.Deployment{}
+	switch err := c.client.Get(ctx, key, dep); {
+	case err == nil:
+		return &serverWorkload{kind: "deployment", replicas: ptr.Deref(dep.Spec.Replicas, 1), ready: dep.Status.ReadyReplicas,
+			generation: dep.Generation, observed: dep.Status.ObservedGeneration}, nil
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("read deployment %s: %w", manifest.ServerName, err)
+	}
 }

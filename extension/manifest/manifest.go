@@ -104,6 +104,9 @@ type Tunnel struct {
 	// Agents are the shoot's tunnel agents, each its own WireGuard peer of tendril-server and
 	// its own Deployment in the shoot; more than one for a highly available control plane.
 	Agents []Agent
+	// Servers is how many tendril-server replicas run: 0 or 1, one Deployment; more, a
+	// StatefulSet whose pods each agent keeps a tunnel to (ServerWorkload).
+	Servers int
 }
 
 // Agent is one shoot agent's tunnel identity.
@@ -272,12 +275,33 @@ func probes(host string, port int32, readyPath string) (live, ready *corev1.Prob
 	return get("/healthz"), get(readyPath)
 }
 
-// ServerDeployment is tendril-server in the shoot namespace.
+// ServerDeployment is tendril-server in the shoot namespace, one replica.
 func ServerDeployment(v Values) *appsv1.Deployment {
 	replicas := int32(1)
 	if v.Hibernated {
 		replicas = 0
 	}
+	labels := serverLabels()
+	return &appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: metav1.ObjectMeta{Name: ServerName, Namespace: v.Namespace, Labels: labels},
+		Spec: appsv1.DeploymentSpec{
+			Replicas:             &replicas,
+			RevisionHistoryLimit: ptr.To[int32](2),
+			// Recreate: the new pod becomes Ready only once the one agent's tunnel moves to it,
+			// which happens when the old pod is gone; a rolling update with maxUnavailable 0
+			// would wait for that readiness forever. One server at a time also keeps
+			// kube-apiserver's egress (which reaches not-ready pods too, see the Service) off a
+			// pod that has no tunnel.
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: serverPodTemplate(v, nil),
+		},
+	}
+}
+
+// serverPodTemplate is tendril-server's pod, with affinity (nil: none).
+func serverPodTemplate(v Values, affinity *corev1.Affinity) corev1.PodTemplateSpec {
 	args := []string{
 		"--private-key-file=" + pathWireGuard + "/private-key",
 		"--agent-public-key=" + agentPublicKeys(v.Tunnel.Agents),
@@ -297,75 +321,60 @@ func ServerDeployment(v Values) *appsv1.Deployment {
 	// publishes not-ready addresses, so a server without a tunnel stays reachable for the
 	// agent that brings it up.
 	live, ready := probes("", PortMetrics, "/readyz")
-	labels := serverLabels()
 	podLabels := map[string]string{
 		v1beta1constants.LabelApp:                   ServerName,
 		v1beta1constants.GardenRole:                 v1beta1constants.GardenRoleControlPlane,
 		v1beta1constants.LabelPodMaintenanceRestart: "true",
 	}
-	d := &appsv1.Deployment{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
-		ObjectMeta: metav1.ObjectMeta{Name: ServerName, Namespace: v.Namespace, Labels: labels},
-		Spec: appsv1.DeploymentSpec{
-			Replicas:             &replicas,
-			RevisionHistoryLimit: ptr.To[int32](2),
-			// Recreate: the new pod becomes Ready only once the one agent's tunnel moves to it,
-			// which happens when the old pod is gone; a rolling update with maxUnavailable 0
-			// would wait for that readiness forever. One server at a time also keeps
-			// kube-apiserver's egress (which reaches not-ready pods too, see the Service) off a
-			// pod that has no tunnel.
-			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{
-					Labels: podLabels,
-					Annotations: map[string]string{
-						"prometheus.io/scrape": "true",
-						"prometheus.io/port":   strconv.Itoa(PortMetrics),
-					},
+	t := corev1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{
+			Labels: podLabels,
+			Annotations: map[string]string{
+				"prometheus.io/scrape": "true",
+				"prometheus.io/port":   strconv.Itoa(PortMetrics),
+			},
+		},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken: ptr.To(false),
+			SecurityContext:              podSecurity(),
+			Affinity:                     affinity,
+			PriorityClassName:            v1beta1constants.PriorityClassNameShootControlPlane500,
+			Containers: []corev1.Container{{
+				Name:  ServerName,
+				Image: v.Image,
+				// The image holds every binary; the entry point is the binary's name.
+				Command: []string{"/tendril-server"},
+				Args:    args,
+				Ports: []corev1.ContainerPort{
+					{Name: "tunnel", ContainerPort: PortTunnel, Protocol: corev1.ProtocolTCP},
+					{Name: "connect", ContainerPort: PortConnect, Protocol: corev1.ProtocolTCP},
+					{Name: "grpc", ContainerPort: PortGRPC, Protocol: corev1.ProtocolTCP},
+					{Name: "metrics", ContainerPort: PortMetrics, Protocol: corev1.ProtocolTCP},
 				},
-				Spec: corev1.PodSpec{
-					AutomountServiceAccountToken: ptr.To(false),
-					SecurityContext:              podSecurity(),
-					PriorityClassName:            v1beta1constants.PriorityClassNameShootControlPlane500,
-					Containers: []corev1.Container{{
-						Name:  ServerName,
-						Image: v.Image,
-						// The image holds every binary; the entry point is the binary's name.
-						Command: []string{"/tendril-server"},
-						Args:    args,
-						Ports: []corev1.ContainerPort{
-							{Name: "tunnel", ContainerPort: PortTunnel, Protocol: corev1.ProtocolTCP},
-							{Name: "connect", ContainerPort: PortConnect, Protocol: corev1.ProtocolTCP},
-							{Name: "grpc", ContainerPort: PortGRPC, Protocol: corev1.ProtocolTCP},
-							{Name: "metrics", ContainerPort: PortMetrics, Protocol: corev1.ProtocolTCP},
-						},
-						LivenessProbe:  live,
-						ReadinessProbe: ready,
-						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-							corev1.ResourceCPU:    resource.MustParse("20m"),
-							corev1.ResourceMemory: resource.MustParse("32Mi"),
-						}},
-						SecurityContext: restricted(),
-						VolumeMounts: []corev1.VolumeMount{
-							{Name: "wireguard", MountPath: pathWireGuard, ReadOnly: true},
-							{Name: "tls", MountPath: pathTLS, ReadOnly: true},
-							{Name: "ca", MountPath: pathCA, ReadOnly: true},
-						},
-					}},
-					Volumes: []corev1.Volume{
-						secretVolume("wireguard", v.Secrets.ServerWireGuard),
-						secretVolume("tls", v.Secrets.ServerTLS),
-						secretVolume("ca", v.Secrets.ClientCA),
-					},
+				LivenessProbe:  live,
+				ReadinessProbe: ready,
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceCPU:    resource.MustParse("20m"),
+					corev1.ResourceMemory: resource.MustParse("32Mi"),
+				}},
+				SecurityContext: restricted(),
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "wireguard", MountPath: pathWireGuard, ReadOnly: true},
+					{Name: "tls", MountPath: pathTLS, ReadOnly: true},
+					{Name: "ca", MountPath: pathCA, ReadOnly: true},
 				},
+			}},
+			Volumes: []corev1.Volume{
+				secretVolume("wireguard", v.Secrets.ServerWireGuard),
+				secretVolume("tls", v.Secrets.ServerTLS),
+				secretVolume("ca", v.Secrets.ClientCA),
 			},
 		},
 	}
 	if v.KernelTunnel {
-		kernelTunnel(&d.Spec.Template.Spec, &d.Spec.Template.Spec.Containers[0])
+		kernelTunnel(&t.Spec, &t.Spec.Containers[0])
 	}
-	return d
+	return t
 }
 
 // ServerService exposes tendril-server's ports inside the seed and tells Gardener's

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
+	"github.com/tendril-net/tendril/wire"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -103,7 +106,55 @@ func haValues() Values {
 		PublicKey:  "YWdlbnQxLXB1YmxpYy1rZXktMzItYnl0ZXMtbG9uZyE=",
 		PrivateKey: "YWdlbnQxLXByaXZhdGUta2V5LTMyLWJ5dGVzLWxvbmc=",
 	})
+	v.Tunnel.Servers = HAServers
 	return v
+}
+
+// TestHAServers: several servers are a StatefulSet under the tendril-server Service with a
+// budget, and the agents dial every replica by name; one server is the Deployment, dialled as a
+// whole; each shape names the other's objects as stale, and hibernation scales either to zero.
+func TestHAServers(t *testing.T) {
+	ha := haValues()
+	objs := SeedObjects(ha)
+	sts, ok := objs[0].(*appsv1.StatefulSet)
+	if !ok {
+		t.Fatalf("HA workload %T, want a StatefulSet", objs[0])
+	}
+	if *sts.Spec.Replicas != HAServers || sts.Spec.ServiceName != ServerName || sts.Spec.Template.Spec.Affinity == nil {
+		t.Errorf("statefulset %+v", sts.Spec)
+	}
+	var pdbs int
+	for _, o := range objs {
+		if _, ok := o.(*policyv1.PodDisruptionBudget); ok {
+			pdbs++
+		}
+	}
+	if pdbs != 1 {
+		t.Errorf("%d budgets among the seed objects, want 1", pdbs)
+	}
+	want := "--destination=" + wire.TendrilServerReplicaWireName(ha.Namespace, "tendril-server-0") + "," + wire.TendrilServerReplicaWireName(ha.Namespace, "tendril-server-1")
+	for i := range ha.Tunnel.Agents {
+		if args := AgentDeployment(ha, i).Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, want) {
+			t.Errorf("agent %d args %q lack %q", i, args, want)
+		}
+	}
+	if stale := StaleSeedObjects(ha); len(stale) != 1 || reflect.TypeOf(stale[0]) != reflect.TypeOf(&appsv1.Deployment{}) {
+		t.Errorf("stale objects of the HA shape: %T", stale)
+	}
+	one := testValues()
+	if _, ok := SeedObjects(one)[0].(*appsv1.Deployment); !ok {
+		t.Errorf("one server's workload %T, want a Deployment", SeedObjects(one)[0])
+	}
+	if args := AgentDeployment(one, 0).Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--destination="+TunnelDestination(one.Namespace)) {
+		t.Errorf("single-server agent args %q", args)
+	}
+	if stale := StaleSeedObjects(one); len(stale) != 2 {
+		t.Errorf("stale objects of the one-server shape: %T", stale)
+	}
+	ha.Hibernated = true
+	if r := *ServerStatefulSet(ha).Spec.Replicas; r != 0 {
+		t.Errorf("hibernated HA replicas %d", r)
+	}
 }
 
 // TestHAAgents: each agent is its own Deployment mounting its own Secret with its own key and

@@ -3,6 +3,7 @@ package manifest
 import (
 	"net/netip"
 	"strconv"
+	"strings"
 
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	appsv1 "k8s.io/api/apps/v1"
@@ -74,16 +75,7 @@ func agentAntiAffinity(n int) *corev1.Affinity {
 	if n <= 1 {
 		return nil
 	}
-	term := func(weight int32, key string) corev1.WeightedPodAffinityTerm {
-		return corev1.WeightedPodAffinityTerm{Weight: weight, PodAffinityTerm: corev1.PodAffinityTerm{
-			LabelSelector: agentSelector(n), TopologyKey: key,
-		}}
-	}
-	return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{
-			term(100, corev1.LabelTopologyZone), term(50, corev1.LabelHostname),
-		},
-	}}
+	return spread(agentSelector(n))
 }
 
 // AgentPodDisruptionBudget lets a drain evict one agent at a time, so the tunnel always has a
@@ -120,7 +112,7 @@ func AgentDeployment(v Values, i int) *appsv1.Deployment {
 		"--shoot-cidrs=" + joinPrefixes(v.ShootCIDRs),
 		"--seed=" + hostPort(v.Ingress, PortIngressProxy),
 		"--header=" + wire.GardenerDestinationHeader,
-		"--destination=" + TunnelDestination(v.Namespace),
+		"--destination=" + strings.Join(ServerReplicaDestinations(v), ","),
 		"--metrics-address=:" + strconv.Itoa(portAgentMetrics),
 	}
 	live, ready := probes("", portAgentMetrics, "/readyz")
@@ -316,7 +308,11 @@ func ShootObjects(v Values) []client.Object {
 // its Service (ServerService). The monitoring objects stay while hibernated, as Gardener's
 // vpn-seed-server's do: with no server pod there is no series, so no alert fires.
 func SeedObjects(v Values) []client.Object {
-	return []client.Object{ServerDeployment(v), ServerService(v), ServerScrapeConfig(v), AgentScrapeConfig(v), PrometheusRule(v)}
+	objs := []client.Object{ServerWorkload(v), ServerService(v), ServerScrapeConfig(v), AgentScrapeConfig(v), PrometheusRule(v)}
+	if v.ha() {
+		objs = append(objs, ServerPodDisruptionBudget(v))
+	}
+	return objs
 }
 
 func hostPort(host string, port int) string {
