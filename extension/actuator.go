@@ -187,15 +187,6 @@ func agentCount(cluster *extensionscontroller.Cluster, pc *tendrilv1alpha1.Provi
 	return pc.AgentsOr(def)
 }
 
-// serverCount is how many tendril-server replicas the shoot runs: manifest.HAServers for a highly
-// available control plane (any failure tolerance: its kube-apiserver is spread too), else one.
-func serverCount(cluster *extensionscontroller.Cluster) int {
-	if cluster.Shoot != nil && v1beta1helper.IsHAControlPlaneConfigured(cluster.Shoot) {
-		return manifest.HAServers
-	}
-	return 1
-}
-
 // values gathers everything the builders need, generating secrets on the way; the state it
 // returns is what status.state must hold afterwards.
 func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv1alpha1.Extension, cluster *extensionscontroller.Cluster, pc *tendrilv1alpha1.ProviderConfig) (manifest.Values, State, secretsmanager.Interface, error) {
@@ -264,7 +255,7 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 			ServerAddresses: st.ServerAddresses,
 			ServerPublicKey: string(server[DataKeyPublicKey]),
 			Agents:          agents,
-			Servers:         serverCount(cluster),
+			Servers:         manifest.ServerCount(cluster.Shoot),
 		},
 		Secrets: manifest.SecretNames{
 			ServerTLS:       names[SecretNameServerTLS],

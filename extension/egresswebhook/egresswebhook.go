@@ -67,6 +67,7 @@ import (
 	"strings"
 	"time"
 
+	extensionscontroller "github.com/gardener/gardener/extensions/pkg/controller"
 	extensionswebhook "github.com/gardener/gardener/extensions/pkg/webhook"
 	"github.com/gardener/gardener/extensions/pkg/webhook/certificates"
 	extensionscontextwebhook "github.com/gardener/gardener/extensions/pkg/webhook/context"
@@ -89,6 +90,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
+	"github.com/tendril-net/tendril/extension/manifest"
 )
 
 // These must match extension/secrets.go and extension.Type (this package cannot import
@@ -331,7 +333,16 @@ func (e *ensurer) EnsureKubeAPIServerDeployment(ctx context.Context, _ extension
 	if err := e.ensureConfigMap(ctx, cm); err != nil {
 		return err
 	}
-	return MutateDeployment(dep, Mutation{Egress: mode, Secrets: s, Config: cm.Data[ConfigMapDataKey], RelayImage: e.relayImage})
+	// The Cluster says whether the control plane is HA, and so how many servers the actuator
+	// runs; a namespace without one (no gardenlet) has one server.
+	servers := 1
+	switch cluster, err := extensionscontroller.GetCluster(ctx, e.reader, ns); {
+	case err == nil:
+		servers = manifest.ServerCount(cluster.Shoot)
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("cluster %s: %w", ns, err)
+	}
+	return MutateDeployment(dep, Mutation{Egress: mode, Secrets: s, Config: cm.Data[ConfigMapDataKey], RelayImage: e.relayImage, Servers: servers})
 }
 
 // extension returns the namespace's Extension of type tendril, or nil.

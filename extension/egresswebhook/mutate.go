@@ -102,6 +102,22 @@ func GRPCServerAddress(namespace string) string {
 	return fmt.Sprintf("%s:%d", ServerHost(namespace), manifest.PortGRPC)
 }
 
+// RelayServers are the gRPC front-ends the relay sidecar dials: tendril-server's Service for one
+// replica; each of several replicas by its pod's name (tendril-server-N.tendril-server.<ns>.svc),
+// so that the relay reaches a live one at once rather than through kube-proxy, which keeps a lost
+// node's pod among the Service's endpoints until the node is marked unreachable. The certificate
+// is checked for ServerHost all the same (--server-name).
+func RelayServers(namespace string, servers int) []string {
+	if servers <= 1 {
+		return []string{GRPCServerAddress(namespace)}
+	}
+	out := make([]string, servers)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%d.%s:%d", manifest.ServerName, i, ServerHost(namespace), manifest.PortGRPC)
+	}
+	return out
+}
+
 // EgressSelectorConfig is the apiserver.k8s.io/v1beta1 EgressSelectorConfiguration for egress
 // mode (empty: httpConnect): `cluster` goes HTTP CONNECT over mutual TLS to tendril-server, or
 // GRPC (kube-apiserver's gRPC egress works only over a Unix socket) or HTTP CONNECT over one of
@@ -189,6 +205,9 @@ type Mutation struct {
 	// RelayImage is the tendril image the relay sidecar runs; required for the relayed modes
 	// (grpc, httpConnectRelay).
 	RelayImage string
+	// Servers is how many tendril-server replicas the shoot runs (manifest.ServerCount; 0 is
+	// one): with several, the relay dials each by name and uses one that answers.
+	Servers int
 }
 
 // MutateDeployment points the kube-apiserver Deployment's EgressSelector at tendril-server:
@@ -267,7 +286,7 @@ func MutateDeployment(dep *appsv1.Deployment, m Mutation) error {
 		EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: ptr.To(resource.MustParse("1Mi"))},
 	}})
 	ps.InitContainers = extensionswebhook.EnsureContainerWithName(ps.InitContainers,
-		relayContainer(dep.Namespace, m.RelayImage, relayArg, c.SecurityContext, clientMount, caMount, socketMount))
+		relayContainer(dep.Namespace, m.RelayImage, relayArg, m.Servers, c.SecurityContext, clientMount, caMount, socketMount))
 	t.Labels = extensionswebhook.EnsureAnnotationOrLabel(t.Labels, grpcLabel, v1beta1constants.LabelNetworkPolicyAllowed)
 	delete(t.Labels, connectLabel)
 	return nil
@@ -276,7 +295,7 @@ func MutateDeployment(dep *appsv1.Deployment, m Mutation) error {
 // relayContainer is the egress relay sidecar. It runs as kube-apiserver's user (its container's
 // runAsUser/runAsGroup when set, else the pod's like kube-apiserver): that user must be able to
 // connect to the relay's 0600 socket, and the certificate volumes' modes already serve it.
-func relayContainer(namespace, image, socketArg string, apiserver *corev1.SecurityContext, mounts ...corev1.VolumeMount) corev1.Container {
+func relayContainer(namespace, image, socketArg string, servers int, apiserver *corev1.SecurityContext, mounts ...corev1.VolumeMount) corev1.Container {
 	sc := &corev1.SecurityContext{
 		AllowPrivilegeEscalation: ptr.To(false),
 		ReadOnlyRootFilesystem:   ptr.To(true),
@@ -291,7 +310,7 @@ func relayContainer(namespace, image, socketArg string, apiserver *corev1.Securi
 		Command: []string{RelayCommand},
 		Args: []string{
 			socketArg,
-			"--server=" + GRPCServerAddress(namespace),
+			"--server=" + strings.Join(RelayServers(namespace, servers), ","),
 			"--server-name=" + ServerHost(namespace),
 			"--tls-cert-file=" + path.Join(MountPathClient, dataKeyCertificate),
 			"--tls-key-file=" + path.Join(MountPathClient, dataKeyPrivateKey),

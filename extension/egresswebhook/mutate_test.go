@@ -412,3 +412,27 @@ func testEgressSelectorConfigUDS(t *testing.T, mode tendrilv1alpha1.EgressMode, 
 		}
 	}
 }
+
+// TestRelayServersHA: with the HA control plane's two tendril-server replicas the relay sidecar
+// dials each by its pod's name (checking the certificate for the Service's name all the same);
+// with one, the Service.
+func TestRelayServersHA(t *testing.T) {
+	for _, tc := range []struct {
+		servers int
+		want    string
+	}{
+		{0, "--server=tendril-server.shoot--p--s.svc:8090"},
+		{1, "--server=tendril-server.shoot--p--s.svc:8090"},
+		{2, "--server=tendril-server-0.tendril-server.shoot--p--s.svc:8090,tendril-server-1.tendril-server.shoot--p--s.svc:8090"},
+	} {
+		d := deployment([]string{"/usr/local/bin/kube-apiserver"}, nil)
+		m := Mutation{Egress: tendrilv1alpha1.EgressGRPC, Secrets: Secrets{Client: "c", CABundle: "b"}, Config: "x", RelayImage: relayImage, Servers: tc.servers}
+		if err := MutateDeployment(d, m); err != nil {
+			t.Fatal(err)
+		}
+		args := d.Spec.Template.Spec.InitContainers[len(d.Spec.Template.Spec.InitContainers)-1].Args
+		if !slices.Contains(args, tc.want) || !slices.Contains(args, "--server-name=tendril-server.shoot--p--s.svc") {
+			t.Errorf("%d servers: relay args %q, want %q and the Service's name", tc.servers, args, tc.want)
+		}
+	}
+}

@@ -3,6 +3,9 @@ package manifest
 import (
 	"strconv"
 
+	v1beta1helper "github.com/gardener/gardener/pkg/api/core/v1beta1/helper"
+	gardencorev1beta1 "github.com/gardener/gardener/pkg/apis/core/v1beta1"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -18,6 +21,15 @@ import (
 // agent keeps a tunnel to both, so any one server and any one agent may be lost at once
 // (docs/design-notes/ha.md).
 const HAServers = 2
+
+// ServerCount is how many tendril-server replicas shoot runs: HAServers for a highly available
+// control plane (any failure tolerance: its kube-apiserver is spread too), else one.
+func ServerCount(shoot *gardencorev1beta1.Shoot) int {
+	if shoot != nil && v1beta1helper.IsHAControlPlaneConfigured(shoot) {
+		return HAServers
+	}
+	return 1
+}
 
 // ha reports whether tendril-server runs as several replicas.
 func (v Values) ha() bool { return v.Tunnel.Servers > 1 }
