@@ -249,7 +249,7 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 		AdvertisedAddress: adv,
 		Ingress:           a.cfg.Ingress,
 		APIServerProxy:    pc.APIServerProxyEnabled(),
-		Egress:            pc.EgressOrDefault(),
+		Egress:            pc.EgressFor(manifest.ServerCount(cluster.Shoot) > 1),
 		KernelTunnel:      pc.TunnelStackOrDefault() == tendrilv1alpha1.TunnelStackKernel,
 		Tunnel: manifest.Tunnel{
 			ServerAddresses: st.ServerAddresses,

@@ -312,7 +312,16 @@ func (e *ensurer) EnsureKubeAPIServerDeployment(ctx context.Context, _ extension
 	if len(errs) > 0 {
 		return fmt.Errorf("extension %s/%s: %w", ns, ext.Name, errs.ToAggregate())
 	}
-	mode := pc.EgressOrDefault()
+	// The Cluster says whether the control plane is HA, and so how many servers the actuator
+	// runs and the default mode; a namespace without one (no gardenlet) has one server.
+	servers := 1
+	switch cluster, err := extensionscontroller.GetCluster(ctx, e.reader, ns); {
+	case err == nil:
+		servers = manifest.ServerCount(cluster.Shoot)
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("cluster %s: %w", ns, err)
+	}
+	mode := pc.EgressFor(servers > 1)
 	if mode.Relayed() && e.relayImage == "" {
 		// Refused (gardenlet retries) rather than left to Gardener's VPN, which the shoot's
 		// owner switched away from.
@@ -332,15 +341,6 @@ func (e *ensurer) EnsureKubeAPIServerDeployment(ctx context.Context, _ extension
 	}
 	if err := e.ensureConfigMap(ctx, cm); err != nil {
 		return err
-	}
-	// The Cluster says whether the control plane is HA, and so how many servers the actuator
-	// runs; a namespace without one (no gardenlet) has one server.
-	servers := 1
-	switch cluster, err := extensionscontroller.GetCluster(ctx, e.reader, ns); {
-	case err == nil:
-		servers = manifest.ServerCount(cluster.Shoot)
-	case !apierrors.IsNotFound(err):
-		return fmt.Errorf("cluster %s: %w", ns, err)
 	}
 	return MutateDeployment(dep, Mutation{Egress: mode, Secrets: s, Config: cm.Data[ConfigMapDataKey], RelayImage: e.relayImage, Servers: servers})
 }

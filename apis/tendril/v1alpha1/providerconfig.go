@@ -58,7 +58,8 @@ type ProviderConfig struct {
 	// +optional
 	APIServerProxy *APIServerProxy `json:"apiserverProxy,omitempty"`
 
-	// Egress selects kube-apiserver's egress front-end: httpConnect (default), httpConnectRelay
+	// Egress selects kube-apiserver's egress front-end: httpConnect (the default), httpConnectRelay
+	// (the default of a highly available control plane, whose tendril-server runs two replicas)
 	// or grpc.
 	//
 	// +optional
@@ -129,6 +130,17 @@ func (c *ProviderConfig) EgressOrDefault() EgressMode {
 		return EgressHTTPConnect
 	}
 	return c.Egress
+}
+
+// EgressFor is the configured egress mode; when unset, httpConnectRelay for a shoot whose
+// tendril-server runs several replicas (its relay sidecar dials each replica by name and uses a
+// live one, where kube-apiserver dialling the Service itself would wait on a lost node's pod
+// until the node is marked unreachable), else httpConnect.
+func (c *ProviderConfig) EgressFor(severalServers bool) EgressMode {
+	if (c == nil || c.Egress == "") && severalServers {
+		return EgressHTTPConnectRelay
+	}
+	return c.EgressOrDefault()
 }
 
 // AgentsOr is the configured number of agents, or def when the config does not say.

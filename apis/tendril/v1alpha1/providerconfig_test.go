@@ -65,3 +65,23 @@ func TestDecodeProviderConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestEgressFor: an unset mode is httpConnectRelay with several servers and httpConnect with one;
+// a configured mode is kept either way.
+func TestEgressFor(t *testing.T) {
+	for _, tc := range []struct {
+		cfg     *ProviderConfig
+		several bool
+		want    EgressMode
+	}{
+		{nil, false, EgressHTTPConnect},
+		{nil, true, EgressHTTPConnectRelay},
+		{&ProviderConfig{}, true, EgressHTTPConnectRelay},
+		{&ProviderConfig{Egress: EgressHTTPConnect}, true, EgressHTTPConnect},
+		{&ProviderConfig{Egress: EgressGRPC}, false, EgressGRPC},
+	} {
+		if got := tc.cfg.EgressFor(tc.several); got != tc.want {
+			t.Errorf("%+v, several servers %v: %q, want %q", tc.cfg, tc.several, got, tc.want)
+		}
+	}
+}
