@@ -76,6 +76,16 @@ type haRig struct {
 	server                   *exec.Cmd
 	connectAddr, metricsAddr string
 	tlsConf                  *tls.Config
+	// pod is the pattern pod's address (empty: haPod).
+	pod string
+}
+
+// podAddr is the pattern pod's address and the answer to GET / from it.
+func (r *haRig) podAddr() (addr, reply string) {
+	if r.pod == "" {
+		return haPod, haPodReply
+	}
+	return r.pod, "pod " + r.pod
 }
 
 const (
@@ -235,7 +245,8 @@ func (r *haRig) connect(ctx context.Context) (net.Conn, *bufio.Reader, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
-	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", haPod, haPod)
+	pod, _ := r.podAddr()
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", pod, pod)
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
@@ -303,7 +314,8 @@ func (r *haRig) dialLoop(stop <-chan struct{}) (results func() []dialResult) {
 					if err == nil {
 						body, err = io.ReadAll(resp.Body)
 					}
-					res.ok = err == nil && string(body) == haPodReply
+					_, reply := r.podAddr()
+					res.ok = err == nil && string(body) == reply
 					if !res.ok {
 						res.err = fmt.Errorf("after 200: body %q, %w", body, err)
 					}
