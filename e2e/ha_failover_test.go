@@ -63,6 +63,22 @@ func init() {
 	os.Exit(1)
 }
 
+// startPatternPod runs this test binary as the pattern pod on addr in network namespace ns
+// until the test ends.
+func startPatternPod(t *testing.T, ns, addr string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	podCmd := exec.Command("ip", "netns", "exec", ns, self)
+	podCmd.Env = append(os.Environ(), patternPodEnv+"="+addr)
+	if err := podCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = podCmd.Process.Kill(); _ = podCmd.Wait() })
+}
+
 // haRig is the seed (tendril-seed, tendril-ingress, one tendril-server) and a shoot with two
 // tendril-agent processes reaching the server only through the ingress, all real binaries.
 type haRig struct {
@@ -97,16 +113,7 @@ func newHARig(t *testing.T) *haRig {
 	t.Helper()
 	dir := t.TempDir()
 	shoot, pod := shootNetworks(t, "hf", "10.221.0", "10.222.0")
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	podCmd := exec.Command("ip", "netns", "exec", pod, self)
-	podCmd.Env = append(os.Environ(), patternPodEnv+"="+haPod)
-	if err := podCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = podCmd.Process.Kill(); _ = podCmd.Wait() })
+	startPatternPod(t, pod, haPod)
 
 	write := func(name, content string) string { return writeFile(t, dir, name, content) }
 	serverKey, _ := wg.GenerateKey()

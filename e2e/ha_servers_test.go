@@ -36,16 +36,7 @@ func TestHAServersThroughIngress(t *testing.T) {
 	dir := t.TempDir()
 	const pod = "10.226.0.2:8080"
 	shoot, podNS := shootNetworks(t, "hs", "10.225.0", "10.226.0")
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	podCmd := exec.Command("ip", "netns", "exec", podNS, self)
-	podCmd.Env = append(os.Environ(), patternPodEnv+"="+pod)
-	if err := podCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = podCmd.Process.Kill(); _ = podCmd.Wait() })
+	startPatternPod(t, podNS, pod)
 
 	write := func(name, content string) string { return writeFile(t, dir, name, content) }
 	serverKey, _ := wg.GenerateKey()
