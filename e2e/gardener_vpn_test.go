@@ -169,15 +169,7 @@ func TestGardenerVPNThroughIngress(t *testing.T) {
 	agentKeyFile := write("agent.key", agentKey.String())
 	serverPub := write("server.pub", serverKey.PublicKey().String())
 	agentPub := write("agent.pub", agentKey.PublicKey().String())
-	ca, caFile := shootCA(t, dir)
-	srvCert, _ := ca.Leaf("tendril-server", "127.0.0.1")
-	apiCert, _ := ca.Leaf("kube-apiserver")
-	if err := testpki.WritePair(srvCert, filepath.Join(dir, "srv.pem"), filepath.Join(dir, "srv-key.pem")); err != nil {
-		t.Fatal(err)
-	}
-	if err := testpki.WritePair(apiCert, filepath.Join(dir, "api.pem"), filepath.Join(dir, "api-key.pem")); err != nil {
-		t.Fatal(err)
-	}
+	_, caFile, _ := shootPKI(t, dir)
 	tunnelAddr, connectAddr, serverMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	routeFile := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.gvpn.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
 	xdsAddr, ingressMetrics := loopbackAddr(t), loopbackAddr(t)

@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -118,12 +117,7 @@ func newHARig(t *testing.T) *haRig {
 	write := func(name, content string) string { return writeFile(t, dir, name, content) }
 	serverKey, _ := wg.GenerateKey()
 	serverPub := write("server.pub", serverKey.PublicKey().String())
-	ca, caFile := shootCA(t, dir)
-	srvCert, _ := ca.Leaf("tendril-server", "127.0.0.1")
-	apiCert, _ := ca.Leaf("kube-apiserver")
-	if err := testpki.WritePair(srvCert, filepath.Join(dir, "srv.pem"), filepath.Join(dir, "srv-key.pem")); err != nil {
-		t.Fatal(err)
-	}
+	ca, caFile, apiCert := shootPKI(t, dir)
 	r := &haRig{t: t, shoot: shoot, tlsConf: &tls.Config{Certificates: []tls.Certificate{apiCert}, RootCAs: ca.Pool, ServerName: "tendril-server"}}
 
 	const ns = "shoot--e2e--ha"

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/wire"
@@ -42,12 +41,7 @@ func TestHAServersThroughIngress(t *testing.T) {
 	serverKey, _ := wg.GenerateKey()
 	serverPub := write("server.pub", serverKey.PublicKey().String())
 	serverKeyFile := write("server.key", serverKey.String())
-	ca, caFile := shootCA(t, dir)
-	srvCert, _ := ca.Leaf("tendril-server", "127.0.0.1")
-	apiCert, _ := ca.Leaf("kube-apiserver")
-	if err := testpki.WritePair(srvCert, filepath.Join(dir, "srv.pem"), filepath.Join(dir, "srv-key.pem")); err != nil {
-		t.Fatal(err)
-	}
+	ca, caFile, apiCert := shootPKI(t, dir)
 	const ns = "shoot--e2e--hs"
 	var agentKeys [2]wg.Key
 	var agentPubs []string

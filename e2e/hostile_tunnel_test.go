@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/internal/connect"
-	"github.com/tendril-net/tendril/internal/testpki"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/frame"
@@ -51,12 +50,7 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	agentKeyFile := write("agent.key", agentKey.String())
 	serverPub := write("server.pub", serverKey.PublicKey().String())
 	agentPub := write("agent.pub", agentKey.PublicKey().String())
-	ca, caFile := shootCA(t, dir)
-	srvCert, _ := ca.Leaf("tendril-server", "127.0.0.1")
-	apiCert, _ := ca.Leaf("kube-apiserver")
-	if err := testpki.WritePair(srvCert, filepath.Join(dir, "srv.pem"), filepath.Join(dir, "srv-key.pem")); err != nil {
-		t.Fatal(err)
-	}
+	ca, caFile, apiCert := shootPKI(t, dir)
 
 	const ns = "shoot--e2e--hostile"
 	tunnelAddr, connectAddr, serverMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)

@@ -105,15 +105,7 @@ func TestReversedVPN(t *testing.T) {
 	agentPub := write("agent.pub", agentKey.PublicKey().String())
 	agentKeyFile2 := write("agent2.key", agentKey2.String())
 	agentPub2 := write("agent2.pub", agentKey2.PublicKey().String())
-	ca, caFile := shootCA(t, dir)
-	srvCert, _ := ca.Leaf("tendril-server", "127.0.0.1")
-	apiCert, _ := ca.Leaf("kube-apiserver")
-	if err := testpki.WritePair(srvCert, filepath.Join(dir, "srv.pem"), filepath.Join(dir, "srv-key.pem")); err != nil {
-		t.Fatal(err)
-	}
-	if err := testpki.WritePair(apiCert, filepath.Join(dir, "api.pem"), filepath.Join(dir, "api-key.pem")); err != nil {
-		t.Fatal(err)
-	}
+	ca, caFile, _ := shootPKI(t, dir)
 
 	const ns = "shoot--e2e--vpn"
 	tunnelAddr, connectAddr, grpcAddr, serverMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
@@ -346,6 +338,30 @@ func shootCA(t *testing.T, dir string) (*testpki.CA, string) {
 		t.Fatal(err)
 	}
 	return ca, caFile
+}
+
+// shootPKI is shootCA with tendril-server's certificate (tendril-server, 127.0.0.1) written to
+// dir/srv.pem and dir/srv-key.pem and kube-apiserver's client certificate to dir/api.pem and
+// dir/api-key.pem, which it also returns.
+func shootPKI(t *testing.T, dir string) (ca *testpki.CA, caFile string, apiCert tls.Certificate) {
+	t.Helper()
+	ca, caFile = shootCA(t, dir)
+	srvCert, err := ca.Leaf("tendril-server", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if apiCert, err = ca.Leaf("kube-apiserver"); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct {
+		c         tls.Certificate
+		cert, key string
+	}{{srvCert, "srv.pem", "srv-key.pem"}, {apiCert, "api.pem", "api-key.pem"}} {
+		if err := testpki.WritePair(w.c, filepath.Join(dir, w.cert), filepath.Join(dir, w.key)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ca, caFile, apiCert
 }
 
 // shootNetworks creates a "shoot" network namespace linked to the host over seed.0/30 (the host

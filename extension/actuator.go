@@ -235,6 +235,7 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 		return manifest.Values{}, State{}, nil, errors.New("CA bundle secret not found in the secrets manager")
 	}
 	server := secrets[SecretNameServerWireGuard]
+	servers := manifest.ServerCount(cluster.Shoot)
 	agents := make([]manifest.Agent, n)
 	for i := range agents {
 		key := secrets[AgentWireGuardSecretName(i)]
@@ -249,13 +250,13 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 		AdvertisedAddress: adv,
 		Ingress:           a.cfg.Ingress,
 		APIServerProxy:    pc.APIServerProxyEnabled(),
-		Egress:            pc.EgressFor(manifest.ServerCount(cluster.Shoot) > 1),
+		Egress:            pc.EgressFor(servers > 1),
 		KernelTunnel:      pc.TunnelStackOrDefault() == tendrilv1alpha1.TunnelStackKernel,
 		Tunnel: manifest.Tunnel{
 			ServerAddresses: st.ServerAddresses,
 			ServerPublicKey: string(server[DataKeyPublicKey]),
 			Agents:          agents,
-			Servers:         manifest.ServerCount(cluster.Shoot),
+			Servers:         servers,
 		},
 		Secrets: manifest.SecretNames{
 			ServerTLS:       names[SecretNameServerTLS],
