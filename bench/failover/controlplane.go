@@ -50,7 +50,13 @@ func (r *runner) controlPlane(ctx context.Context) (*Row, error) {
 	seedSocks := [2]*inherit.Socket{socks[0], socks[1]}
 	ingressSocks := socks[2:]
 	tunnel, ingressMetrics := ingressSocks[0].Addr, ingressSocks[1].Addr
-	defer func() { inherit.Close(append(ingressSocks, seedSocks[:]...)...) }() // those not handed over
+	defer func() { // those not handed over
+		for _, s := range append(ingressSocks, seedSocks[:]...) {
+			if s != nil {
+				s.Close()
+			}
+		}
+	}()
 	// seedSocket is replica i's socket: the first, or its address bound again once the
 	// killed replica's socket is gone.
 	seedSocket := func(i int) (*inherit.Socket, error) {

@@ -2,7 +2,9 @@
 // shoot fails when a part of the reversed VPN dies (and how long the ingress goes without a new
 // route when the control plane's xDS server dies), repeated and reported as p50 and worst
 // case per kind of failure, with OpenVPN (two servers, a client with two remotes: the shape of
-// Gardener's HA VPN) as the peer.
+// Gardener's HA VPN) as the peer. An HA shoot's two tendril-server replicas are measured with
+// kube-apiserver's egress through tendril-egress-relay, which races them: a replica killed, and
+// a replica's node lost (its namespace drops every packet, so that nothing is reset or closed).
 //
 // Every kind is measured the same way: a dial loop starts a dial to the shoot's "pod" every
 // 20 ms (each with its own deadline, so a hanging dial hides no later success); the process is
@@ -33,10 +35,15 @@ const (
 	// KindControlPlane: the tendril-seed whose xDS the ingress is connected to, of two.
 	KindControlPlane = "control-plane"
 	KindOpenVPN      = "openvpn" // the OpenVPN server the client is on, of two
+	// KindReplica: one tendril-server replica of an HA shoot's two, kube-apiserver's egress
+	// through tendril-egress-relay.
+	KindReplica = "server-replica"
+	// KindNode: the node of one tendril-server replica of two stops answering.
+	KindNode = "server-node"
 )
 
 // Kinds are all kinds, in report order.
-var Kinds = []string{KindAgent, KindServer, KindControlPlane, KindOpenVPN}
+var Kinds = []string{KindAgent, KindServer, KindReplica, KindNode, KindControlPlane, KindOpenVPN}
 
 // Config configures a run. The zero value runs every kind 10 times with the binaries in bin/.
 type Config struct {
@@ -96,6 +103,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	var errs []error
 	if slices.Contains(cfg.Kinds, KindAgent) || slices.Contains(cfg.Kinds, KindServer) {
 		rows, err := r.tendril(ctx)
+		rep.Rows = append(rep.Rows, rows...)
+		errs = append(errs, err)
+	}
+	if (slices.Contains(cfg.Kinds, KindReplica) || slices.Contains(cfg.Kinds, KindNode)) && ctx.Err() == nil {
+		rows, err := r.replicas(ctx)
 		rep.Rows = append(rep.Rows, rows...)
 		errs = append(errs, err)
 	}
@@ -270,6 +282,19 @@ func (l *dialLoop) firstSuccessAfter(t time.Time) (time.Time, bool) {
 	return best, !best.IsZero()
 }
 
+// startedBetween returns the results of the dials started in [from, to).
+func (l *dialLoop) startedBetween(from, to time.Time) []dialResult {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []dialResult
+	for _, r := range l.results {
+		if !r.start.Before(from) && r.start.Before(to) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // lastError is the error of the last failed dial, for a message.
 func (l *dialLoop) lastError() error {
 	l.mu.Lock()
@@ -293,6 +318,12 @@ func (l *dialLoop) stop() {
 func measureKill(ctx context.Context, dial dialFunc, kill func() (time.Time, error)) (time.Duration, error) {
 	loop := startDialLoop(ctx, dial)
 	defer loop.stop()
+	return measureOn(ctx, loop, kill, nil)
+}
+
+// measureOn is measureKill on a running loop; once the dials recovered it calls then, if not
+// nil, with the kill's time.
+func measureOn(ctx context.Context, loop *dialLoop, kill func() (time.Time, error), then func(at time.Time)) (time.Duration, error) {
 	// The loop works before the kill: else a failure would be the setup's, not the kill's.
 	if err := until(ctx, 10*time.Second, func() error {
 		if _, ok := loop.firstSuccessAfter(time.Time{}); !ok {
@@ -316,6 +347,9 @@ func measureKill(ctx context.Context, dial dialFunc, kill func() (time.Time, err
 	})
 	if err != nil {
 		return 0, err
+	}
+	if then != nil {
+		then(at)
 	}
 	return end.Sub(at), nil
 }

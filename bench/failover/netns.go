@@ -38,6 +38,10 @@ type topology struct {
 	ovpnNS   []string
 	ovpnAddr []netip.Addr
 	ovpnPeer []netip.Addr // the shoot's end of each link
+	// nodeNS are the tendril-server replicas' "nodes" and nodeAddr their ends of the links to
+	// the seed, made by addServerNodes.
+	nodeNS   []string
+	nodeAddr []netip.Addr
 }
 
 const nsPrefix = "tbfo-"
@@ -114,7 +118,7 @@ func (t *topology) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var errs []error
-	for _, ns := range append([]string{t.shootNS}, t.ovpnNS...) {
+	for _, ns := range append(append([]string{t.shootNS}, t.ovpnNS...), t.nodeNS...) {
 		if _, err := os.Stat(filepath.Join("/run/netns", ns)); err == nil {
 			errs = append(errs, netns.IP(ctx, "netns", "del", ns))
 		}

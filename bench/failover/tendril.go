@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tendril-net/tendril/bench/peers"
@@ -120,72 +121,32 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 	}
 	f := func(n string) string { return filepath.Join(rig.dir, n) }
 	// Every process inherits its sockets (peers.StartWithSockets): no port to lose to another.
-	socks, err := peers.Bind(4)
+	socks, err := peers.Bind(2)
 	if err != nil {
 		return nil, err
 	}
-	listenSock, err := inherit.Bind(net.JoinHostPort(r.topo.seedAddr.String(), "0"))
+	tunnelAddr := socks[0].Addr
+	rig.metrics, rig.sock = socks[1].Addr, f("connect.sock")
+	rig.serverPorts = []string{tunnelAddr, rig.metrics}
+	rig.serverSocks = []*inherit.Socket{socks[0], socks[1]}
+	routes := fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.failover.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: %q\n", nsTendril, tunnelAddr)
+	var ingressListen string
+	rig.ingress, ingressListen, err = r.startFront(ctx, rig.dir, routes, "--tunnel-address")
 	if err != nil {
 		inherit.Close(socks...)
-		return nil, err
-	}
-	ingressListen := listenSock.Addr
-	tunnelAddr, xdsAddr, ingressMetrics := socks[0].Addr, socks[1].Addr, socks[2].Addr
-	rig.metrics, rig.sock = socks[3].Addr, f("connect.sock")
-	rig.serverPorts = []string{tunnelAddr, rig.metrics}
-	rig.serverSocks = []*inherit.Socket{socks[0], socks[3]}
-
-	routes := fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.failover.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: %q\n", nsTendril, tunnelAddr)
-	if err := os.WriteFile(f("routes.yaml"), []byte(routes), 0o644); err != nil {
-		inherit.Close(append(socks, listenSock)...)
-		return nil, err
-	}
-	seed, err := peers.StartWithSockets("tendril-seed", f("tendril-seed.log"), socks[1:2], r.bin("tendril-seed"),
-		"--routes", f("routes.yaml"), "--xds-address", xdsAddr, "--xds-insecure", "--metrics-address", "")
-	if err != nil {
-		inherit.Close(socks[0], socks[2], socks[3], listenSock)
 		return rig, err
-	}
-	rig.ingress = append(rig.ingress, seed)
-	ing, err := peers.StartWithSockets("tendril-ingress", f("tendril-ingress.log"), []*inherit.Socket{listenSock, socks[2]}, r.bin("tendril-ingress"),
-		"--xds", xdsAddr, "--xds-insecure", "--node-id", "bench-failover", "--tunnel-address", ingressListen, "--metrics-address", ingressMetrics)
-	if err != nil {
-		return rig, err
-	}
-	rig.ingress = append(rig.ingress, ing)
-	if err := waitProcs(ctx, 20*time.Second, httpOK("http://"+ingressMetrics+"/readyz"), rig.ingress...); err != nil {
-		return rig, fmt.Errorf("failover: tendril-ingress not ready: %w", err)
 	}
 
-	serverKey, err := wg.GenerateKey()
+	keys, err := writeKeys(rig.dir)
 	if err != nil {
 		return rig, err
 	}
-	if err := os.WriteFile(f("server.key"), []byte(serverKey.String()), 0o600); err != nil {
-		return rig, err
-	}
-	if err := os.WriteFile(f("server.pub"), []byte(serverKey.PublicKey().String()), 0o644); err != nil {
-		return rig, err
-	}
-	rig.serverArgs = []string{"--private-key-file", f("server.key"), "--shoot-cidrs", r.topo.podNet.String(),
+	rig.agentPub = keys.agentPub
+	rig.serverArgs = []string{"--private-key-file", keys.serverKey, "--shoot-cidrs", r.topo.podNet.String(),
 		"--tunnel-address", tunnelAddr, "--connect-address", "", "--grpc-address", "", "--connect-socket", rig.sock,
-		"--metrics-address", rig.metrics}
+		"--metrics-address", rig.metrics, "--agent-public-key", strings.Join(keys.agentPub[:], ",")}
 	for i := range 2 {
-		k, err := wg.GenerateKey()
-		if err != nil {
-			return rig, err
-		}
-		keyFile := f(fmt.Sprintf("agent%d.key", i))
-		if err := os.WriteFile(keyFile, []byte(k.String()), 0o600); err != nil {
-			return rig, err
-		}
-		rig.agentPub[i] = k.PublicKey().String()
-		rig.serverArgs = append(rig.serverArgs, "--agent-public-key", rig.agentPub[i])
-		// The extension's addresses: ::2 for agent 0, ::3 for agent 1 (the server's defaults).
-		rig.agentArgs[i] = append(netns.Exec(r.topo.shootNS), r.bin("tendril-agent"), "vpn",
-			"--private-key-file", keyFile, "--address", fmt.Sprintf("fd8f:6d53:b97a:1::%d", 2+i),
-			"--server-public-key", "@"+f("server.pub"), "--shoot-cidrs", r.topo.podNet.String(),
-			"--seed", ingressListen, "--destination", translate.TendrilServerWireName(nsTendril), "--metrics-address", "")
+		rig.agentArgs[i] = r.agentArgs(keys, i, "--seed", ingressListen, "--destination", translate.TendrilServerWireName(nsTendril))
 	}
 	if err := rig.startServer(ctx); err != nil {
 		return rig, err
@@ -196,6 +157,54 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 		}
 	}
 	return rig, nil
+}
+
+// tunnelKeys are the WireGuard key files of one shoot's tunnel: the server's (one for every
+// replica) and the two agents'.
+type tunnelKeys struct {
+	serverKey, serverPub string    // files
+	agentKey             [2]string // files
+	agentPub             [2]string // the keys themselves
+}
+
+// writeKeys generates the keys and writes their files into dir.
+func writeKeys(dir string) (tunnelKeys, error) {
+	var k tunnelKeys
+	write := func(name, content string, mode os.FileMode) (string, error) {
+		p := filepath.Join(dir, name)
+		return p, os.WriteFile(p, []byte(content), mode)
+	}
+	server, err := wg.GenerateKey()
+	if err != nil {
+		return k, err
+	}
+	if k.serverKey, err = write("server.key", server.String(), 0o600); err != nil {
+		return k, err
+	}
+	if k.serverPub, err = write("server.pub", server.PublicKey().String(), 0o644); err != nil {
+		return k, err
+	}
+	for i := range 2 {
+		a, err := wg.GenerateKey()
+		if err != nil {
+			return k, err
+		}
+		if k.agentKey[i], err = write(fmt.Sprintf("agent%d.key", i), a.String(), 0o600); err != nil {
+			return k, err
+		}
+		k.agentPub[i] = a.PublicKey().String()
+	}
+	return k, nil
+}
+
+// agentArgs is the command line of agent i (of two) in the shoot, with the extension's inner
+// addresses (::2 for agent 0, ::3 for agent 1: the server's defaults) and the given flags for
+// the way to the seed.
+func (r *runner) agentArgs(keys tunnelKeys, i int, seedFlags ...string) []string {
+	args := append(netns.Exec(r.topo.shootNS), r.bin("tendril-agent"), "vpn",
+		"--private-key-file", keys.agentKey[i], "--address", fmt.Sprintf("fd8f:6d53:b97a:1::%d", 2+i),
+		"--server-public-key", "@"+keys.serverPub, "--shoot-cidrs", r.topo.podNet.String(), "--metrics-address", "")
+	return append(args, seedFlags...)
 }
 
 func (rig *tendrilRig) startServer(ctx context.Context) error {
@@ -305,11 +314,13 @@ func (rig *tendrilRig) bothLive(ctx context.Context) (int, error) {
 // dial is kube-apiserver's egress to the pod: HTTP CONNECT on tendril-server's Unix socket
 // (the mutual-TLS port costs a handshake per dial and measures nothing of the failover), which
 // dials through the tunnel before it answers 200; then the pod's greeting.
-func (rig *tendrilRig) dial() dialFunc {
-	pod := rig.r.podAddr()
+func (rig *tendrilRig) dial() dialFunc { return connectDial(rig.sock, rig.r.podAddr()) }
+
+// connectDial dials pod with an HTTP CONNECT on the Unix socket sock and reads its greeting.
+func connectDial(sock, pod string) dialFunc {
 	return func(ctx context.Context) error {
 		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", rig.sock)
+		c, err := d.DialContext(ctx, "unix", sock)
 		if err != nil {
 			return err
 		}
@@ -330,6 +341,46 @@ func (rig *tendrilRig) dial() dialFunc {
 		}
 		return readGreeting(br)
 	}
+}
+
+// startFront starts the seed's front of the tunnels: tendril-seed in file mode serving routes
+// (a route file's YAML) over xDS, and tendril-ingress taking them, its listener for the agents
+// given by listenFlag (--tunnel-address or --proxy-address) on the seed's side of the shoot's
+// link. It returns both processes, also on an error (for the caller to stop), and the address
+// the agents dial.
+func (r *runner) startFront(ctx context.Context, dir, routes, listenFlag string) ([]*peers.Process, string, error) {
+	f := func(n string) string { return filepath.Join(dir, n) }
+	socks, err := peers.Bind(2)
+	if err != nil {
+		return nil, "", err
+	}
+	listenSock, err := inherit.Bind(net.JoinHostPort(r.topo.seedAddr.String(), "0"))
+	if err != nil {
+		inherit.Close(socks...)
+		return nil, "", err
+	}
+	listen, xdsAddr, ingressMetrics := listenSock.Addr, socks[0].Addr, socks[1].Addr
+	if err := os.WriteFile(f("routes.yaml"), []byte(routes), 0o644); err != nil {
+		inherit.Close(append(socks, listenSock)...)
+		return nil, "", err
+	}
+	seed, err := peers.StartWithSockets("tendril-seed", f("tendril-seed.log"), socks[:1], r.bin("tendril-seed"),
+		"--routes", f("routes.yaml"), "--xds-address", xdsAddr, "--xds-insecure", "--metrics-address", "")
+	if err != nil {
+		inherit.Close(socks[1], listenSock)
+		return nil, "", err
+	}
+	procs := []*peers.Process{seed}
+	ing, err := peers.StartWithSockets("tendril-ingress", f("tendril-ingress.log"), []*inherit.Socket{listenSock, socks[1]}, r.bin("tendril-ingress"),
+		"--xds", xdsAddr, "--xds-insecure", "--node-id", "bench-failover", listenFlag, listen, "--metrics-address", ingressMetrics)
+	if err != nil {
+		return procs, "", err
+	}
+	procs = append(procs, ing)
+	if err := waitProcs(ctx, 20*time.Second, httpOK("http://"+ingressMetrics+"/readyz"), procs...); err != nil {
+		return procs, "", fmt.Errorf("failover: tendril-ingress not ready: %w", err)
+	}
+	return procs, listen, nil
 }
 
 var httpClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
