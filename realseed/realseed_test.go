@@ -280,7 +280,11 @@ func TestRealSeed(t *testing.T) {
 	// registered through the ingress, and kubectl logs -f, port-forward and exec through
 	// tendril-server and the tunnel, for each egress mode.
 	for _, sc := range Shoots {
-		t.Run("Shoot/"+string(sc.Egress), func(t *testing.T) {
+		name := string(sc.Egress)
+		if sc.HighAvailability {
+			name = "highAvailability"
+		}
+		t.Run("Shoot/"+name, func(t *testing.T) {
 			s, err := c.StartShoot(ctx, inst, sc)
 			if err != nil {
 				t.Fatal(err)
@@ -329,11 +333,11 @@ func TestRealSeed(t *testing.T) {
 				shootRows = rows
 			}
 			for _, f := range failovers(s) {
-				res, err := c.Failover(ctx, s, f.inShoot, f.ns, f.name)
+				res, err := c.Failover(ctx, s, f)
 				if err != nil {
 					t.Fatal(err)
 				}
-				t.Logf("%s pod deleted: %d of %d log reads through the tunnel failed, outage %s", f.name, res.Failed, res.Calls, res.Outage.Round(10*time.Millisecond))
+				t.Logf("%s pod deleted: %d of %d log reads through the tunnel failed, outage %s", f.what(), res.Failed, res.Calls, res.Outage.Round(10*time.Millisecond))
 			}
 		})
 	}
@@ -391,7 +395,11 @@ func TestRealSeed(t *testing.T) {
 				t.Log(l)
 			}
 		}
-		if want := 4 + len(Shoots)*(3+len(failovers(&Shoot{}))); oks != want || strings.Contains(string(out), "FAIL ") {
+		want := 4
+		for _, sc := range Shoots {
+			want += 3 + len(failovers(&Shoot{cfg: sc}))
+		}
+		if oks != want || strings.Contains(string(out), "FAIL ") {
 			t.Fatalf("%d checks ok, want %d:\n%s", oks, want, out)
 		}
 		if after := machineState(t); !maps.Equal(after, before) {

@@ -69,17 +69,28 @@ func Run(ctx context.Context, cfg Config, once bool) (err error) {
 var Shoots = []ShootConfig{
 	{Name: "a", Index: 1, Egress: tendrilv1alpha1.EgressHTTPConnect},
 	{Name: "b", Index: 2, Egress: tendrilv1alpha1.EgressGRPC},
+	// Highly available: two tendril-server replicas and two agents, kube-apiserver's egress the
+	// extension's default for it (httpConnectRelay: the relay races the replicas).
+	{Name: "c", Index: 3, HighAvailability: true},
 }
 
 // failover is a pod Failover replaces.
 type failover struct {
 	inShoot  bool
 	ns, name string
+	// pod, if set, is the one pod of workload name that is deleted (a StatefulSet's replica),
+	// else every pod of the Deployment name.
+	pod string
 }
 
 // failovers are the shoot's tunnel ends: tendril-server in the seed, the agent in the shoot.
+// A highly available shoot loses one tendril-server replica of two, the first.
 func failovers(s *Shoot) []failover {
-	return []failover{{false, s.Namespace, manifest.ServerName}, {true, manifest.ShootNamespace, manifest.AgentObjectName(0)}}
+	server := failover{false, s.Namespace, manifest.ServerName, ""}
+	if s.cfg.HighAvailability {
+		server.pod = manifest.ServerName + "-0"
+	}
+	return []failover{server, {true, manifest.ShootNamespace, manifest.AgentObjectName(0), ""}}
 }
 
 // execRounds is how many kubectl execs each side of ExecComparison takes the median of.
@@ -144,12 +155,12 @@ func (c *Cluster) check(ctx context.Context, inst *Installation, shoots []*Shoot
 		report(fmt.Sprintf("shoot %s: network paths of its kube-system: kube-router on its node treats each as the policies say", s.cfg.Name), err,
 			fmt.Sprintf(" (%d of %d paths agree)", agree, len(rows)))
 		for _, f := range failovers(s) {
-			res, err := c.Failover(ctx, s, f.inShoot, f.ns, f.name)
+			res, err := c.Failover(ctx, s, f)
 			detail := ""
 			if err == nil {
 				detail = fmt.Sprintf(": %d of %d log reads failed, outage %.1f s", res.Failed, res.Calls, res.Outage.Seconds())
 			}
-			report(fmt.Sprintf("shoot %s: %s pod deleted, the tunnel carries logs again", s.cfg.Name, f.name), err, detail)
+			report(fmt.Sprintf("shoot %s: %s pod deleted, the tunnel carries logs again", s.cfg.Name, f.what()), err, detail)
 		}
 	}
 	// The chart's heartbeat is every 30 s: a renewal comes within a minute.

@@ -77,8 +77,12 @@ type ShootConfig struct {
 	Name string
 	// Index (1–100) numbers its networks and node.
 	Index int
-	// Egress is its kube-apiserver's egress mode (httpConnect when empty).
+	// Egress is its kube-apiserver's egress mode (when empty: httpConnect, or for a highly
+	// available shoot none, so that the extension picks its default for one).
 	Egress tendrilv1alpha1.EgressMode
+	// HighAvailability gives the shoot a highly available control plane (failure tolerance
+	// node): the extension runs two tendril-server replicas and two agents for it.
+	HighAvailability bool
 }
 
 // Shoot is a running shoot: its control plane as pods in its seed namespace, its node an extra
@@ -133,7 +137,7 @@ func (c *Cluster) StartShoot(ctx context.Context, inst *Installation, cfg ShootC
 	if !dnsLabel.MatchString(cfg.Name) || cfg.Index < 1 || cfg.Index > maxShoots {
 		return nil, fmt.Errorf("shoot %q: a name of up to 20 lower-case letters, digits and dashes and an index 1–%d are required", cfg.Name, maxShoots)
 	}
-	if cfg.Egress == "" {
+	if cfg.Egress == "" && !cfg.HighAvailability {
 		cfg.Egress = tendrilv1alpha1.EgressHTTPConnect
 	}
 	s := &Shoot{cfg: cfg, Namespace: "shoot--local--" + cfg.Name, Host: "api." + cfg.Name + "." + ShootDomain, dir: c.path("shoots", cfg.Name),
@@ -273,12 +277,23 @@ func (s *Shoot) shootObject() *gardencorev1beta1.Shoot {
 			Kubernetes: gardencorev1beta1.Kubernetes{Version: strings.TrimPrefix(kubeenv.KubernetesVersion, "v")},
 			Networking: &gardencorev1beta1.Networking{Type: ptr.To("calico"),
 				Nodes: ptr.To(s.Nodes.String()), Pods: ptr.To(s.Pods.String()), Services: ptr.To(s.Services.String())},
-			Provider:    gardencorev1beta1.Provider{Type: "local"},
-			Region:      "local",
-			Maintenance: &gardencorev1beta1.Maintenance{TimeWindow: &gardencorev1beta1.MaintenanceTimeWindow{Begin: "220000+0000", End: "230000+0000"}},
+			Provider:     gardencorev1beta1.Provider{Type: "local"},
+			Region:       "local",
+			Maintenance:  &gardencorev1beta1.Maintenance{TimeWindow: &gardencorev1beta1.MaintenanceTimeWindow{Begin: "220000+0000", End: "230000+0000"}},
+			ControlPlane: s.controlPlane(),
 		},
 		Status: gardencorev1beta1.ShootStatus{TechnicalID: s.Namespace, UID: types.UID("shoot-" + s.cfg.Name)},
 	}
+}
+
+// controlPlane is the Shoot's spec.controlPlane: failure tolerance node for a highly available
+// shoot (this seed has no zones), none otherwise.
+func (s *Shoot) controlPlane() *gardencorev1beta1.ControlPlane {
+	if !s.cfg.HighAvailability {
+		return nil
+	}
+	return &gardencorev1beta1.ControlPlane{HighAvailability: &gardencorev1beta1.HighAvailability{
+		FailureTolerance: gardencorev1beta1.FailureTolerance{Type: gardencorev1beta1.FailureToleranceTypeNode}}}
 }
 
 // createShoot creates the shoot's seed objects: what gardenlet writes before the control plane

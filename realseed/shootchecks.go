@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
 	"github.com/tendril-net/tendril/extension/manifest"
 )
 
@@ -172,24 +173,52 @@ func (c *Cluster) portForward(ctx context.Context, s *Shoot) (string, func(), er
 	return forwarding.FindStringSubmatch(line)[1], stop, nil
 }
 
-// serverDials is the shoot's tendril-server's count of connections it opened through the
-// tunnel (tendril_server_dials_total{outcome="ok"}), read through the seed's API server.
+// serverDials is the shoot's tendril-servers' count of connections they opened through the
+// tunnel (tendril_server_dials_total{outcome="ok"}), summed over every server pod (an HA shoot
+// has two), each read through the seed's API server's pod proxy.
 func (c *Cluster) serverDials(ctx context.Context, s *Shoot) (float64, error) {
-	b, err := c.kube.CoreV1().Services(s.Namespace).ProxyGet("http", manifest.ServerName, "metrics", "/metrics", nil).DoRaw(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("tendril-server's metrics in %s: %w", s.Namespace, err)
+	var pods corev1.PodList
+	if err := c.Client.List(ctx, &pods, client.InNamespace(s.Namespace), client.MatchingLabels{v1beta1constants.LabelApp: manifest.ServerName}); err != nil {
+		return 0, err
 	}
 	var n float64
-	for _, line := range strings.Split(string(b), "\n") {
-		if !strings.HasPrefix(line, `tendril_server_dials_total{outcome="ok"}`) {
+	read := 0
+	for _, p := range pods.Items {
+		// Running, not Ready: tendril-server is Ready once it sees a live agent, which its
+		// readiness probe may not have asked yet (its Service publishes it all the same).
+		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
 			continue
 		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			return 0, fmt.Errorf("tendril-server's metrics: %q: %w", line, err)
+		port := ""
+		for _, c := range p.Spec.Containers {
+			for _, cp := range c.Ports {
+				if cp.Name == "metrics" {
+					port = strconv.Itoa(int(cp.ContainerPort))
+				}
+			}
 		}
-		n += v
+		if port == "" {
+			return 0, fmt.Errorf("tendril-server pod %s/%s has no port named metrics", s.Namespace, p.Name)
+		}
+		b, err := c.kube.CoreV1().Pods(s.Namespace).ProxyGet("http", p.Name, port, "/metrics", nil).DoRaw(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("tendril-server's metrics in %s/%s: %w", s.Namespace, p.Name, err)
+		}
+		read++
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.HasPrefix(line, `tendril_server_dials_total{outcome="ok"}`) {
+				continue
+			}
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				return 0, fmt.Errorf("tendril-server's metrics: %q: %w", line, err)
+			}
+			n += v
+		}
+	}
+	if read == 0 {
+		return 0, fmt.Errorf("no running tendril-server pod in %s", s.Namespace)
 	}
 	return n, nil
 }
@@ -299,22 +328,38 @@ type FailoverResult struct {
 // failoverInterval is how often Failover reads the workload's log.
 const failoverInterval = 250 * time.Millisecond
 
-// Failover deletes the pod of Deployment ns/name (in the seed when inShoot is false, else in
-// the shoot) and meanwhile reads the shoot workload's log through the tunnel every
-// failoverInterval, until a new pod of the Deployment is Ready and three reads in a row pass.
-func (c *Cluster) Failover(ctx context.Context, s *Shoot, inShoot bool, ns, name string) (*FailoverResult, error) {
+// Failover deletes the pods of Deployment f.ns/f.name, or the one pod f.pod of that workload
+// (in the seed when f.inShoot is false, else in the shoot), and meanwhile reads the shoot
+// workload's log through the tunnel every failoverInterval, until a new pod in the place of the
+// deleted is Ready and three reads in a row pass.
+func (c *Cluster) Failover(ctx context.Context, s *Shoot, f failover) (*FailoverResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	cl := c.Client
-	if inShoot {
+	if f.inShoot {
 		cl = s.Client
 	}
-	d, pods, err := deploymentPods(ctx, cl, ns, name)
-	if err != nil {
-		return nil, err
+	ns := f.ns
+	var pods []corev1.Pod
+	if f.pod != "" {
+		var p corev1.Pod
+		if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: f.pod}, &p); err != nil {
+			return nil, fmt.Errorf("pod %s/%s: %w", ns, f.pod, err)
+		}
+		pods = []corev1.Pod{p}
+	} else {
+		_, list, err := deploymentPods(ctx, cl, ns, f.name)
+		if err != nil {
+			return nil, err
+		}
+		pods = list.Items
 	}
+	if len(pods) == 0 {
+		return nil, fmt.Errorf("%s: no pod to delete", f.what())
+	}
+	labels := pods[0].Labels
 	old := map[types.UID]bool{}
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		old[p.UID] = true
 		if err := cl.Delete(ctx, &p); err != nil {
 			return nil, fmt.Errorf("delete pod %s/%s: %w", ns, p.Name, err)
@@ -344,25 +389,34 @@ func (c *Cluster) Failover(ctx context.Context, s *Shoot, inShoot bool, ns, name
 				res.Outage = time.Since(firstFail)
 			}
 		}
-		if passed >= 3 && replaced(ctx, cl, ns, d.Spec.Selector.MatchLabels, old) {
+		if passed >= 3 && replaced(ctx, cl, ns, labels, f.pod, old) {
 			return res, nil
 		}
 		select {
 		case <-ctx.Done():
-			return res, fmt.Errorf("%s/%s: no replacement Ready with reads passing (%d of %d reads failed): %w", ns, name, res.Failed, res.Calls, ctx.Err())
+			return res, fmt.Errorf("%s: no replacement Ready with reads passing (%d of %d reads failed): %w", f.what(), res.Failed, res.Calls, ctx.Err())
 		case <-tick.C:
 		}
 	}
 }
 
-// replaced tells whether a pod not in old, selected by labels, is Ready.
-func replaced(ctx context.Context, cl client.Client, ns string, labels map[string]string, old map[types.UID]bool) bool {
+// what names the failover's pod in a message.
+func (f failover) what() string {
+	if f.pod != "" {
+		return f.pod
+	}
+	return f.name
+}
+
+// replaced tells whether a pod not in old, with the labels of the deleted ones (and named name,
+// if not empty: a StatefulSet's replica is replaced under its name), is Ready.
+func replaced(ctx context.Context, cl client.Client, ns string, labels map[string]string, name string, old map[types.UID]bool) bool {
 	var pods corev1.PodList
 	if err := cl.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(labels)); err != nil {
 		return false
 	}
 	for _, p := range pods.Items {
-		if !old[p.UID] && p.DeletionTimestamp == nil && podIsReady(&p) {
+		if !old[p.UID] && (name == "" || p.Name == name) && p.DeletionTimestamp == nil && podIsReady(&p) {
 			return true
 		}
 	}
