@@ -91,24 +91,40 @@ func (t *topology) addOpenVPNSeeds(ctx context.Context, n int) error {
 		ns := fmt.Sprintf("%s%d-ovpn%d", nsPrefix, t.pid, i)
 		own := netip.AddrFrom4([4]byte{10, 237, byte(t.n), byte(4*i + 1)})
 		peer := own.Next()
-		a, b := fmt.Sprintf("tfo%d%s", i, id), fmt.Sprintf("tfon%d%s", i, id)
-		steps := [][]string{
-			{"netns", "add", ns},
-			{"-n", ns, "link", "set", "lo", "up"},
-			{"-n", ns, "link", "add", a, "type", "veth", "peer", "name", b},
-			{"-n", ns, "link", "set", b, "netns", t.shootNS},
-			{"-n", ns, "addr", "add", netip.PrefixFrom(own, 30).String(), "dev", a},
-			{"-n", ns, "link", "set", a, "up"},
-			{"-n", t.shootNS, "addr", "add", netip.PrefixFrom(peer, 30).String(), "dev", b},
-			{"-n", t.shootNS, "link", "set", b, "up"},
-		}
 		t.ovpnNS = append(t.ovpnNS, ns)
-		for _, st := range steps {
-			if err := netns.IP(ctx, st...); err != nil {
-				return err
-			}
+		if err := linkNS(ctx, ns, t.shootNS, fmt.Sprintf("tfo%d%s", i, id), fmt.Sprintf("tfon%d%s", i, id), own, peer); err != nil {
+			return err
 		}
 		t.ovpnAddr, t.ovpnPeer = append(t.ovpnAddr, own), append(t.ovpnPeer, peer)
+	}
+	return nil
+}
+
+// linkNS makes the namespace ns (loopback up) and a veth pair between it and other (this
+// process's namespace if empty): end dev in ns with own/30, end peerDev in other with peer/30.
+func linkNS(ctx context.Context, ns, other, dev, peerDev string, own, peer netip.Addr) error {
+	on := func(namespace string, args ...string) []string {
+		if namespace == "" {
+			return args
+		}
+		return append([]string{"-n", namespace}, args...)
+	}
+	steps := [][]string{
+		{"netns", "add", ns},
+		{"-n", ns, "link", "set", "lo", "up"},
+		{"link", "add", dev, "type", "veth", "peer", "name", peerDev},
+		{"link", "set", dev, "netns", ns},
+		{"-n", ns, "addr", "add", netip.PrefixFrom(own, 30).String(), "dev", dev},
+		{"-n", ns, "link", "set", dev, "up"},
+	}
+	if other != "" {
+		steps = append(steps, []string{"link", "set", peerDev, "netns", other})
+	}
+	steps = append(steps, on(other, "addr", "add", netip.PrefixFrom(peer, 30).String(), "dev", peerDev), on(other, "link", "set", peerDev, "up"))
+	for _, st := range steps {
+		if err := netns.IP(ctx, st...); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -431,22 +431,9 @@ func (t *topology) addServerNodes(ctx context.Context, n int) error {
 		ns := fmt.Sprintf("%s%d-node%d", nsPrefix, t.pid, i)
 		seedEnd := netip.AddrFrom4([4]byte{10, 238, byte(t.n), byte(4*i + 1)})
 		own := seedEnd.Next()
-		a, b := fmt.Sprintf("tfk%d%s", i, id), fmt.Sprintf("tfkn%d%s", i, id)
-		steps := [][]string{
-			{"netns", "add", ns},
-			{"-n", ns, "link", "set", "lo", "up"},
-			{"link", "add", a, "type", "veth", "peer", "name", b},
-			{"link", "set", b, "netns", ns},
-			{"addr", "add", netip.PrefixFrom(seedEnd, 30).String(), "dev", a},
-			{"link", "set", a, "up"},
-			{"-n", ns, "addr", "add", netip.PrefixFrom(own, 30).String(), "dev", b},
-			{"-n", ns, "link", "set", b, "up"},
-		}
 		t.nodeNS = append(t.nodeNS, ns)
-		for _, st := range steps {
-			if err := netns.IP(ctx, st...); err != nil {
-				return err
-			}
+		if err := linkNS(ctx, ns, "", fmt.Sprintf("tfkn%d%s", i, id), fmt.Sprintf("tfk%d%s", i, id), own, seedEnd); err != nil {
+			return err
 		}
 		t.nodeAddr = append(t.nodeAddr, own)
 	}
