@@ -318,12 +318,12 @@ func (l *dialLoop) stop() {
 func measureKill(ctx context.Context, dial dialFunc, kill func() (time.Time, error)) (time.Duration, error) {
 	loop := startDialLoop(ctx, dial)
 	defer loop.stop()
-	return measureOn(ctx, loop, kill, nil)
+	d, _, err := measureOn(ctx, loop, kill)
+	return d, err
 }
 
-// measureOn is measureKill on a running loop; once the dials recovered it calls then, if not
-// nil, with the kill's time.
-func measureOn(ctx context.Context, loop *dialLoop, kill func() (time.Time, error), then func(at time.Time)) (time.Duration, error) {
+// measureOn is measureKill on a running loop; it also returns the kill's time.
+func measureOn(ctx context.Context, loop *dialLoop, kill func() (time.Time, error)) (time.Duration, time.Time, error) {
 	// The loop works before the kill: else a failure would be the setup's, not the kill's.
 	if err := until(ctx, 10*time.Second, func() error {
 		if _, ok := loop.firstSuccessAfter(time.Time{}); !ok {
@@ -331,11 +331,11 @@ func measureOn(ctx context.Context, loop *dialLoop, kill func() (time.Time, erro
 		}
 		return nil
 	}); err != nil {
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	at, err := kill()
 	if err != nil {
-		return 0, err
+		return 0, at, err
 	}
 	var end time.Time
 	err = until(ctx, recoverWithin, func() error {
@@ -346,12 +346,9 @@ func measureOn(ctx context.Context, loop *dialLoop, kill func() (time.Time, erro
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return 0, at, err
 	}
-	if then != nil {
-		then(at)
-	}
-	return end.Sub(at), nil
+	return end.Sub(at), at, nil
 }
 
 // until calls f every 5 ms until it succeeds, fails with errExited, timeout passes or ctx

@@ -91,9 +91,8 @@ func (r *runner) replicas(ctx context.Context) ([]Row, error) {
 			continue
 		}
 		row := Row{Kind: k.kind, Stack: "tendril", Killed: k.killed, Recovers: k.recovers}
-		var after, slow, failed int
-		var slowest time.Duration
-		var took []time.Duration
+		var slow, failed int
+		var took []time.Duration // of every dial started in lossWindow after a loss
 		failoversBefore, err := rig.failovers()
 		if err != nil {
 			return rows, err
@@ -112,16 +111,14 @@ func (r *runner) replicas(ctx context.Context) ([]Row, error) {
 			}
 			row.Times = append(row.Times, d)
 			for _, res := range dials {
-				after++
-				if res.err != nil {
-					failed++
-				}
 				d := res.end.Sub(res.start)
 				took = append(took, d)
-				if res.err == nil && d > slowDial {
+				switch {
+				case res.err != nil:
+					failed++
+				case d > slowDial:
 					slow++
 				}
-				slowest = max(slowest, d)
 			}
 			r.logf("%s %d/%d (replica %d): %v", k.kind, n+1, r.cfg.Repetitions, lost, d.Round(time.Millisecond))
 			if err := k.restore(lost); err != nil {
@@ -133,13 +130,13 @@ func (r *runner) replicas(ctx context.Context) ([]Row, error) {
 			return append(rows, row), err
 		}
 		slices.Sort(took)
-		var median time.Duration
+		var median, slowest time.Duration
 		if len(took) > 0 {
-			median = took[len(took)/2]
+			median, slowest = took[len(took)/2], took[len(took)-1]
 		}
 		row.Note = fmt.Sprintf("%d dials started within %v after the losses: %d failed, %d took longer than %v (slowest %.2f s, median %.1f ms); "+
 			"the relay moved %.0f tunnels to the other replica after an attempt on the lost one",
-			after, lossWindow, failed, slow, slowDial, slowest.Seconds(), float64(median.Microseconds())/1000, failoversAfter-failoversBefore)
+			len(took), lossWindow, failed, slow, slowDial, slowest.Seconds(), float64(median.Microseconds())/1000, failoversAfter-failoversBefore)
 		rows = append(rows, row)
 	}
 	return rows, nil
@@ -156,18 +153,18 @@ const (
 // measureLoss is measureKill, and it also returns the dials started within lossWindow after the
 // loss, once each of them ended.
 func measureLoss(ctx context.Context, dial dialFunc, lose func() (time.Time, error)) (time.Duration, []dialResult, error) {
-	var dials []dialResult
 	loop := startDialLoop(ctx, dial)
 	defer loop.stop()
-	d, err := measureOn(ctx, loop, lose, func(at time.Time) {
-		// A dial started in the window ends within dialTimeout of its end.
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Until(at.Add(lossWindow + dialTimeout))):
-		}
-		dials = loop.startedBetween(at, at.Add(lossWindow))
-	})
-	return d, dials, err
+	d, at, err := measureOn(ctx, loop, lose)
+	if err != nil {
+		return 0, nil, err
+	}
+	// A dial started in the window ends within dialTimeout of its end.
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Until(at.Add(lossWindow + dialTimeout))):
+	}
+	return d, loop.startedBetween(at, at.Add(lossWindow)), nil
 }
 
 func (r *runner) startReplicas(ctx context.Context) (*replicaRig, error) {
