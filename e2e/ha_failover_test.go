@@ -64,19 +64,7 @@ func init() {
 
 // startPatternPod runs this test binary as the pattern pod on addr in network namespace ns
 // until the test ends.
-func startPatternPod(t *testing.T, ns, addr string) {
-	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	podCmd := exec.Command("ip", "netns", "exec", ns, self)
-	podCmd.Env = append(os.Environ(), patternPodEnv+"="+addr)
-	if err := podCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = podCmd.Process.Kill(); _ = podCmd.Wait() })
-}
+func startPatternPod(t *testing.T, ns, addr string) { startSelf(t, ns, patternPodEnv, addr) }
 
 // haRig is the seed (tendril-seed, tendril-ingress, one tendril-server) and a shoot with two
 // tendril-agent processes reaching the server only through the ingress, all real binaries.

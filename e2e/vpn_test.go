@@ -59,14 +59,18 @@ func init() {
 
 // startPod runs the test binary as the HTTP "pod" on addr inside network namespace netns until
 // the test ends.
-func startPod(t *testing.T, netns, addr string) {
+func startPod(t *testing.T, netns, addr string) { startSelf(t, netns, podServeEnv, addr) }
+
+// startSelf runs this test binary in network namespace ns with env=addr set (TestMain makes it
+// the "pod" that env names) until the test ends.
+func startSelf(t *testing.T, ns, env, addr string) {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("ip", "netns", "exec", netns, self)
-	cmd.Env = append(os.Environ(), podServeEnv+"="+addr)
+	cmd := exec.Command("ip", "netns", "exec", ns, self)
+	cmd.Env = append(os.Environ(), env+"="+addr)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
