@@ -189,18 +189,7 @@ func (c *Cluster) serverDials(ctx context.Context, s *Shoot) (float64, error) {
 		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
 			continue
 		}
-		port := ""
-		for _, c := range p.Spec.Containers {
-			for _, cp := range c.Ports {
-				if cp.Name == "metrics" {
-					port = strconv.Itoa(int(cp.ContainerPort))
-				}
-			}
-		}
-		if port == "" {
-			return 0, fmt.Errorf("tendril-server pod %s/%s has no port named metrics", s.Namespace, p.Name)
-		}
-		b, err := c.kube.CoreV1().Pods(s.Namespace).ProxyGet("http", p.Name, port, "/metrics", nil).DoRaw(ctx)
+		b, err := c.kube.CoreV1().Pods(s.Namespace).ProxyGet("http", p.Name, strconv.Itoa(manifest.PortMetrics), "/metrics", nil).DoRaw(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("tendril-server's metrics in %s/%s: %w", s.Namespace, p.Name, err)
 		}
