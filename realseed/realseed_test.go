@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/internal/kubetest"
 	"github.com/tendril-net/tendril/internal/sysctl"
 )
@@ -240,6 +241,7 @@ func TestRealSeed(t *testing.T) {
 		t.Log(err)
 	})
 
+	var node1 *Node
 	t.Run("SecondNode", func(t *testing.T) {
 		// A kubelet with its own containerd in a network namespace of its own: what a shoot's
 		// node will be (here registered with the seed).
@@ -274,6 +276,7 @@ func TestRealSeed(t *testing.T) {
 		if err := c.Client.Patch(ctx, &node, patch); err != nil {
 			t.Fatal(err)
 		}
+		node1 = n
 	})
 
 	// make seed's shoots: control planes in the seed mutated by tendril's webhook, a node each
@@ -338,6 +341,26 @@ func TestRealSeed(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Logf("%s pod deleted: %d of %d log reads through the tunnel failed, outage %s", f.what(), res.Failed, res.Calls, res.Outage.Round(10*time.Millisecond))
+			}
+			if sc.HighAvailability && node1 != nil {
+				// A replica's node lost (not its pod deleted): the other replica carries the
+				// calls while Kubernetes has not noticed yet, and after.
+				pod := manifest.ServerName + "-1"
+				res, err := c.NodeLoss(ctx, s, pod, node1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("node %s of %s lost for %s: NotReady after %s, the pod not Ready after %s", node1.cfg.Name, pod,
+					res.Window.Round(100*time.Millisecond), res.NodeNotReady.Round(100*time.Millisecond), res.PodNotReady.Round(100*time.Millisecond))
+				for _, k := range []struct {
+					name string
+					cs   CallStats
+				}{{"log reads", res.Logs}, {"execs", res.Exec}, {"webhook calls", res.Webhook}} {
+					t.Logf("%s: %s", k.name, k.cs)
+					if k.cs.Unnoticed == 0 {
+						t.Errorf("%s: none passed while the lost node's replica was still published", k.name)
+					}
+				}
 			}
 		})
 	}

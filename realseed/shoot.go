@@ -110,6 +110,8 @@ type Shoot struct {
 	Created, FirstLogs, AgentStarted time.Time
 	dir                              string
 	token                            string
+	// webhookCA is the CA of the shoot's webhook, once CallWebhook started it.
+	webhookCA []byte
 }
 
 var dnsLabel = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,18}[a-z0-9])?$`)

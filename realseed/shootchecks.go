@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1beta1constants "github.com/gardener/gardener/pkg/apis/core/v1beta1/constants"
@@ -175,14 +174,24 @@ func (c *Cluster) portForward(ctx context.Context, s *Shoot) (string, func(), er
 
 // serverDials is the shoot's tendril-servers' count of connections they opened through the
 // tunnel (tendril_server_dials_total{outcome="ok"}), summed over every server pod (an HA shoot
-// has two), each read through the seed's API server's pod proxy.
+// has two).
 func (c *Cluster) serverDials(ctx context.Context, s *Shoot) (float64, error) {
+	byPod, err := c.serverDialsByPod(ctx, s)
+	var n float64
+	for _, v := range byPod {
+		n += v
+	}
+	return n, err
+}
+
+// serverDialsByPod is that count for each running tendril-server pod of the shoot, read through
+// the seed's API server's pod proxy.
+func (c *Cluster) serverDialsByPod(ctx context.Context, s *Shoot) (map[string]float64, error) {
 	var pods corev1.PodList
 	if err := c.Client.List(ctx, &pods, client.InNamespace(s.Namespace), client.MatchingLabels{v1beta1constants.LabelApp: manifest.ServerName}); err != nil {
-		return 0, err
+		return nil, err
 	}
-	var n float64
-	read := 0
+	byPod := map[string]float64{}
 	for _, p := range pods.Items {
 		// Running, not Ready: tendril-server is Ready once it sees a live agent, which its
 		// readiness probe may not have asked yet (its Service publishes it all the same).
@@ -191,9 +200,9 @@ func (c *Cluster) serverDials(ctx context.Context, s *Shoot) (float64, error) {
 		}
 		b, err := c.kube.CoreV1().Pods(s.Namespace).ProxyGet("http", p.Name, strconv.Itoa(manifest.PortMetrics), "/metrics", nil).DoRaw(ctx)
 		if err != nil {
-			return 0, fmt.Errorf("tendril-server's metrics in %s/%s: %w", s.Namespace, p.Name, err)
+			return nil, fmt.Errorf("tendril-server's metrics in %s/%s: %w", s.Namespace, p.Name, err)
 		}
-		read++
+		byPod[p.Name] = 0
 		for _, line := range strings.Split(string(b), "\n") {
 			if !strings.HasPrefix(line, `tendril_server_dials_total{outcome="ok"}`) {
 				continue
@@ -201,15 +210,15 @@ func (c *Cluster) serverDials(ctx context.Context, s *Shoot) (float64, error) {
 			f := strings.Fields(line)
 			v, err := strconv.ParseFloat(f[len(f)-1], 64)
 			if err != nil {
-				return 0, fmt.Errorf("tendril-server's metrics: %q: %w", line, err)
+				return nil, fmt.Errorf("tendril-server's metrics: %q: %w", line, err)
 			}
-			n += v
+			byPod[p.Name] += v
 		}
 	}
-	if read == 0 {
-		return 0, fmt.Errorf("no running tendril-server pod in %s", s.Namespace)
+	if len(byPod) == 0 {
+		return nil, fmt.Errorf("no running tendril-server pod in %s", s.Namespace)
 	}
-	return n, nil
+	return byPod, nil
 }
 
 // lineWaiter collects a process's output lines; wait returns the first line matching re.
@@ -361,9 +370,7 @@ func (c *Cluster) Failover(ctx context.Context, s *Shoot, f failover) (*Failover
 	defer tick.Stop()
 	for {
 		t0 := time.Now()
-		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := s.kube.CoreV1().Pods(metav1.NamespaceDefault).GetLogs(workloadName, &corev1.PodLogOptions{TailLines: ptr.To[int64](1)}).DoRaw(rctx)
-		rcancel()
+		err := readLog(ctx, s)
 		res.Calls++
 		switch {
 		case err != nil:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,41 +58,16 @@ type WebhookUse struct {
 func (c *Cluster) CallWebhook(ctx context.Context, s *Shoot) (*WebhookUse, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	c.probeOnce.Do(c.pushProbe)
-	if c.probeErr != nil {
-		return nil, c.probeErr
-	}
-	caPEM, err := c.webhookBackend(ctx, s)
-	if err != nil {
-		return nil, err
-	}
 	before, err := c.serverDials(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-	vwc := webhookConfiguration(caPEM)
-	if err := s.Client.Create(ctx, vwc); err != nil {
-		return nil, fmt.Errorf("shoot %s: ValidatingWebhookConfiguration: %w", s.cfg.Name, err)
-	}
-	defer func() { _ = s.Client.Delete(context.Background(), vwc) }()
-
-	use := &WebhookUse{}
-	// kube-apiserver reads the configuration through an informer and kube-proxy programs the
-	// Service when it sees its endpoints: until both have, a create is admitted (not yet
-	// called) or fails calling the webhook; both are retried, a denial by another is not.
-	round := 0
-	err = c.waitFor(ctx, "kube-apiserver of shoot "+s.cfg.Name, "a call of the webhook on its node", time.Minute, func(ctx context.Context) error {
-		round++
-		denial, err := createDenied(ctx, s.Client, fmt.Sprintf("probe-%d", round))
-		if err != nil {
-			return err
-		}
-		use.Denial = denial
-		return nil
-	})
+	denial, remove, err := c.registerWebhook(ctx, s)
 	if err != nil {
 		return nil, err
 	}
+	defer remove()
+	use := &WebhookUse{Denial: denial}
 	rounds := make([]time.Duration, 0, webhookRounds)
 	for i := range webhookRounds {
 		t0 := time.Now()
@@ -134,17 +110,62 @@ func (c *Cluster) CallWebhook(ctx context.Context, s *Shoot) (*WebhookUse, error
 
 // agentPodIPs are the addresses of the shoot's tendril-agent pods.
 func agentPodIPs(ctx context.Context, s *Shoot) ([]string, error) {
-	_, pods, err := deploymentPods(ctx, s.Client, manifest.ShootNamespace, manifest.AgentObjectName(0))
-	if err != nil {
-		return nil, fmt.Errorf("shoot %s: the agent: %w", s.cfg.Name, err)
+	// Every agent: an HA shoot has two, and tendril-server routes through whichever is live.
+	var deps appsv1.DeploymentList
+	if err := s.Client.List(ctx, &deps, client.InNamespace(manifest.ShootNamespace)); err != nil {
+		return nil, fmt.Errorf("shoot %s: the agents: %w", s.cfg.Name, err)
 	}
 	var ips []string
-	for _, p := range pods.Items {
-		if p.Status.PodIP != "" {
-			ips = append(ips, p.Status.PodIP)
+	for _, d := range deps.Items {
+		if d.Name != manifest.AgentName && !strings.HasPrefix(d.Name, manifest.AgentName+"-") {
+			continue
+		}
+		_, pods, err := deploymentPods(ctx, s.Client, manifest.ShootNamespace, d.Name)
+		if err != nil {
+			return nil, fmt.Errorf("shoot %s: agent %s: %w", s.cfg.Name, d.Name, err)
+		}
+		for _, p := range pods.Items {
+			if p.Status.PodIP != "" {
+				ips = append(ips, p.Status.PodIP)
+			}
 		}
 	}
 	return ips, nil
+}
+
+// registerWebhook registers the shoot's webhook (its backend started on the first call) and
+// returns kube-apiserver's first refusal, which carries the webhook's message, and a function
+// that removes the registration again.
+func (c *Cluster) registerWebhook(ctx context.Context, s *Shoot) (denial string, remove func(), err error) {
+	c.probeOnce.Do(c.pushProbe)
+	if c.probeErr != nil {
+		return "", nil, c.probeErr
+	}
+	if s.webhookCA == nil {
+		if s.webhookCA, err = c.webhookBackend(ctx, s); err != nil {
+			return "", nil, err
+		}
+	}
+	vwc := webhookConfiguration(s.webhookCA)
+	if err := s.Client.Create(ctx, vwc); err != nil {
+		return "", nil, fmt.Errorf("shoot %s: ValidatingWebhookConfiguration: %w", s.cfg.Name, err)
+	}
+	remove = func() { _ = s.Client.Delete(context.Background(), vwc) }
+	// kube-apiserver reads the configuration through an informer and kube-proxy programs the
+	// Service when it sees its endpoints: until both have, a create is admitted (not yet
+	// called) or fails calling the webhook; both are retried, a denial by another is not.
+	round := 0
+	err = c.waitFor(ctx, "kube-apiserver of shoot "+s.cfg.Name, "a call of the webhook on its node", time.Minute, func(ctx context.Context) error {
+		round++
+		d, err := createDenied(ctx, s.Client, fmt.Sprintf("probe-%d", round))
+		denial = d
+		return err
+	})
+	if err != nil {
+		remove()
+		return "", nil, err
+	}
+	return denial, remove, nil
 }
 
 // createDenied creates a ConfigMap the webhook selects and returns kube-apiserver's refusal
