@@ -91,27 +91,11 @@ func (c *Cluster) NodeLoss(ctx context.Context, s *Shoot, pod string, n *Node) (
 	defer remove()
 	// The moved replica carries calls before its node goes: the relay in kube-apiserver's pod
 	// has a connection to it (it alternates between the ready replicas).
-	// One log read per check (waitFor bounds each at 5 s): the relay alternates between the
-	// ready replicas, so one of the next reads goes through the moved one once it has a
-	// connection to it (its gRPC backoff, at most 5 s, after the old pod went).
-	if err := c.waitFor(ctx, "tendril-server "+pod, "a dial through it on "+n.cfg.Name, 2*time.Minute, func(ctx context.Context) error {
-		before, err := c.serverDialsByPod(ctx, s)
-		if err != nil {
-			return err
-		}
-		if err := readLog(ctx, s); err != nil {
-			return fmt.Errorf("log read: %w", err)
-		}
-		after, err := c.serverDialsByPod(ctx, s)
-		if err != nil {
-			return err
-		}
-		if after[pod] <= before[pod] {
-			return fmt.Errorf("a log read went through another replica (dials %v before, %v after); the relay's log ends: %s", before, after, c.relayLog(ctx, s))
-		}
-		return nil
-	}); err != nil {
-		return nil, err
+	// One log read a second (the seed client's rate limit, 5 requests a second, also serves the
+	// dial counts read through the pod proxy): the relay alternates between the ready replicas,
+	// so one of the next reads goes through the moved one once it has a connection to it.
+	if err := c.carriesDials(ctx, s, pod, 2*time.Minute); err != nil {
+		return nil, fmt.Errorf("%s on %s: %w", pod, n.cfg.Name, err)
 	}
 
 	if err := n.cut(ctx); err != nil {
@@ -188,6 +172,39 @@ func (c *Cluster) NodeLoss(ctx context.Context, s *Shoot, pod string, n *Node) (
 		return nil
 	})
 	return res, err
+}
+
+// carriesDials reads the shoot's workload's log once a second until tendril-server pod has
+// dialled for one of the reads.
+func (c *Cluster) carriesDials(ctx context.Context, s *Shoot, pod string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	prev, err := c.serverDialsByPod(ctx, s)
+	if err != nil {
+		return err
+	}
+	last := errors.New("no read yet")
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+		if err := readLog(ctx, s); err != nil {
+			last = fmt.Errorf("log read: %w", err)
+			continue
+		}
+		now, err := c.serverDialsByPod(ctx, s)
+		if err != nil {
+			last = err
+			continue
+		}
+		if now[pod] > prev[pod] {
+			return nil
+		}
+		last = fmt.Errorf("the last read went through another replica (dials %v, then %v)", prev, now)
+		prev = now
+	}
+	return fmt.Errorf("no dial through it in %s (%v); the relay's log ends: %s", timeout, last, c.relayLog(ctx, s))
 }
 
 // readLog reads the last line of the shoot's workload's log (kube-apiserver → kubelet through
