@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -89,9 +89,7 @@ func (c *Cluster) NodeLoss(ctx context.Context, s *Shoot, pod string, n *Node) (
 		return nil, err
 	}
 	defer remove()
-	// The moved replica carries calls before its node goes: the relay in kube-apiserver's pod
-	// has a connection to it (it alternates between the ready replicas).
-	// One log read a second (the seed client's rate limit, 5 requests a second, also serves the
+	// The moved replica carries calls before its node goes. One log read a second (the seed client's rate limit, 5 requests a second, also serves the
 	// dial counts read through the pod proxy): the relay alternates between the ready replicas,
 	// so one of the next reads goes through the moved one once it has a connection to it.
 	if err := c.carriesDials(ctx, s, pod, 2*time.Minute); err != nil {
@@ -131,11 +129,8 @@ func (c *Cluster) NodeLoss(ctx context.Context, s *Shoot, pod string, n *Node) (
 		call(&res.Exec, func() error {
 			ectx, ecancel := context.WithTimeout(ctx, 10*time.Second)
 			defer ecancel()
-			_, stderr, err := execIn(ectx, s.REST, s.kube, metav1.NamespaceDefault, workloadName, "probe", "/tendril-probe", "--version")
-			if err != nil {
-				return fmt.Errorf("%w (%s)", err, stderr)
-			}
-			return nil
+			_, err := ExecRoundTrips(ectx, s.REST, s.kube, metav1.NamespaceDefault, workloadName, "probe", 1, "/tendril-probe", "--version")
+			return err
 		})
 		call(&res.Webhook, func() error {
 			wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
@@ -161,17 +156,7 @@ func (c *Cluster) NodeLoss(ctx context.Context, s *Shoot, pod string, n *Node) (
 		return res, err
 	}
 	restored = true
-	err = c.waitFor(ctx, "tendril-server "+pod, "Ready again on "+n.cfg.Name, 3*time.Minute, func(ctx context.Context) error {
-		var p corev1.Pod
-		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: pod}, &p); err != nil {
-			return err
-		}
-		if !podIsReady(&p) {
-			return fmt.Errorf("%s not Ready", pod)
-		}
-		return nil
-	})
-	return res, err
+	return res, c.replicaReadyOn(ctx, s, pod, n, "")
 }
 
 // carriesDials reads the shoot's workload's log once a second until tendril-server pod has
@@ -232,13 +217,19 @@ func (c *Cluster) moveReplica(ctx context.Context, s *Shoot, pod string, n *Node
 	if err := c.Client.Delete(ctx, &old); err != nil {
 		return fmt.Errorf("delete pod %s/%s: %w", s.Namespace, pod, err)
 	}
+	return c.replicaReadyOn(ctx, s, pod, n, old.UID)
+}
+
+// replicaReadyOn waits until the shoot's tendril-server pod, if replaced not the one of UID
+// (when not empty), runs on node n and is Ready.
+func (c *Cluster) replicaReadyOn(ctx context.Context, s *Shoot, pod string, n *Node, replaced types.UID) error {
 	return c.waitFor(ctx, "tendril-server "+pod, "Ready on "+n.cfg.Name, 3*time.Minute, func(ctx context.Context) error {
 		var p corev1.Pod
 		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: pod}, &p); err != nil {
 			return err
 		}
 		switch {
-		case p.UID == old.UID:
+		case replaced != "" && p.UID == replaced:
 			return errors.New("the old pod is still there")
 		case p.Spec.NodeName != n.cfg.Name:
 			return fmt.Errorf("scheduled onto %q", p.Spec.NodeName)
@@ -285,25 +276,10 @@ const lostNodeTable = "tendril_realseed_lost_node"
 
 // cut drops every packet in and out of the node's namespace and every packet it forwards (its
 // pods'): nothing is reset or closed, nothing answers.
-func (n *Node) cut(ctx context.Context) error {
-	return n.nft(ctx, fmt.Sprintf("add table inet %[1]s; "+
-		"add chain inet %[1]s lost_in { type filter hook input priority -500; policy drop; }; "+
-		"add chain inet %[1]s lost_out { type filter hook output priority -500; policy drop; }; "+
-		"add chain inet %[1]s lost_forward { type filter hook forward priority -500; policy drop; }", lostNodeTable))
-}
+func (n *Node) cut(ctx context.Context) error { return netns.Cut(ctx, n.netns(), lostNodeTable) }
 
 // restore lets the node's packets through again.
-func (n *Node) restore(ctx context.Context) error {
-	return n.nft(ctx, "delete table inet "+lostNodeTable)
-}
-
-func (n *Node) nft(ctx context.Context, ruleset string) error {
-	args := append(netns.Exec(n.netns()), "nft", ruleset)
-	if out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput(); err != nil {
-		return fmt.Errorf("node %s: nft: %w: %s", n.cfg.Name, err, out)
-	}
-	return nil
-}
+func (n *Node) restore(ctx context.Context) error { return netns.Uncut(ctx, n.netns(), lostNodeTable) }
 
 // relayLog is the end of the log of the relay sidecar in the shoot's kube-apiserver pod.
 func (c *Cluster) relayLog(ctx context.Context, s *Shoot) string {

@@ -267,13 +267,7 @@ func TestRealSeed(t *testing.T) {
 		}
 		// It runs no kube-proxy and no kube-router: the seed's workloads (the shoots' control
 		// planes below) stay on the first node.
-		var node corev1.Node
-		if err := c.Client.Get(ctx, client.ObjectKey{Name: "tendril-node-1"}, &node); err != nil {
-			t.Fatal(err)
-		}
-		patch := client.MergeFrom(node.DeepCopy())
-		node.Spec.Unschedulable = true
-		if err := c.Client.Patch(ctx, &node, patch); err != nil {
+		if _, err := c.setSchedulable(ctx, map[string]bool{n.cfg.Name: false}); err != nil {
 			t.Fatal(err)
 		}
 		node1 = n

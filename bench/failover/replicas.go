@@ -290,22 +290,20 @@ const nodeTable = "tendril_bench_lost_node"
 // loseNode makes replica i's node drop every packet, as a node that lost power or its network
 // does: no connection is reset or closed, nothing answers.
 func (rig *replicaRig) loseNode(i int) error {
-	return rig.nft(i, fmt.Sprintf("add table inet %[1]s; "+
-		"add chain inet %[1]s in { type filter hook input priority -500; policy drop; }; "+
-		"add chain inet %[1]s out { type filter hook output priority -500; policy drop; }", nodeTable))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := netns.Cut(ctx, rig.r.topo.nodeNS[i], nodeTable); err != nil {
+		return fmt.Errorf("failover: %w", err)
+	}
+	return nil
 }
 
 // restoreNode lets replica i's node's packets through again.
 func (rig *replicaRig) restoreNode(i int) error {
-	return rig.nft(i, "delete table inet "+nodeTable)
-}
-
-func (rig *replicaRig) nft(i int, ruleset string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	args := append(netns.Exec(rig.r.topo.nodeNS[i]), "nft", ruleset)
-	if out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput(); err != nil {
-		return fmt.Errorf("failover: nft in %s: %w: %s", rig.r.topo.nodeNS[i], err, out)
+	if err := netns.Uncut(ctx, rig.r.topo.nodeNS[i], nodeTable); err != nil {
+		return fmt.Errorf("failover: %w", err)
 	}
 	return nil
 }

@@ -1,10 +1,11 @@
 // Package netns runs network namespaces for the benchmarks and for tests that cross one: it
-// checks that they can be made, runs ip(8), removes the namespaces a killed run left behind, and
-// runs code or programs inside one. It does not decide a topology: its users (bench/tunnel,
+// checks that they can be made, runs ip(8), removes the namespaces a killed run left behind,
+// runs code or programs inside one, and cuts one off (a lost host). It does not decide a topology: its users (bench/tunnel,
 // bench/failover, tunnel/wg's kernel-stack test) lay out their own.
 package netns
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -104,4 +105,27 @@ func Listen(ns, addr string) (net.Listener, error) {
 		return err
 	})
 	return l, err
+}
+
+// Cut makes network namespace ns drop every packet in, out of and through it, by an nftables
+// table named table: a host that lost power or its network, where nothing is reset and nothing
+// answers. Uncut removes the table again.
+func Cut(ctx context.Context, ns, table string) error {
+	return nft(ctx, ns, fmt.Sprintf("add table inet %[1]s; "+
+		"add chain inet %[1]s lost_in { type filter hook input priority -500; policy drop; }; "+
+		"add chain inet %[1]s lost_out { type filter hook output priority -500; policy drop; }; "+
+		"add chain inet %[1]s lost_forward { type filter hook forward priority -500; policy drop; }", table))
+}
+
+// Uncut lets ns's packets through again.
+func Uncut(ctx context.Context, ns, table string) error {
+	return nft(ctx, ns, "delete table inet "+table)
+}
+
+func nft(ctx context.Context, ns, ruleset string) error {
+	args := append(Exec(ns), "nft", ruleset)
+	if out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput(); err != nil {
+		return fmt.Errorf("nft in %s: %w: %s", ns, err, bytes.TrimSpace(out))
+	}
+	return nil
 }
