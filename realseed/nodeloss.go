@@ -89,9 +89,11 @@ func (c *Cluster) NodeLoss(ctx context.Context, s *Shoot, pod string, n *Node) (
 		return nil, err
 	}
 	defer remove()
-	// The moved replica carries calls before its node goes. One log read a second (the seed client's rate limit, 5 requests a second, also serves the
-	// dial counts read through the pod proxy): the relay alternates between the ready replicas,
-	// so one of the next reads goes through the moved one once it has a connection to it.
+	// The moved replica carries calls before its node goes. One exec a second (an exec opens a
+	// tunnel of its own, where kube-apiserver may send log reads over a kubelet connection it
+	// kept; and the seed client's 5 requests a second also serve the dial counts): the relay
+	// alternates between the ready replicas, so one of the next execs goes through the moved one
+	// once it has a connection to it.
 	if err := c.carriesDials(ctx, s, pod, 2*time.Minute); err != nil {
 		return nil, fmt.Errorf("%s on %s: %w", pod, n.cfg.Name, err)
 	}
@@ -159,8 +161,8 @@ func (c *Cluster) NodeLoss(ctx context.Context, s *Shoot, pod string, n *Node) (
 	return res, c.replicaReadyOn(ctx, s, pod, n, "")
 }
 
-// carriesDials reads the shoot's workload's log once a second until tendril-server pod has
-// dialled for one of the reads.
+// carriesDials execs in the shoot's workload once a second until tendril-server pod has dialled
+// for one of the execs.
 func (c *Cluster) carriesDials(ctx context.Context, s *Shoot, pod string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	prev, err := c.serverDialsByPod(ctx, s)
@@ -174,8 +176,8 @@ func (c *Cluster) carriesDials(ctx context.Context, s *Shoot, pod string, timeou
 			return ctx.Err()
 		case <-time.After(time.Second):
 		}
-		if err := readLog(ctx, s); err != nil {
-			last = fmt.Errorf("log read: %w", err)
+		if _, err := ExecRoundTrips(ctx, s.REST, s.kube, metav1.NamespaceDefault, workloadName, "probe", 1, "/tendril-probe", "--version"); err != nil {
+			last = err
 			continue
 		}
 		now, err := c.serverDialsByPod(ctx, s)
@@ -186,7 +188,7 @@ func (c *Cluster) carriesDials(ctx context.Context, s *Shoot, pod string, timeou
 		if now[pod] > prev[pod] {
 			return nil
 		}
-		last = fmt.Errorf("the last read went through another replica (dials %v, then %v)", prev, now)
+		last = fmt.Errorf("the last exec went through another replica (dials %v, then %v)", prev, now)
 		prev = now
 	}
 	return fmt.Errorf("no dial through it in %s (%v); the relay's log ends: %s", timeout, last, c.relayLog(ctx, s))
