@@ -21,7 +21,7 @@ SOURCE_DATE_EPOCH ?= 0
 IMAGE_REPO ?= ghcr.io/tendril-net/tendril
 # Where make image writes the OCI layout, the docker load tarball and the digest.
 IMAGE_OUT ?= bin/image
-BUILDINFO := github.com/tendril-net/tendril/internal/buildinfo
+BUILDINFO := github.com/tendril-net/tendril/internal/proc/buildinfo
 # Reproducible binaries: no file system paths (-trimpath), no VCS stamp that a checkout without
 # .git (a Docker build context) would lack (-buildvcs=false; the revision comes in by -X).
 # hack/image/image_test.go and the Dockerfile build with the same flags.

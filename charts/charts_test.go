@@ -37,7 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tendril-net/tendril/controlplane"
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -336,10 +336,10 @@ func checkObjects(t *testing.T, objs []client.Object) {
 		switch x := o.(type) {
 		case *corev1.Service:
 			sel := x.Spec.Selector
-			if _, ok := sel[controlplane.XDSLeaderLabel]; ok {
+			if _, ok := sel[tendrilv1alpha1.XDSLeaderLabel]; ok {
 				// The label is the leader's, set on its Pod at run time (--pod-name).
 				sel = maps.Clone(sel)
-				delete(sel, controlplane.XDSLeaderLabel)
+				delete(sel, tendrilv1alpha1.XDSLeaderLabel)
 				for _, d := range selects(sel) {
 					if !slices.ContainsFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool {
 						return slices.Contains(c.Args, "--pod-name=$(POD_NAME)")
@@ -512,7 +512,7 @@ func checkSeed(t *testing.T, objs []client.Object, known map[string]bool) {
 		t.Errorf("Role: no leases rule")
 	}
 	// The xDS leader lists its namespace's Pods (an uncached read) and moves
-	// controlplane.XDSLeaderLabel onto its own.
+	// tendrilv1alpha1.XDSLeaderLabel onto its own.
 	if !slices.ContainsFunc(lease.Rules, func(r rbacv1.PolicyRule) bool {
 		return slices.Contains(r.Resources, "pods") && slices.Contains(r.Verbs, "list") && slices.Contains(r.Verbs, "patch")
 	}) {

@@ -39,11 +39,12 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/egresswebhook"
 	"github.com/tendril-net/tendril/extension/ingressdns"
-	"github.com/tendril-net/tendril/internal/kubescheme"
-	"github.com/tendril-net/tendril/internal/tlsreload"
+	"github.com/tendril-net/tendril/internal/kube/kubescheme"
+	"github.com/tendril-net/tendril/internal/pki/tlsreload"
 	"github.com/tendril-net/tendril/xds/kubesource"
 	"github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -97,7 +98,7 @@ type Config struct {
 	// load balancer's PROXY header, Gardener's VPN relay, the legacy port.
 	Listeners translate.Options
 	// Pod, when its Name is set, is this replica's Pod. The leader, once it serves xDS, labels
-	// it XDSLeaderLabel=true and takes the label off every other Pod of its namespace, so that
+	// it tendrilv1alpha1.XDSLeaderLabel=true and takes the label off every other Pod of its namespace, so that
 	// the xDS Service, which selects the label, leads to the leader only. Its Namespace defaults
 	// to LeaderElectionNamespace.
 	Pod types.NamespacedName
@@ -277,10 +278,6 @@ func Run(ctx context.Context, cfg Config) error {
 	return mgr.Start(ctx)
 }
 
-// XDSLeaderLabel marks the Pod of the replica that serves xDS: the xDS Service selects it
-// (charts/tendril-seed/templates/services.yaml).
-const XDSLeaderLabel = "tendril.gardener.cloud/xds-leader"
-
 // xdsRunnable serves xDS on the leader only: the Routes' Programmed condition is what the
 // ingress replicas connected to the leader acknowledged, so every replica must be connected
 // there (docs/design-notes/programmed.md). A replica that is not leading does not listen: a
@@ -290,7 +287,7 @@ type xdsRunnable struct {
 	address  string
 	listener net.Listener
 	log      logr.Logger
-	// client writes and reader reads the Pods: pod is labelled XDSLeaderLabel, the others of
+	// client writes and reader reads the Pods: pod is labelled tendrilv1alpha1.XDSLeaderLabel, the others of
 	// its namespace not (nothing when its Name is empty).
 	client client.Client
 	reader client.Reader
@@ -332,7 +329,7 @@ func (r xdsRunnable) Start(ctx context.Context) error {
 // labelRetry is the wait before a failed label write is tried again.
 const labelRetry = time.Second
 
-// label makes this replica's Pod the only one labelled XDSLeaderLabel, trying until it succeeds
+// label makes this replica's Pod the only one labelled tendrilv1alpha1.XDSLeaderLabel, trying until it succeeds
 // or ctx ends: a leader no data plane can reach programs nothing. A Pod keeps its labels across
 // container restarts, so an earlier leader's Pod can still carry it.
 func (r xdsRunnable) label(ctx context.Context) {
@@ -355,7 +352,7 @@ func (r xdsRunnable) label(ctx context.Context) {
 }
 
 func (r xdsRunnable) labelOnce(ctx context.Context) error {
-	set := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, XDSLeaderLabel))
+	set := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, tendrilv1alpha1.XDSLeaderLabel))
 	// This Pod first, then the others: the Service never selects no Pod meanwhile.
 	self := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: r.pod.Namespace, Name: r.pod.Name}}
 	if err := r.client.Patch(ctx, self, client.RawPatch(types.MergePatchType, set)); err != nil {
@@ -363,10 +360,10 @@ func (r xdsRunnable) labelOnce(ctx context.Context) error {
 	}
 	var pods corev1.PodList
 	// From the API server: the manager's cache holds no Pods of this namespace.
-	if err := r.reader.List(ctx, &pods, client.InNamespace(r.pod.Namespace), client.HasLabels{XDSLeaderLabel}); err != nil {
-		return fmt.Errorf("list pods labelled %s: %w", XDSLeaderLabel, err)
+	if err := r.reader.List(ctx, &pods, client.InNamespace(r.pod.Namespace), client.HasLabels{tendrilv1alpha1.XDSLeaderLabel}); err != nil {
+		return fmt.Errorf("list pods labelled %s: %w", tendrilv1alpha1.XDSLeaderLabel, err)
 	}
-	unset := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, XDSLeaderLabel))
+	unset := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, tendrilv1alpha1.XDSLeaderLabel))
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if p.Name == r.pod.Name {

@@ -29,10 +29,10 @@ import (
 	"github.com/tendril-net/tendril/extension/ingressdns"
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
-	"github.com/tendril-net/tendril/internal/kubetest"
-	"github.com/tendril-net/tendril/internal/testnet"
-	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/internal/testwait"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 )
 
 // TestHighAvailability runs two control-plane instances (leader election on) and two ingress
@@ -152,7 +152,7 @@ func TestHighAvailability(t *testing.T) {
 	addrOf := map[string]string{cps[0].pod: cps[0].addr, cps[1].pod: cps[1].addr}
 	leader := func() (string, error) {
 		var pods corev1.PodList
-		if err := c.List(ctx, &pods, client.InNamespace(sys), client.MatchingLabels{controlplane.XDSLeaderLabel: "true"}); err != nil {
+		if err := c.List(ctx, &pods, client.InNamespace(sys), client.MatchingLabels{tendrilv1alpha1.XDSLeaderLabel: "true"}); err != nil {
 			return "", err
 		}
 		if len(pods.Items) != 1 {

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
-	"github.com/tendril-net/tendril/internal/tlsreload"
+	"github.com/tendril-net/tendril/internal/pki/tlsreload"
 )
 
 // xDS over mutual TLS in Kubernetes mode (docs/design-notes/xds-mtls.md): the leader runs

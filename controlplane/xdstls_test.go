@@ -16,8 +16,8 @@ import (
 	testclock "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tendril-net/tendril/internal/kubetest"
-	"github.com/tendril-net/tendril/internal/tlsreload"
+	"github.com/tendril-net/tendril/internal/pki/tlsreload"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
 )
 
 // TestXDSSecrets runs the xDS certificates' sync against a real API server: the secrets

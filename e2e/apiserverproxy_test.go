@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 )
 
 // node is a network namespace standing in for a shoot node, joined to the host (the seed) by a

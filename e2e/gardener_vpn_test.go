@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/peers"
-	"github.com/tendril-net/tendril/internal/netns"
-	"github.com/tendril-net/tendril/internal/testnet"
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/host/netns"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/wire"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -125,7 +125,7 @@ func TestGardenerVPNThroughIngress(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// OpenVPN cannot inherit a socket: a reserved port (internal/reserve) it binds itself.
+		// OpenVPN cannot inherit a socket: a reserved port (internal/host/reserve) it binds itself.
 		listen := testnet.Reserve(t, "127.0.0.1")
 		tn.network = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 225, byte(i), 0}), 24)
 		tn.serverDev = "gvs" + tn.label + id

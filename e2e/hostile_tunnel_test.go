@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/connect"
+	"github.com/tendril-net/tendril/edge/connect"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/frame"

@@ -20,8 +20,8 @@ import (
 
 	"github.com/tendril-net/tendril/bench/machine"
 	"github.com/tendril-net/tendril/bench/peers"
-	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/internal/testwait"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 )
 
 // idleConns is how many idle connections TestIdleConnectionsThroughTheIngress holds through one

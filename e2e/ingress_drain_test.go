@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 )
 
 // TestIngressRolloutWithoutDrops replaces a tendril-ingress replica while clients watch through

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 )
 
 // TestRouteFileRewrittenInPlace runs tendril-seed with a route file and tendril-ingress against

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 )
 
 var binDir string
@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 var held sync.Map // string → *inherit.Socket
 
 // loopbackAddr binds a port on loopback for a process the test starts: the test knows the address
-// at once, and the process inherits the socket (internal/inherit), so no other process can take
+// at once, and the process inherits the socket (internal/host/inherit), so no other process can take
 // the port in between. The process that serves it names it in its listen list.
 func loopbackAddr(t *testing.T) string {
 	t.Helper()

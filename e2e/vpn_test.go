@@ -22,7 +22,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"

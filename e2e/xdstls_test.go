@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 )
 
 // xdsNode is the common name of the ingress's xDS client certificate in these tests: node IDs

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/tendril-net/tendril/internal/connect"
-	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/edge/connect"
+	"github.com/tendril-net/tendril/edge/pipe"
 )
 
 // kube-apiserver's HTTP CONNECT egress over the relay's second socket (Config.ConnectSocket):
@@ -243,7 +243,7 @@ func (r *Relay) pumpConnect(ctx context.Context, cancel context.CancelFunc, c ne
 			}
 		}
 		for {
-			if _, err := relay.WaitReadable(c, time.Time{}); err != nil {
+			if _, err := pipe.WaitReadable(c, time.Time{}); err != nil {
 				break
 			}
 			buf := connectBuffers.Get().(*[]byte)

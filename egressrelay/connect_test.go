@@ -15,7 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 )
 
 // bufferedConn reads what a bufio.Reader holds first.

@@ -41,7 +41,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/tendril-net/tendril/internal/acceptor"
+	"github.com/tendril-net/tendril/edge/accept"
 )
 
 // Config configures a Relay. Socket or ConnectSocket (or both), Server or Servers and the three
@@ -184,12 +184,12 @@ type Relay struct {
 	up      *pool
 	metrics *metrics
 	ready   atomic.Bool
-	limit   acceptor.Limit // kube-apiserver's connections open, against MaxConnections
+	limit   accept.Limit   // kube-apiserver's connections open, against MaxConnections
 	streams sync.WaitGroup // the relaying goroutines a handler leaves behind (see forward)
 
 	// refusals and failures log connections refused for MaxConnections and tunnels failed for
 	// want of a stream to tendril-server, each at most once a second (all are counted).
-	refusals, failures acceptor.LimitedLog
+	refusals, failures accept.LimitedLog
 }
 
 // New checks cfg and loads the certificates once (a relay that could never dial fails at start).
@@ -198,7 +198,7 @@ func New(cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, log: cfg.Log,
-		refusals: acceptor.LimitedLog{Log: cfg.Log, Burst: 1}, failures: acceptor.LimitedLog{Log: cfg.Log, Burst: 1}}
+		refusals: accept.LimitedLog{Log: cfg.Log, Burst: 1}, failures: accept.LimitedLog{Log: cfg.Log, Burst: 1}}
 	// Beyond MaxConnections kube-apiserver's connection is closed at once and counted, so that
 	// its dial fails fast and it retries, rather than waiting in the socket's backlog.
 	r.limit.Max = cfg.MaxConnections

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 )
 
 // HA: the relay given two tendril-servers. The tests bound each tunnel generously (haBound, with

@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tendril-net/tendril/extension"
-	"github.com/tendril-net/tendril/internal/kubescheme"
-	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/kube/kubescheme"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
 )
 
 // TestCacheHoldsOnlyTendrilsObjects starts a cache with the extension's options against a real

@@ -25,10 +25,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/tendril-net/tendril/extension/manifest"
-	"github.com/tendril-net/tendril/internal/kubetest"
-	"github.com/tendril-net/tendril/internal/testnet"
-	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/internal/testwait"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 )
 
 // TestServersUnderGRMHighAvailability puts Gardener's resource manager's high-availability-config

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/tendril-net/tendril/extension/manifest"
-	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/internal/kube/kubescheme"
 )
 
 // TestServerCheck covers serverCheck's verdicts on Deployment states, among them those the

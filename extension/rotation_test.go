@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tendril-net/tendril/extension"
-	"github.com/tendril-net/tendril/internal/kubetest"
-	"github.com/tendril-net/tendril/internal/testwait"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 )
 
 // TestCARotationKeepsTheMountedClientSecret: the shoot's CA rotation renews kube-apiserver's client

@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/tendril-net/tendril/internal/connect"
+	"github.com/tendril-net/tendril/edge/connect"
 )
 
 // serveConnect serves one request on a connect chain: a CONNECT whose destination header passes

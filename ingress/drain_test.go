@@ -17,8 +17,8 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/tendril-net/tendril/internal/relay"
-	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/edge/pipe"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -172,7 +172,7 @@ func TestDrainFinishesTransfersAndClosesTheRest(t *testing.T) {
 		t.Errorf("Serve returned %v after stop, before the drain timeout %v with a connection open", took, drainTimeout)
 	}
 	_ = watch.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if b, err := io.ReadAll(watchR); err != nil && relay.IsTimeout(err) {
+	if b, err := io.ReadAll(watchR); err != nil && pipe.IsTimeout(err) {
 		t.Errorf("the watch connection is still open after the drain (read %q)", b)
 	}
 	if got := w.drainClosed("sni"); got != 1 {
@@ -221,7 +221,7 @@ func TestDrainZeroClosesAtOnce(t *testing.T) {
 		t.Fatal("Serve did not return at once")
 	}
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if b, err := io.ReadAll(r); err != nil && relay.IsTimeout(err) {
+	if b, err := io.ReadAll(r); err != nil && pipe.IsTimeout(err) {
 		t.Errorf("the connection is still open after Serve returned (read %q)", b)
 	}
 	if got := w.drainClosed("sni"); got != 1 {

@@ -25,9 +25,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
-	"github.com/tendril-net/tendril/internal/testnet"
-	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/internal/tlsreload"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
+	"github.com/tendril-net/tendril/internal/pki/tlsreload"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 	"github.com/tendril-net/tendril/xds/model"
 	xdsserver "github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/translate"

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/metrictest"
+	"github.com/tendril-net/tendril/internal/testing/metrictest"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 

@@ -5,7 +5,7 @@
 // listener and HTTP CONNECT. It serves exactly the subset of Envoy's API that tendril generates
 // and NACKs anything else. It knows nothing of Kubernetes or Gardener.
 //
-// Connections run on internal/relay's event loops from accept to close: the loops read the
+// Connections run on edge/loops's event loops from accept to close: the loops read the
 // listener filters' bytes, a shake (one per connection, called on the loop) parses them and
 // picks the route, the loops dial and relay. Only a CONNECT request is read in a goroutine.
 package ingress
@@ -29,9 +29,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tendril-net/tendril/edge/accept"
+	"github.com/tendril-net/tendril/edge/loops"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
-	"github.com/tendril-net/tendril/internal/acceptor"
-	"github.com/tendril-net/tendril/internal/relay"
 )
 
 // Config configures an Ingress. The zero value serves nothing until listeners are given.
@@ -74,7 +74,7 @@ type Config struct {
 	// then the rest are closed (counted by listener) and Serve returns. Serve returns as soon as
 	// the last one ends by itself. If zero, they are closed at once.
 	DrainTimeout time.Duration
-	// Loops is the number of relay event loops (relay.LoopsConfig). If zero, GOMAXPROCS when
+	// Loops is the number of relay event loops (loops.LoopsConfig). If zero, GOMAXPROCS when
 	// Serve starts; a binary that changes GOMAXPROCS while it runs sets its maximum here.
 	Loops int
 }
@@ -93,7 +93,7 @@ type Ingress struct {
 	active   map[string]*atomic.Int64
 	pending  *pendingSet
 	// refusals logs refused connections, at most 10 lines a second (all are counted).
-	refusals *acceptor.LimitedLog
+	refusals *accept.LimitedLog
 	// servers are Serve's listeners' servers, for Open.
 	servers atomic.Pointer[[]*server]
 }
@@ -114,7 +114,7 @@ func New(cfg Config) *Ingress {
 		log:      cfg.Log,
 		metrics:  newMetrics(cfg.Registry),
 		active:   make(map[string]*atomic.Int64),
-		refusals: &acceptor.LimitedLog{Log: cfg.Log},
+		refusals: &accept.LimitedLog{Log: cfg.Log},
 	}
 	in.pending = newPendingSet(cfg.MaxPending, cfg.MaxPendingPerListener, cfg.MaxPendingPerSource, in.trusted)
 	in.current.Store(&config{
@@ -237,7 +237,7 @@ func (in *Ingress) Run(ctx context.Context, xds xdsclient.Config) error {
 		listen = net.Listen
 	}
 	for name, addr := range in.cfg.Listeners {
-		// No keepalive configuration here: the relay loops accept, and relay.Listen sets the
+		// No keepalive configuration here: the relay loops accept, and loops.Listen sets the
 		// accepted connections' options on the listening socket (clientKeepAlive).
 		l, err := listen("tcp", addr)
 		if err != nil {
@@ -275,7 +275,7 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	}
 	// Established connections move to the relay loops: an idle one then holds its two sockets
 	// and nothing else (no goroutine, pipe or buffer).
-	loops, err := relay.NewLoops(relay.LoopsConfig{Loops: in.cfg.Loops})
+	loops, err := loops.NewLoops(loops.LoopsConfig{Loops: in.cfg.Loops})
 	if err != nil {
 		for _, l := range lns {
 			l.Close()

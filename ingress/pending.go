@@ -57,7 +57,7 @@ type pendingSet struct {
 	sources   map[netip.Addr]int
 }
 
-// pendingCloser is what the set closes to evict a connection: a relay.Handshake on the loops, or
+// pendingCloser is what the set closes to evict a connection: a loops.Handshake on the loops, or
 // the net.Conn a CONNECT request is read from.
 type pendingCloser interface {
 	Close() error

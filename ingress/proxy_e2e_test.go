@@ -24,9 +24,9 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/metrictest"
-	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/testing/metrictest"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
 )

@@ -12,10 +12,10 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/tendril-net/tendril/edge/accept"
+	"github.com/tendril-net/tendril/edge/connect"
+	"github.com/tendril-net/tendril/edge/loops"
 	"github.com/tendril-net/tendril/ingress/preamble"
-	"github.com/tendril-net/tendril/internal/acceptor"
-	"github.com/tendril-net/tendril/internal/connect"
-	"github.com/tendril-net/tendril/internal/relay"
 )
 
 // server serves one listener: the relay loops accept its connections and read their listener
@@ -24,13 +24,13 @@ import (
 type server struct {
 	in   *Ingress
 	name string
-	ln   *relay.Listener
+	ln   *loops.Listener
 	// loops run the handshakes and relay the established connections; pairs holds this
 	// listener's (and its handshakes), to close them on shutdown.
-	loops *relay.Loops
-	pairs relay.Group
+	loops *loops.Loops
+	pairs loops.Group
 	// handed tracks the connections handed to a goroutine (a CONNECT request); ctx is theirs.
-	handed *acceptor.Conns
+	handed *accept.Conns
 	ctx    context.Context
 	// joined counts every accepted connection until it has ended: closed in its handshake,
 	// relayed to its end, or served by its goroutine.
@@ -38,12 +38,12 @@ type server struct {
 	log    logr.Logger
 }
 
-func newServer(in *Ingress, name string, l net.Listener, loops *relay.Loops) (*server, error) {
-	ln, err := relay.Listen(l, clientKeepAlive)
+func newServer(in *Ingress, name string, l net.Listener, ls *loops.Loops) (*server, error) {
+	ln, err := loops.Listen(l, clientKeepAlive)
 	if err != nil {
 		return nil, fmt.Errorf("listener %s: %w", name, err)
 	}
-	return &server{in: in, name: name, ln: ln, loops: loops, handed: acceptor.NewConns(), log: in.log.WithValues("listener", name)}, nil
+	return &server{in: in, name: name, ln: ln, loops: ls, handed: accept.NewConns(), log: in.log.WithValues("listener", name)}, nil
 }
 
 // serve accepts until the listener is closed (stopAccepting) or ctx ends, and returns once the
@@ -66,7 +66,7 @@ func (s *server) serve(ctx context.Context) error {
 		if time.Since(start) > time.Second {
 			pause = 0
 		}
-		if !acceptor.Pause(ctx, s.log, err, &pause) {
+		if !accept.Pause(ctx, s.log, err, &pause) {
 			return nil
 		}
 	}
@@ -118,12 +118,12 @@ const (
 // as read so far, and the tracking that holds it until the relay loops take it over.
 type downstream struct {
 	*preamble.Conn
-	conns *acceptor.Conns
+	conns *accept.Conns
 }
 
 // accepted admits a connection the loops accepted to the pending set and gives it a shake, which
 // decides on the loop where it goes.
-func (s *server) accepted(hs *relay.Handshake) (relay.Handshaker, time.Duration, int) {
+func (s *server) accepted(hs *loops.Handshake) (loops.Handshaker, time.Duration, int) {
 	in := s.in
 	lc := in.current.Load().listeners[s.name]
 	if lc == nil {
@@ -177,7 +177,7 @@ func (s *server) refuse(d *preamble.Conn, cluster, outcome string, err error) {
 // dial, so the socket goes to the pair as it is. The caller joins or closes the socket and
 // releases the slot. A failure reports the last attempt's outcome; every failed attempt is
 // counted.
-func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attempts int) (*relay.Socket, func(), string, error) {
+func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attempts int) (*loops.Socket, func(), string, error) {
 	eps := cfg.upstreams(cl)
 	if len(cl.dns) > 0 {
 		var err error
@@ -203,7 +203,7 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 		}
 		ep := eps[cl.next.Add(1)%uint64(len(eps))]
 		dctx, cancel := context.WithTimeout(ctx, cl.connectTimeout)
-		var up *relay.Socket
+		var up *loops.Socket
 		up, err = s.loops.Dial(dctx, ep)
 		cancel()
 		if err == nil {
@@ -223,7 +223,7 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 // at once: the pair is no longer tracked by the acceptor but in s.pairs, and s.joined waits for
 // it. release
 // frees the cluster's circuit-breaker slot when the pair ends.
-func (s *server) join(d *downstream, up *relay.Socket, release func(), cluster string, replay []byte, idle time.Duration) {
+func (s *server) join(d *downstream, up *loops.Socket, release func(), cluster string, replay []byte, idle time.Duration) {
 	in := s.in
 	replay = append(replay, d.Buffered()...)
 	d.conns.Forget(d.C)

@@ -7,18 +7,18 @@ import (
 	"net/netip"
 	"os"
 
+	"github.com/tendril-net/tendril/edge/loops"
 	"github.com/tendril-net/tendril/ingress/preamble"
-	"github.com/tendril-net/tendril/internal/relay"
 )
 
 // shake decides, on a relay loop, where one accepted connection goes: it runs the listener
 // filters over the bytes the loop has read (PROXY headers, ClientHello), picks the filter chain
 // and the cluster, and names an endpoint to dial (the next one per attempt), or refuses, or hands
-// a CONNECT chain's connection to a goroutine. Its methods run on the loop (relay.Handshaker):
+// a CONNECT chain's connection to a goroutine. Its methods run on the loop (loops.Handshaker):
 // nothing here blocks. Every path ends the server's joined count for the connection once.
 type shake struct {
 	s       *server
-	hs      *relay.Handshake
+	hs      *loops.Handshake
 	lc      *listenerConfig
 	p       *pendingConn
 	trusted bool
@@ -43,11 +43,11 @@ func (t *shake) conn() *preamble.Conn {
 }
 
 // Read runs the filters over what the client sent so far.
-func (t *shake) Read(data []byte, end error) relay.Verdict {
+func (t *shake) Read(data []byte, end error) loops.Verdict {
 	in, lc := t.s.in, t.lc
 	d, more, outcome, err := lc.filters().Parse(t.hs.Peer, t.hs.Local, t.trusted, data, end)
 	if more {
-		return relay.Verdict{Step: relay.StepMore}
+		return loops.Verdict{Step: loops.StepMore}
 	}
 	t.d = d
 	if outcome == "" {
@@ -56,7 +56,7 @@ func (t *shake) Read(data []byte, end error) relay.Verdict {
 		}
 	}
 	if outcome == "" && t.chain.http != nil {
-		return relay.Verdict{Step: relay.StepHandOff} // still pending while its request arrives
+		return loops.Verdict{Step: loops.StepHandOff} // still pending while its request arrives
 	}
 	if !in.pending.release(t.p) {
 		return t.close() // evicted: counted by the eviction
@@ -90,15 +90,15 @@ func (t *shake) Read(data []byte, end error) relay.Verdict {
 
 // dial names the next endpoint in round-robin order, as Envoy's tcp_proxy picks a host per
 // attempt.
-func (t *shake) dial() relay.Verdict {
+func (t *shake) dial() loops.Verdict {
 	t.attempts++
-	return relay.Verdict{Step: relay.StepDial, Addr: t.eps[t.cl.next.Add(1)%uint64(len(t.eps))], Timeout: t.cl.connectTimeout,
+	return loops.Verdict{Step: loops.StepDial, Addr: t.eps[t.cl.next.Add(1)%uint64(len(t.eps))], Timeout: t.cl.connectTimeout,
 		First: t.d.First, Idle: t.chain.tcp.idleTimeout, Done: t.done}
 }
 
 // DialFailed retries with the next endpoint while the chain allows attempts; every failed
 // attempt is counted, and a refusal reports the last one's outcome.
-func (t *shake) DialFailed(err error) relay.Verdict {
+func (t *shake) DialFailed(err error) loops.Verdict {
 	outcome := outcomeDialFailed
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		outcome = outcomeDialTimeout
@@ -168,14 +168,14 @@ func (t *shake) HandOff(c net.Conn, err error) {
 }
 
 // refuse counts and logs a refusal and closes the connection.
-func (t *shake) refuse(cluster, outcome string, err error) relay.Verdict {
+func (t *shake) refuse(cluster, outcome string, err error) loops.Verdict {
 	t.s.refuse(t.conn(), cluster, outcome, err)
 	return t.close()
 }
 
-func (t *shake) close() relay.Verdict {
+func (t *shake) close() loops.Verdict {
 	t.s.joined.Done()
-	return relay.Verdict{Step: relay.StepClose}
+	return loops.Verdict{Step: loops.StepClose}
 }
 
 // filters are the listener's filters, for preamble.Parse: its deadline is the loops' (the

@@ -39,11 +39,11 @@ import (
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/extension/networkpaths"
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/kubeenv"
-	"github.com/tendril-net/tendril/internal/kubescheme"
-	"github.com/tendril-net/tendril/internal/logging"
-	"github.com/tendril-net/tendril/internal/procgroup"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/host/procgroup"
+	"github.com/tendril-net/tendril/internal/kube/kubeenv"
+	"github.com/tendril-net/tendril/internal/kube/kubescheme"
+	"github.com/tendril-net/tendril/internal/proc/logging"
 )
 
 // Domain is the parent DNS domain of the local shoots: shoot alpha is api.alpha.<Domain>.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/extension/networkpaths"
-	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
 	"github.com/tendril-net/tendril/localseed"
 )
 

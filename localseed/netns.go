@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tendril-net/tendril/extension/manifest"
-	"github.com/tendril-net/tendril/internal/procgroup"
+	"github.com/tendril-net/tendril/internal/host/procgroup"
 )
 
 // canNetns tells whether the runner may make network namespaces (root with ip(8)).

@@ -7,7 +7,7 @@ import (
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension/networkpaths"
-	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/internal/kube/kubescheme"
 )
 
 // ExtensionNamespace is where the local seed puts the tendril-seed chart's objects, named as

@@ -35,13 +35,13 @@ import (
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/extension/networkpaths"
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/kubeenv"
-	"github.com/tendril-net/tendril/internal/kubescheme"
-	"github.com/tendril-net/tendril/internal/procgroup"
-	"github.com/tendril-net/tendril/internal/reserve"
-	"github.com/tendril-net/tendril/internal/shootgrm"
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/host/procgroup"
+	"github.com/tendril-net/tendril/internal/host/reserve"
+	"github.com/tendril-net/tendril/internal/kube/kubeenv"
+	"github.com/tendril-net/tendril/internal/kube/kubescheme"
+	"github.com/tendril-net/tendril/internal/kube/shootgrm"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 )
 
 // shoot is one local shoot: its own API server, and what the runner started for it.
@@ -111,7 +111,7 @@ func (s *seed) startShootAPIServer(sh *shoot) (func(), error) {
 		return nil, err
 	}
 	// On the host address, which EndpointSlices take (envtest would pick loopback): a port
-	// reserved for it until the runner ends (internal/reserve: kube-apiserver cannot inherit a
+	// reserved for it until the runner ends (internal/host/reserve: kube-apiserver cannot inherit a
 	// socket); envtest picks etcd's, and kubeenv.Start starts again should one be taken.
 	te, cfg, err := kubeenv.Start(func() (*envtest.Environment, error) {
 		te := kubeenv.Environment(s.assets)

@@ -2,7 +2,7 @@ package localseed
 
 import (
 	"context"
-	"github.com/tendril-net/tendril/internal/procgroup"
+	"github.com/tendril-net/tendril/internal/host/procgroup"
 	"path/filepath"
 	"strings"
 	"testing"

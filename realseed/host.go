@@ -20,8 +20,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/tendril-net/tendril/internal/netns"
-	"github.com/tendril-net/tendril/internal/sysctl"
+	"github.com/tendril-net/tendril/internal/host/netns"
+	"github.com/tendril-net/tendril/internal/host/sysctl"
 )
 
 // guardTable is the nft table that keeps the cluster's traffic on this machine.

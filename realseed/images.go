@@ -8,7 +8,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/tendril-net/tendril/internal/ociimage"
+	"github.com/tendril-net/tendril/hack/image/ociimage"
 )
 
 // pushBinary packs one static binary into an image (empty base, /<name>, user 65532) and pushes

@@ -41,9 +41,9 @@ import (
 
 	"github.com/tendril-net/tendril/charts"
 	"github.com/tendril-net/tendril/extension/networkpaths"
-	"github.com/tendril-net/tendril/internal/kubeenv"
-	"github.com/tendril-net/tendril/internal/procgroup"
-	"github.com/tendril-net/tendril/internal/shootgrm"
+	"github.com/tendril-net/tendril/internal/host/procgroup"
+	"github.com/tendril-net/tendril/internal/kube/kubeenv"
+	"github.com/tendril-net/tendril/internal/kube/shootgrm"
 )
 
 // SeedName is the Seed the real seed is, in the values gardenlet mixes in.

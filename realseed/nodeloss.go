@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tendril-net/tendril/extension/egresswebhook"
-	"github.com/tendril-net/tendril/internal/netns"
+	"github.com/tendril-net/tendril/internal/host/netns"
 )
 
 // CallStats counts one kind of call through a shoot's tunnel.

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tendril-net/tendril/extension/networkpaths"
-	"github.com/tendril-net/tendril/internal/kubescheme"
+	"github.com/tendril-net/tendril/internal/kube/kubescheme"
 )
 
 // The paths' world lives in namespaces of its own, beside tendril's real installation: the
@@ -33,7 +33,7 @@ var PathsShoots = [2]networkpaths.Shoot{
 	{Name: "B", Namespace: pathsB, Egress: tendrilv1alpha1.EgressGRPC, VPNHighAvailability: true},
 }
 
-// PathRow is one network path: what tendril wants, what internal/netpoleval judged from the
+// PathRow is one network path: what tendril wants, what internal/kube/netpoleval judged from the
 // policies Gardener's controllers wrote, and what kube-router did with a connection along it.
 type PathRow struct {
 	networkpaths.Path
@@ -182,7 +182,7 @@ tendril-seed chart's Services, extension/manifest's tendril-server Service and G
 kube-apiserver Service per shoot, Gardener's istio ingress gateway and each shoot's vpn-seed-server
 as Gardener's components make them, and for every actor a probe pod (` + "`tendril-probe`" + `) with its
 Deployment template's labels, annotations and ports. Gardener's own NetworkPolicy controllers
-(gardenlet's seed controller, the resource manager's) write the policies; internal/netpoleval
+(gardenlet's seed controller, the resource manager's) write the policies; internal/kube/netpoleval
 judges each path from them, and a TCP connection along it is then opened from the source's probe
 pod (kubectl exec); from a network namespace joined to the node by a veth pair (198.51.100.2, neither
 a pod's nor the node's address: kube-router admits the node's own traffic to its pods whatever the

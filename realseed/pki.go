@@ -14,8 +14,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tendril-net/tendril/internal/kubescheme"
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/kube/kubescheme"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 )
 
 // controlPlanePKI writes what a kube-apiserver of this machine serves and signs with into dir,

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/tendril-net/tendril/internal/kubeenv"
+	"github.com/tendril-net/tendril/internal/kube/kubeenv"
 )
 
 // The versions hack/seedbin.sh builds by default (its K8S, KUBE_ROUTER and COREDNS);

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tendril-net/tendril/internal/kubeenv"
+	"github.com/tendril-net/tendril/internal/kube/kubeenv"
 )
 
 // TestSeedbinDirMatchesScript: Start looks for the binaries where hack/seedbin.sh (make

@@ -38,8 +38,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tendril-net/tendril/internal/kubeenv"
-	"github.com/tendril-net/tendril/internal/procgroup"
+	"github.com/tendril-net/tendril/internal/host/procgroup"
+	"github.com/tendril-net/tendril/internal/kube/kubeenv"
 )
 
 // The cluster's networks. Only these two leave the machine's guard closed (see guard).

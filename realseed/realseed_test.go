@@ -23,8 +23,8 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/tendril-net/tendril/extension/manifest"
-	"github.com/tendril-net/tendril/internal/kubetest"
-	"github.com/tendril-net/tendril/internal/sysctl"
+	"github.com/tendril-net/tendril/internal/host/sysctl"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
 )
 
 // testConfig is the configuration of a real seed for a test: the testbin and seedbin

@@ -37,8 +37,8 @@ import (
 	"github.com/tendril-net/tendril/extension/egresswebhook"
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/extension/networkpaths"
-	"github.com/tendril-net/tendril/internal/kubeenv"
-	"github.com/tendril-net/tendril/internal/shootgrm"
+	"github.com/tendril-net/tendril/internal/kube/kubeenv"
+	"github.com/tendril-net/tendril/internal/kube/shootgrm"
 )
 
 // ShootDomain is the parent DNS domain of the real seed's shoots (make run's too): shoot a's

@@ -20,7 +20,7 @@ import (
 
 	"github.com/tendril-net/tendril/extension/manifest"
 	"github.com/tendril-net/tendril/extension/networkpaths"
-	"github.com/tendril-net/tendril/internal/netpoleval"
+	"github.com/tendril-net/tendril/internal/kube/netpoleval"
 )
 
 // The shoot side's actors: probe pods in the shoot's kube-system on its node, each with the

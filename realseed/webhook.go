@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tendril-net/tendril/extension/manifest"
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 )
 
 // The shoot's webhook: tendril-probe's webhook mode in a pod on the shoot's node behind a

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/netns"
+	"github.com/tendril-net/tendril/internal/host/netns"
 )
 
 // The internet, for the paths that start outside the cluster at a load balancer: a network

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/edge/pipe"
 )
 
 // batchRoom is the least room a Read must have left to try for another TLS record: a record
@@ -30,7 +30,7 @@ type recordBatcher struct {
 }
 
 // WaitReadable waits without a buffer until the socket has bytes, if the last Read drained
-// what TLS and readAhead held (relay.WaitReadable); otherwise it returns at once, as for a
+// what TLS and readAhead held (pipe.WaitReadable); otherwise it returns at once, as for a
 // Read that may find bytes TLS holds. So a connection from kube-apiserver that went idle after
 // its last bytes holds no relay buffer either.
 func (b *recordBatcher) WaitReadable(deadline time.Time) error {
@@ -38,7 +38,7 @@ func (b *recordBatcher) WaitReadable(deadline time.Time) error {
 	if !b.drained || !ok || ra.buf != nil {
 		return nil
 	}
-	_, err := relay.WaitReadable(ra.Conn, deadline)
+	_, err := pipe.WaitReadable(ra.Conn, deadline)
 	return err
 }
 
@@ -71,7 +71,7 @@ func (b *recordBatcher) Read(p []byte) (int, error) {
 		if err != nil {
 			// With the deadline past, the socket is not read: TLS timed out because it
 			// needed more than it and readAhead held, and it took all readAhead held.
-			b.drained = m == 0 && relay.IsTimeout(err)
+			b.drained = m == 0 && pipe.IsTimeout(err)
 			break
 		}
 	}
@@ -85,9 +85,9 @@ func (b *recordBatcher) Read(p []byte) (int, error) {
 const readAheadSize = 128 << 10
 
 // readAheads are readAhead's buffers, held only while they hold bytes: a read takes one once
-// the socket has bytes (relay.WaitReadable), so an idle connection keeps none. Bound: one per
+// the socket has bytes (pipe.WaitReadable), so an idle connection keeps none. Bound: one per
 // CONNECT connection whose bytes are being read at the moment; what a load leaves in the pool
-// goes with the next two GCs, which internal/idlemem runs once the server is idle.
+// goes with the next two GCs, which internal/host/idlemem runs once the server is idle.
 var readAheads = sync.Pool{New: func() any { return new([readAheadSize]byte) }}
 
 // readAhead is the socket under a TLS server connection. It takes in everything the socket
@@ -104,7 +104,7 @@ type readAhead struct {
 func (c *readAhead) Read(p []byte) (int, error) {
 	if c.buf == nil {
 		// The socket's read deadline (TLS's) bounds the wait.
-		if _, err := relay.WaitReadable(c.Conn, time.Time{}); err != nil {
+		if _, err := pipe.WaitReadable(c.Conn, time.Time{}); err != nil {
 			return 0, err
 		}
 		buf := readAheads.Get().(*[readAheadSize]byte)

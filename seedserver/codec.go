@@ -178,8 +178,8 @@ func (d *dataOut) encode() mem.BufferSlice {
 // (mem.BufferPool). Pooled because allocating and zeroing 128 KiB per dial cost 2.77–3.00
 // against 2.37–2.80 CPU ms per dial (tendril-bench tunnel, tendril-grpc, 32 dial workers, 3
 // alternating pairs). Bound: one per connection whose bytes are being read (an idle one waits
-// without: relay.WaitReadable), plus those gRPC has not written yet (a stream's send quota, 64 KiB,
-// lets at most two wait); what a load leaves goes with the next two GCs (internal/idlemem).
+// without: pipe.WaitReadable), plus those gRPC has not written yet (a stream's send quota, 64 KiB,
+// lets at most two wait); what a load leaves goes with the next two GCs (internal/host/idlemem).
 type chunkPool struct {
 	sync.Pool
 	held atomic.Int64 // taken and not put back: tendril_server_grpc_buffers

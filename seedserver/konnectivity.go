@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/edge/pipe"
 )
 
 // ServeGRPC serves konnectivity's ProxyService (the EgressSelector's grpc mode, with
@@ -183,7 +183,7 @@ func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
 				// gRPC's (packetCodec): each read takes one from the pool, once there are bytes
 				// to read, so an idle connection holds none.
 				for {
-					if _, err := relay.WaitReadable(c, time.Time{}); err != nil {
+					if _, err := pipe.WaitReadable(c, time.Time{}); err != nil {
 						break
 					}
 					buf := dataChunks.Get(dataChunk)
@@ -256,7 +256,7 @@ func (s *Server) checkTarget(protocol, address string) (target netip.AddrPort, o
 }
 
 func dialOutcome(err error) string {
-	if errors.Is(err, context.DeadlineExceeded) || relay.IsTimeout(err) {
+	if errors.Is(err, context.DeadlineExceeded) || pipe.IsTimeout(err) {
 		return outcomeDialTimeout
 	}
 	return outcomeDialFailed

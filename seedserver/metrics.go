@@ -6,9 +6,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tendril-net/tendril/internal/relay"
-	"github.com/tendril-net/tendril/internal/stackmetrics"
+	"github.com/tendril-net/tendril/edge/pipe"
 	"github.com/tendril-net/tendril/tunnel/bind"
+	"github.com/tendril-net/tendril/tunnel/wgmetrics"
 )
 
 type metrics struct {
@@ -77,7 +77,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tendril_server_relay_buffers",
 			Help: "128 KiB copy buffers the CONNECT front-end's connections hold now: one per direction moving bytes or blocked writing them; an idle connection holds none.",
-		}, func() float64 { return float64(relay.BuffersHeld()) }),
+		}, func() float64 { return float64(pipe.BuffersHeld()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tendril_server_grpc_buffers",
 			Help: "128 KiB buffers of the gRPC front-end's connections held now: bytes read from the shoot until gRPC has sent them, bytes from kube-apiserver until written into the tunnel; an idle connection holds none.",
@@ -98,7 +98,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	tunnelStat("tendril_server_tunnel_bytes_total", bytesHelp, "in", func(st bind.Stats) uint64 { return st.BytesIn })
 	tunnelStat("tendril_server_tunnel_bytes_total", bytesHelp, "out", func(st bind.Stats) uint64 { return st.BytesOut })
 	// The server's stack forwards nothing (the agent's does): only its drops.
-	reg.MustRegister(stackmetrics.New("tendril_server_tunnel", false, s.tun.StackStats))
+	reg.MustRegister(wgmetrics.New("tendril_server_tunnel", false, s.tun.StackStats))
 	for r := range bind.SendDropReason(len(bind.Stats{}.SendDropped)) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "tendril_server_tunnel_send_dropped_total",

@@ -34,9 +34,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/tendril-net/tendril/internal/acceptor"
-	"github.com/tendril-net/tendril/internal/connect"
-	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/edge/accept"
+	"github.com/tendril-net/tendril/edge/connect"
+	"github.com/tendril-net/tendril/edge/pipe"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )
 
@@ -214,7 +214,7 @@ func (s *Server) acceptTunnel(ctx context.Context, l net.Listener) error {
 	// One Attach at a time, as when the accept loop attached: each reads WireGuard's state to pick
 	// the stream a full Bind evicts.
 	var attach sync.Mutex
-	a := &acceptor.Server{Handle: func(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
+	a := &accept.Server{Handle: func(ctx context.Context, c net.Conn, conns *accept.Conns) {
 		attach.Lock()
 		ep, err := s.tun.Attach(c)
 		attach.Unlock()
@@ -240,7 +240,7 @@ func (s *Server) acceptTunnel(ctx context.Context, l net.Listener) error {
 // With tlsCfg (mutual TLS: it verifies kube-apiserver's client certificate) the connections are
 // TLS, the handshake bounded by the request timeout; without it (a Unix socket) plain.
 func (s *Server) ServeConnect(ctx context.Context, l net.Listener, tlsCfg *tls.Config) error {
-	a := &acceptor.Server{Handle: func(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
+	a := &accept.Server{Handle: func(ctx context.Context, c net.Conn, conns *accept.Conns) {
 		if tlsCfg != nil {
 			tc := tls.Server(&readAhead{Conn: c}, tlsCfg)
 			// Closing the TLS connection sends close_notify; on shutdown the acceptor
@@ -273,7 +273,7 @@ const maxRequestBytes = 16 << 10
 // serveConnect serves one CONNECT: the request is read within the request timeout and
 // maxRequestBytes, its target checked, dialled through the tunnel, answered 200 and relayed; any
 // refusal is answered with its status, counted and logged.
-func (s *Server) serveConnect(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
+func (s *Server) serveConnect(ctx context.Context, c net.Conn, conns *accept.Conns) {
 	limit := &io.LimitedReader{R: c}
 	br := bufio.NewReaderSize(limit, 4096)
 	req, r := connect.ReadRequest(c, br, limit, maxRequestBytes, s.cfg.RequestTimeout)
@@ -307,7 +307,7 @@ func (s *Server) serveConnect(ctx context.Context, c net.Conn, conns *acceptor.C
 	<-s.dials
 	s.metrics.dialSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) || relay.IsTimeout(err) {
+		if errors.Is(err, context.DeadlineExceeded) || pipe.IsTimeout(err) {
 			s.answer(c, outcomeDialTimeout, http.StatusGatewayTimeout, "dial "+target.String()+" through the tunnel timed out", err)
 		} else {
 			s.answer(c, outcomeDialFailed, http.StatusBadGateway, "dial "+target.String()+" through the tunnel failed", err)
@@ -334,7 +334,7 @@ func (s *Server) serveConnect(ctx context.Context, c net.Conn, conns *acceptor.C
 	if tc, ok := c.(*tls.Conn); ok {
 		c = &recordBatcher{Conn: tc}
 	}
-	toShoot, fromShoot := relay.Pipe(c, up, s.cfg.IdleTimeout)
+	toShoot, fromShoot := pipe.Pipe(c, up, s.cfg.IdleTimeout)
 	s.metrics.bytes.WithLabelValues("to_shoot").Add(float64(toShoot))
 	s.metrics.bytes.WithLabelValues("from_shoot").Add(float64(fromShoot))
 }

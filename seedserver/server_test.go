@@ -21,8 +21,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
-	"github.com/tendril-net/tendril/internal/metrictest"
-	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/edge/pipe"
+	"github.com/tendril-net/tendril/internal/testing/metrictest"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/seedserver/seedservertest"
 	"github.com/tendril-net/tendril/tunnel/wg"
@@ -245,7 +245,7 @@ func TestSilentClientsAreClosed(t *testing.T) {
 		defer c.Close()
 		// Far longer than the request timeout, far shorter than grpc-go's default of 120 s.
 		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
-		if n, err := c.Read(make([]byte, 1)); err == nil || relay.IsTimeout(err) {
+		if n, err := c.Read(make([]byte, 1)); err == nil || pipe.IsTimeout(err) {
 			t.Errorf("%s front-end: a silent client's read returned %d bytes, %v; want the connection closed", name, n, err)
 		}
 	}

@@ -18,9 +18,9 @@ import (
 	"github.com/pires/go-proxyproto"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tendril-net/tendril/internal/acceptor"
-	"github.com/tendril-net/tendril/internal/connect"
-	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/edge/accept"
+	"github.com/tendril-net/tendril/edge/connect"
+	"github.com/tendril-net/tendril/edge/pipe"
 	"github.com/tendril-net/tendril/wire"
 )
 
@@ -154,7 +154,7 @@ func (a *Agent) Serve(ctx context.Context, l net.Listener) error {
 		<-checked
 	}()
 	// On shutdown open connections may finish; after the drain timeout they are closed.
-	s := &acceptor.Server{Handle: a.forward, DrainTimeout: a.cfg.DrainTimeout, Log: a.cfg.Log}
+	s := &accept.Server{Handle: a.forward, DrainTimeout: a.cfg.DrainTimeout, Log: a.cfg.Log}
 	if err := s.Serve(ctx, l); err != nil {
 		return fmt.Errorf("apiserver-proxy: accept: %w", err)
 	}
@@ -162,7 +162,7 @@ func (a *Agent) Serve(ctx context.Context, l net.Listener) error {
 }
 
 // forward relays one in-cluster connection through the ingress.
-func (a *Agent) forward(ctx context.Context, c net.Conn, conns *acceptor.Conns) {
+func (a *Agent) forward(ctx context.Context, c net.Conn, conns *accept.Conns) {
 	start := time.Now()
 	up, err := a.dialIngress(context.WithoutCancel(ctx), c)
 	a.metrics.dialSeconds.Observe(time.Since(start).Seconds())
@@ -178,7 +178,7 @@ func (a *Agent) forward(ctx context.Context, c net.Conn, conns *acceptor.Conns) 
 	a.metrics.connections.WithLabelValues("forwarded").Inc()
 	a.metrics.active.Inc()
 	defer a.metrics.active.Dec()
-	toUp, toDown := relay.Pipe(c, up, a.cfg.IdleTimeout)
+	toUp, toDown := pipe.Pipe(c, up, a.cfg.IdleTimeout)
 	a.metrics.bytes.WithLabelValues("upstream").Add(float64(toUp))
 	a.metrics.bytes.WithLabelValues("downstream").Add(float64(toDown))
 }

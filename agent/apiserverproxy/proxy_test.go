@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
-	"github.com/tendril-net/tendril/internal/metrictest"
-	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/internal/testing/metrictest"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -19,13 +19,13 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tendril-net/tendril/internal/connect"
-	"github.com/tendril-net/tendril/internal/relay"
-	"github.com/tendril-net/tendril/internal/stackmetrics"
+	"github.com/tendril-net/tendril/edge/connect"
+	"github.com/tendril-net/tendril/edge/pipe"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 	"github.com/tendril-net/tendril/tunnel/tundev"
 	"github.com/tendril-net/tendril/tunnel/wg"
+	"github.com/tendril-net/tendril/tunnel/wgmetrics"
 	"github.com/tendril-net/tendril/wire"
 )
 
@@ -173,12 +173,12 @@ func New(cfg Config) (*Agent, error) {
 				return time.Since(last).Seconds()
 			}
 			return -1
-		}), stackmetrics.New("tendril_agent_vpn", len(cfg.ShootCIDRs) > 0, t.StackStats))
+		}), wgmetrics.New("tendril_agent_vpn", len(cfg.ShootCIDRs) > 0, t.StackStats))
 		if !cfg.NoProcessMetrics {
 			cfg.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "tendril_agent_vpn_relay_buffers",
 				Help: "128 KiB copy buffers the agent's connections into the shoot hold now: one per direction moving bytes or blocked writing them; an idle connection holds none.",
-			}, func() float64 { return float64(relay.BuffersHeld()) }))
+			}, func() float64 { return float64(pipe.BuffersHeld()) }))
 		}
 	}
 	return a, nil
@@ -379,7 +379,7 @@ func (a *Agent) forward(ctx context.Context, r *netstack.Request) {
 		return
 	}
 	a.forwards.WithLabelValues("ok").Inc()
-	relay.Pipe(c, up, time.Hour)
+	pipe.Pipe(c, up, time.Hour)
 }
 
 // forwardTUN serves one connection from the seed into the shoot on a TUN device (Config.TUN):
@@ -393,7 +393,7 @@ func (a *Agent) forwardTUN(ctx context.Context, c *net.TCPConn, dst netip.AddrPo
 	}
 	defer up.Close()
 	a.forwards.WithLabelValues("ok").Inc()
-	relay.Pipe(c, up, time.Hour)
+	pipe.Pipe(c, up, time.Hour)
 }
 
 // UDP flow timeouts. A DNS flow (destination port 53) ends with its first answer (resolvers

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/peers"
-	"github.com/tendril-net/tendril/internal/inherit"
+	"github.com/tendril-net/tendril/internal/host/inherit"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 

@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/machine"
-	"github.com/tendril-net/tendril/internal/netns"
+	"github.com/tendril-net/tendril/internal/host/netns"
 )
 
 // Kinds of failure, in report order.

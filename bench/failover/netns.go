@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/netns"
+	"github.com/tendril-net/tendril/internal/host/netns"
 )
 
 // topology is the benchmark's network. The seed is this process's namespace; the shoot gets

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/peers"
-	"github.com/tendril-net/tendril/internal/netns"
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/host/netns"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 )
 
 // openvpnPort is where both OpenVPN servers listen, each in its own namespace.

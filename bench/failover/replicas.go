@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/tendril-net/tendril/bench/peers"
-	"github.com/tendril-net/tendril/internal/netns"
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/host/netns"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/wire"
 )

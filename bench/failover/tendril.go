@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/peers"
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/netns"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/host/netns"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"

@@ -28,8 +28,8 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/reserve"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/host/reserve"
 )
 
 // Route is one shoot's route: connections whose ClientHello names Host, whose
@@ -226,7 +226,7 @@ func (in *Instance) Stop() error {
 }
 
 // onReservedPort calls start with a loopback address reserved for a peer that binds it itself
-// (internal/reserve: no bind of port 0 elsewhere gets it meanwhile); the reservation is the
+// (internal/host/reserve: no bind of port 0 elsewhere gets it meanwhile); the reservation is the
 // Instance's until Stop.
 func onReservedPort(start func(addr string) (*Instance, error)) (*Instance, error) {
 	p, err := reserve.TCP("127.0.0.1")

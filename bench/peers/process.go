@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/inherit"
+	"github.com/tendril-net/tendril/internal/host/inherit"
 )
 
 // stopGrace is how long a peer gets to exit after SIGTERM before it is
@@ -48,7 +48,7 @@ func StartProcess(name, logPath, bin string, args ...string) (*Process, error) {
 }
 
 // StartWithSockets is StartProcess handing the process socks, which it serves (tendril's
-// binaries take an inherited socket for its address, internal/inherit): they were bound by
+// binaries take an inherited socket for its address, internal/host/inherit): they were bound by
 // Bind, so no other process can take their ports first. This process's copies are closed once
 // the child has them (and on a failed start).
 func StartWithSockets(name, logPath string, socks []*inherit.Socket, bin string, args ...string) (*Process, error) {

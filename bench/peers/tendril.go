@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/inherit"
+	"github.com/tendril-net/tendril/internal/host/inherit"
 )
 
 // Tendril runs tendril's own data plane as two processes: tendril-seed serves

@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/netns"
+	"github.com/tendril-net/tendril/internal/host/netns"
 )
 
 // topology is the benchmark's network: the seed is this process's own

@@ -17,9 +17,9 @@ import (
 
 	"github.com/tendril-net/tendril/bench/machine"
 	"github.com/tendril-net/tendril/bench/peers"
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/netns"
-	"github.com/tendril-net/tendril/internal/reserve"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/host/netns"
+	"github.com/tendril-net/tendril/internal/host/reserve"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -156,7 +156,7 @@ func (r *runner) bin(name string) string {
 	return p
 }
 
-// reservePorts reserves a port on each of hosts for a peer that binds it itself (internal/reserve),
+// reservePorts reserves a port on each of hosts for a peer that binds it itself (internal/host/reserve),
 // and returns the addresses; the reservations go to closers, closed when the stack stops.
 func reservePorts(closers *[]io.Closer, hosts ...netip.Addr) ([]string, error) {
 	var addrs []string

@@ -8,7 +8,7 @@ import (
 	"net"
 	"sync"
 
-	"github.com/tendril-net/tendril/internal/relay"
+	"github.com/tendril-net/tendril/edge/pipe"
 )
 
 // The encrypted baseline (issue 22): the cheapest encrypted path between the client and the pod,
@@ -91,7 +91,7 @@ func (p *tlsRelayPair) serve(ln net.Listener, open func(net.Conn) (net.Conn, net
 					return
 				}
 				defer p.untrack(up)
-				relay.Pipe(in, up, 0)
+				pipe.Pipe(in, up, 0)
 			})
 		}
 	})

@@ -45,7 +45,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/harness"
-	"github.com/tendril-net/tendril/internal/netns"
+	"github.com/tendril-net/tendril/internal/host/netns"
 )
 
 // Target names, in report order.
@@ -113,7 +113,7 @@ type Config struct {
 	// Profiling serves the Go profiler on tendril-server's and tendril-egress-relay's metrics
 	// address (--profiling), for looking into a run. Off by default, as in production: with the
 	// profiler served the runtime samples allocations for the heap profile, ~1 MiB of
-	// tendril-server's RSS after a load (internal/probe.SampleHeap).
+	// tendril-server's RSS after a load (internal/proc/probe.SampleHeap).
 	Profiling bool
 	// UpRuns is how often each stack's agent is started for the up-time
 	// figure; 0 means 3.

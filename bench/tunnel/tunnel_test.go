@@ -15,7 +15,7 @@ import (
 	"github.com/tendril-net/tendril/bench/internal/benchtest"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/cmd/tendril-bench/konnectivity"
-	"github.com/tendril-net/tendril/internal/netns"
+	"github.com/tendril-net/tendril/internal/host/netns"
 )
 
 // TestRunMini runs the tunnel mode in miniature through the same code as a

@@ -114,10 +114,10 @@ type reply struct {
 	AckMS float64 `json:"ack_ms,omitempty"`
 	// Bytes are the bytes the server wrote to all its connections during the
 	// operation.
-	Bytes     int64        `json:"bytes,omitempty"`
-	Resources int          `json:"resources,omitempty"`
-	Stats     server.Stats `json:"stats"`
-	Memory    memory       `json:"memory"`
+	Bytes     int64       `json:"bytes,omitempty"`
+	Resources int         `json:"resources,omitempty"`
+	Stats     model.Stats `json:"stats"`
+	Memory    memory      `json:"memory"`
 }
 
 // countingListener counts the bytes written to every accepted connection:
@@ -320,10 +320,10 @@ func (c *cp) change(req request, rep *reply, timeout time.Duration) error {
 func (c *cp) waitProgrammed(name string, replicas int, deadline time.Time) error {
 	for {
 		st := c.s.ShootStatus(name)
-		if st.State == server.StateProgrammed && st.Clients >= replicas {
+		if st.State == model.StateProgrammed && st.Clients >= replicas {
 			return nil
 		}
-		if st.State == server.StateRejected {
+		if st.State == model.StateRejected {
 			return fmt.Errorf("shoot %s rejected: %s", name, st.Detail)
 		}
 		if !c.wake(deadline) {

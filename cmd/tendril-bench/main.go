@@ -34,7 +34,7 @@ import (
 	"github.com/tendril-net/tendril/bench/incluster"
 	"github.com/tendril-net/tendril/bench/sni"
 	"github.com/tendril-net/tendril/bench/xdsbench"
-	"github.com/tendril-net/tendril/internal/buildinfo"
+	"github.com/tendril-net/tendril/internal/proc/buildinfo"
 )
 
 const usage = `usage: tendril-bench <mode> [flags]

@@ -23,10 +23,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tendril-net/tendril/egressrelay"
-	"github.com/tendril-net/tendril/internal/buildinfo"
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/logging"
-	"github.com/tendril-net/tendril/internal/probe"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/proc/buildinfo"
+	"github.com/tendril-net/tendril/internal/proc/logging"
+	"github.com/tendril-net/tendril/internal/proc/probe"
 )
 
 // Config is tendril-egress-relay's configuration.

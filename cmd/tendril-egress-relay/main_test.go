@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/testpki"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 )
 
 func TestParse(t *testing.T) {

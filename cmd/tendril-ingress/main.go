@@ -22,13 +22,13 @@ import (
 
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
-	"github.com/tendril-net/tendril/internal/buildinfo"
-	"github.com/tendril-net/tendril/internal/idlemem"
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/logging"
-	"github.com/tendril-net/tendril/internal/probe"
-	"github.com/tendril-net/tendril/internal/procscale"
-	"github.com/tendril-net/tendril/internal/tlsreload"
+	"github.com/tendril-net/tendril/internal/host/idlemem"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/pki/tlsreload"
+	"github.com/tendril-net/tendril/internal/proc/buildinfo"
+	"github.com/tendril-net/tendril/internal/proc/logging"
+	"github.com/tendril-net/tendril/internal/proc/probe"
+	"github.com/tendril-net/tendril/internal/proc/procscale"
 )
 
 // Config is tendril-ingress's configuration.

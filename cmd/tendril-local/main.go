@@ -19,8 +19,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/buildinfo"
-	"github.com/tendril-net/tendril/internal/kubeenv"
+	"github.com/tendril-net/tendril/internal/kube/kubeenv"
+	"github.com/tendril-net/tendril/internal/proc/buildinfo"
 	"github.com/tendril-net/tendril/localseed"
 	"github.com/tendril-net/tendril/realseed"
 )

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/kubeenv"
-	"github.com/tendril-net/tendril/internal/kubetest"
+	"github.com/tendril-net/tendril/internal/kube/kubeenv"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
 	"github.com/tendril-net/tendril/localseed"
 )
 

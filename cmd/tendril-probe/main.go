@@ -22,7 +22,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/buildinfo"
+	"github.com/tendril-net/tendril/internal/proc/buildinfo"
 )
 
 func main() {

@@ -20,13 +20,14 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	crconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension/manifest"
-	"github.com/tendril-net/tendril/internal/buildinfo"
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/logging"
-	"github.com/tendril-net/tendril/internal/probe"
-	"github.com/tendril-net/tendril/internal/tlsreload"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/pki/tlsreload"
+	"github.com/tendril-net/tendril/internal/proc/buildinfo"
+	"github.com/tendril-net/tendril/internal/proc/logging"
+	"github.com/tendril-net/tendril/internal/proc/probe"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/source"
@@ -92,7 +93,7 @@ func main() {
 	fs.BoolVar(&k.LeaderElection, "leader-election", true, "Kubernetes mode: run the controllers and serve xDS on one replica only (the others keep the routes current to take over)")
 	fs.StringVar(&k.LeaderElectionID, "leader-election-id", "tendril-seed-leader-election", "Kubernetes mode: name of the leader election Lease")
 	fs.StringVar(&k.LeaderElectionNamespace, "leader-election-namespace", "", "Kubernetes mode: namespace of the leader election Lease (default: the pod's)")
-	fs.StringVar(&k.Pod.Name, "pod-name", "", "Kubernetes mode: this replica's Pod in --leader-election-namespace; the leader labels it "+controlplane.XDSLeaderLabel+"=true (and no other Pod) for the xDS Service to select (empty: no label)")
+	fs.StringVar(&k.Pod.Name, "pod-name", "", "Kubernetes mode: this replica's Pod in --leader-election-namespace; the leader labels it "+tendrilv1alpha1.XDSLeaderLabel+"=true (and no other Pod) for the xDS Service to select (empty: no label)")
 	fs.StringVar(&k.HeartbeatNamespace, "heartbeat-namespace", "", "Kubernetes mode: namespace of the gardener-extension-heartbeat Lease, the extension's own (empty: no heartbeat)")
 	fs.Func("heartbeat-renew-interval-seconds", "Kubernetes mode: heartbeat renewal period (default 30)", func(v string) error {
 		n, err := strconv.ParseInt(v, 10, 32)

@@ -24,12 +24,12 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/tendril-net/tendril/internal/buildinfo"
-	"github.com/tendril-net/tendril/internal/idlemem"
-	"github.com/tendril-net/tendril/internal/inherit"
-	"github.com/tendril-net/tendril/internal/logging"
-	"github.com/tendril-net/tendril/internal/netflag"
-	"github.com/tendril-net/tendril/internal/probe"
+	"github.com/tendril-net/tendril/internal/host/idlemem"
+	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/proc/buildinfo"
+	"github.com/tendril-net/tendril/internal/proc/logging"
+	"github.com/tendril-net/tendril/internal/proc/netflag"
+	"github.com/tendril-net/tendril/internal/proc/probe"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 )

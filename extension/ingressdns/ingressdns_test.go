@@ -38,10 +38,10 @@ import (
 	"github.com/tendril-net/tendril/extension"
 	"github.com/tendril-net/tendril/extension/egresswebhook"
 	"github.com/tendril-net/tendril/extension/ingressdns"
-	"github.com/tendril-net/tendril/internal/kubetest"
-	"github.com/tendril-net/tendril/internal/metrictest"
-	"github.com/tendril-net/tendril/internal/testnet"
-	"github.com/tendril-net/tendril/internal/testwait"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
+	"github.com/tendril-net/tendril/internal/testing/metrictest"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 )
 
 // The package cannot import extension (the controlplane wires both); its copy must agree.

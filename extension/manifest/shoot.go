@@ -16,7 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tendril-net/tendril/internal/sysctl"
+	"github.com/tendril-net/tendril/internal/host/sysctl"
 	"github.com/tendril-net/tendril/wire"
 )
 

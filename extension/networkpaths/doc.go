@@ -5,7 +5,7 @@
 // resource manager's NetworkPolicy controller derives the allowing policies from tendril's
 // Services (the rendered tendril-seed chart and extension/manifest's per-shoot objects) and
 // Gardener's kube-apiserver Service; the kube-apiserver pods carry the egress webhook's label.
-// internal/netpoleval then judges every path.
+// internal/kube/netpoleval then judges every path.
 //
 // World builds the objects (namespaces labelled as gardenlet labels them, pods standing for the
 // Deployments: envtest runs no controller-manager), NewControllers runs Gardener's two

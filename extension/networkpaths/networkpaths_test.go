@@ -33,9 +33,9 @@ import (
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension/manifest"
-	"github.com/tendril-net/tendril/internal/kubeenv"
-	"github.com/tendril-net/tendril/internal/kubetest"
-	"github.com/tendril-net/tendril/internal/netpoleval"
+	"github.com/tendril-net/tendril/internal/kube/kubeenv"
+	"github.com/tendril-net/tendril/internal/kube/netpoleval"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/network-paths.md")
@@ -286,7 +286,7 @@ NewIstio, as gardenlet's seed reconciler calls it) and per shoot the vpn-seed-se
 Gardener's CONNECTs to the gateway's unified port (docs/design-notes/gardener-coexistence.md); the gateway
 alone reaches vpn-seed-server. Gardener's own controllers then write every NetworkPolicy: gardenlet's seed NetworkPolicy
 controller (deny-all, allow-to-dns, …) and the resource manager's NetworkPolicy controller (policies derived
-from Services and ` + "`networking.resources.gardener.cloud/*`" + ` annotations). internal/netpoleval judges
+from Services and ` + "`networking.resources.gardener.cloud/*`" + ` annotations). internal/kube/netpoleval judges
 each path by the NetworkPolicy API's semantics: the source's egress and the destination's ingress must both
 admit it. Every pod is isolated (deny-all) on both sides, so each "allowed" names the policies that admit it.
 

@@ -27,8 +27,8 @@ import (
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/extension/manifest"
-	"github.com/tendril-net/tendril/internal/kubescheme"
-	"github.com/tendril-net/tendril/internal/netpoleval"
+	"github.com/tendril-net/tendril/internal/kube/kubescheme"
+	"github.com/tendril-net/tendril/internal/kube/netpoleval"
 )
 
 // NewControllers returns a manager running gardenlet's seed NetworkPolicy controller and GRM's

@@ -27,10 +27,9 @@ import (
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/charts"
-	"github.com/tendril-net/tendril/controlplane"
 	"github.com/tendril-net/tendril/extension/egresswebhook"
 	"github.com/tendril-net/tendril/extension/manifest"
-	"github.com/tendril-net/tendril/internal/netpoleval"
+	"github.com/tendril-net/tendril/internal/kube/netpoleval"
 )
 
 // RuntimeNetworks are the seed's networks (gardenlet excludes them from
@@ -359,9 +358,9 @@ func (w *World) Seed(ctx context.Context, scheme *runtime.Scheme, extNS string) 
 			}
 			tmpl := *o.Spec.Template.DeepCopy()
 			if actor == seed {
-				// The replica that serves xDS carries the leader label (controlplane.XDSLeaderLabel),
+				// The replica that serves xDS carries the leader label (tendrilv1alpha1.XDSLeaderLabel),
 				// which tendril-xds selects.
-				tmpl.Labels[controlplane.XDSLeaderLabel] = "true"
+				tmpl.Labels[tendrilv1alpha1.XDSLeaderLabel] = "true"
 			}
 			if err := w.Pod(ctx, actor, extNS, o.Name+"-0", tmpl); err != nil {
 				return err

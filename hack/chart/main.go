@@ -27,7 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/tendril-net/tendril/charts"
-	"github.com/tendril-net/tendril/internal/ociimage"
+	"github.com/tendril-net/tendril/hack/image/ociimage"
 )
 
 func main() {

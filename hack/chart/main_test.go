@@ -24,7 +24,7 @@ import (
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tendril-net/tendril/internal/testoci"
+	"github.com/tendril-net/tendril/internal/testing/testoci"
 )
 
 const root = "../.."

@@ -23,7 +23,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/ociimage"
+	"github.com/tendril-net/tendril/hack/image/ociimage"
 )
 
 func main() {

@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/tendril-net/tendril/internal/testoci"
+	"github.com/tendril-net/tendril/internal/testing/testoci"
 )
 
 const (
@@ -37,7 +37,7 @@ func TestImage(t *testing.T) {
 	bin := t.TempDir()
 	// GO_BUILD_FLAGS of the Makefile. After make build (make test runs it first) only the
 	// linker has work left.
-	const pkg = "github.com/tendril-net/tendril/internal/buildinfo"
+	const pkg = "github.com/tendril-net/tendril/internal/proc/buildinfo"
 	build := exec.Command("go", "build", "-trimpath", "-buildvcs=false",
 		"-ldflags", "-X "+pkg+".Version="+version+" -X "+pkg+".Revision="+revision,
 		"-o", bin+"/", "../../cmd/...")

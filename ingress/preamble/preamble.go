@@ -22,9 +22,9 @@ import (
 
 	"github.com/pires/go-proxyproto"
 
+	"github.com/tendril-net/tendril/edge/connect"
+	"github.com/tendril-net/tendril/edge/pipe"
 	"github.com/tendril-net/tendril/ingress/sni"
-	"github.com/tendril-net/tendril/internal/connect"
-	"github.com/tendril-net/tendril/internal/relay"
 )
 
 // Outcomes of a refused preamble, the values of the ingress's outcome label.
@@ -189,7 +189,7 @@ func (d *Conn) readProxyHeader(allowWithout bool) (*proxyproto.Header, string, e
 		}
 		return nil, "", nil
 	case err != nil:
-		if relay.IsTimeout(err) {
+		if pipe.IsTimeout(err) {
 			return nil, OutcomeProxyTimeout, err
 		}
 		return nil, OutcomeBadProxyHeader, err
@@ -207,7 +207,7 @@ func (d *Conn) readProxyHeader(allowWithout bool) (*proxyproto.Header, string, e
 
 func helloOutcome(err error) string {
 	switch {
-	case relay.IsTimeout(err): // os.ErrDeadlineExceeded is a net.Error that times out
+	case pipe.IsTimeout(err): // os.ErrDeadlineExceeded is a net.Error that times out
 		return OutcomeHelloTimeout
 	case errors.Is(err, sni.ErrNotTLS):
 		return OutcomeNotTLS

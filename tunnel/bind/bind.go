@@ -55,7 +55,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.zx2c4.com/wireguard/conn"
 
-	"github.com/tendril-net/tendril/internal/idlemem"
+	"github.com/tendril-net/tendril/internal/host/idlemem"
 	"github.com/tendril-net/tendril/tunnel/frame"
 )
 
@@ -896,7 +896,7 @@ func (e *Endpoint) String() string { return e.DstToString() }
 // stream kept up to StreamBuffers buffers of the largest size it had read for as long as it
 // lived: 1.9 MB per stream at MTU 60,000 after any load, resident for good. Pooled, the buffers
 // in use are still bounded by the streams' slots (MaxStreams × StreamBuffers), and those left
-// in the pools after a load go with the garbage collector's next two cycles (internal/idlemem
+// in the pools after a load go with the garbage collector's next two cycles (internal/host/idlemem
 // runs them once the process is idle). A buffer is at most twice its frame.
 const (
 	minBufShift = 11

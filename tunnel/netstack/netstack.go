@@ -32,7 +32,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/idlemem"
+	"github.com/tendril-net/tendril/internal/host/idlemem"
 	"golang.zx2c4.com/wireguard/tun"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"

@@ -31,7 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/tun"
 
-	"github.com/tendril-net/tendril/internal/sysctl"
+	"github.com/tendril-net/tendril/internal/host/sysctl"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 )
 

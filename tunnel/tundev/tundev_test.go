@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/nftables"
 
-	"github.com/tendril-net/tendril/internal/netns"
+	"github.com/tendril-net/tendril/internal/host/netns"
 )
 
 func TestConfigErrors(t *testing.T) {

@@ -14,8 +14,8 @@ import (
 	"golang.zx2c4.com/wireguard/tun"
 	wgnetstack "golang.zx2c4.com/wireguard/tun/netstack"
 
-	"github.com/tendril-net/tendril/internal/netns"
-	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/internal/host/netns"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 )
 
@@ -33,7 +33,7 @@ const benchIO = 1 << 20
 //   - wireguard-netstack-mtu-60000: the same with wireguard-go's tun/netstack on both ends
 //     instead of package netstack (what tunnel/wg used before), for comparison;
 //   - forward-mtu-60000: to a shoot address that the agent's forwarder terminates, relaying
-//     (internal/relay) to a real loopback TCP server, as the agent reaches pods;
+//     (edge/loops) to a real loopback TCP server, as the agent reaches pods;
 //   - direct-tcp: plain loopback TCP, the ceiling.
 //
 // The MB/s column is the figure. design.md has the reference numbers for wireguard-go's

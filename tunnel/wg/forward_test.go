@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/relay"
-	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/edge/pipe"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 )
 
@@ -65,7 +65,7 @@ func (s *shoot) handle(ctx context.Context, r *netstack.Request) {
 	if err != nil {
 		return
 	}
-	relay.Pipe(c, up, 0)
+	pipe.Pipe(c, up, 0)
 }
 
 func (s *shoot) src(dst netip.AddrPort) (netip.AddrPort, bool) {

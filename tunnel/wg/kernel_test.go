@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/netns"
-	"github.com/tendril-net/tendril/internal/relay"
-	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/edge/pipe"
+	"github.com/tendril-net/tendril/internal/host/netns"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 	"github.com/tendril-net/tendril/tunnel/tundev"
 )
@@ -138,7 +138,7 @@ func testKernelStack(t *testing.T, handler bool) {
 				return
 			}
 			defer up.Close()
-			relay.Pipe(c, up, time.Minute)
+			pipe.Pipe(c, up, time.Minute)
 		}
 	}
 	w := newWorld(t, o)

@@ -16,8 +16,8 @@ import (
 	"github.com/go-logr/logr/testr"
 	"go.uber.org/goleak"
 
-	"github.com/tendril-net/tendril/internal/netns"
-	"github.com/tendril-net/tendril/internal/testnet"
+	"github.com/tendril-net/tendril/internal/host/netns"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/frame"
 	"github.com/tendril-net/tendril/tunnel/netstack"

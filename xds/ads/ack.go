@@ -13,64 +13,12 @@ import (
 	"github.com/tendril-net/tendril/xds/store"
 )
 
-// State is how far one shoot's current resources have got to the connected data planes.
-type State int
-
-const (
-	// StateUnknown: the shoot is not in the applied route set.
-	StateUnknown State = iota
-	// StatePending: a connected data plane has not yet acknowledged the shoot's current
-	// resources, an expected one (SetExpectedNodes) is not connected and synced, or none is
-	// connected.
-	StatePending
-	// StateProgrammed: every connected data plane, and every expected one, holds the shoot's
-	// current resources.
-	StateProgrammed
-	// StateRejected: a data plane refused (NACKed) a response carrying the shoot's current
-	// resources; it keeps serving what it had before.
-	StateRejected
-)
-
-func (st State) String() string {
-	switch st {
-	case StatePending:
-		return "Pending"
-	case StateProgrammed:
-		return "Programmed"
-	case StateRejected:
-		return "Rejected"
-	default:
-		return "Unknown"
-	}
-}
-
-// ShootStatus is the acknowledgement state of one shoot's current resources.
-//
-// Only delta clients count: both data planes (Envoy in tendril's chart and tendril-ingress) use
-// delta, and a state-of-the-world ACK names a cache version, not resources. A client counts once
-// it has answered its first response of every type (it is "synced"): a replica that connects
-// later does not turn programmed shoots back to pending while it loads the full set, which would
-// cost a status write per shoot and replica, but its refusal of a shoot's resources does count.
-type ShootStatus struct {
-	Name  string
-	State State
-	// Model is the applied model this status describes; a consumer compares it with the model it
-	// applied to know the status is about that route version.
-	Model model.Shoot
-	// Clients is the number of synced delta clients counted.
-	Clients int
-	// Missing are the expected nodes (SetExpectedNodes) with no synced stream, sorted.
-	Missing []string
-	// Detail says which client refused the resources and why (StateRejected only).
-	Detail string
-}
-
 // acks is what each delta stream holds, guarded by the store's lock.
 type acks struct {
 	streams map[int64]*streamAcks
 	// states is the last evaluated state per shoot; changed names the shoots whose state or
 	// model changed since TakeStatusChanges last ran, and notify is signalled when it grows.
-	states  map[string]State
+	states  map[string]model.State
 	changed map[string]bool
 	notify  chan struct{}
 	// expected are the node IDs that must hold a shoot for it to be programmed, besides every
@@ -81,7 +29,7 @@ type acks struct {
 func newAcks() acks {
 	return acks{
 		streams: make(map[int64]*streamAcks),
-		states:  make(map[string]State),
+		states:  make(map[string]model.State),
 		changed: make(map[string]bool),
 		notify:  make(chan struct{}, 1),
 	}
@@ -183,11 +131,11 @@ func (s *Server) StatusChanges() <-chan struct{} { return s.acks.notify }
 
 // TakeStatusChanges returns the current status of every shoot whose state or model changed since
 // the last call, sorted by name, and forgets them. A removed shoot is reported once with
-// StateUnknown.
-func (s *Server) TakeStatusChanges() []ShootStatus {
+// model.StateUnknown.
+func (s *Server) TakeStatusChanges() []model.ShootStatus {
 	s.st.Lock()
 	defer s.st.Unlock()
-	out := make([]ShootStatus, 0, len(s.acks.changed))
+	out := make([]model.ShootStatus, 0, len(s.acks.changed))
 	for _, name := range slices.Sorted(maps.Keys(s.acks.changed)) {
 		out = append(out, s.status(name))
 	}
@@ -215,19 +163,19 @@ func (s *Server) SetExpectedNodes(nodes []string) {
 }
 
 // ShootStatus returns the current status of one shoot.
-func (s *Server) ShootStatus(name string) ShootStatus {
+func (s *Server) ShootStatus(name string) model.ShootStatus {
 	s.st.Lock()
 	defer s.st.Unlock()
 	return s.status(name)
 }
 
 // status evaluates one shoot against every synced delta client. Called with the store locked.
-func (s *Server) status(name string) ShootStatus {
+func (s *Server) status(name string) model.ShootStatus {
 	sh, ok := s.v.Shoots()[name]
 	if !ok {
-		return ShootStatus{Name: name, State: StateUnknown}
+		return model.ShootStatus{Name: name, State: model.StateUnknown}
 	}
-	st := ShootStatus{Name: name, Model: sh}
+	st := model.ShootStatus{Name: name, Model: sh}
 	pending := false
 	// synced are the nodes with a synced stream, collected only when some are expected.
 	var synced map[string]bool
@@ -269,11 +217,11 @@ func (s *Server) status(name string) ShootStatus {
 	slices.Sort(st.Missing)
 	switch {
 	case st.Detail != "":
-		st.State = StateRejected
+		st.State = model.StateRejected
 	case pending || st.Clients == 0 || len(st.Missing) > 0:
-		st.State = StatePending
+		st.State = model.StatePending
 	default:
-		st.State = StateProgrammed
+		st.State = model.StateProgrammed
 	}
 	return st
 }
@@ -299,12 +247,12 @@ func (s *Server) evaluate(names []string, force bool) {
 	for _, n := range names {
 		st := s.status(n).State
 		old, known := s.acks.states[n]
-		if st == StateUnknown {
+		if st == model.StateUnknown {
 			delete(s.acks.states, n)
 		} else {
 			s.acks.states[n] = st
 		}
-		if force || old != st || !known && st != StateUnknown {
+		if force || old != st || !known && st != model.StateUnknown {
 			if !s.acks.changed[n] {
 				s.acks.changed[n] = true
 				grew = true

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -39,9 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
-	"github.com/tendril-net/tendril/xds/ads"
 	"github.com/tendril-net/tendril/xds/model"
-	"github.com/tendril-net/tendril/xds/store"
 )
 
 // Server is what the source needs of the xDS server (xds/server.Server is one): it applies the
@@ -49,16 +46,16 @@ import (
 // acknowledged.
 type Server interface {
 	// Apply makes shoots the complete route set, or refuses it and keeps what it had.
-	Apply(shoots []model.Shoot) (store.Stats, error)
+	Apply(shoots []model.Shoot) (model.Stats, error)
 	// SetExpectedNodes names the data planes (xDS node IDs) a shoot must be held by to be
 	// programmed.
 	SetExpectedNodes(nodes []string)
 	// ShootStatus is the acknowledgement state of one shoot's current resources.
-	ShootStatus(name string) ads.ShootStatus
+	ShootStatus(name string) model.ShootStatus
 	// StatusChanges is signalled when a shoot's status may have changed; TakeStatusChanges
 	// then returns those shoots' status.
 	StatusChanges() <-chan struct{}
-	TakeStatusChanges() []ads.ShootStatus
+	TakeStatusChanges() []model.ShootStatus
 }
 
 // Config configures the source. Server is required; the zero value of every other field works.
@@ -666,7 +663,7 @@ func (s *Source) conditions(shoots []string) time.Time {
 			// Held back a moment, so that a route acknowledged quickly costs one write per
 			// change (Programmed) rather than two.
 			p, ok := s.pending[key]
-			if !ok || p.generation != r.obj.Generation || !reflect.DeepEqual(p.shoot, r.shoot) {
+			if !ok || p.generation != r.obj.Generation || !p.shoot.Equal(r.shoot) {
 				p = pendingSince{at: now, generation: r.obj.Generation, shoot: r.shoot}
 				s.pending[key] = p
 			}
@@ -716,14 +713,14 @@ func (s *Source) condition(r *route) metav1.Condition {
 		return c
 	}
 	st := s.cfg.Server.ShootStatus(r.obj.Namespace)
-	if st.State == ads.StateUnknown || !reflect.DeepEqual(st.Model, r.shoot) {
+	if st.State == model.StateUnknown || !st.Model.Equal(r.shoot) {
 		c.Reason, c.Message = tendrilv1alpha1.ReasonPending, "Waiting for the control plane to publish the route."
 		return c
 	}
 	switch st.State {
-	case ads.StateProgrammed:
+	case model.StateProgrammed:
 		c.Status, c.Reason, c.Message = metav1.ConditionTrue, tendrilv1alpha1.ReasonProgrammed, "Every ingress replica acknowledged the route."
-	case ads.StateRejected:
+	case model.StateRejected:
 		c.Reason, c.Message = tendrilv1alpha1.ReasonRejected, "An ingress replica rejected the route: "+st.Detail
 	default:
 		// The message must not count replicas: it would change, and be written, per replica.

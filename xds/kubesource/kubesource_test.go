@@ -34,12 +34,13 @@ import (
 	tendrilv1alpha1 "github.com/tendril-net/tendril/apis/tendril/v1alpha1"
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
-	"github.com/tendril-net/tendril/internal/kubetest"
-	"github.com/tendril-net/tendril/internal/metrictest"
-	"github.com/tendril-net/tendril/internal/testnet"
-	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/internal/testwait"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
+	"github.com/tendril-net/tendril/internal/testing/kubetest"
+	"github.com/tendril-net/tendril/internal/testing/metrictest"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/xds/kubesource"
+	"github.com/tendril-net/tendril/xds/model"
 	xdsserver "github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -65,7 +66,7 @@ type seed struct {
 var watched = []string{"kube-apiserver", "tendril-server"}
 
 // ingressStatus is the xDS server's view of what the ingress acknowledged for shoot ns.
-func (s *seed) ingressStatus(ns string) xdsserver.State { return s.xds.ShootStatus(ns).State }
+func (s *seed) ingressStatus(ns string) model.State { return s.xds.ShootStatus(ns).State }
 
 // startSeed starts a seed; without an ingress when pendingDelay is set (the test is then about
 // routes nothing acknowledges), otherwise with one and a long pending delay.
@@ -409,7 +410,7 @@ func TestRoutesFromKubernetes(t *testing.T) {
 		return nil
 	})
 	testwait.For(t, "the ingress ACKed the move", func() error {
-		if st := s.ingressStatus(alpha); st != xdsserver.StateProgrammed {
+		if st := s.ingressStatus(alpha); st != model.StateProgrammed {
 			return fmt.Errorf("server state %s", st)
 		}
 		return nil

@@ -19,8 +19,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tendril-net/tendril/xds/ads"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/server"
+	"github.com/tendril-net/tendril/xds/store"
 )
 
 // ackClient is a delta client that ACKs every response unless refuse returns an error for it,
@@ -48,7 +50,7 @@ func newAckClient(t *testing.T, addr, id string) *ackClient {
 		t.Fatal(err)
 	}
 	c := &ackClient{cancel: cancel, done: make(chan struct{}), stream: st}
-	for _, typ := range server.Types {
+	for _, typ := range store.Types {
 		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: id}, TypeUrl: typ}); err != nil {
 			t.Fatal(err)
 		}
@@ -121,7 +123,7 @@ func startServer(t *testing.T, s *server.Server) string {
 }
 
 // waitState polls until shoot reaches want; the server's notifications are exercised separately.
-func waitState(t *testing.T, s *server.Server, shoot string, want server.State) server.ShootStatus {
+func waitState(t *testing.T, s *server.Server, shoot string, want model.State) model.ShootStatus {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -145,15 +147,15 @@ func TestShootStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := set[2].Name
-	if st := s.ShootStatus(a); st.State != server.StatePending || st.Clients != 0 {
+	if st := s.ShootStatus(a); st.State != model.StatePending || st.Clients != 0 {
 		t.Fatalf("no client connected: %+v, want pending with 0 clients", st)
 	}
-	if st := s.ShootStatus("shoot--p--nope"); st.State != server.StateUnknown {
+	if st := s.ShootStatus("shoot--p--nope"); st.State != model.StateUnknown {
 		t.Fatalf("unknown shoot: %+v", st)
 	}
 	addr := startServer(t, s)
 	c1 := newAckClient(t, addr, "ingress-1")
-	st := waitState(t, s, a, server.StateProgrammed)
+	st := waitState(t, s, a, model.StateProgrammed)
 	if st.Clients != 1 || st.Model.Name != a {
 		t.Fatalf("programmed: %+v", st)
 	}
@@ -166,7 +168,7 @@ func TestShootStatus(t *testing.T) {
 	c2.hold = true
 	c2.mu.Unlock()
 	time.Sleep(50 * time.Millisecond) // time for its initial responses; nothing may change
-	if st := s.ShootStatus(a); st.State != server.StateProgrammed || st.Clients != 1 {
+	if st := s.ShootStatus(a); st.State != model.StateProgrammed || st.Clients != 1 {
 		t.Fatalf("while a new replica loads: %+v, want programmed by 1 client", st)
 	}
 	c2.release(t)
@@ -185,7 +187,7 @@ func TestShootStatus(t *testing.T) {
 	}
 	waitFor(t, "change pending", func() bool {
 		st := s.ShootStatus(a)
-		return st.State == server.StatePending && len(st.Model.APIServers) == 2
+		return st.State == model.StatePending && len(st.Model.APIServers) == 2
 	})
 	select {
 	case <-s.StatusChanges():
@@ -196,8 +198,8 @@ func TestShootStatus(t *testing.T) {
 		t.Fatalf("changes %+v, want only %s", ch, a)
 	}
 	c2.release(t)
-	waitState(t, s, a, server.StateProgrammed)
-	if ch := s.TakeStatusChanges(); len(ch) != 1 || ch[0].Name != a || ch[0].State != server.StateProgrammed {
+	waitState(t, s, a, model.StateProgrammed)
+	if ch := s.TakeStatusChanges(); len(ch) != 1 || ch[0].Name != a || ch[0].State != model.StateProgrammed {
 		t.Fatalf("changes %+v, want %s programmed", ch, a)
 	}
 
@@ -217,15 +219,15 @@ func TestShootStatus(t *testing.T) {
 	if _, err := s.Apply(set); err != nil {
 		t.Fatal(err)
 	}
-	st = waitState(t, s, a, server.StateRejected)
+	st = waitState(t, s, a, model.StateRejected)
 	if !strings.Contains(st.Detail, "ingress-2") || !strings.Contains(st.Detail, errBad.Error()) {
 		t.Errorf("rejected detail %q, want the node and its message", st.Detail)
 	}
-	waitState(t, s, set[3].Name, server.StateProgrammed)
+	waitState(t, s, set[3].Name, model.StateProgrammed)
 
 	// The refusing replica goes away: every remaining client holds shoot a.
 	c2.close()
-	waitState(t, s, a, server.StateProgrammed)
+	waitState(t, s, a, model.StateProgrammed)
 	if st := s.ShootStatus(a); st.Clients != 1 {
 		t.Errorf("after a replica left: %+v, want 1 client", st)
 	}
@@ -235,7 +237,7 @@ func TestShootStatus(t *testing.T) {
 	if _, err := s.Apply(append(append([]model.Shoot(nil), set[:2]...), set[3:]...)); err != nil {
 		t.Fatal(err)
 	}
-	if ch := s.TakeStatusChanges(); len(ch) != 1 || ch[0].Name != a || ch[0].State != server.StateUnknown {
+	if ch := s.TakeStatusChanges(); len(ch) != 1 || ch[0].Name != a || ch[0].State != model.StateUnknown {
 		t.Fatalf("changes after removal %+v, want %s unknown", ch, a)
 	}
 	c1.close()
@@ -256,13 +258,13 @@ func TestExpectedNodes(t *testing.T) {
 	newAckClient(t, addr, "ingress-1")
 	waitFor(t, "ingress-1 synced", func() bool { return s.ShootStatus(a).Clients == 1 })
 	st := s.ShootStatus(a)
-	if st.State != server.StatePending || !slices.Equal(st.Missing, []string{"ingress-2"}) {
+	if st.State != model.StatePending || !slices.Equal(st.Missing, []string{"ingress-2"}) {
 		t.Fatalf("one of two expected replicas synced: %+v, want pending, ingress-2 missing", st)
 	}
 	s.TakeStatusChanges()
 
 	c2 := newAckClient(t, addr, "ingress-2")
-	st = waitState(t, s, a, server.StateProgrammed)
+	st = waitState(t, s, a, model.StateProgrammed)
 	if st.Clients != 2 || len(st.Missing) != 0 {
 		t.Fatalf("both synced: %+v", st)
 	}
@@ -273,11 +275,11 @@ func TestExpectedNodes(t *testing.T) {
 	// ingress-2 goes away (its connection breaks, or it moves to another instance): pending
 	// again while it is expected, programmed once it no longer is.
 	c2.close()
-	waitState(t, s, a, server.StatePending)
+	waitState(t, s, a, model.StatePending)
 	s.SetExpectedNodes([]string{"ingress-1"})
-	waitState(t, s, a, server.StateProgrammed)
+	waitState(t, s, a, model.StateProgrammed)
 	s.SetExpectedNodes(nil)
-	if st := s.ShootStatus(a); st.State != server.StateProgrammed || st.Clients != 1 {
+	if st := s.ShootStatus(a); st.State != model.StateProgrammed || st.Clients != 1 {
 		t.Fatalf("no expected set: %+v, want programmed by the connected client", st)
 	}
 }
@@ -317,11 +319,11 @@ func TestReconnectWithKnownVersions(t *testing.T) {
 			known[typ][res.GetName()] = res.GetVersion()
 		}
 	}
-	waitState(t, s, set[1].Name, server.StateProgrammed)
+	waitState(t, s, set[1].Name, model.StateProgrammed)
 	c.cancel()
 
 	st := openDelta(t, addr, node, known)
-	for range server.Types {
+	for range store.Types {
 		r, err := st.Recv()
 		if err != nil {
 			t.Fatal(err)
@@ -334,7 +336,7 @@ func TestReconnectWithKnownVersions(t *testing.T) {
 		}
 	}
 	waitFor(t, "reconnected client synced", func() bool { return s.ShootStatus(set[1].Name).Clients == 1 })
-	if st := s.ShootStatus(set[1].Name); st.State != server.StateProgrammed {
+	if st := s.ShootStatus(set[1].Name); st.State != model.StateProgrammed {
 		t.Fatalf("after reconnect: %+v", st)
 	}
 }
@@ -435,7 +437,7 @@ func TestFirstSyncInPieces(t *testing.T) {
 	// The endpoints and listeners arrive too; answer them until the client counts.
 	go ackAll(st)
 	for _, sh := range []string{set[0].Name, set[len(set)-1].Name} {
-		if sst := waitState(t, s, sh, server.StateProgrammed); sst.Clients != 1 {
+		if sst := waitState(t, s, sh, model.StateProgrammed); sst.Clients != 1 {
 			t.Fatalf("%s: %+v", sh, sst)
 		}
 	}
@@ -447,7 +449,7 @@ func TestFirstSyncInPieces(t *testing.T) {
 func openDelta(t testing.TB, addr string, nd *corev3.Node, known map[string]map[string]string) discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(server.MaxRecvMsgSize)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(ads.MaxRecvMsgSize)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +460,7 @@ func openDelta(t testing.TB, addr string, nd *corev3.Node, known map[string]map[
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, typ := range server.Types {
+	for _, typ := range store.Types {
 		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: nd, TypeUrl: typ, InitialResourceVersions: known[typ]}); err != nil {
 			t.Fatal(err)
 		}
@@ -503,10 +505,10 @@ func TestUnsupportedTypeIgnored(t *testing.T) {
 		return r
 	}
 	got := map[string]bool{}
-	for range server.Types {
+	for range store.Types {
 		got[recv().GetTypeUrl()] = true
 	}
-	if len(got) != len(server.Types) {
+	if len(got) != len(store.Types) {
 		t.Fatalf("first responses for %v, want one per served type", got)
 	}
 	set[1].APIServer = netip.MustParseAddrPort("10.99.0.1:443")

@@ -24,13 +24,15 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
-	"github.com/tendril-net/tendril/internal/metrictest"
-	"github.com/tendril-net/tendril/internal/testpki"
-	"github.com/tendril-net/tendril/internal/testwait"
-	"github.com/tendril-net/tendril/internal/tlsreload"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
+	"github.com/tendril-net/tendril/internal/pki/tlsreload"
+	"github.com/tendril-net/tendril/internal/testing/metrictest"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
+	"github.com/tendril-net/tendril/xds/ads"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/model/modeltest"
 	"github.com/tendril-net/tendril/xds/server"
+	"github.com/tendril-net/tendril/xds/store"
 )
 
 // pki writes a leaf of ca for names into a new directory and returns its files.
@@ -91,7 +93,7 @@ func (m *mtlsServer) fetch(t *testing.T, tlsCfg *tls.Config, node, reason string
 	done := make(chan error, 1)
 	go func() {
 		done <- xdsclient.Run(ctx, xdsclient.Config{
-			Address: m.addr, NodeID: node, Types: server.Types, TLS: tlsCfg, Log: testr.New(t), MinBackoff: 10 * time.Millisecond,
+			Address: m.addr, NodeID: node, Types: store.Types, TLS: tlsCfg, Log: testr.New(t), MinBackoff: 10 * time.Millisecond,
 		}, func(u xdsclient.Update) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -137,8 +139,8 @@ func TestMutualTLSNodes(t *testing.T) {
 
 	t.Run("the certificate's name", func(t *testing.T) { m.fetch(t, client, "tendril-ingress", "") })
 	t.Run("a pod of the certificate's deployment", func(t *testing.T) { m.fetch(t, client, "tendril-ingress-7d9c5b8f6-x2x4q", "") })
-	t.Run("another node ID", func(t *testing.T) { m.fetch(t, client, "tendril-egress-0", server.ReasonNodeMismatch) })
-	t.Run("a name that extends the certificate's", func(t *testing.T) { m.fetch(t, client, "tendril-ingressx", server.ReasonNodeMismatch) })
+	t.Run("another node ID", func(t *testing.T) { m.fetch(t, client, "tendril-egress-0", ads.ReasonNodeMismatch) })
+	t.Run("a name that extends the certificate's", func(t *testing.T) { m.fetch(t, client, "tendril-ingressx", ads.ReasonNodeMismatch) })
 	t.Run("no client certificate", func(t *testing.T) {
 		m.fetch(t, &tls.Config{RootCAs: m.ca.Pool, ServerName: "xds.test"}, "tendril-ingress", tlsreload.ReasonNoCertificate)
 	})
@@ -180,7 +182,7 @@ func TestNodeRefusedStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	adsClient := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -191,7 +193,7 @@ func TestNodeRefusedStatus(t *testing.T) {
 		}
 	}
 	t.Run("delta", func(t *testing.T) {
-		st, err := ads.DeltaAggregatedResources(ctx)
+		st, err := adsClient.DeltaAggregatedResources(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -200,7 +202,7 @@ func TestNodeRefusedStatus(t *testing.T) {
 		check(t, err, `node ID "shoot-0" is not allowed for the client certificate of "tendril-ingress"`)
 	})
 	t.Run("delta, no node", func(t *testing.T) {
-		st, err := ads.DeltaAggregatedResources(ctx)
+		st, err := adsClient.DeltaAggregatedResources(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +211,7 @@ func TestNodeRefusedStatus(t *testing.T) {
 		check(t, err, "names no node")
 	})
 	t.Run("delta, a later request changes the node", func(t *testing.T) {
-		st, err := ads.DeltaAggregatedResources(ctx)
+		st, err := adsClient.DeltaAggregatedResources(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -224,7 +226,7 @@ func TestNodeRefusedStatus(t *testing.T) {
 		check(t, err, `"shoot-0"`)
 	})
 	t.Run("state of the world", func(t *testing.T) {
-		st, err := ads.StreamAggregatedResources(ctx)
+		st, err := adsClient.StreamAggregatedResources(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -232,10 +234,10 @@ func TestNodeRefusedStatus(t *testing.T) {
 		_, err = st.Recv()
 		check(t, err, `"shoot-0"`)
 	})
-	if n := m.refused(t, server.ReasonNodeMismatch); n != 3 {
+	if n := m.refused(t, ads.ReasonNodeMismatch); n != 3 {
 		t.Errorf("node_mismatch refusals: %v, want 3", n)
 	}
-	if n := m.refused(t, server.ReasonNoNode); n != 1 {
+	if n := m.refused(t, ads.ReasonNoNode); n != 1 {
 		t.Errorf("no_node refusals: %v, want 1", n)
 	}
 }
@@ -277,7 +279,7 @@ func TestCertificateRotation(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- xdsclient.Run(ctx, xdsclient.Config{
-			Address: m.addr, NodeID: "tendril-ingress-0", Types: server.Types, TLS: tlsreload.ClientConfig(cli, "xds.test"),
+			Address: m.addr, NodeID: "tendril-ingress-0", Types: store.Types, TLS: tlsreload.ClientConfig(cli, "xds.test"),
 			Log: testr.New(t), MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		}, func(u xdsclient.Update) error {
 			if len(u.Resources) > 0 {
@@ -307,7 +309,7 @@ func TestCertificateRotation(t *testing.T) {
 		if served() {
 			t.Fatal("served with a certificate for another node")
 		}
-		if m.refused(t, server.ReasonNodeMismatch) == 0 {
+		if m.refused(t, ads.ReasonNodeMismatch) == 0 {
 			return errors.New("no node_mismatch refusal yet")
 		}
 		return nil

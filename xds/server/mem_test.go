@@ -80,7 +80,7 @@ func TestMemoryAtScale(t *testing.T) {
 		for _, name := range names {
 			for {
 				st := s.ShootStatus(name)
-				if st.State == server.StateProgrammed && st.Clients == clients {
+				if st.State == model.StateProgrammed && st.Clients == clients {
 					break
 				}
 				if time.Now().After(deadline) {

@@ -29,37 +29,6 @@ import (
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
-// MaxRecvMsgSize is the largest request the server accepts (ads.MaxRecvMsgSize).
-const MaxRecvMsgSize = ads.MaxRecvMsgSize
-
-// Types are the resource types tendril serves, in the order a client should apply them
-// (store.Types).
-var Types = store.Types
-
-// The acknowledgement state of a shoot (ads.ShootStatus).
-type (
-	State       = ads.State
-	ShootStatus = ads.ShootStatus
-)
-
-// States of a shoot (ads.State).
-const (
-	StateUnknown    = ads.StateUnknown
-	StatePending    = ads.StatePending
-	StateProgrammed = ads.StateProgrammed
-	StateRejected   = ads.StateRejected
-)
-
-// Refusal is an error of Config.Authorize with the reason it is counted under (ads.Refusal).
-type Refusal = ads.Refusal
-
-// Refused reasons (ads.ReasonNoNode etc.).
-const (
-	ReasonNoNode              = ads.ReasonNoNode
-	ReasonNodeMismatch        = ads.ReasonNodeMismatch
-	ReasonNoClientCertificate = ads.ReasonNoClientCertificate
-)
-
 // NodeOfCertificate admits a node whose ID is the common name of the client's certificate, or
 // starts with it and a dash; it is a Config.Authorize (ads.NodeOfCertificate).
 func NodeOfCertificate(ctx context.Context, node *corev3.Node) error {
@@ -118,9 +87,6 @@ func New(cfg Config) *Server {
 	}
 }
 
-// Stats says what one Apply changed (store.Stats).
-type Stats = store.Stats
-
 // Apply makes shoots the complete route set. Shoots whose model is unchanged are not validated
 // or translated again; of the rest, only resources whose content changed are updated, and only
 // the streams subscribed to them are told. The set must pass model.ValidateSet; Apply refuses it
@@ -128,13 +94,13 @@ type Stats = store.Stats
 // comparison per shoot: at 10,000 shoots, validating and comparing the whole set by reflection
 // on every change took 45 ms. Validating and translating hold only s.mu; the store is locked
 // for the commit alone.
-func (s *Server) Apply(shoots []model.Shoot) (Stats, error) {
+func (s *Server) Apply(shoots []model.Shoot) (model.Stats, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	start := time.Now()
 	changed, removed, err := s.diff(shoots)
 	if err != nil {
-		return Stats{}, fmt.Errorf("apply routes: %w", err)
+		return model.Stats{}, fmt.Errorf("apply routes: %w", err)
 	}
 
 	// Resources are encoded as they are collected, so that a full build never holds every
@@ -227,13 +193,13 @@ func (s *Server) collect(r translate.Resources, desired map[string]map[string]st
 		names.Add(t, name)
 	}
 	for _, c := range r.Clusters {
-		add(Types[0], c.GetName(), c)
+		add(store.Types[0], c.GetName(), c)
 	}
 	for _, e := range r.Endpoints {
-		add(Types[1], e.GetClusterName(), e)
+		add(store.Types[1], e.GetClusterName(), e)
 	}
 	for _, l := range r.Listeners {
-		add(Types[2], l.GetName(), l)
+		add(store.Types[2], l.GetName(), l)
 	}
 	return names
 }
@@ -263,7 +229,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error { return s.ads
 func (s *Server) TLS() bool { return s.ads.TLS() }
 
 // ShootStatus returns the current status of one shoot (ads.Server.ShootStatus).
-func (s *Server) ShootStatus(name string) ShootStatus { return s.ads.ShootStatus(name) }
+func (s *Server) ShootStatus(name string) model.ShootStatus { return s.ads.ShootStatus(name) }
 
 // StatusChanges is signalled when at least one shoot's status may have changed
 // (ads.Server.StatusChanges).
@@ -271,7 +237,7 @@ func (s *Server) StatusChanges() <-chan struct{} { return s.ads.StatusChanges() 
 
 // TakeStatusChanges returns the status of every shoot whose state or model changed since the
 // last call (ads.Server.TakeStatusChanges).
-func (s *Server) TakeStatusChanges() []ShootStatus { return s.ads.TakeStatusChanges() }
+func (s *Server) TakeStatusChanges() []model.ShootStatus { return s.ads.TakeStatusChanges() }
 
 // SetExpectedNodes names the data planes that serve traffic (ads.Server.SetExpectedNodes).
 func (s *Server) SetExpectedNodes(nodes []string) { s.ads.SetExpectedNodes(nodes) }

@@ -23,6 +23,7 @@ import (
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/model/modeltest"
 	"github.com/tendril-net/tendril/xds/server"
+	"github.com/tendril-net/tendril/xds/store"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -57,7 +58,7 @@ func TestApplySkipsUnchanged(t *testing.T) {
 	if st.Updated != 20*4+4 || st.Removed != 0 {
 		t.Fatalf("first apply: %+v", st)
 	}
-	if st, _ = s.Apply(shoots(20)); st != (server.Stats{}) {
+	if st, _ = s.Apply(shoots(20)); st != (model.Stats{}) {
 		t.Fatalf("no-op apply changed something: %+v", st)
 	}
 	// Moving a host from one shoot to another is an update of its cluster, never a removal.
@@ -152,7 +153,7 @@ func TestApplyValidatesLikeValidateSet(t *testing.T) {
 		if _, err := fresh.Apply(set); err != nil {
 			t.Fatal(err)
 		}
-		for _, typ := range server.Types {
+		for _, typ := range store.Types {
 			if got, want := s.Resources(typ), fresh.Resources(typ); !slices.Equal(got, want) {
 				t.Fatalf("set %d: %s %v, a fresh server serves %v", i, typ, got, want)
 			}
@@ -316,7 +317,7 @@ func newDeltaClient(ctx context.Context, t testing.TB, ads discoveryv3.Aggregate
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, typ := range server.Types {
+	for _, typ := range store.Types {
 		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
 			t.Fatal(err)
 		}
@@ -369,7 +370,7 @@ func (c *deltaClient) recvAll(t testing.TB, s *server.Server) {
 	t.Helper()
 	held := map[string]map[string]bool{}
 	complete := func() bool {
-		for _, typ := range server.Types {
+		for _, typ := range store.Types {
 			if len(held[typ]) != len(s.Resources(typ)) {
 				return false
 			}
@@ -397,7 +398,7 @@ func newSotwClient(ctx context.Context, t *testing.T, ads discoveryv3.Aggregated
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, typ := range server.Types {
+	for _, typ := range store.Types {
 		if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
 			t.Fatal(err)
 		}
@@ -493,7 +494,7 @@ func TestResourcesOnTheWire(t *testing.T) {
 	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
 
 	delta := newDeltaClient(ctx, t, ads)
-	for typ, r := range delta.recvTypes(t, len(server.Types)) {
+	for typ, r := range delta.recvTypes(t, len(store.Types)) {
 		if len(r.GetResources()) != len(want[typ]) {
 			t.Errorf("delta %s: %d resources, want %d", typ, len(r.GetResources()), len(want[typ]))
 		}
@@ -517,12 +518,12 @@ func TestResourcesOnTheWire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, typ := range server.Types {
+	for _, typ := range store.Types {
 		if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for range server.Types {
+	for range store.Types {
 		r, err := st.Recv()
 		if err != nil {
 			t.Fatal(err)

@@ -222,21 +222,13 @@ func (s *Store) Ready() <-chan struct{} { return s.ready }
 // lock around both). The map is the store's: read only.
 func (s *Store) Applied() map[string]model.Shoot { return s.v.shoots }
 
-// Stats says what one commit changed.
-type Stats struct {
-	// Translated counts the shoots whose model changed (Change.Shoots: translated again).
-	Translated int
-	// Updated and Removed count resources written and deleted.
-	Updated, Removed int
-}
-
 // Commit applies c and tells the subscribers. Only one commit may run at a time, by the
 // committer (Applied).
-func (s *Store) Commit(c Change) Stats {
+func (s *Store) Commit(c Change) model.Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := &s.v
-	st := Stats{Translated: len(c.Shoots)}
+	st := model.Stats{Translated: len(c.Shoots)}
 	// released are the names the changed and removed shoots owned before. A released name that
 	// is in c.Resources again, possibly for another shoot, is an update rather than a removal.
 	released := make(map[string]map[string]bool, len(Types))
