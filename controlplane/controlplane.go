@@ -137,37 +137,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.REST == nil {
 		return errors.New("no Kubernetes configuration")
 	}
-	if cfg.XDSAddress == "" {
-		cfg.XDSAddress = ":18000"
-	}
-	if cfg.MetricsAddress == "" {
-		cfg.MetricsAddress = ":8080"
-	}
-	if cfg.HealthAddress == "" {
-		cfg.HealthAddress = ":8081"
-	}
-	if cfg.HeartbeatInterval == 0 {
-		cfg.HeartbeatInterval = 30
-	}
-	if cfg.LeaderElectionID == "" {
-		cfg.LeaderElectionID = "tendril-seed-leader-election"
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
-	if cfg.SeedDNS.ServiceNamespace == "" {
-		cfg.SeedDNS.ServiceNamespace = cfg.Extension.IngressNamespace
-	}
-	if cfg.SeedDNS.Log.GetSink() == nil {
-		cfg.SeedDNS.Log = cfg.Log.WithName("seed-dns")
-	}
-	if cfg.Registry == nil {
-		cfg.Registry = crmetrics.Registry
-	}
-	if cfg.Pod.Name != "" {
-		if cfg.Pod.Namespace = cmp.Or(cfg.Pod.Namespace, cfg.LeaderElectionNamespace); cfg.Pod.Namespace == "" {
-			return fmt.Errorf("pod %s: no namespace", cfg.Pod.Name)
-		}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return err
 	}
 	// The ingress replicas that must acknowledge a route: the Pods behind the ingress Service.
 	var ingress types.NamespacedName
@@ -201,24 +173,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	scfg := server.Config{
-		Log:      cfg.Log.WithName("xds"),
-		Registry: cfg.Registry,
-		Options:  cfg.Listeners,
-	}
-	var certs *xdsCerts
-	switch {
-	case cfg.XDSInsecure:
-		cfg.Log.Info("Serving xDS in plaintext, unauthenticated (--xds-insecure)")
-	case cfg.XDSCerts != nil:
-		scfg.TLS, scfg.Authorize = tlsreload.ServerConfig(cfg.XDSCerts), server.NodeOfCertificate
-	default:
-		sec := cfg.XDSSecrets.withDefaults(cmp.Or(cfg.Pod.Namespace, cfg.LeaderElectionNamespace), cfg.Extension.IngressNamespace)
-		if sec.Namespace == "" {
-			return errors.New("xDS certificates: no namespace for the secrets manager (--leader-election-namespace)")
-		}
-		certs = &xdsCerts{cfg: sec, client: mgr.GetClient(), clock: cfg.Clock, log: cfg.Log.WithName("xds-secrets")}
-		scfg.TLS, scfg.Authorize = tlsreload.ServerConfig(&certs.store), server.NodeOfCertificate
+	scfg, certs, err := xdsServerConfig(cfg, mgr.GetClient())
+	if err != nil {
+		return err
 	}
 	xs := server.New(scfg)
 	if err := mgr.Add(xdsRunnable{
@@ -242,24 +199,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("seed DNS record controller: %w", err)
 	}
 	if cfg.WebhookPort >= 0 {
-		if cfg.Webhook.Image == "" {
-			cfg.Webhook.Image = cfg.Extension.Image // the egress relay sidecar ships in the tendril image
-		}
-		if cfg.SeedDNS.ServiceNamespace != "" {
-			metrics, err := ingressdns.NewMetrics(cfg.Registry)
-			if err != nil {
-				return fmt.Errorf("dnsrecord webhook metrics: %w", err)
-			}
-			wh, err := ingressdns.NewWebhook(mgr, ingressdns.WebhookOptions{
-				ServiceNamespace: cfg.SeedDNS.ServiceNamespace, ServiceName: cfg.SeedDNS.ServiceName, Metrics: metrics,
-			})
-			if err != nil {
-				return err
-			}
-			cfg.Webhook.Webhooks = append(cfg.Webhook.Webhooks, wh)
-		}
-		if err := egresswebhook.AddToManager(ctx, mgr, cfg.Webhook); err != nil {
-			return fmt.Errorf("egress webhook: %w", err)
+		if err := addWebhooks(ctx, mgr, cfg); err != nil {
+			return err
 		}
 	}
 	if err := extension.AddHealthCheck(mgr, cfg.Health); err != nil {
@@ -276,6 +217,93 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	return mgr.Start(ctx)
+}
+
+// withDefaults fills in what cfg leaves empty.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.XDSAddress == "" {
+		cfg.XDSAddress = ":18000"
+	}
+	if cfg.MetricsAddress == "" {
+		cfg.MetricsAddress = ":8080"
+	}
+	if cfg.HealthAddress == "" {
+		cfg.HealthAddress = ":8081"
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = 30
+	}
+	if cfg.LeaderElectionID == "" {
+		cfg.LeaderElectionID = "tendril-seed-leader-election"
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.SeedDNS.ServiceNamespace == "" {
+		cfg.SeedDNS.ServiceNamespace = cfg.Extension.IngressNamespace
+	}
+	if cfg.SeedDNS.Log.GetSink() == nil {
+		cfg.SeedDNS.Log = cfg.Log.WithName("seed-dns")
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = crmetrics.Registry
+	}
+	if cfg.Pod.Name != "" {
+		if cfg.Pod.Namespace = cmp.Or(cfg.Pod.Namespace, cfg.LeaderElectionNamespace); cfg.Pod.Namespace == "" {
+			return cfg, fmt.Errorf("pod %s: no namespace", cfg.Pod.Name)
+		}
+	}
+	return cfg, nil
+}
+
+// xdsServerConfig is the xDS server's configuration: plaintext (--xds-insecure), cfg.XDSCerts,
+// or certificates of the secrets manager's (certs, which the xDS runnable keeps current).
+func xdsServerConfig(cfg Config, c client.Client) (server.Config, *xdsCerts, error) {
+	scfg := server.Config{
+		Log:      cfg.Log.WithName("xds"),
+		Registry: cfg.Registry,
+		Options:  cfg.Listeners,
+	}
+	var certs *xdsCerts
+	switch {
+	case cfg.XDSInsecure:
+		cfg.Log.Info("Serving xDS in plaintext, unauthenticated (--xds-insecure)")
+	case cfg.XDSCerts != nil:
+		scfg.TLS, scfg.Authorize = tlsreload.ServerConfig(cfg.XDSCerts), server.NodeOfCertificate
+	default:
+		sec := cfg.XDSSecrets.withDefaults(cmp.Or(cfg.Pod.Namespace, cfg.LeaderElectionNamespace), cfg.Extension.IngressNamespace)
+		if sec.Namespace == "" {
+			return scfg, nil, errors.New("xDS certificates: no namespace for the secrets manager (--leader-election-namespace)")
+		}
+		certs = &xdsCerts{cfg: sec, client: c, clock: cfg.Clock, log: cfg.Log.WithName("xds-secrets")}
+		scfg.TLS, scfg.Authorize = tlsreload.ServerConfig(&certs.store), server.NodeOfCertificate
+	}
+	return scfg, certs, nil
+}
+
+// addWebhooks adds the egress webhook, with the DNSRecord webhook when the ingress Service's
+// namespace is known.
+func addWebhooks(ctx context.Context, mgr manager.Manager, cfg Config) error {
+	if cfg.Webhook.Image == "" {
+		cfg.Webhook.Image = cfg.Extension.Image // the egress relay sidecar ships in the tendril image
+	}
+	if cfg.SeedDNS.ServiceNamespace != "" {
+		metrics, err := ingressdns.NewMetrics(cfg.Registry)
+		if err != nil {
+			return fmt.Errorf("dnsrecord webhook metrics: %w", err)
+		}
+		wh, err := ingressdns.NewWebhook(mgr, ingressdns.WebhookOptions{
+			ServiceNamespace: cfg.SeedDNS.ServiceNamespace, ServiceName: cfg.SeedDNS.ServiceName, Metrics: metrics,
+		})
+		if err != nil {
+			return err
+		}
+		cfg.Webhook.Webhooks = append(cfg.Webhook.Webhooks, wh)
+	}
+	if err := egresswebhook.AddToManager(ctx, mgr, cfg.Webhook); err != nil {
+		return fmt.Errorf("egress webhook: %w", err)
+	}
+	return nil
 }
 
 // xdsRunnable serves xDS on the leader only: the Routes' Programmed condition is what the

@@ -349,42 +349,13 @@ func probeSNI(addr, name string, ca *testpki.CA) error {
 // target names when the connection arrives, and closes it when there is none or it refuses.
 func serviceProxy(t *testing.T, target func() (string, error)) string {
 	t.Helper()
-	ln := listen(t, "127.0.0.1:0")
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			addr, err := target()
-			var up net.Conn
-			if err == nil {
-				up, err = net.DialTimeout("tcp", addr, 5*time.Second)
-			}
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, up)
-			mu.Unlock()
-			wg.Go(func() { splice(up, c) })
-			wg.Go(func() { splice(c, up) })
+	return testnet.Forward(t, func() (net.Conn, error) {
+		addr, err := target()
+		if err != nil {
+			return nil, err
 		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String()
+		return net.DialTimeout("tcp", addr, 5*time.Second)
+	}, splice)
 }
 
 // splice copies src to dst, then closes both: a backend that goes away ends the client's

@@ -23,7 +23,6 @@ import (
 	"github.com/tendril-net/tendril/internal/host/netns"
 	"github.com/tendril-net/tendril/internal/pki/testpki"
 	"github.com/tendril-net/tendril/internal/testing/testnet"
-	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/wire"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -162,13 +161,9 @@ func TestGardenerVPNThroughIngress(t *testing.T) {
 	gw := startGatewayStandIn(t, routes)
 
 	// tendril: seed, ingress (the unified port only), server, one agent on the unified port.
-	serverKey, _ := wg.GenerateKey()
-	agentKey, _ := wg.GenerateKey()
 	write := func(name, content string) string { return writeFile(t, dir, name, content) }
-	serverKeyFile := write("server.key", serverKey.String())
-	agentKeyFile := write("agent.key", agentKey.String())
-	serverPub := write("server.pub", serverKey.PublicKey().String())
-	agentPub := write("agent.pub", agentKey.PublicKey().String())
+	serverKeyFile, serverPub, _ := writeKeys(t, dir, "server")
+	agentKeyFile, agentPub, _ := writeKeys(t, dir, "agent")
 	_, caFile, _ := shootPKI(t, dir)
 	tunnelAddr, connectAddr, serverMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
 	routeFile := write("routes.yaml", fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.gvpn.e2e.test]\n  apiserver: 127.0.0.1:1\n  vpnServer: %s\n", ns, tunnelAddr))
@@ -276,15 +271,7 @@ func TestGardenerVPNThroughIngress(t *testing.T) {
 
 	// tendril's own path meanwhile: kube-apiserver's CONNECT through tendril-server, its tunnel
 	// through the same unified port, the agent, the pod.
-	curl := func(target string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, "curl", "-sS", "--fail", "--noproxy", "", "-p",
-			"--proxy", "https://"+connectAddr, "--proxy-cacert", caFile,
-			"--proxy-cert", filepath.Join(dir, "api.pem"), "--proxy-key", filepath.Join(dir, "api-key.pem"),
-			"http://"+target+"/").CombinedOutput()
-		return strings.TrimSpace(string(out)), err
-	}
+	curl := func(target string) (string, error) { return curlConnect(connectAddr, caFile, dir, target) }
 	tendrilPath := func() error {
 		got, err := curl("10.224.0.2:8080")
 		if err == nil && got != "pod 10.224.0.2:8080" {

@@ -205,20 +205,8 @@ func (r *haRig) bothLive() int {
 		if err != nil {
 			return err
 		}
-		states := seedserver.AgentStates(m)
-		active = -1
-		for i, key := range r.agentPub {
-			if !states[key].Live {
-				return fmt.Errorf("agent %d not live", i)
-			}
-			if states[key].Active {
-				active = i
-			}
-		}
-		if active < 0 {
-			return errors.New("no active agent")
-		}
-		return nil
+		active, err = seedserver.ActiveAgent(m, r.agentPub[:])
+		return err
 	})
 	return active
 }
@@ -268,55 +256,44 @@ func (r *haRig) dialLoop(stop <-chan struct{}) (results func() []dialResult) {
 		wg  sync.WaitGroup
 	)
 	slots := make(chan struct{}, 64)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			select {
-			case slots <- struct{}{}:
-			default:
-				continue // 64 dials hang already; the next tick tries again
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-slots }()
-				res := dialResult{start: time.Now()}
-				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-				defer cancel()
-				c, br, err := r.connect(ctx)
-				if err == nil {
-					res.established = time.Now()
-					// The pod's answer gets its own deadline: a 200 late in the dial's must
-					// not count as a 200 the pod never answered.
-					_ = c.SetDeadline(res.established.Add(3 * time.Second))
-					fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n")
-					resp, err := http.ReadResponse(br, nil)
-					var body []byte
-					if err == nil {
-						body, err = io.ReadAll(resp.Body)
-					}
-					_, reply := r.podAddr()
-					res.ok = err == nil && string(body) == reply
-					if !res.ok {
-						res.err = fmt.Errorf("after 200: body %q, %w", body, err)
-					}
-					c.Close()
-				}
-				res.end = time.Now()
-				mu.Lock()
-				out = append(out, res)
-				mu.Unlock()
-			}()
+	every(&wg, stop, 20*time.Millisecond, func() {
+		select {
+		case slots <- struct{}{}:
+		default:
+			return // 64 dials hang already; the next tick tries again
 		}
-	}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			res := dialResult{start: time.Now()}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			c, br, err := r.connect(ctx)
+			if err == nil {
+				res.established = time.Now()
+				// The pod's answer gets its own deadline: a 200 late in the dial's must
+				// not count as a 200 the pod never answered.
+				_ = c.SetDeadline(res.established.Add(3 * time.Second))
+				fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n")
+				resp, err := http.ReadResponse(br, nil)
+				var body []byte
+				if err == nil {
+					body, err = io.ReadAll(resp.Body)
+				}
+				_, reply := r.podAddr()
+				res.ok = err == nil && string(body) == reply
+				if !res.ok {
+					res.err = fmt.Errorf("after 200: body %q, %w", body, err)
+				}
+				c.Close()
+			}
+			res.end = time.Now()
+			mu.Lock()
+			out = append(out, res)
+			mu.Unlock()
+		}()
+	})
 	return func() []dialResult {
 		wg.Wait()
 		mu.Lock()

@@ -22,7 +22,6 @@ import (
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/frame"
-	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -43,13 +42,9 @@ func TestJunkStreamsDoNotCutTheVPN(t *testing.T) {
 	shoot, pod := shootNetworks(t, "th", "10.219.0", "10.220.0")
 	startPod(t, pod, "10.220.0.2:8080")
 
-	serverKey, _ := wg.GenerateKey()
-	agentKey, _ := wg.GenerateKey()
 	write := func(name, content string) string { return writeFile(t, dir, name, content) }
-	serverKeyFile := write("server.key", serverKey.String())
-	agentKeyFile := write("agent.key", agentKey.String())
-	serverPub := write("server.pub", serverKey.PublicKey().String())
-	agentPub := write("agent.pub", agentKey.PublicKey().String())
+	serverKeyFile, serverPub, _ := writeKeys(t, dir, "server")
+	agentKeyFile, agentPub, _ := writeKeys(t, dir, "agent")
 	ca, caFile, apiCert := shootPKI(t, dir)
 
 	const ns = "shoot--e2e--hostile"

@@ -40,23 +40,12 @@ func TestRouteFileRewrittenInPlace(t *testing.T) {
 	var wg sync.WaitGroup
 	var probes int
 	var failures []string
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			probes++
-			if err := reach(); err != nil {
-				failures = append(failures, fmt.Sprintf("%s: %v", time.Now().Format("15:04:05.000"), err))
-			}
+	every(&wg, stop, 50*time.Millisecond, func() {
+		probes++
+		if err := reach(); err != nil {
+			failures = append(failures, fmt.Sprintf("%s: %v", time.Now().Format("15:04:05.000"), err))
 		}
-	}()
+	})
 	rewrite := func(content string, empty time.Duration) {
 		fh, err := os.OpenFile(routeFile, os.O_WRONLY|os.O_TRUNC, 0)
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tendril-net/tendril/internal/host/inherit"
 	"github.com/tendril-net/tendril/internal/pki/testpki"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 )
 
 var binDir string
@@ -149,19 +150,28 @@ func runBinary(t *testing.T, name, path string, killable bool, listen []string, 
 	return cmd
 }
 
+// eventually polls f every 20 ms until it returns nil (testwait.Every).
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
+	testwait.Every(t, 20*time.Millisecond, what, f)
+}
+
+// every runs f every interval, on a goroutine wg waits for, until stop is closed.
+func every(wg *sync.WaitGroup, stop <-chan struct{}, interval time.Duration, f func()) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			f()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	}()
 }
 
 func get(url string) (string, error) {

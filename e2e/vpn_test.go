@@ -99,16 +99,10 @@ func TestReversedVPN(t *testing.T) {
 	startPod(t, pod, "10.216.0.2:8080")
 
 	// Keys and certificates, as the extension would put them into Secrets.
-	serverKey, _ := wg.GenerateKey()
-	agentKey, _ := wg.GenerateKey()
-	agentKey2, _ := wg.GenerateKey() // a second replica (HA)
 	write := func(name, content string) string { return writeFile(t, dir, name, content) }
-	serverKeyFile := write("server.key", serverKey.String())
-	agentKeyFile := write("agent.key", agentKey.String())
-	serverPub := write("server.pub", serverKey.PublicKey().String())
-	agentPub := write("agent.pub", agentKey.PublicKey().String())
-	agentKeyFile2 := write("agent2.key", agentKey2.String())
-	agentPub2 := write("agent2.pub", agentKey2.PublicKey().String())
+	serverKeyFile, serverPub, _ := writeKeys(t, dir, "server")
+	agentKeyFile, agentPub, agentKey := writeKeys(t, dir, "agent")
+	agentKeyFile2, agentPub2, agentKey2 := writeKeys(t, dir, "agent2") // a second replica (HA)
 	ca, caFile, _ := shootPKI(t, dir)
 
 	const ns = "shoot--e2e--vpn"
@@ -140,15 +134,7 @@ func TestReversedVPN(t *testing.T) {
 	}
 	eventually(t, "server ready (tunnel up)", func() error { _, err := get("http://" + serverMetrics + "/readyz"); return err })
 
-	curl := func(target string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, "curl", "-sS", "--fail", "--noproxy", "", "-p",
-			"--proxy", "https://"+connectAddr, "--proxy-cacert", caFile,
-			"--proxy-cert", filepath.Join(dir, "api.pem"), "--proxy-key", filepath.Join(dir, "api-key.pem"),
-			"http://"+target+"/").CombinedOutput()
-		return strings.TrimSpace(string(out)), err
-	}
+	curl := func(target string) (string, error) { return curlConnect(connectAddr, caFile, dir, target) }
 	eventually(t, "the pod through the tunnel", func() error {
 		got, err := curl("10.216.0.2:8080")
 		if err == nil && got != "pod 10.216.0.2:8080" {
@@ -327,6 +313,30 @@ func writeFile(t *testing.T, dir, name, content string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// writeKeys makes a WireGuard key and writes it to dir, the private key to name.key and the
+// public one to name.pub; it returns both paths and the key.
+func writeKeys(t *testing.T, dir, name string) (keyFile, pubFile string, key wg.Key) {
+	t.Helper()
+	key, err := wg.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return writeFile(t, dir, name+".key", key.String()), writeFile(t, dir, name+".pub", key.PublicKey().String()), key
+}
+
+// curlConnect fetches http://target/ with curl through tendril-server's CONNECT front-end at
+// connectAddr, as kube-apiserver with its certificate from shootPKI in dir; it returns the
+// answer, trimmed.
+func curlConnect(connectAddr, caFile, dir, target string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "curl", "-sS", "--fail", "--noproxy", "", "-p",
+		"--proxy", "https://"+connectAddr, "--proxy-cacert", caFile,
+		"--proxy-cert", filepath.Join(dir, "api.pem"), "--proxy-key", filepath.Join(dir, "api-key.pem"),
+		"http://"+target+"/").CombinedOutput()
+	return strings.TrimSpace(string(out)), err
 }
 
 // shootCA makes the shoot's CA, which signs tendril-server's and kube-apiserver's certificates,

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/tendril-net/tendril/edge/accept"
 	"github.com/tendril-net/tendril/edge/connect"
 	"github.com/tendril-net/tendril/edge/pipe"
 )
@@ -46,55 +47,17 @@ const (
 )
 
 // serveConnect accepts CONNECT connections on l until ctx ends, then closes l, lets tunnels
-// finish for DrainTimeout and closes the rest. It returns once every tunnel ended.
+// finish for DrainTimeout and closes the rest (accept.Server). It returns once every tunnel ended.
 func (r *Relay) serveConnect(ctx context.Context, l net.Listener) error {
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns = map[net.Conn]struct{}{}
-	)
-	tctx, cancelTunnels := context.WithCancel(context.Background())
-	defer cancelTunnels()
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
-	var err error
-	for {
-		c, aerr := l.Accept()
-		if aerr != nil {
-			if ctx.Err() == nil && !errors.Is(aerr, net.ErrClosed) {
-				err = fmt.Errorf("egressrelay: accept on the CONNECT socket: %w", aerr)
-			}
-			break
-		}
-		mu.Lock()
-		conns[c] = struct{}{}
-		mu.Unlock()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.tunnelConnect(tctx, c)
-			mu.Lock()
-			delete(conns, c)
-			mu.Unlock()
-		}()
+	srv := accept.Server{
+		Handle:       func(ctx context.Context, c net.Conn, _ *accept.Conns) { r.tunnelConnect(ctx, c) },
+		DrainTimeout: r.cfg.DrainTimeout,
+		Log:          r.log.WithValues("socket", "connect"),
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	t := time.NewTimer(r.cfg.DrainTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		r.log.Info("Drain period over, closing the CONNECT tunnels still relayed", "drainTimeout", r.cfg.DrainTimeout)
-		cancelTunnels()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		<-done
+	if err := srv.Serve(ctx, l); err != nil {
+		return fmt.Errorf("egressrelay: accept on the CONNECT socket: %w", err)
 	}
-	return err
+	return nil
 }
 
 // tunnelConnect serves one of kube-apiserver's CONNECT connections and closes it.

@@ -42,6 +42,7 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/tendril-net/tendril/edge/accept"
+	"github.com/tendril-net/tendril/internal/pki/tlsreload"
 )
 
 // Config configures a Relay. Socket or ConnectSocket (or both), Server or Servers and the three
@@ -180,7 +181,7 @@ var errShutdown = errors.New("egressrelay: shutting down")
 type Relay struct {
 	cfg     Config
 	log     logr.Logger
-	certs   *certLoader
+	certs   *clientTLS
 	up      *pool
 	metrics *metrics
 	ready   atomic.Bool
@@ -208,8 +209,14 @@ func New(cfg Config) (*Relay, error) {
 			"max", r.cfg.MaxConnections)
 	}
 	r.metrics = newMetrics(cfg.Registry, r)
-	r.certs = &certLoader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, caFile: cfg.CAFile, serverName: cfg.ServerName,
-		log: cfg.Log, loaded: r.metrics.certLoads}
+	r.certs = &clientTLS{serverName: cfg.ServerName, files: &tlsreload.Files{Cert: cfg.CertFile, Key: cfg.KeyFile, CA: cfg.CAFile,
+		Log: cfg.Log.WithName("client-certificate"), Loaded: func(err error) {
+			outcome := "ok"
+			if err != nil {
+				outcome = "failed"
+			}
+			r.metrics.certLoads.WithLabelValues(outcome).Inc()
+		}}}
 	if _, err := r.certs.config(); err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/tendril-net/tendril/internal/pki/testpki"
 	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/seedserver/seedservertest"
 )
 
@@ -131,14 +132,7 @@ func startRelaySockets(t *testing.T, cfg Config, grpcSocket, connectSocket bool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
+	t.Cleanup(func() { // once the relay has returned
 		for _, sock := range []string{cfg.Socket, cfg.ConnectSocket} {
 			if sock == "" {
 				continue
@@ -148,6 +142,7 @@ func startRelaySockets(t *testing.T, cfg Config, grpcSocket, connectSocket bool)
 			}
 		}
 	})
+	testwait.Run(t, "relay", r.Run)
 	deadline := time.Now().Add(5 * time.Second)
 	for ok, _ := r.Ready(); !ok; ok, _ = r.Ready() {
 		if time.Now().After(deadline) {
@@ -498,7 +493,7 @@ func TestConfigErrors(t *testing.T) {
 		"no port":      {func(c *Config) { c.Server = "tendril-server" }, "server address"},
 		"no key":       {func(c *Config) { c.KeyFile = "" }, "mutual TLS"},
 		"missing cert": {func(c *Config) { c.CertFile = filepath.Join(dir, "nope") }, "client certificate"},
-		"bad CA":       {func(c *Config) { c.CAFile = f.key }, "no certificates"},
+		"bad CA":       {func(c *Config) { c.CAFile = f.key }, "CA bundle: no PEM certificate"},
 		"negative max": {func(c *Config) { c.MaxConnections = -1 }, "negative"},
 		"both forms":   {func(c *Config) { c.Servers = []string{"tendril-server-0.x:8090"} }, "both set"},
 		"twice": {func(c *Config) {

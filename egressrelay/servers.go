@@ -64,13 +64,13 @@ const (
 // Config.Servers order.
 type pool struct {
 	servers []*upstreams
-	certs   *certLoader
+	certs   *clientTLS
 	log     logr.Logger
 	metrics *metrics
 	next    atomic.Uint32 // rotates the start of the order
 }
 
-func newPool(servers []string, handshakeTimeout time.Duration, certs *certLoader, log logr.Logger, m *metrics) *pool {
+func newPool(servers []string, handshakeTimeout time.Duration, certs *clientTLS, log logr.Logger, m *metrics) *pool {
 	p := &pool{certs: certs, log: log, metrics: m}
 	for _, s := range servers {
 		p.servers = append(p.servers, &upstreams{server: s, handshakeTimeout: handshakeTimeout, certs: certs})
@@ -270,135 +270,173 @@ type tryFunc[T any] func(ctx context.Context, cancel context.CancelFunc, u *upst
 // started has ended.
 func race[T any](ctx context.Context, p *pool, try tryFunc[T], drop func(T)) (v T, refused error, cancel context.CancelFunc, err error) {
 	servers := p.order()
-	f := &failure{several: len(p.servers) > 1}
 	if len(servers) == 1 { // no race: the one attempt, in this goroutine
-		u := servers[0]
-		actx, acancel := context.WithCancel(ctx)
-		v, refused, err := try(actx, acancel, u)
-		switch ae := asAttemptError(u, err); {
-		case ae != nil:
-			p.observe(u, ae.attemptOutcome(), err)
-			acancel()
-			f.attempts = append(f.attempts, ae)
-			var zero T
-			return zero, nil, nil, f
-		case refused != nil:
-			p.observe(u, attemptRefused, nil)
-		default:
-			p.observe(u, attemptAnswered, nil)
-		}
-		return v, refused, acancel, nil
+		return tryOne(ctx, p, servers[0], try, &failure{several: len(p.servers) > 1})
 	}
-
-	type result struct {
-		i       int
-		v       T
-		refused error
-		err     error
-	}
-	results := make(chan result, len(servers))
-	cancels := make([]context.CancelFunc, len(servers))
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	started, running := 0, 0
-	startNext := func() {
-		if started == len(servers) || ctx.Err() != nil {
-			return
-		}
-		i := started
-		actx, acancel := context.WithCancel(ctx)
-		cancels[i] = acancel
-		started++
-		running++
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			v, refused, err := try(actx, acancel, servers[i])
-			results <- result{i: i, v: v, refused: refused, err: err}
-		}()
-	}
-	startNext()
+	r := &racer[T]{ctx: ctx, p: p, try: try, drop: drop, servers: servers, winner: -1, fallback: -1,
+		results: make(chan raceResult[T], len(servers)), cancels: make([]context.CancelFunc, len(servers)),
+		failed: make([]*attemptError, len(servers))}
+	defer r.wg.Wait()
+	r.startNext()
 	delay := time.NewTimer(attemptDelay)
 	defer delay.Stop()
-	winner, fallback := -1, -1 // the answer that carries the tunnel; the first refusal
-	var fallbackV T
-	var fallbackRefused error
-	failed := make([]*attemptError, len(servers))
-	for running > 0 {
+	for r.running > 0 {
 		select {
 		case <-delay.C:
-			if winner < 0 {
-				startNext()
+			if r.winner < 0 {
+				r.startNext()
 				delay.Reset(attemptDelay)
 			}
-			continue
-		case res := <-results:
-			running--
-			u := servers[res.i]
-			switch ae := asAttemptError(u, res.err); {
-			case winner >= 0: // a late one: the tunnel went elsewhere
-				if res.err == nil {
-					drop(res.v)
-				}
-				cancels[res.i]()
-				p.observe(u, attemptCancelled, nil)
-				continue
-			case ae != nil:
-				cancels[res.i]()
-				if ctx.Err() != nil {
-					p.observe(u, attemptCancelled, nil)
-				} else {
-					p.observe(u, ae.attemptOutcome(), res.err)
-				}
-				failed[res.i] = ae
-			case res.refused != nil:
-				p.observe(u, attemptRefused, nil)
-				if fallback < 0 {
-					fallback, fallbackV, fallbackRefused = res.i, res.v, res.refused
-				} else {
-					drop(res.v)
-					cancels[res.i]()
-				}
-			default:
-				p.observe(u, attemptAnswered, nil)
-				winner, v = res.i, res.v
+		case res := <-r.results:
+			r.running--
+			if r.take(res) {
+				// No answer from this one that carries the tunnel (a failure, a refusal): the
+				// next server at once.
+				r.startNext()
+				delay.Reset(attemptDelay)
+			} else if r.winner >= 0 {
 				delay.Stop()
-				for i := range started { // the others still running end now
-					if i != winner && i != fallback {
-						cancels[i]()
-					}
-				}
-				if fallback >= 0 {
-					drop(fallbackV)
-					cancels[fallback]()
-				}
-				for i := range winner { // tried before the winner and not answered in time
-					if failed[i] == nil && i != fallback {
-						p.slow(servers[i])
-					}
-				}
-				if winner > 0 {
-					p.metrics.failovers.Inc()
-				}
-				continue
 			}
-			// No answer from this one that carries the tunnel (a failure, a refusal): the next
-			// server at once.
-			startNext()
-			delay.Reset(attemptDelay)
 		}
 	}
 	switch {
-	case winner >= 0:
-		return v, nil, cancels[winner], nil
-	case fallback >= 0:
-		return fallbackV, fallbackRefused, cancels[fallback], nil
+	case r.winner >= 0:
+		return r.v, nil, r.cancels[r.winner], nil
+	case r.fallback >= 0:
+		return r.fallbackV, r.fallbackRefused, r.cancels[r.fallback], nil
 	}
-	for _, ae := range failed {
+	f := &failure{several: len(p.servers) > 1}
+	for _, ae := range r.failed {
 		if ae != nil {
 			f.attempts = append(f.attempts, ae)
 		}
 	}
 	var zero T
 	return zero, nil, nil, f
+}
+
+// tryOne is race with one server: its attempt is the tunnel's.
+func tryOne[T any](ctx context.Context, p *pool, u *upstreams, try tryFunc[T], f *failure) (v T, refused error, cancel context.CancelFunc, err error) {
+	actx, acancel := context.WithCancel(ctx)
+	v, refused, err = try(actx, acancel, u)
+	switch ae := asAttemptError(u, err); {
+	case ae != nil:
+		p.observe(u, ae.attemptOutcome(), err)
+		acancel()
+		f.attempts = append(f.attempts, ae)
+		var zero T
+		return zero, nil, nil, f
+	case refused != nil:
+		p.observe(u, attemptRefused, nil)
+	default:
+		p.observe(u, attemptAnswered, nil)
+	}
+	return v, refused, acancel, nil
+}
+
+// raceResult is one attempt's end.
+type raceResult[T any] struct {
+	i       int
+	v       T
+	refused error
+	err     error
+}
+
+// racer is the state of one race over several servers; race owns it, and its attempts'
+// goroutines (wg) end before race returns.
+type racer[T any] struct {
+	ctx     context.Context
+	p       *pool
+	try     tryFunc[T]
+	drop    func(T)
+	servers []*upstreams
+	results chan raceResult[T]
+	cancels []context.CancelFunc
+	wg      sync.WaitGroup
+
+	started, running int
+	// winner is the attempt whose answer carries the tunnel (v), fallback the first refusal:
+	// -1 while there is none.
+	winner, fallback int
+	v                T
+	fallbackV        T
+	fallbackRefused  error
+	failed           []*attemptError
+}
+
+// startNext starts the next server's attempt, if any is left and the tunnel is still wanted.
+func (r *racer[T]) startNext() {
+	if r.started == len(r.servers) || r.ctx.Err() != nil {
+		return
+	}
+	i := r.started
+	actx, acancel := context.WithCancel(r.ctx)
+	r.cancels[i] = acancel
+	r.started++
+	r.running++
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		v, refused, err := r.try(actx, acancel, r.servers[i])
+		r.results <- raceResult[T]{i: i, v: v, refused: refused, err: err}
+	}()
+}
+
+// take records an attempt's end and reports whether the next server is to be tried now.
+func (r *racer[T]) take(res raceResult[T]) (next bool) {
+	p, u := r.p, r.servers[res.i]
+	switch ae := asAttemptError(u, res.err); {
+	case r.winner >= 0: // a late one: the tunnel went elsewhere
+		if res.err == nil {
+			r.drop(res.v)
+		}
+		r.cancels[res.i]()
+		p.observe(u, attemptCancelled, nil)
+		return false
+	case ae != nil:
+		r.cancels[res.i]()
+		if r.ctx.Err() != nil {
+			p.observe(u, attemptCancelled, nil)
+		} else {
+			p.observe(u, ae.attemptOutcome(), res.err)
+		}
+		r.failed[res.i] = ae
+		return true
+	case res.refused != nil:
+		p.observe(u, attemptRefused, nil)
+		if r.fallback < 0 {
+			r.fallback, r.fallbackV, r.fallbackRefused = res.i, res.v, res.refused
+		} else {
+			r.drop(res.v)
+			r.cancels[res.i]()
+		}
+		return true
+	}
+	p.observe(u, attemptAnswered, nil)
+	r.win(res.i, res.v)
+	return false
+}
+
+// win makes attempt i's answer the tunnel's: the others still running end now, the refusal
+// kept as a fallback is released, and the servers tried before it that had not answered in
+// time are put last for a while.
+func (r *racer[T]) win(i int, v T) {
+	r.winner, r.v = i, v
+	for j := range r.started {
+		if j != i && j != r.fallback {
+			r.cancels[j]()
+		}
+	}
+	if r.fallback >= 0 {
+		r.drop(r.fallbackV)
+		r.cancels[r.fallback]()
+	}
+	for j := range i {
+		if r.failed[j] == nil && j != r.fallback {
+			r.p.slow(r.servers[j])
+		}
+	}
+	if i > 0 {
+		r.p.metrics.failovers.Inc()
+	}
 }

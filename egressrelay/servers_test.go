@@ -298,20 +298,29 @@ func TestServerDown(t *testing.T) {
 		}
 	})
 	t.Run("stopped", func(t *testing.T) {
-		b := newBackend(t)
-		p0, p1 := newReplica(t, b.grpc), newReplica(t, b.grpc)
-		r := startHA(t, b, p0.addr, p1.addr)
-		within(t, r, 2)
-		p0.stop()
-		answered := r.attempts(p0.addr, attemptAnswered)
-		within(t, r, 6)
-		if got := r.attempts(p0.addr, attemptAnswered); got != answered {
-			t.Errorf("the stopped replica answered %v tunnels", got-answered)
-		}
+		r, p0 := loseAfterUse(t, "stopped", (*replica).stop)
 		if got := failedLines(r, p0.addr); got > 1 {
 			t.Errorf("%d log lines for the stopped replica, want at most 1:\n%s", got, r.logs.String())
 		}
 	})
+}
+
+// loseAfterUse relays 2 tunnels over two replicas, applies lose to the first replica and relays
+// 6 more, none of which the lost replica (named by what) may answer; it returns the relay and the
+// lost replica.
+func loseAfterUse(t *testing.T, what string, lose func(*replica)) (*running, *replica) {
+	t.Helper()
+	b := newBackend(t)
+	p0, p1 := newReplica(t, b.grpc), newReplica(t, b.grpc)
+	r := startHA(t, b, p0.addr, p1.addr)
+	within(t, r, 2)
+	lose(p0)
+	answered := r.attempts(p0.addr, attemptAnswered)
+	within(t, r, 6)
+	if got := r.attempts(p0.addr, attemptAnswered); got != answered {
+		t.Errorf("the %s replica answered %v tunnels", what, got-answered)
+	}
+	return r, p0
 }
 
 // TestServerBlackholed: the lost node. A replica that accepts TCP and then answers nothing —
@@ -346,16 +355,7 @@ func TestServerBlackholed(t *testing.T) {
 		}
 	})
 	t.Run("node lost while in use", func(t *testing.T) {
-		b := newBackend(t)
-		p0, p1 := newReplica(t, b.grpc), newReplica(t, b.grpc)
-		r := startHA(t, b, p0.addr, p1.addr)
-		within(t, r, 2)
-		p0.hold()
-		answered := r.attempts(p0.addr, attemptAnswered)
-		within(t, r, 6)
-		if got := r.attempts(p0.addr, attemptAnswered); got != answered {
-			t.Errorf("the held replica answered %v tunnels", got-answered)
-		}
+		r, _ := loseAfterUse(t, "held", (*replica).hold)
 		// Its connection still looks READY, so the order puts it first now and then: the race
 		// moves on to the other replica.
 		if r.failovers() < 1 {

@@ -68,11 +68,10 @@ var upstreamBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multipli
 
 // HTTP/2 flow control on both of the relay's sides, static (gRPC's default estimates the
 // bandwidth-delay product and grows a stream's window up to 16 MiB). With gRPC's 64 KiB start,
-// tendril-server's 128 KiB DATA messages waited for window updates at each of the two hops: from
-// the shoot the relay moved 28–30 MB/s at 19.5–25.5 CPU ms/MB, against 91 MB/s and 6.7–7.1 ms/MB
-// for kube-apiserver on tendril-server's gRPC front-end directly; with 256 KiB, 74–76 MB/s at
-// 8.7–9.2 ms/MB (1 MiB did not do better beyond the noise: 85–89 MB/s, 7.6–8.6 ms/MB;
-// tendril-bench tunnel --targets tendril-grpc,tendril-relay --rounds 1, a busy machine).
+// tendril-server's 128 KiB DATA messages waited for window updates at each of the two hops, and
+// the relay moved a fraction of what kube-apiserver moves on tendril-server's gRPC front-end
+// directly; 256 KiB windows take most of that back, and 1 MiB ones do no better
+// (docs/performance.md, "kube-apiserver's gRPC egress over one connection").
 //
 // Memory: a stream's window bounds what the relay holds of it, per side: a tunnel whose reader
 // stalls holds at most 2 × 256 KiB here, all MaxConnections (1024) stalled at once 512 MiB. The
@@ -96,7 +95,7 @@ const (
 type upstreams struct {
 	server           string
 	handshakeTimeout time.Duration
-	certs            *certLoader
+	certs            *clientTLS
 
 	mu     sync.Mutex
 	cur    *upstream

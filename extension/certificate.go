@@ -16,13 +16,13 @@ import (
 	secretsutils "github.com/gardener/gardener/pkg/utils/secrets"
 )
 
-// ecdsaCertificateConfig makes the secrets manager generate an ECDSA P-256 key and a certificate
-// for it signed by the CA. Gardener's CertificateSecretConfig always makes a 3072-bit RSA key, and
-// kube-apiserver's egress to tendril-server makes a mutual-TLS handshake per dial (its
-// EgressSelector keeps no TLS session cache): both ends then sign with their RSA-3072 key on
-// every dial, ~4 ms of CPU each on this project's 2-core machine against ~0.1 ms for P-256
-// (BenchmarkEgressHandshake). The CA stays Gardener's (RSA): it signs once per certificate, and
-// verifying its signature is cheap.
+// ecdsaCertificateConfig makes the secrets manager generate an ECDSA P-256 key and a
+// certificate for it signed by the CA. Gardener's CertificateSecretConfig always makes a
+// 3072-bit RSA key, and kube-apiserver's egress to tendril-server makes a mutual-TLS handshake
+// per dial (its EgressSelector keeps no TLS session cache): both ends then sign with their
+// RSA-3072 key on every dial, each signature tens of times the CPU of a P-256 one
+// (BenchmarkEgressHandshake; docs/performance.md, "The egress certificates' keys"). The CA
+// stays Gardener's (RSA): it signs once per certificate, and verifying its signature is cheap.
 //
 // The certificate is renewed with the CA: CAChecksum is part of the config's hash, which names
 // the Secret (what SignedByCA's checksum label does for CertificateSecretConfig); and before it

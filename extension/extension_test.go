@@ -216,6 +216,16 @@ func migrate(t *testing.T, c client.Client, ext *extensionsv1alpha1.Extension) *
 	return ext
 }
 
+// createExtension creates the Extension of the shoot in ns with providerConfig and waits until
+// it has succeeded.
+func createExtension(t *testing.T, c client.Client, ns, providerConfig string) *extensionsv1alpha1.Extension {
+	t.Helper()
+	start := time.Now().Add(-time.Second)
+	ext := newExtension(ns, providerConfig)
+	must(t, c.Create(context.Background(), ext))
+	return waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
+}
+
 func waitSucceeded(t *testing.T, c client.Client, key client.ObjectKey, after time.Time) *extensionsv1alpha1.Extension {
 	t.Helper()
 	var ext *extensionsv1alpha1.Extension
@@ -255,9 +265,7 @@ func testKernelTunnel(t *testing.T, c client.Client) {
 	ctx := context.Background()
 	ns := "shoot--local--lambda"
 	shoot(t, c, ns, false)
-	start := time.Now().Add(-time.Second)
-	must(t, c.Create(ctx, newExtension(ns, `{"tunnel":{"stack":"kernel"}}`)))
-	waitSucceeded(t, c, client.ObjectKey{Namespace: ns, Name: "tendril"}, start)
+	createExtension(t, c, ns, `{"tunnel":{"stack":"kernel"}}`)
 
 	d := &appsv1.Deployment{}
 	must(t, c.Get(ctx, client.ObjectKey{Namespace: ns, Name: manifest.ServerName}, d))
@@ -830,10 +838,7 @@ func testHealth(t *testing.T, c client.Client) {
 	ctx := context.Background()
 	ns := "shoot--local--delta"
 	shoot(t, c, ns, false)
-	start := time.Now().Add(-time.Second)
-	ext := newExtension(ns, "")
-	must(t, c.Create(ctx, ext))
-	ext = waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
+	ext := createExtension(t, c, ns, "")
 	setServerReady(t, c, ns, 1)
 	markManagedResourceHealthy(t, c, ns)
 	waitCondition(t, c, ext, gardencorev1beta1.ShootControlPlaneHealthy, gardencorev1beta1.ConditionTrue)
@@ -954,10 +959,7 @@ func TestMigrateRestore(t *testing.T) {
 func testMigrateRestore(t *testing.T, src, dst *kubetest.Env, ns string, mutate ...func(*gardencorev1beta1.Shoot)) {
 	ctx := context.Background()
 	shoot(t, src.Client, ns, false, mutate...)
-	start := time.Now().Add(-time.Second)
-	ext := newExtension(ns, "")
-	must(t, src.Client.Create(ctx, ext))
-	ext = waitSucceeded(t, src.Client, client.ObjectKeyFromObject(ext), start)
+	ext := createExtension(t, src.Client, ns, "")
 	srcArgs := serverArgs(t, src.Client, ns)
 	srcShoot := managedResourceData(t, src.Client, managedResource(t, src.Client, ns))
 
@@ -1035,10 +1037,7 @@ func testForceDelete(t *testing.T, c client.Client) {
 	ctx := context.Background()
 	ns := "shoot--local--zeta"
 	shoot(t, c, ns, false)
-	start := time.Now().Add(-time.Second)
-	ext := newExtension(ns, "")
-	must(t, c.Create(ctx, ext))
-	waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
+	ext := createExtension(t, c, ns, "")
 	mr := managedResource(t, c, ns)
 	patch := client.MergeFrom(mr.DeepCopy())
 	mr.Finalizers = append(mr.Finalizers, "resources.gardener.cloud/gardener-resource-manager")
@@ -1137,10 +1136,7 @@ func testHibernation(t *testing.T, c client.Client) {
 	ctx := context.Background()
 	ns := "shoot--local--eta"
 	shoot(t, c, ns, false)
-	start := time.Now().Add(-time.Second)
-	ext := newExtension(ns, "")
-	must(t, c.Create(ctx, ext))
-	waitSucceeded(t, c, client.ObjectKeyFromObject(ext), start)
+	createExtension(t, c, ns, "")
 	waitSeedSide(t, c, ns, 1, true)
 	shootSide := managedResourceData(t, c, managedResource(t, c, ns))
 	agentsAwake := agentReplicas(t, c, ns)

@@ -49,10 +49,7 @@ func TestShootResourcesByGRM(t *testing.T) {
 	}))
 
 	shoot(t, seed.Client, ns, false)
-	start := time.Now().Add(-time.Second)
-	ext := newExtension(ns, "")
-	must(t, seed.Client.Create(ctx, ext))
-	ext = waitSucceeded(t, seed.Client, client.ObjectKeyFromObject(ext), start)
+	ext := createExtension(t, seed.Client, ns, "")
 	setServerReady(t, seed.Client, ns, 1)
 
 	waitMRCondition(t, seed.Client, ns, resourcesv1alpha1.ResourcesApplied, gardencorev1beta1.ConditionTrue)

@@ -124,15 +124,7 @@ func startGRMHighAvailabilityWebhook(t *testing.T, env *kubetest.Env) {
 	must(t, err)
 	h := &highavailabilityconfig.Handler{Logger: testr.New(t), TargetClient: env.Client, Decoder: admission.NewDecoder(env.Scheme)}
 	must(t, h.AddToManager(mgr))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("GRM webhook manager: %v", err)
-		}
-	})
+	testwait.Run(t, "GRM webhook manager", mgr.Start)
 	testwait.For(t, "GRM's webhook server", func() error { return mgr.GetWebhookServer().StartedChecker()(nil) })
 
 	must(t, ca.WriteCA(filepath.Join(dir, "ca.crt")))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tendril-net/tendril/edge/pipe"
 	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -41,7 +42,7 @@ func startHoldingUpstream(t *testing.T, w *world, host string) *holdingUpstream 
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := listen(t)
+	l := testnet.Listen(t)
 	u := &holdingUpstream{addr: netip.MustParseAddrPort(l.Addr().String()), release: map[string]chan struct{}{}, done: make(chan struct{})}
 	tl := tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}})
 	testnet.Serve(t, tl, func(c net.Conn) {
@@ -79,6 +80,17 @@ func (u *holdingUpstream) ch(key string) chan struct{} {
 }
 
 func (u *holdingUpstream) releaseKey(key string) { close(u.ch(key)) }
+
+// finishTransfer releases the connection held as "transfer", checks that the transfer arrives in
+// full through the draining ingress and closes the client's end.
+func (u *holdingUpstream) finishTransfer(t *testing.T, tc *tls.Conn, transfer io.Reader) {
+	t.Helper()
+	u.releaseKey("transfer")
+	if err := readHeld(transfer); err != nil {
+		t.Fatalf("transfer through the draining ingress: %v", err)
+	}
+	tc.Close() // the client is done: the relay's other direction ends
+}
 
 // hold opens a connection through the ingress's SNI listener whose upstream holds it until key is
 // released; it returns once the upstream has answered, so the connection is established.
@@ -147,17 +159,13 @@ func TestDrainFinishesTransfersAndClosesTheRest(t *testing.T) {
 
 	start := time.Now()
 	w.stop()
-	waitFor(t, "draining", w.in.Draining)
+	testwait.Until(t, "draining", w.in.Draining)
 	if w.in.Ready() {
 		t.Error("ready while draining")
 	}
 	refused(t, w.sni)
 	refused(t, w.proxy)
-	u.releaseKey("transfer")
-	if err := readHeld(transfer); err != nil {
-		t.Fatalf("transfer through the draining ingress: %v", err)
-	}
-	tc.Close() // the client is done: the relay's other direction ends
+	u.finishTransfer(t, tc, transfer)
 	select {
 	case <-w.served:
 		t.Fatal("Serve returned while a connection was open and the drain timeout had not passed")
@@ -192,11 +200,7 @@ func TestDrainEndsWithTheLastConnection(t *testing.T) {
 	tc, transfer := w.hold(t, "api.hold.test", "transfer")
 	w.stop()
 	refused(t, w.sni)
-	u.releaseKey("transfer")
-	if err := readHeld(transfer); err != nil {
-		t.Fatalf("transfer through the draining ingress: %v", err)
-	}
-	tc.Close() // the client is done: the relay's other direction ends
+	u.finishTransfer(t, tc, transfer)
 	select {
 	case <-w.served:
 	case <-time.After(10 * time.Second):
@@ -238,7 +242,7 @@ func TestDrainDelayKeepsAccepting(t *testing.T) {
 	w := newWorldConfig(t, translate.Options{}, Config{DrainDelay: delay, DrainTimeout: time.Hour})
 	u := startHoldingUpstream(t, w, "api.hold.test")
 	w.stop()
-	waitFor(t, "draining", w.in.Draining)
+	testwait.Until(t, "draining", w.in.Draining)
 	if w.in.Ready() {
 		t.Error("ready while draining")
 	}

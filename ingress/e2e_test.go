@@ -28,6 +28,7 @@ import (
 	"github.com/tendril-net/tendril/internal/pki/testpki"
 	"github.com/tendril-net/tendril/internal/pki/tlsreload"
 	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/xds/model"
 	xdsserver "github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -92,8 +93,8 @@ func newWorldConfig(t *testing.T, opts translate.Options, cfg Config) *world {
 	ctx, cancel := context.WithCancel(context.Background())
 	ictx, stop := context.WithCancel(ctx)
 	w.stop, w.served = stop, make(chan struct{})
-	xl := listen(t)
-	lns := map[string]net.Listener{"sni": listen(t), "proxy": listen(t), "tunnel": listen(t)}
+	xl := testnet.Listen(t)
+	lns := map[string]net.Listener{"sni": testnet.Listen(t), "proxy": testnet.Listen(t), "tunnel": testnet.Listen(t)}
 	addrs := map[string]string{}
 	for n, l := range lns {
 		addrs[n] = l.Addr().String()
@@ -125,28 +126,8 @@ func newWorldConfig(t *testing.T, opts translate.Options, cfg Config) *world {
 			u.close()
 		}
 	})
-	waitFor(t, "first configuration", w.in.Ready)
+	testwait.Until(t, "first configuration", w.in.Ready)
 	return w
-}
-
-func listen(t *testing.T) net.Listener {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // addShoot starts an upstream for shoot name with server name host and routes it.
@@ -168,7 +149,7 @@ func (w *world) route(s model.Shoot) {
 	w.shoots[s.Name] = s
 	w.mu.Unlock()
 	w.apply()
-	waitFor(w.t, "route to "+s.Name, func() bool {
+	testwait.Until(w.t, "route to "+s.Name, func() bool {
 		c := w.in.current.Load()
 		cl := c.clusters[translate.SNICluster(s.Hosts[0])]
 		return cl != nil && len(c.upstreams(cl)) == 1 && c.upstreams(cl)[0] == s.APIServer
@@ -183,7 +164,7 @@ func (w *world) unroute(name string) {
 	delete(w.shoots, name)
 	w.mu.Unlock()
 	w.apply()
-	waitFor(w.t, "removal of "+name, func() bool {
+	testwait.Until(w.t, "removal of "+name, func() bool {
 		_, ok := w.in.current.Load().clusters[translate.SNICluster(s.Hosts[0])]
 		return !ok
 	})
@@ -226,7 +207,7 @@ func startUpstream(t *testing.T, ca *testpki.CA, name, host string) *upstream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := listen(t)
+	l := testnet.Listen(t)
 	u := &upstream{name: name, addr: netip.MustParseAddrPort(l.Addr().String()), l: l}
 	tl := tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}})
 	u.wg.Add(1)
@@ -544,7 +525,7 @@ func TestSlowHellos(t *testing.T) {
 	if got := w.connections(outcomeHelloTimeout); got != n {
 		t.Errorf("client_hello_timeout connections: %v, want %d", got, n)
 	}
-	waitFor(t, "pending count back to zero", func() bool { return w.in.pending.count() == 0 })
+	testwait.Until(t, "pending count back to zero", func() bool { return w.in.pending.count() == 0 })
 }
 
 func isReset(err error) bool {
@@ -589,7 +570,7 @@ func TestDialMovesToTheNextEndpoint(t *testing.T) {
 	w.shoots[beta] = model.Shoot{Name: beta, Hosts: []string{"api.beta.test"}, APIServers: []netip.AddrPort{refusing(), refusing()}}
 	w.mu.Unlock()
 	w.apply()
-	waitFor(t, "both shoots with two endpoints", func() bool {
+	testwait.Until(t, "both shoots with two endpoints", func() bool {
 		c := w.in.current.Load()
 		for _, h := range []string{"api.alpha.test", "api.beta.test"} {
 			if cl := c.clusters[translate.SNICluster(h)]; cl == nil || len(c.upstreams(cl)) != 2 {
@@ -620,7 +601,7 @@ func TestDialMovesToTheNextEndpoint(t *testing.T) {
 	if _, err := w.who("api.beta.test"); err == nil {
 		t.Fatal("beta: a connection got through although every endpoint refuses")
 	}
-	waitFor(t, "beta's refusal counted", func() bool { return w.connections(outcomeDialFailed) == 1 })
+	testwait.Until(t, "beta's refusal counted", func() bool { return w.connections(outcomeDialFailed) == 1 })
 	if r := retries("api.beta.test"); r != translate.ConnectAttempts-1 {
 		t.Errorf("beta: %v retries, want %d (one connection, %d attempts)", r, translate.ConnectAttempts-1, translate.ConnectAttempts)
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/internal/testing/metrictest"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -44,7 +46,7 @@ func TestConnectHeaderLimitOnBothListeners(t *testing.T) {
 	}{
 		{"proxy", w.proxy, translate.GardenerDestinationHeader, nil},
 		// Any destination port but 443 leads to the CONNECT chain.
-		{"proxy", w.proxy, translate.GardenerDestinationHeader, proxyHeader(t, "10.250.0.7:40000", "240.0.0.1:8443")},
+		{"proxy", w.proxy, translate.GardenerDestinationHeader, testnet.ProxyHeader(t, "10.250.0.7:40000", "240.0.0.1:8443")},
 		{"tunnel", w.tunnel, translate.ReversedVPNHeader, nil},
 	} {
 		for _, size := range []int{limit, limit + 1} {
@@ -147,7 +149,7 @@ func TestPendingFloodFromOneSource(t *testing.T) {
 // (refused, evicted or proxied).
 func handled(t *testing.T, w *world, n int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d connections handled", n), func() bool {
+	testwait.Until(t, fmt.Sprintf("%d connections handled", n), func() bool {
 		return w.in.pending.count()+int(metrictest.Sum(t, w.reg, "tendril_ingress_connections_total", nil)) == n
 	})
 }

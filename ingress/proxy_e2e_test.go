@@ -27,6 +27,7 @@ import (
 	"github.com/tendril-net/tendril/internal/host/inherit"
 	"github.com/tendril-net/tendril/internal/testing/metrictest"
 	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
 )
@@ -38,7 +39,7 @@ func inClusterWorldWith(t *testing.T, trusted []netip.Prefix) *world {
 	u := startUpstream(t, w.ca, "shoot--t--alpha", "api.alpha.test")
 	w.upstreams["shoot--t--alpha"] = u
 	w.route(model.Shoot{Name: "shoot--t--alpha", Hosts: []string{"api.alpha.test"}, APIServer: u.addr, AdvertisedAddress: netip.MustParseAddr("240.0.0.1")})
-	waitFor(t, "proxy cluster", func() bool {
+	testwait.Until(t, "proxy cluster", func() bool {
 		return w.in.current.Load().clusters[translate.ProxyCluster(netip.MustParseAddr("240.0.0.1"))] != nil
 	})
 	return w
@@ -66,7 +67,7 @@ func inClusterWorldConfig(t *testing.T, cfg Config) (*world, map[string]string) 
 			AdvertisedAddress: netip.AddrFrom4([4]byte{240, 0, 0, byte(i + 1)}), VPNServer: v})
 	}
 	w.addShoot("shoot--t--gamma", "api.gamma.test")
-	waitFor(t, "vpn clusters", func() bool {
+	testwait.Until(t, "vpn clusters", func() bool {
 		c := w.in.current.Load()
 		return c.clusters[translate.TendrilServerWireName("shoot--t--beta")] != nil && c.clusters[translate.ProxyCluster(netip.MustParseAddr("240.0.0.2"))] != nil
 	})
@@ -77,7 +78,7 @@ func inClusterWorldConfig(t *testing.T, cfg Config) (*world, map[string]string) 
 // request line starting with GET gets an HTTP answer with the name, for real HTTP clients.
 func startEcho(t *testing.T, name string) netip.AddrPort {
 	t.Helper()
-	l := listen(t)
+	l := testnet.Listen(t)
 	testnet.Serve(t, l, func(c net.Conn) {
 		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 		// A client that speaks first with GET is an HTTP client; anyone else is greeted.
@@ -439,7 +440,7 @@ backend be
 		// Advertise a loopback address of its own, so nginx can hold it on 443.
 		w.route(model.Shoot{Name: "shoot--t--alpha", Hosts: []string{"api.alpha.test"}, APIServer: w.upstreams["shoot--t--alpha"].addr,
 			AdvertisedAddress: netip.MustParseAddr("127.77.0.1")})
-		waitFor(t, "the new advertised address", func() bool {
+		testwait.Until(t, "the new advertised address", func() bool {
 			return w.in.current.Load().clusters[translate.ProxyCluster(netip.MustParseAddr("127.77.0.1"))] != nil
 		})
 		front := "127.77.0.1:443"
@@ -535,16 +536,6 @@ func runPeer(t *testing.T, bin, cfg string, args func(path string) []string, add
 	}
 }
 
-func proxyHeader(t *testing.T, src, dst string) []byte {
-	t.Helper()
-	h := proxyproto.HeaderProxyFromAddrs(2, net.TCPAddrFromAddrPort(netip.MustParseAddrPort(src)), net.TCPAddrFromAddrPort(netip.MustParseAddrPort(dst)))
-	b, err := h.Format()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // dialWith connects to addr and sends the given PROXY headers first.
 func dialWith(t *testing.T, addr string, headers ...[]byte) net.Conn {
 	t.Helper()
@@ -566,9 +557,9 @@ func dialWith(t *testing.T, addr string, headers ...[]byte) net.Conn {
 // peer sending two headers is refused.
 func TestLoadBalancerProxyHeader(t *testing.T) {
 	t.Parallel()
-	lb := proxyHeader(t, "203.0.113.7:51000", "192.0.2.10:8443") // the client as the LB saw it
-	inner := proxyHeader(t, "10.250.0.7:40000", "240.0.0.1:443") // from the apiserver-proxy
-	lbSNI := proxyHeader(t, "203.0.113.7:51001", "192.0.2.10:443")
+	lb := testnet.ProxyHeader(t, "203.0.113.7:51000", "192.0.2.10:8443") // the client as the LB saw it
+	inner := testnet.ProxyHeader(t, "10.250.0.7:40000", "240.0.0.1:443") // from the apiserver-proxy
+	lbSNI := testnet.ProxyHeader(t, "203.0.113.7:51001", "192.0.2.10:443")
 
 	trusted := inClusterWorldWith(t, []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")})
 	c := dialWith(t, trusted.proxy, lb, inner)

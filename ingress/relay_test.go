@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/wire"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -30,7 +31,7 @@ type gatewayStandIn struct {
 func startGatewayStandIn(t *testing.T, known ...string) (*gatewayStandIn, string) {
 	t.Helper()
 	g := &gatewayStandIn{}
-	l := listen(t)
+	l := testnet.Listen(t)
 	testnet.Serve(t, l, func(c net.Conn) {
 		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 		br := bufio.NewReader(c)
@@ -80,7 +81,7 @@ func TestGardenerGatewayRelayed(t *testing.T) {
 	w := newWorldWith(t, translate.Options{GardenerGateway: translate.HostPort{Host: host, Port: p}, RemoveHTTPProxyLegacyPort: true}, nil)
 	echo := startEcho(t, "tendril-server")
 	w.route(model.Shoot{Name: ns, Hosts: []string{"api.alpha.test"}, APIServer: echo, VPNServer: echo})
-	waitFor(t, "relay and tunnel clusters", func() bool {
+	testwait.Until(t, "relay and tunnel clusters", func() bool {
 		c := w.in.current.Load()
 		return c.clusters[translate.GardenerGatewayCluster] != nil && c.clusters[translate.TendrilServerWireName(ns)] != nil
 	})
@@ -190,7 +191,7 @@ func TestGardenerGatewayDown(t *testing.T) {
 	var p uint16
 	fmt.Sscan(port, &p)
 	w := newWorldWith(t, translate.Options{GardenerGateway: translate.HostPort{Host: host, Port: p}}, nil)
-	waitFor(t, "relay cluster", func() bool { return w.in.current.Load().clusters[translate.GardenerGatewayCluster] != nil })
+	testwait.Until(t, "relay cluster", func() bool { return w.in.current.Load().clusters[translate.GardenerGatewayCluster] != nil })
 	resp, c := connectRequest(t, w.proxy, wire.GardenerDestinationHeader+": "+wire.GardenerVPNWireName("shoot--t--alpha", -1))
 	c.Close()
 	if resp.StatusCode != 502 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -172,11 +173,10 @@ func (s *server) refuse(d *preamble.Conn, cluster, outcome string, err error) {
 }
 
 // dial connects a CONNECT request's tunnel to an endpoint of cl within the cluster's connect
-// timeout and a slot of its circuit breaker, making up to attempts dials, each to the next
-// endpoint in round-robin order (as Envoy's tcp_proxy picks a host per attempt). The relay loops
-// dial, so the socket goes to the pair as it is. The caller joins or closes the socket and
-// releases the slot. A failure reports the last attempt's outcome; every failed attempt is
-// counted.
+// timeout and a slot of its circuit breaker, making up to attempts dials (a dialPlan, as the
+// loops' handshakes use); a DNS cluster's names are resolved first. The relay loops dial, so the
+// socket goes to the pair as it is. The caller joins or closes the socket and releases the slot.
+// A failure reports the last attempt's outcome.
 func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attempts int) (*loops.Socket, func(), string, error) {
 	eps := cfg.upstreams(cl)
 	if len(cl.dns) > 0 {
@@ -185,37 +185,70 @@ func (s *server) dial(ctx context.Context, cfg *config, cl *clusterConfig, attem
 			return nil, nil, outcomeNoEndpoint, err
 		}
 	}
+	p, outcome := s.newDialPlan(cl, eps, attempts)
+	if outcome != "" {
+		return nil, nil, outcome, nil
+	}
+	for {
+		dctx, cancel := context.WithTimeout(ctx, cl.connectTimeout)
+		up, err := s.loops.Dial(dctx, p.next())
+		cancel()
+		if err == nil {
+			return up, p.release, "", nil
+		}
+		if retry, outcome := p.failed(err, ctx.Err() != nil); !retry {
+			return nil, nil, outcome, err
+		}
+	}
+}
+
+// dialPlan is how one connection reaches a cluster, for both ways the ingress dials (the loops'
+// handshakes, and the CONNECT listener's goroutines): its endpoints in round-robin order (as
+// Envoy's tcp_proxy picks a host per attempt), the attempts allowed, and the cluster's
+// circuit-breaker slot, held from the first attempt until the pair ends. Kept by value in a
+// handshake: an idle pair holds its shake.
+type dialPlan struct {
+	s                 *server
+	cl                *clusterConfig
+	eps               []netip.AddrPort
+	attempts, allowed int
+	// release frees the slot; nil once freed by failed.
+	release func()
+}
+
+// newDialPlan takes a slot of cl's circuit breaker for a connection to eps, with up to attempts
+// dials (at least one); outcome says why not (no endpoint, the breaker open).
+func (s *server) newDialPlan(cl *clusterConfig, eps []netip.AddrPort, attempts int) (dialPlan, string) {
 	if len(eps) == 0 {
-		return nil, nil, outcomeNoEndpoint, nil
+		return dialPlan{}, outcomeNoEndpoint
 	}
 	release, ok := s.in.acquire(cl.name, cl.maxConnections)
 	if !ok {
-		return nil, nil, outcomeCircuitOpen, nil
+		return dialPlan{}, outcomeCircuitOpen
 	}
-	var outcome string
-	var err error
-	for attempt := range max(attempts, 1) {
-		if attempt > 0 {
-			s.in.metrics.retries.WithLabelValues(s.name, cl.name, outcome).Inc()
-			if ctx.Err() != nil {
-				break
-			}
-		}
-		ep := eps[cl.next.Add(1)%uint64(len(eps))]
-		dctx, cancel := context.WithTimeout(ctx, cl.connectTimeout)
-		var up *loops.Socket
-		up, err = s.loops.Dial(dctx, ep)
-		cancel()
-		if err == nil {
-			return up, release, "", nil
-		}
-		outcome = outcomeDialFailed
-		if errors.Is(err, context.DeadlineExceeded) {
-			outcome = outcomeDialTimeout
-		}
+	return dialPlan{s: s, cl: cl, eps: eps, allowed: max(attempts, 1), release: release}, ""
+}
+
+// next is the endpoint of the next attempt.
+func (p *dialPlan) next() netip.AddrPort {
+	p.attempts++
+	return p.eps[p.cl.next.Add(1)%uint64(len(p.eps))]
+}
+
+// failed takes an attempt's error: retry (the retry counted) while attempts remain and not stop;
+// otherwise the slot is released. outcome is the attempt's (dial_failed, dial_timeout).
+func (p *dialPlan) failed(err error, stop bool) (retry bool, outcome string) {
+	outcome = outcomeDialFailed
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+		outcome = outcomeDialTimeout
 	}
-	release()
-	return nil, nil, outcome, err
+	if p.attempts < p.allowed && !stop {
+		p.s.in.metrics.retries.WithLabelValues(p.s.name, p.cl.name, outcome).Inc()
+		return true, outcome
+	}
+	p.release()
+	p.release = nil
+	return false, outcome
 }
 
 // join hands the connection and its upstream to the relay loops, with the bytes already read

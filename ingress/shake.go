@@ -1,11 +1,8 @@
 package ingress
 
 import (
-	"errors"
 	"fmt"
 	"net"
-	"net/netip"
-	"os"
 
 	"github.com/tendril-net/tendril/edge/loops"
 	"github.com/tendril-net/tendril/ingress/preamble"
@@ -25,12 +22,9 @@ type shake struct {
 	// After the filters: what they learned and the chain.
 	d     *preamble.Conn
 	chain *chainConfig
-	// While dialing: the cluster, its endpoints, the attempts made, and the circuit-breaker
-	// slot the connection holds until its pair ends.
-	cl       *clusterConfig
-	eps      []netip.AddrPort
-	attempts int
-	release  func()
+	// While dialing: the cluster's endpoints, the attempts made, and the circuit-breaker slot
+	// the connection holds until its pair ends (plan.release; nil once released).
+	plan dialPlan
 }
 
 // conn is what the refusal log says of the connection: what the filters learned, or its
@@ -76,40 +70,26 @@ func (t *shake) Read(data []byte, end error) loops.Verdict {
 		// The name comes from the client; quoting keeps it from forging log fields.
 		return t.refuse("", outcomeUnknownRoute, fmt.Errorf("no cluster %q", clusterName))
 	}
-	eps := cfg.upstreams(cl)
-	if len(eps) == 0 {
-		return t.refuse(cl.name, outcomeNoEndpoint, nil)
+	if t.plan, outcome = t.s.newDialPlan(cl, cfg.upstreams(cl), t.chain.tcp.connectAttempts); outcome != "" {
+		return t.refuse(cl.name, outcome, nil)
 	}
-	release, ok := in.acquire(cl.name, cl.maxConnections)
-	if !ok {
-		return t.refuse(cl.name, outcomeCircuitOpen, nil)
-	}
-	t.cl, t.eps, t.release = cl, eps, release
 	return t.dial()
 }
 
-// dial names the next endpoint in round-robin order, as Envoy's tcp_proxy picks a host per
-// attempt.
+// dial names the plan's next endpoint; the loops dial it.
 func (t *shake) dial() loops.Verdict {
-	t.attempts++
-	return loops.Verdict{Step: loops.StepDial, Addr: t.eps[t.cl.next.Add(1)%uint64(len(t.eps))], Timeout: t.cl.connectTimeout,
+	return loops.Verdict{Step: loops.StepDial, Addr: t.plan.next(), Timeout: t.plan.cl.connectTimeout,
 		First: t.d.First, Idle: t.chain.tcp.idleTimeout, Done: t.done}
 }
 
-// DialFailed retries with the next endpoint while the chain allows attempts; every failed
-// attempt is counted, and a refusal reports the last one's outcome.
+// DialFailed retries with the next endpoint while the chain allows attempts; a refusal reports
+// the last one's outcome.
 func (t *shake) DialFailed(err error) loops.Verdict {
-	outcome := outcomeDialFailed
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		outcome = outcomeDialTimeout
-	}
-	if t.attempts < max(t.chain.tcp.connectAttempts, 1) {
-		t.s.in.metrics.retries.WithLabelValues(t.s.name, t.cl.name, outcome).Inc()
+	retry, outcome := t.plan.failed(err, false)
+	if retry {
 		return t.dial()
 	}
-	t.release()
-	t.release = nil
-	return t.refuse(t.cl.name, outcome, err)
+	return t.refuse(t.plan.cl.name, outcome, err)
 }
 
 // Joined counts the connection as proxied; done ends it. The pair holds the shake (its done func)
@@ -118,8 +98,8 @@ func (t *shake) DialFailed(err error) loops.Verdict {
 func (t *shake) Joined() {
 	m := t.s.in.metrics
 	m.active.WithLabelValues(t.s.name).Inc()
-	m.conn(t.s.name, t.cl.name, outcomeProxied)
-	t.hs, t.lc, t.p, t.d, t.chain, t.eps = nil, nil, nil, nil, nil, nil
+	m.conn(t.s.name, t.plan.cl.name, outcomeProxied)
+	t.hs, t.lc, t.p, t.d, t.chain, t.plan.eps = nil, nil, nil, nil, nil, nil
 }
 
 func (t *shake) done(toUp, toDown int64) {
@@ -127,15 +107,15 @@ func (t *shake) done(toUp, toDown int64) {
 	m.bytes.WithLabelValues(t.s.name, "upstream").Add(float64(toUp))
 	m.bytes.WithLabelValues(t.s.name, "downstream").Add(float64(toDown))
 	m.active.WithLabelValues(t.s.name).Dec()
-	t.release()
+	t.plan.release()
 	t.s.joined.Done()
 }
 
 // Closed: the connection was closed in its handshake (evicted, or the ingress shuts down).
 func (t *shake) Closed() {
 	t.s.in.pending.release(t.p)
-	if t.release != nil {
-		t.release()
+	if t.plan.release != nil {
+		t.plan.release()
 	}
 	t.s.joined.Done()
 }

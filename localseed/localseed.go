@@ -140,29 +140,9 @@ type seed struct {
 // keeps running until ctx ends. Everything it started is stopped before it returns.
 func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	s := &seed{cfg: cfg, out: cfg.Out}
-	if s.out == nil {
-		s.out = os.Stdout
+	if err := s.setUp(); err != nil {
+		return rep, err
 	}
-	if cfg.StatusInterval == 0 {
-		cfg.StatusInterval = 10 * time.Second
-		s.cfg.StatusInterval = cfg.StatusInterval
-	}
-	if len(cfg.Shoots) == 0 {
-		return rep, errors.New("no shoots")
-	}
-	if s.cfg.BinDir == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return rep, fmt.Errorf("directory of tendril's binaries: %w", err)
-		}
-		s.cfg.BinDir = filepath.Dir(exe)
-	}
-	for _, b := range []string{"tendril-ingress", "tendril-server", "tendril-agent"} {
-		if _, err := os.Stat(filepath.Join(s.cfg.BinDir, b)); err != nil {
-			return rep, fmt.Errorf("%s: %w (make build puts it beside tendril-local; --bin-dir names another directory)", b, err)
-		}
-	}
-	s.dir = cfg.Dir
 	if s.dir == "" {
 		d, err := os.MkdirTemp("", "tendril-local-")
 		if err != nil {
@@ -174,37 +154,12 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if s.hostIP, err = hostIPv4(); err != nil {
 		return rep, err
 	}
-	for _, a := range []*string{&s.cfg.SNIAddress, &s.cfg.ProxyAddress, &s.cfg.TunnelAddress, &s.cfg.XDSAddress, &s.cfg.IngressMetrics} {
-		if *a == "" {
-			*a = "127.0.0.1:0" // bound below: the kernel picks the port
-		}
-	}
-	if s.netns = canNetns(); s.netns {
-		// The node namespaces reach the host's own address, not its loopback.
-		if h, p, err := net.SplitHostPort(s.cfg.ProxyAddress); err == nil {
-			if a, err := netip.ParseAddr(h); err == nil && a.IsLoopback() {
-				s.cfg.ProxyAddress = net.JoinHostPort(s.hostIP.String(), p)
-			}
-		}
-	}
-	// The ingress's listeners are bound here and inherited by tendril-ingress, the xDS server's
-	// by the in-process control plane: no port is picked free and bound again later.
-	var ingressSocks []*inherit.Socket
-	defer func() { inherit.Close(ingressSocks...) }() // until procs.Start has them
-	for _, a := range []*string{&s.cfg.SNIAddress, &s.cfg.ProxyAddress, &s.cfg.TunnelAddress, &s.cfg.IngressMetrics} {
-		sock, err := inherit.Bind(*a)
-		if err != nil {
-			return rep, fmt.Errorf("tendril-ingress listener: %w", err)
-		}
-		ingressSocks = append(ingressSocks, sock)
-		*a = sock.Addr
-	}
-	xdsListener, err := net.Listen("tcp", s.cfg.XDSAddress)
+	ingressSocks, xdsListener, err := s.bind()
 	if err != nil {
-		return rep, fmt.Errorf("xDS listener: %w", err)
+		return rep, err
 	}
-	defer xdsListener.Close() // the control plane closes it too
-	s.cfg.XDSAddress = xdsListener.Addr().String()
+	defer func() { inherit.Close(ingressSocks...) }() // until procs.Start has them
+	defer xdsListener.Close()                         // the control plane closes it too
 	lf, err := os.Create(filepath.Join(s.dir, "tendril-seed.log"))
 	if err != nil {
 		return rep, err
@@ -225,51 +180,15 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 
 	start := time.Now()
 	s.printf("local seed in %s (host address %s for EndpointSlices)\n", s.dir, s.hostIP)
-	if s.assets, err = testbinDir(cfg.TestbinDir); err != nil {
+	if s.assets, err = testbinDir(s.cfg.TestbinDir); err != nil {
 		return rep, fmt.Errorf("kube-apiserver and etcd: %w", err)
 	}
 	if s.crds, err = kubeenv.CRDs(); err != nil {
 		return rep, err
 	}
-
-	// The seed API server and every shoot's start at once: each is its own etcd + kube-apiserver.
-	var stops []func()
-	defer func() {
-		for i := len(stops) - 1; i >= 0; i-- {
-			stops[i]()
-		}
-	}()
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	errs := make([]error, len(cfg.Shoots)+1)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		stop, err := s.startSeedAPIServer(ctx)
-		if stop != nil {
-			mu.Lock()
-			stops = append(stops, stop)
-			mu.Unlock()
-		}
-		errs[0] = err
-	}()
-	for i, name := range cfg.Shoots {
-		sh := &shoot{name: name, namespace: "shoot--local--" + name, host: "api." + name + "." + Domain, index: i, ha: slices.Contains(cfg.HAShoots, name)}
-		s.shoots = append(s.shoots, sh)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			stop, err := s.startShootAPIServer(sh)
-			if stop != nil {
-				mu.Lock()
-				stops = append(stops, stop)
-				mu.Unlock()
-			}
-			errs[i+1] = err
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	stopAPIServers, err := s.startAPIServers(ctx)
+	defer stopAPIServers()
+	if err != nil {
 		return rep, err
 	}
 	s.printf("API servers up after %v: seed %s; %s\n", since(start), s.rest.Host, s.shootHosts())
@@ -278,61 +197,17 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err := s.client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ExtensionNamespace}}); client.IgnoreAlreadyExists(err) != nil {
 		return rep, fmt.Errorf("namespace %s: %w", ExtensionNamespace, err)
 	}
-	cpDone := make(chan error, 1)
-	go func() {
-		cpDone <- controlplane.Run(ctx, controlplane.Config{
-			REST:           s.rest,
-			XDSListener:    xdsListener,
-			XDSSecrets:     controlplane.XDSSecrets{Namespace: ExtensionNamespace},
-			MetricsAddress: "0",
-			HealthAddress:  "0",
-			WebhookPort:    -1,
-			Extension:      extension.AddOptions{Config: extension.Config{Image: "tendril-local", Ingress: "127.0.0.1", IngressNamespace: ExtensionNamespace}},
-			RouteServices:  []string{manifest.KubeAPIServerName, manifest.ServerName}, // tendril-seed's default
-			Log:            s.log.WithName("controlplane"),
-		})
-	}()
+	cpDone := s.startControlPlane(ctx, xdsListener)
 	defer func() {
 		cancel()
 		<-cpDone
 	}()
-	xdsFlags, err := s.xdsClientFiles(ctx)
-	if err != nil {
-		return rep, err
-	}
 	socks := ingressSocks
 	ingressSocks = nil // procs.Start closes this process's copies
-	if _, err := s.procs.Start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), procgroup.Options{Socks: socks}, filepath.Join(s.cfg.BinDir, "tendril-ingress"),
-		append(xdsFlags, "--xds", s.cfg.XDSAddress, "--node-id", "tendril-ingress-local",
-			"--sni-address", s.cfg.SNIAddress, "--proxy-address", s.cfg.ProxyAddress, "--tunnel-address", s.cfg.TunnelAddress,
-			"--metrics-address", s.cfg.IngressMetrics)...); err != nil {
+	if err := s.startIngress(ctx, socks); err != nil {
 		return rep, err
 	}
-	s.printf("control plane in-process (xDS over mutual TLS %s), tendril-ingress: SNI %s, PROXY %s, tunnel %s\n",
-		s.cfg.XDSAddress, s.cfg.SNIAddress, s.cfg.ProxyAddress, s.cfg.TunnelAddress)
-
-	for _, sh := range s.shoots {
-		if err := s.createShoot(ctx, sh); err != nil {
-			return rep, fmt.Errorf("%s: %w", sh.namespace, err)
-		}
-		if err := s.startGRM(ctx, sh); err != nil {
-			return rep, fmt.Errorf("%s: resource manager: %w", sh.namespace, err)
-		}
-	}
-	// Play kubelet for every shoot at once: each waits for its own extension's objects.
-	errs = make([]error, len(s.shoots))
-	for i, sh := range s.shoots {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s.runShoot(ctx, sh)
-			if errs[i] != nil {
-				errs[i] = fmt.Errorf("%s: %w", sh.namespace, errs[i])
-			}
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := s.startShoots(ctx); err != nil {
 		return rep, err
 	}
 	select {
@@ -342,15 +217,191 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		return rep, fmt.Errorf("control plane ended: %v", err)
 	default:
 	}
+	if rep, err = s.firstReport(ctx, start); err != nil || s.cfg.Once {
+		return rep, err
+	}
+	s.printUsage()
+	return s.watchStatus(ctx, rep, cpDone)
+}
 
-	// Gardener's NetworkPolicy controllers work while the checks run; the table comes after.
-	var settle func() (networkpaths.Result, error)
-	if len(s.shoots) >= 2 {
-		if settle, err = s.startPaths(ctx); err != nil {
-			return rep, fmt.Errorf("network paths: %w", err)
+// setUp fills in the defaults of s.cfg and checks that the binaries it starts are there.
+func (s *seed) setUp() error {
+	if s.out == nil {
+		s.out = os.Stdout
+	}
+	if s.cfg.StatusInterval == 0 {
+		s.cfg.StatusInterval = 10 * time.Second
+	}
+	if len(s.cfg.Shoots) == 0 {
+		return errors.New("no shoots")
+	}
+	if s.cfg.BinDir == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("directory of tendril's binaries: %w", err)
+		}
+		s.cfg.BinDir = filepath.Dir(exe)
+	}
+	for _, b := range []string{"tendril-ingress", "tendril-server", "tendril-agent"} {
+		if _, err := os.Stat(filepath.Join(s.cfg.BinDir, b)); err != nil {
+			return fmt.Errorf("%s: %w (make build puts it beside tendril-local; --bin-dir names another directory)", b, err)
 		}
 	}
-	rep = s.check(ctx, true)
+	s.dir = s.cfg.Dir
+	return nil
+}
+
+// bind binds the ingress's listeners, which tendril-ingress inherits, and the xDS server's, which
+// the in-process control plane serves: no port is picked free and bound again later. On an
+// error it closes what it bound.
+func (s *seed) bind() (ingressSocks []*inherit.Socket, xdsListener net.Listener, err error) {
+	for _, a := range []*string{&s.cfg.SNIAddress, &s.cfg.ProxyAddress, &s.cfg.TunnelAddress, &s.cfg.XDSAddress, &s.cfg.IngressMetrics} {
+		if *a == "" {
+			*a = "127.0.0.1:0" // bound below: the kernel picks the port
+		}
+	}
+	if s.netns = canNetns(); s.netns {
+		// The node namespaces reach the host's own address, not its loopback.
+		if h, p, err := net.SplitHostPort(s.cfg.ProxyAddress); err == nil {
+			if a, err := netip.ParseAddr(h); err == nil && a.IsLoopback() {
+				s.cfg.ProxyAddress = net.JoinHostPort(s.hostIP.String(), p)
+			}
+		}
+	}
+	for _, a := range []*string{&s.cfg.SNIAddress, &s.cfg.ProxyAddress, &s.cfg.TunnelAddress, &s.cfg.IngressMetrics} {
+		sock, err := inherit.Bind(*a)
+		if err != nil {
+			inherit.Close(ingressSocks...)
+			return nil, nil, fmt.Errorf("tendril-ingress listener: %w", err)
+		}
+		ingressSocks = append(ingressSocks, sock)
+		*a = sock.Addr
+	}
+	xdsListener, err = net.Listen("tcp", s.cfg.XDSAddress)
+	if err != nil {
+		inherit.Close(ingressSocks...)
+		return nil, nil, fmt.Errorf("xDS listener: %w", err)
+	}
+	s.cfg.XDSAddress = xdsListener.Addr().String()
+	return ingressSocks, xdsListener, nil
+}
+
+// startAPIServers starts the seed API server and every shoot's at once: each is its own etcd +
+// kube-apiserver. stop stops those that started, also after an error.
+func (s *seed) startAPIServers(ctx context.Context) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	started := func(stop func()) {
+		if stop != nil {
+			mu.Lock()
+			stops = append(stops, stop)
+			mu.Unlock()
+		}
+	}
+	errs := make([]error, len(s.cfg.Shoots)+1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var stop func()
+		stop, errs[0] = s.startSeedAPIServer(ctx)
+		started(stop)
+	}()
+	for i, name := range s.cfg.Shoots {
+		sh := &shoot{name: name, namespace: "shoot--local--" + name, host: "api." + name + "." + Domain, index: i, ha: slices.Contains(s.cfg.HAShoots, name)}
+		s.shoots = append(s.shoots, sh)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var stop func()
+			stop, errs[i+1] = s.startShootAPIServer(sh)
+			started(stop)
+		}()
+	}
+	wg.Wait()
+	return stop, errors.Join(errs...)
+}
+
+// startControlPlane runs tendril-seed's control plane in this process, serving xDS on l, until
+// ctx ends; done has its end.
+func (s *seed) startControlPlane(ctx context.Context, l net.Listener) (done <-chan error) {
+	cpDone := make(chan error, 1)
+	go func() {
+		cpDone <- controlplane.Run(ctx, controlplane.Config{
+			REST:           s.rest,
+			XDSListener:    l,
+			XDSSecrets:     controlplane.XDSSecrets{Namespace: ExtensionNamespace},
+			MetricsAddress: "0",
+			HealthAddress:  "0",
+			WebhookPort:    -1,
+			Extension:      extension.AddOptions{Config: extension.Config{Image: "tendril-local", Ingress: "127.0.0.1", IngressNamespace: ExtensionNamespace}},
+			RouteServices:  []string{manifest.KubeAPIServerName, manifest.ServerName}, // tendril-seed's default
+			Log:            s.log.WithName("controlplane"),
+		})
+	}()
+	return cpDone
+}
+
+// startIngress starts tendril-ingress on the listeners bound for it (socks, which it closes).
+func (s *seed) startIngress(ctx context.Context, socks []*inherit.Socket) error {
+	xdsFlags, err := s.xdsClientFiles(ctx)
+	if err != nil {
+		inherit.Close(socks...)
+		return err
+	}
+	if _, err := s.procs.Start("tendril-ingress", filepath.Join(s.dir, "tendril-ingress.log"), procgroup.Options{Socks: socks}, filepath.Join(s.cfg.BinDir, "tendril-ingress"),
+		append(xdsFlags, "--xds", s.cfg.XDSAddress, "--node-id", "tendril-ingress-local",
+			"--sni-address", s.cfg.SNIAddress, "--proxy-address", s.cfg.ProxyAddress, "--tunnel-address", s.cfg.TunnelAddress,
+			"--metrics-address", s.cfg.IngressMetrics)...); err != nil {
+		return err
+	}
+	s.printf("control plane in-process (xDS over mutual TLS %s), tendril-ingress: SNI %s, PROXY %s, tunnel %s\n",
+		s.cfg.XDSAddress, s.cfg.SNIAddress, s.cfg.ProxyAddress, s.cfg.TunnelAddress)
+	return nil
+}
+
+// startShoots creates every shoot's Cluster and Extension with its resource manager, then plays
+// kubelet for every shoot at once: each waits for its own extension's objects.
+func (s *seed) startShoots(ctx context.Context) error {
+	for _, sh := range s.shoots {
+		if err := s.createShoot(ctx, sh); err != nil {
+			return fmt.Errorf("%s: %w", sh.namespace, err)
+		}
+		if err := s.startGRM(ctx, sh); err != nil {
+			return fmt.Errorf("%s: resource manager: %w", sh.namespace, err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(s.shoots))
+	for i, sh := range s.shoots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.runShoot(ctx, sh); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", sh.namespace, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// firstReport runs the first round of checks and prints it with the network paths: Gardener's
+// NetworkPolicy controllers work while the checks run; the table comes after.
+func (s *seed) firstReport(ctx context.Context, start time.Time) (Report, error) {
+	var settle func() (networkpaths.Result, error)
+	if len(s.shoots) >= 2 {
+		var err error
+		if settle, err = s.startPaths(ctx); err != nil {
+			return Report{}, fmt.Errorf("network paths: %w", err)
+		}
+	}
+	rep := s.check(ctx, true)
 	if settle != nil {
 		r, err := settle()
 		s.paths, s.pathsErr = &r, err
@@ -361,10 +412,12 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	s.printf("\nready after %v:\n", since(start))
 	s.printReport(rep)
-	if cfg.Once {
-		return rep, nil
-	}
-	s.printUsage()
+	return rep, nil
+}
+
+// watchStatus checks the seed every StatusInterval and prints its status until ctx ends, a
+// process exits or the control plane ends.
+func (s *seed) watchStatus(ctx context.Context, rep Report, cpDone <-chan error) (Report, error) {
 	t := time.NewTicker(s.cfg.StatusInterval)
 	defer t.Stop()
 	for {

@@ -16,12 +16,11 @@ import (
 // Through gRPC's protobuf codec each such packet cost two copies and two allocations of its
 // size: the Data field copied out of the reader's buffer (gRPC may keep a message until it is
 // written), and the marshalled packet in a buffer from gRPC's pool, zeroed first. Under the
-// tunnel's soft memory limit that garbage kept the collector running (tendril-bench tunnel,
-// tendril-grpc, four connections from the shoot: 150 collections and 330 MB allocated a second
-// for 79 MB/s moved), and every collection emptied the buffer pools. Here the packet is a few
-// bytes of protobuf header and the reader's buffer itself, which gRPC returns to dataChunks once
-// written. DATA packets received are taken apart here too (Unmarshal); every other packet goes
-// through gRPC's protobuf codec.
+// tunnel's soft memory limit that garbage kept the collector running, and every collection
+// emptied the buffer pools (docs/performance.md, "Several bulk connections: the collector under
+// the soft limit"). Here the packet is a few bytes of protobuf header and the reader's buffer
+// itself, which gRPC returns to dataChunks once written. DATA packets received are taken apart
+// here too (Unmarshal); every other packet goes through gRPC's protobuf codec.
 type packetCodec struct{ proto encoding.CodecV2 }
 
 func newPacketCodec() packetCodec { return packetCodec{proto: encoding.GetCodecV2("proto")} }
@@ -39,9 +38,9 @@ func (c packetCodec) Marshal(v any) (mem.BufferSlice, error) {
 // Unmarshal decodes a packet from kube-apiserver into a packetIn: a DATA packet laid out as
 // proto.Marshal writes it (konnectivity-client's) has its bytes copied once, into a buffer from
 // dataChunks; anything else is decoded by gRPC's protobuf codec. Through that codec alone each
-// DATA packet was copied twice and allocated twice (gRPC's received frames joined into one
-// buffer, then the Data field copied out of it): tendril-grpc to the shoot, four connections,
-// 400 MB allocated a second for 108 MB/s moved.
+// DATA packet is copied twice and allocated twice (gRPC's received frames joined into one
+// buffer, then the Data field copied out of it): several bytes allocated for every byte moved
+// (docs/performance.md, "Several bulk connections: the collector under the soft limit").
 func (c packetCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	in, ok := v.(*packetIn)
 	if !ok {
@@ -175,11 +174,11 @@ func (d *dataOut) encode() mem.BufferSlice {
 }
 
 // chunkPool is a pool of dataChunk-sized read buffers that gRPC can return buffers to
-// (mem.BufferPool). Pooled because allocating and zeroing 128 KiB per dial cost 2.77–3.00
-// against 2.37–2.80 CPU ms per dial (tendril-bench tunnel, tendril-grpc, 32 dial workers, 3
-// alternating pairs). Bound: one per connection whose bytes are being read (an idle one waits
-// without: pipe.WaitReadable), plus those gRPC has not written yet (a stream's send quota, 64 KiB,
-// lets at most two wait); what a load leaves goes with the next two GCs (internal/host/idlemem).
+// (mem.BufferPool). Pooled because allocating and zeroing 128 KiB per dial is a measurable part
+// of a dial's CPU (docs/performance.md, "Reversed tunnel", what changed on 2026-11-23). Bound:
+// one per connection whose bytes are being read (an idle one waits without: pipe.WaitReadable),
+// plus those gRPC has not written yet (a stream's send quota, 64 KiB, lets at most two wait);
+// what a load leaves goes with the next two GCs (internal/host/idlemem).
 type chunkPool struct {
 	sync.Pool
 	held atomic.Int64 // taken and not put back: tendril_server_grpc_buffers

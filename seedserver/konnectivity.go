@@ -47,11 +47,9 @@ func (s *Server) ServeGRPC(ctx context.Context, l net.Listener, creds credential
 // HTTP/2 flow control toward kube-apiserver (and tendril-egress-relay), static as the relay's
 // own: a stream's window bounds what gRPC holds of it here before Proxy writes it into the
 // tunnel. gRPC's default grows a stream's window with its estimate of the bandwidth-delay
-// product, up to 16 MiB: four bulk streams to the shoot held 6.7 MB of received frames, which
-// with the tunnel's send buffers kept the heap at the 32 MiB soft limit (100–130 collections a
-// second, 190–220 MB/s allocated for 150–200 MB/s moved). With 256 KiB: 1 collection a second,
-// 274 MB/s at 2.7 server CPU ms per MB against 198 at 4.7; one stream within the run-to-run
-// spread (219–258 MB/s in the same runs). (tendril-bench tunnel, tendril-grpc; docs/performance.md.)
+// product, up to 16 MiB, and a few bulk streams' received frames then keep the heap at its soft
+// limit; 256 KiB keeps one stream's throughput (docs/performance.md, "The gRPC front-end's
+// window and packet size").
 // Bound: 256 KiB per stream whose connection through the tunnel takes bytes slower than
 // kube-apiserver sends them (the connection window, returned on receipt, bounds bytes in
 // flight, not memory).
@@ -66,10 +64,9 @@ type proxyService struct {
 }
 
 // dataChunk is the most a DATA packet carries from the shoot. Every packet costs a gRPC send (a
-// copy, framing, a wake of the transport's writer): with 32 KiB packets, the size konnectivity's
-// own agents read, the gRPC front-end moved 83–119 MB/s from the shoot where CONNECT moved 190–215;
-// with 128 KiB, 131–167 MB/s (tendril-bench tunnel, 1 connection, alternating runs). The
-// reader's buffer is this large only while a connection is open; kube-apiserver's gRPC client
+// copy, framing, a wake of the transport's writer), so fewer, larger packets move more than
+// konnectivity's own 32 KiB (docs/performance.md, "The gRPC front-end's window and packet size").
+// The reader's buffer is this large only while a connection is open; kube-apiserver's gRPC client
 // takes messages up to 4 MiB.
 const dataChunk = 128 << 10
 
@@ -77,158 +74,183 @@ const dataChunk = 128 << 10
 // CLOSE_REQ/CLOSE_RSP; DIAL_CLS cancels a dial in flight. Packets are sent by one goroutine at a
 // time (gRPC streams are not safe for concurrent Send).
 func (p *proxyService) Proxy(stream client.ProxyService_ProxyServer) error {
-	s := p.s
 	ctx, cancel := context.WithCancel(stream.Context())
-	var (
-		sendMu  sync.Mutex
-		mu      sync.Mutex
-		conns   = map[int64]net.Conn{}
-		dialing = map[int64]context.CancelFunc{}
-		nextID  int64
-		wg      sync.WaitGroup
-	)
+	ps := &proxyStream{s: p.s, stream: stream, ctx: ctx, conns: map[int64]net.Conn{}, dialing: map[int64]context.CancelFunc{}}
 	defer func() {
 		cancel()
-		mu.Lock()
-		for _, c := range conns {
+		ps.mu.Lock()
+		for _, c := range ps.conns {
 			c.Close()
 		}
-		mu.Unlock()
-		wg.Wait()
+		ps.mu.Unlock()
+		ps.wg.Wait()
 	}()
-	send := func(pkt any) error { // a *client.Packet, or a *dataOut
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		return stream.SendMsg(pkt)
-	}
-	dialResponse := func(random int64, id int64, err string) {
-		_ = send(&client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{
-			DialResponse: &client.DialResponse{Random: random, ConnectID: id, Error: err}}})
-	}
-	closeResponse := func(id int64, err string) {
-		_ = send(&client.Packet{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{
-			CloseResponse: &client.CloseResponse{ConnectID: id, Error: err}}})
-	}
-	toShoot := func(id int64, data []byte) {
-		mu.Lock()
-		c := conns[id]
-		mu.Unlock()
-		if c == nil {
-			closeResponse(id, "unknown connection")
-			return
-		}
-		if _, err := c.Write(data); err != nil {
-			c.Close() // the reader ends and answers CLOSE_RSP
-			return
-		}
-		s.metrics.bytes.WithLabelValues("to_shoot").Add(float64(len(data)))
-	}
 	for {
 		var in packetIn
 		if err := stream.RecvMsg(&in); err != nil {
 			return nil // the client ended the stream (or it broke): close everything
 		}
 		if in.buf != nil { // DATA, its bytes in a buffer of dataChunks (packetCodec)
-			toShoot(in.id, *in.buf)
+			ps.toShoot(in.id, *in.buf)
 			dataChunks.Put(in.buf)
 			continue
 		}
 		pkt := in.pkt
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_REQ:
-			req := pkt.GetDialRequest()
-			target, outcome, reason := s.checkTarget(req.GetProtocol(), req.GetAddress())
-			if outcome != "" {
-				s.metrics.dials.WithLabelValues(outcome).Inc()
-				dialResponse(req.GetRandom(), 0, reason)
-				continue
-			}
-			if !s.acquireDial(ctx) {
-				s.metrics.dials.WithLabelValues(outcomeTooMany).Inc()
-				dialResponse(req.GetRandom(), 0, "too many dials in flight")
-				continue
-			}
-			dctx, dcancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
-			mu.Lock()
-			dialing[req.GetRandom()] = dcancel
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				c, err := s.tun.DialContext(dctx, "tcp", target.String())
-				dcancel()
-				<-s.dials
-				mu.Lock()
-				delete(dialing, req.GetRandom())
-				if err != nil {
-					mu.Unlock()
-					s.metrics.dials.WithLabelValues(dialOutcome(err)).Inc()
-					dialResponse(req.GetRandom(), 0, fmt.Sprintf("dial %s through the tunnel: %v", target, err))
-					return
-				}
-				if ctx.Err() != nil {
-					mu.Unlock()
-					c.Close()
-					return
-				}
-				nextID++
-				id := nextID
-				conns[id] = c
-				mu.Unlock()
-				s.metrics.dials.WithLabelValues(outcomeOK).Inc()
-				s.metrics.active.Inc()
-				defer s.metrics.active.Dec()
-				dialResponse(req.GetRandom(), id, "")
-				// Shoot → apiserver: read and send until the target ends. A buffer sent is
-				// gRPC's (packetCodec): each read takes one from the pool, once there are bytes
-				// to read, so an idle connection holds none.
-				for {
-					if _, err := pipe.WaitReadable(c, time.Time{}); err != nil {
-						break
-					}
-					buf := dataChunks.Get(dataChunk)
-					n, err := c.Read(*buf)
-					if n == 0 {
-						dataChunks.Put(buf)
-					} else {
-						*buf = (*buf)[:n]
-						s.metrics.bytes.WithLabelValues("from_shoot").Add(float64(n))
-						if serr := send(&dataOut{id: id, buf: buf}); serr != nil {
-							break
-						}
-					}
-					if err != nil {
-						break
-					}
-				}
-				mu.Lock()
-				_, open := conns[id]
-				delete(conns, id)
-				mu.Unlock()
-				c.Close()
-				if open {
-					closeResponse(id, "")
-				}
-			}()
+			ps.dialRequest(pkt.GetDialRequest())
 		case client.PacketType_DATA: // one packetCodec did not take apart itself
-			toShoot(pkt.GetData().GetConnectID(), pkt.GetData().GetData())
+			ps.toShoot(pkt.GetData().GetConnectID(), pkt.GetData().GetData())
 		case client.PacketType_CLOSE_REQ:
 			id := pkt.GetCloseRequest().GetConnectID()
-			mu.Lock()
-			c := conns[id]
-			delete(conns, id)
-			mu.Unlock()
+			ps.mu.Lock()
+			c := ps.conns[id]
+			delete(ps.conns, id)
+			ps.mu.Unlock()
 			if c != nil {
 				c.Close()
 			}
-			closeResponse(id, "")
+			ps.closeResponse(id, "")
 		case client.PacketType_DIAL_CLS:
-			mu.Lock()
-			if cancelDial := dialing[pkt.GetCloseDial().GetRandom()]; cancelDial != nil {
+			ps.mu.Lock()
+			if cancelDial := ps.dialing[pkt.GetCloseDial().GetRandom()]; cancelDial != nil {
 				cancelDial()
 			}
-			mu.Unlock()
+			ps.mu.Unlock()
 		}
+	}
+}
+
+// proxyStream is one konnectivity Proxy stream: the connections it dialed through the tunnel,
+// by connect ID, and the dials in flight, by the client's random. Proxy owns it and waits for
+// its dialers and readers (wg) before it returns.
+type proxyStream struct {
+	s      *Server
+	stream client.ProxyService_ProxyServer
+	ctx    context.Context
+	// sendMu serializes SendMsg, which gRPC allows from one goroutine at a time.
+	sendMu sync.Mutex
+	// mu guards conns, dialing and nextID.
+	mu      sync.Mutex
+	conns   map[int64]net.Conn
+	dialing map[int64]context.CancelFunc
+	nextID  int64
+	wg      sync.WaitGroup
+}
+
+// send sends a *client.Packet or a *dataOut.
+func (ps *proxyStream) send(pkt any) error {
+	ps.sendMu.Lock()
+	defer ps.sendMu.Unlock()
+	return ps.stream.SendMsg(pkt)
+}
+
+func (ps *proxyStream) dialResponse(random int64, id int64, err string) {
+	_ = ps.send(&client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{
+		DialResponse: &client.DialResponse{Random: random, ConnectID: id, Error: err}}})
+}
+
+func (ps *proxyStream) closeResponse(id int64, err string) {
+	_ = ps.send(&client.Packet{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{
+		CloseResponse: &client.CloseResponse{ConnectID: id, Error: err}}})
+}
+
+// toShoot writes a DATA packet's bytes to its connection.
+func (ps *proxyStream) toShoot(id int64, data []byte) {
+	ps.mu.Lock()
+	c := ps.conns[id]
+	ps.mu.Unlock()
+	if c == nil {
+		ps.closeResponse(id, "unknown connection")
+		return
+	}
+	if _, err := c.Write(data); err != nil {
+		c.Close() // the reader ends and answers CLOSE_RSP
+		return
+	}
+	ps.s.metrics.bytes.WithLabelValues("to_shoot").Add(float64(len(data)))
+}
+
+// dialRequest checks a DIAL_REQ's target and dials it through the tunnel on a goroutine of its
+// own, which then reads the connection until it ends (fromShoot).
+func (ps *proxyStream) dialRequest(req *client.DialRequest) {
+	s := ps.s
+	target, outcome, reason := s.checkTarget(req.GetProtocol(), req.GetAddress())
+	if outcome != "" {
+		s.metrics.dials.WithLabelValues(outcome).Inc()
+		ps.dialResponse(req.GetRandom(), 0, reason)
+		return
+	}
+	if !s.acquireDial(ps.ctx) {
+		s.metrics.dials.WithLabelValues(outcomeTooMany).Inc()
+		ps.dialResponse(req.GetRandom(), 0, "too many dials in flight")
+		return
+	}
+	dctx, dcancel := context.WithTimeout(ps.ctx, s.cfg.DialTimeout)
+	ps.mu.Lock()
+	ps.dialing[req.GetRandom()] = dcancel
+	ps.mu.Unlock()
+	ps.wg.Add(1)
+	go func() {
+		defer ps.wg.Done()
+		c, err := s.tun.DialContext(dctx, "tcp", target.String())
+		dcancel()
+		<-s.dials
+		ps.mu.Lock()
+		delete(ps.dialing, req.GetRandom())
+		if err != nil {
+			ps.mu.Unlock()
+			s.metrics.dials.WithLabelValues(dialOutcome(err)).Inc()
+			ps.dialResponse(req.GetRandom(), 0, fmt.Sprintf("dial %s through the tunnel: %v", target, err))
+			return
+		}
+		if ps.ctx.Err() != nil {
+			ps.mu.Unlock()
+			c.Close()
+			return
+		}
+		ps.nextID++
+		id := ps.nextID
+		ps.conns[id] = c
+		ps.mu.Unlock()
+		s.metrics.dials.WithLabelValues(outcomeOK).Inc()
+		s.metrics.active.Inc()
+		defer s.metrics.active.Dec()
+		ps.dialResponse(req.GetRandom(), id, "")
+		ps.fromShoot(id, c)
+	}()
+}
+
+// fromShoot reads c and sends its bytes until the target ends, then closes it and answers
+// CLOSE_RSP unless the client closed it first. A buffer sent is gRPC's (packetCodec): each read
+// takes one from the pool, once there are bytes to read, so an idle connection holds none.
+func (ps *proxyStream) fromShoot(id int64, c net.Conn) {
+	for {
+		if _, err := pipe.WaitReadable(c, time.Time{}); err != nil {
+			break
+		}
+		buf := dataChunks.Get(dataChunk)
+		n, err := c.Read(*buf)
+		if n == 0 {
+			dataChunks.Put(buf)
+		} else {
+			*buf = (*buf)[:n]
+			ps.s.metrics.bytes.WithLabelValues("from_shoot").Add(float64(n))
+			if serr := ps.send(&dataOut{id: id, buf: buf}); serr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	ps.mu.Lock()
+	_, open := ps.conns[id]
+	delete(ps.conns, id)
+	ps.mu.Unlock()
+	c.Close()
+	if open {
+		ps.closeResponse(id, "")
 	}
 }
 

@@ -1,6 +1,8 @@
 package seedserver
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -153,4 +155,23 @@ func AgentStates(exposition string) map[string]AgentState {
 		}
 	}
 	return states
+}
+
+// ActiveAgent returns the index in keys of the active agent once every agent keys names is live
+// in the exposition (AgentStates), and an error saying which is not yet.
+func ActiveAgent(exposition string, keys []string) (int, error) {
+	states := AgentStates(exposition)
+	active := -1
+	for i, key := range keys {
+		if !states[key].Live {
+			return -1, fmt.Errorf("agent %d not live", i)
+		}
+		if states[key].Active {
+			active = i
+		}
+	}
+	if active < 0 {
+		return -1, errors.New("no active agent")
+	}
+	return active, nil
 }

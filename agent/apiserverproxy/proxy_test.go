@@ -23,15 +23,6 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func listen(t *testing.T) net.Listener {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
 // serveEcho accepts on l until it is closed; each connection is passed to check and then echoed.
 func serveEcho(t *testing.T, l net.Listener, check func(c net.Conn) (net.Conn, bool)) {
 	t.Helper()
@@ -45,7 +36,7 @@ func serveEcho(t *testing.T, l net.Listener, check func(c net.Conn) (net.Conn, b
 // startAgent serves the agent on a loopback listener until the test ends.
 func startAgent(t *testing.T, cfg Config) (*Agent, string, context.CancelFunc, chan error) {
 	t.Helper()
-	l := listen(t)
+	l := testnet.Listen(t)
 	cfg.AdvertisedAddress = netip.MustParseAddr("127.0.0.1")
 	cfg.Log = testr.New(t)
 	cfg.CheckInterval = 20 * time.Millisecond
@@ -84,7 +75,7 @@ func roundTrip(t *testing.T, addr, msg string) (string, error) {
 // TestProxyProtocolMode checks the header go-proxyproto's own listener reads: the destination is
 // the address the client dialled, the source the client.
 func TestProxyProtocolMode(t *testing.T) {
-	ingress := &proxyproto.Listener{Listener: listen(t), ReadHeaderTimeout: 2 * time.Second}
+	ingress := &proxyproto.Listener{Listener: testnet.Listen(t), ReadHeaderTimeout: 2 * time.Second}
 	var mu sync.Mutex
 	var headers []*proxyproto.Header
 	serveEcho(t, ingress, func(c net.Conn) (net.Conn, bool) {
@@ -139,35 +130,24 @@ func waitReady(t *testing.T, a *Agent) {
 func TestConnectMode(t *testing.T) {
 	var mu sync.Mutex
 	var dests []string
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	ingress := testnet.ConnectProxy(t, func(r *http.Request) bool {
 		d := r.Header.Get("X-Gardener-Destination")
 		mu.Lock()
 		dests = append(dests, d)
 		mu.Unlock()
-		if r.Method != http.MethodConnect || d != APIServerDestination("shoot--a--b") {
-			http.Error(w, "no", http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-		c, rw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer c.Close()
+		return r.Method == http.MethodConnect && d == APIServerDestination("shoot--a--b")
+	}, func(c net.Conn, rw *bufio.ReadWriter) {
 		_ = rw.Flush()
 		_, _ = io.Copy(c, rw)
-	})}
-	l := listen(t)
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	})
 
-	_, addr, _, _ := startAgent(t, Config{Ingress: l.Addr().String(), Mode: ModeConnect, Namespace: "shoot--a--b"})
+	_, addr, _, _ := startAgent(t, Config{Ingress: ingress, Mode: ModeConnect, Namespace: "shoot--a--b"})
 	got, err := roundTrip(t, addr, "hello")
 	if err != nil || got != "hello" {
 		t.Fatalf("through the agent: %q, %v", got, err)
 	}
 	reg := prometheus.NewRegistry()
-	_, addr2, _, _ := startAgent(t, Config{Ingress: l.Addr().String(), Mode: ModeConnect, Namespace: "shoot--other--x", Registry: reg})
+	_, addr2, _, _ := startAgent(t, Config{Ingress: ingress, Mode: ModeConnect, Namespace: "shoot--other--x", Registry: reg})
 	if got, _ := roundTrip(t, addr2, "hello"); got != "" {
 		t.Fatalf("a refused CONNECT passed %q", got)
 	}
@@ -190,7 +170,7 @@ func connections(t *testing.T, reg *prometheus.Registry, outcome string) float64
 // TestDrain: on shutdown the agent stops accepting, and an open connection keeps working until
 // it ends.
 func TestDrain(t *testing.T) {
-	ingress := listen(t)
+	ingress := testnet.Listen(t)
 	serveEcho(t, ingress, func(c net.Conn) (net.Conn, bool) {
 		// Skip the 28-byte PROXY v2 header for IPv4.
 		if _, err := io.ReadFull(c, make([]byte, 28)); err != nil {

@@ -36,19 +36,7 @@ func udpEchoServer(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(append([]byte("answer: "), buf[:n]...), from)
-		}
-	}()
-	t.Cleanup(func() { pc.Close(); <-done })
+	testnet.ServeUDP(t, pc, func(b []byte) []byte { return append([]byte("answer: "), b...) })
 	return pc.LocalAddr().String()
 }
 
@@ -262,6 +250,26 @@ func (w *haWorld) activeWhenAllLive() (int, error) {
 	return active, nil
 }
 
+// activeConn waits until every agent is live and a round trip passes through the active one; it
+// returns the active agent's index and a connection through it, closed when the test ends.
+func (w *haWorld) activeConn(t *testing.T) (int, net.Conn) {
+	t.Helper()
+	ctx := t.Context()
+	var active int
+	eventually(t, "both agents live", func() error {
+		var err error
+		active, err = w.activeWhenAllLive()
+		return err
+	})
+	eventually(t, "a round trip through the active agent", func() error { return w.roundTrip(ctx) })
+	c, err := w.dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return active, c
+}
+
 // TestHAFailover runs two agents; the active one dies (stops, or its path silently stops
 // forwarding for good); a connection through it fails, new dials go through the other agent.
 func TestHAFailover(t *testing.T) {
@@ -277,18 +285,7 @@ func TestHAFailover(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newHAWorld(t, 2)
 			ctx := t.Context()
-			var active int
-			eventually(t, "both agents live", func() error {
-				var err error
-				active, err = w.activeWhenAllLive()
-				return err
-			})
-			eventually(t, "a round trip through the active agent", func() error { return w.roundTrip(ctx) })
-			old, err := w.dial(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer old.Close()
+			active, old := w.activeConn(t)
 			if _, err := old.Write([]byte("hello")); err != nil {
 				t.Fatal(err)
 			}
@@ -331,12 +328,10 @@ func TestHAFailover(t *testing.T) {
 // what was in flight is delivered. It returns the listener's address.
 func slowPath(t *testing.T, target string, rtt time.Duration) string {
 	t.Helper()
-	ln := listen(t, "127.0.0.1:0")
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
-	)
+	dial := func() (net.Conn, error) {
+		time.Sleep(2 * rtt)
+		return net.Dial("tcp", target)
+	}
 	// carry copies src to dst, each chunk rtt/2 late, then closes both.
 	carry := func(dst, src net.Conn) {
 		type chunk struct {
@@ -344,9 +339,9 @@ func slowPath(t *testing.T, target string, rtt time.Duration) string {
 			b   []byte
 		}
 		q := make(chan chunk, 256) // bounded: a full queue stops the reader, as a full window would
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		var reader sync.WaitGroup
+		defer reader.Wait()
+		reader.Go(func() {
 			defer close(q)
 			for {
 				buf := make([]byte, 32<<10)
@@ -358,51 +353,17 @@ func slowPath(t *testing.T, target string, rtt time.Duration) string {
 					return
 				}
 			}
-		}()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer src.Close()
-			defer dst.Close()
-			for c := range q {
-				time.Sleep(time.Until(c.due))
-				if _, err := dst.Write(c.b); err != nil {
-					return
-				}
-			}
-		}()
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+		})
+		defer src.Close()
+		defer dst.Close()
+		for c := range q {
+			time.Sleep(time.Until(c.due))
+			if _, err := dst.Write(c.b); err != nil {
 				return
 			}
-			time.Sleep(2 * rtt)
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, up)
-			mu.Unlock()
-			carry(up, c)
-			carry(c, up)
 		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String()
+	}
+	return testnet.Forward(t, dial, carry)
 }
 
 // TestBlipDoesNotFailOver: the active agent's stream breaks (an ingress replica restarted) on a
@@ -414,19 +375,7 @@ func slowPath(t *testing.T, target string, rtt time.Duration) string {
 func TestBlipDoesNotFailOver(t *testing.T) {
 	const rtt = 100 * time.Millisecond
 	w := newHAWorldPath(t, 2, 200*time.Millisecond, 15*time.Second, rtt) // the agent's default backoff
-	ctx := t.Context()
-	var active int
-	eventually(t, "both agents live", func() error {
-		var err error
-		active, err = w.activeWhenAllLive()
-		return err
-	})
-	eventually(t, "a round trip through the active agent", func() error { return w.roundTrip(ctx) })
-	held, err := w.dial(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
+	active, held := w.activeConn(t)
 	_ = held.SetDeadline(time.Time{})
 	a := w.agents[active]
 	// The server starts with the first agent active; if the other was live first, the networks

@@ -247,12 +247,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err != nil && ctx.Err() == nil {
 			a.cfg.Log.Info("Reaching the seed failed", "seed", a.cfg.Seed, "error", err.Error())
 		}
-		// A stream that lived a while, or on which the server answered a heartbeat, was
-		// healthy: start the backoff over. Without the echo case, every restart of the server
-		// or the ingress within MaxBackoff of the last doubled the wait: restarts 5 s apart
-		// found the agent 3–12 s away (e2e TestHAFailoverTimes). A server that answers and
-		// then drops the stream at once costs a reconnect every MinBackoff, each with a
-		// completed handshake: not a storm.
+		// A stream that lived a while, or on which the server answered a heartbeat, was healthy:
+		// start the backoff over. Without the echo case, every restart of the server or the
+		// ingress within MaxBackoff of the last doubled the wait, so restarts a few seconds apart
+		// found the agent ever longer away (e2e TestHAFailoverTimes; docs/performance.md,
+		// "Failover"). A server that answers and then drops the stream at once costs a reconnect
+		// every MinBackoff, each with a completed handshake: not a storm.
 		if echoed || time.Since(start) > a.cfg.MaxBackoff {
 			backoff = a.cfg.MinBackoff
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/tendril-net/tendril/ingress"
 	"github.com/tendril-net/tendril/ingress/xdsclient"
 	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/seedserver"
 	"github.com/tendril-net/tendril/tunnel/wg"
 	"github.com/tendril-net/tendril/xds/model"
@@ -176,19 +177,10 @@ func pingThrough(ctx context.Context, srv *seedserver.Server, echo netip.AddrPor
 	return nil
 }
 
+// eventually polls f every 20 ms until it returns nil (testwait.Every).
 func eventually(t *testing.T, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Every(t, 20*time.Millisecond, what, f)
 }
 
 // TestKeepaliveIsTheServers: tendril-server's live window is built on the agent's persistent

@@ -101,7 +101,7 @@ func (r *runner) openvpn(ctx context.Context) (*Row, error) {
 		}
 		p.KillAtOnce = true
 		servers[i] = p
-		if err := waitProcs(ctx, 20*time.Second, logContains(log, "Initialization Sequence Completed"), p); err != nil {
+		if err := waitProcs(ctx, 20*time.Second, peers.LogContains(log, "Initialization Sequence Completed"), p); err != nil {
 			return fmt.Errorf("failover: openvpn server %d: %w", i, err)
 		}
 		return nil
@@ -196,17 +196,4 @@ func (r *runner) openvpn(ctx context.Context) (*Row, error) {
 		}
 	}
 	return row, nil
-}
-
-func logContains(path, text string) func() error {
-	return func() error {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		if !strings.Contains(string(b), text) {
-			return fmt.Errorf("no %q in %s yet", text, path)
-		}
-		return nil
-	}
 }

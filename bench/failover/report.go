@@ -1,7 +1,6 @@
 package failover
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -65,11 +64,7 @@ func (r Row) sorted() []time.Duration {
 func seconds(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
 
 // WriteJSON writes the report as indented JSON.
-func (rep *Report) WriteJSON(w io.Writer) error {
-	e := json.NewEncoder(w)
-	e.SetIndent("", "  ")
-	return e.Encode(rep)
-}
+func (rep *Report) WriteJSON(w io.Writer) error { return harness.WriteJSON(w, rep) }
 
 // WriteTable writes the report as a plain-text table.
 func (rep *Report) WriteTable(w io.Writer) error {

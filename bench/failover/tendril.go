@@ -290,20 +290,8 @@ func (rig *tendrilRig) bothLive(ctx context.Context) (int, error) {
 		if err != nil {
 			return err
 		}
-		states := seedserver.AgentStates(m)
-		active = -1
-		for i, key := range rig.agentPub {
-			if !states[key].Live {
-				return fmt.Errorf("agent %d not live", i)
-			}
-			if states[key].Active {
-				active = i
-			}
-		}
-		if active < 0 {
-			return errors.New("no active agent")
-		}
-		return nil
+		active, err = seedserver.ActiveAgent(m, rig.agentPub[:])
+		return err
 	}, append([]*peers.Process{rig.server, rig.agents[0], rig.agents[1]}, rig.ingress...)...)
 	if err != nil {
 		return -1, fmt.Errorf("failover: both agents live: %w", err)

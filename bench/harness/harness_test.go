@@ -19,6 +19,7 @@ import (
 
 	"github.com/tendril-net/tendril/bench/internal/benchtest"
 	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -151,10 +152,7 @@ func TestClientVerifies(t *testing.T) {
 // afterwards.
 func serveOnce(t *testing.T, handle func(net.Conn)) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testnet.Listen(t)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)

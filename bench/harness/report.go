@@ -350,10 +350,13 @@ func (rep *Report) interrupted(where string) *Report {
 }
 
 // WriteJSON writes the report as indented JSON.
-func (rep *Report) WriteJSON(w io.Writer) error {
+func (rep *Report) WriteJSON(w io.Writer) error { return WriteJSON(w, rep) }
+
+// WriteJSON writes a benchmark's report to w as indented JSON.
+func WriteJSON(w io.Writer, report any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(rep); err != nil {
+	if err := enc.Encode(report); err != nil {
 		return fmt.Errorf("encode report: %w", err)
 	}
 	return nil

@@ -173,13 +173,23 @@ func (c *Config) setDefaults(m Mode) {
 	}
 }
 
-func (c *Config) validate(m Mode) error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, args...))
-		}
+// Checks collects what is wrong with a configuration: Check records an error when ok is false,
+// Err joins the errors recorded.
+type Checks []error
+
+// Check records the error format and args describe unless ok.
+func (cs *Checks) Check(ok bool, format string, args ...any) {
+	if !ok {
+		*cs = append(*cs, fmt.Errorf(format, args...))
 	}
+}
+
+// Err is the errors recorded, joined; nil if there are none.
+func (cs Checks) Err() error { return errors.Join(cs...) }
+
+func (c *Config) validate(m Mode) error {
+	var errs Checks
+	check := errs.Check
 	check(c.Shoots >= 1 && c.Shoots <= 1000, "shoots %d: want 1..1000", c.Shoots)
 	check(c.Duration > 0, "duration %v: want > 0", c.Duration)
 	check(c.Warmup >= 0, "warm-up %v: want ≥ 0", c.Warmup)
@@ -203,7 +213,7 @@ func (c *Config) validate(m Mode) error {
 	for _, x := range c.Modes {
 		check(x == ModeRate || x == ModeBulk, "unknown mode %q (want %s, %s)", x, ModeRate, ModeBulk)
 	}
-	return errors.Join(errs...)
+	return errs.Err()
 }
 
 // ShootName, ShootHost and ShootAdvertised name shoot i in routes, in the

@@ -23,7 +23,6 @@ package idle
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -164,12 +163,8 @@ func (c *Config) setDefaults(hard uint64) {
 }
 
 func (c *Config) validate() error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, args...))
-		}
-	}
+	var errs harness.Checks
+	check := errs.Check
 	check(c.Conns >= 1, "conns %d: want ≥ 1", c.Conns)
 	check(c.Hold > 0 && c.Release > 0 && c.OpenTimeout > 0, "hold, release and open timeout must be > 0")
 	check(c.MaxFailures >= 1 && c.Parallel >= 1, "max failures and parallel must be ≥ 1")
@@ -181,7 +176,7 @@ func (c *Config) validate() error {
 	for i, t := range c.Targets {
 		check(slices.Contains(Targets, t) && !slices.Contains(c.Targets[:i], t), "target %q: unknown or twice (want some of %v)", t, Targets)
 	}
-	return errors.Join(errs...)
+	return errs.Err()
 }
 
 // mode is the harness mode of a listener, with its peers tuned for holding

@@ -1,7 +1,6 @@
 package idle
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -145,14 +144,7 @@ const (
 )
 
 // WriteJSON writes the report as indented JSON.
-func (rep *Report) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(rep); err != nil {
-		return fmt.Errorf("encode report: %w", err)
-	}
-	return nil
-}
+func (rep *Report) WriteJSON(w io.Writer) error { return harness.WriteJSON(w, rep) }
 
 func (rep *Report) summary() string {
 	s := rep.Settings

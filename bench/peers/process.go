@@ -136,6 +136,20 @@ func (p *Process) Stop() error {
 	return err
 }
 
+// LogContains is a condition to wait for: nil once the log file at path holds text.
+func LogContains(path, text string) func() error {
+	return func() error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(b), text) {
+			return fmt.Errorf("no %q in %s yet", text, path)
+		}
+		return nil
+	}
+}
+
 // LogTail returns the end of the log file on one line, for error messages.
 func (p *Process) LogTail() string {
 	const n = 1500

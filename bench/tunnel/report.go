@@ -1,7 +1,6 @@
 package tunnel
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -361,11 +360,7 @@ func (rep *Report) Missed() []Goal {
 }
 
 // WriteJSON writes the report as indented JSON.
-func (rep *Report) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(rep)
-}
+func (rep *Report) WriteJSON(w io.Writer) error { return harness.WriteJSON(w, rep) }
 
 func fmtMiB(b int64) string {
 	if b <= 0 {

@@ -619,7 +619,7 @@ func (r *runner) openvpnStack() *stack {
 			return err
 		}
 		s.servers = append(s.servers, srv)
-		if err := waitFor(ctx, 20*time.Second, logContains(logPath, "Initialization Sequence Completed"), srv); err != nil {
+		if err := waitFor(ctx, 20*time.Second, peers.LogContains(logPath, "Initialization Sequence Completed"), srv); err != nil {
 			return fmt.Errorf("openvpn server: %w", err)
 		}
 		clientArgs = append(netns.Exec(r.topo.shootNS), cliArgs...)
@@ -633,19 +633,6 @@ func (r *runner) openvpnStack() *stack {
 		return peers.StartProcess("openvpn client", filepath.Join(dir, "openvpn-client.log"), clientArgs[0], clientArgs[1:]...)
 	}
 	return s
-}
-
-func logContains(path, text string) func() error {
-	return func() error {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		if !strings.Contains(string(b), text) {
-			return fmt.Errorf("no %q in %s yet", text, path)
-		}
-		return nil
-	}
 }
 
 // konnectivityStack is proxy-server and proxy-agent in mode; with uds, kube-apiserver's side is a

@@ -37,7 +37,6 @@ package tunnel
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -173,12 +172,8 @@ func (c *Config) setDefaults() {
 }
 
 func (c *Config) validate() error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, args...))
-		}
-	}
+	var errs harness.Checks
+	check := errs.Check
 	check(c.Duration > 0, "duration %v: want > 0", c.Duration)
 	check(c.DialDuration > 0, "dial duration %v: want > 0", c.DialDuration)
 	check(c.Settle >= 0 && c.Settle <= 10*time.Minute, "settle %v: want 0..10m", c.Settle)
@@ -200,7 +195,7 @@ func (c *Config) validate() error {
 	for _, n := range c.DialWorkers {
 		check(n >= 1 && n <= 1024, "dial workers %d: want 1..1024", n)
 	}
-	return errors.Join(errs...)
+	return errs.Err()
 }
 
 // Run runs the benchmark and returns its report. When ctx ends it stops

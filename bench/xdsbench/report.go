@@ -1,7 +1,6 @@
 package xdsbench
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -160,11 +159,7 @@ func FormatBytes(n int64) string {
 }
 
 // WriteJSON writes the report as indented JSON.
-func (rep *Report) WriteJSON(w io.Writer) error {
-	e := json.NewEncoder(w)
-	e.SetIndent("", "  ")
-	return e.Encode(rep)
-}
+func (rep *Report) WriteJSON(w io.Writer) error { return harness.WriteJSON(w, rep) }
 
 func f1(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
 

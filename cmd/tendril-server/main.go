@@ -236,15 +236,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.ReleaseStartupPages {
 		releaseStartupMemory(cfg.Log)
 		// The tunnel's bring-up is start-up too: the agent's first handshake, the first
-		// connections through the netstack, and the readiness probes that wait for the
-		// listeners touch code that an idle server does not run again. Measured with
-		// tendril-bench tunnel (idle RSS: both TLS front-ends on, 1 s after the last of its
-		// three agent starts), 6 and 7 runs: 16.6–17.2 MiB without this second release,
-		// 13.1–14.5 MiB with it; with a single agent start, 15.9–17.2 and 11.0–11.9 MiB. What
-		// the idle server keeps running (heartbeats, the agents' watch) faults back in within
-		// a second; an agent that reconnects later brings back what its bring-up touches.
-		// (Releasing after every bring-up instead of the first measured no better: 12.8–14.9
-		// MiB.)
+		// connections through the netstack and the readiness probes touch code that an idle
+		// server does not run again (docs/performance.md, "Idle memory"). Once, not after every
+		// bring-up: what an idle server keeps running faults back in within a second anyway.
 		g.Go(func() error {
 			select {
 			case <-ctx.Done():
@@ -254,10 +248,8 @@ func Run(ctx context.Context, cfg Config) error {
 			return nil
 		})
 	}
-	// The memory of a load back to the system once it is over (idlemem). tendril-bench tunnel,
-	// 20–40 s of dials at 32 workers, RSS 60 s after the load: 78.6 MiB before, 20.5–22.4 MiB
-	// with this and the tunnel's fixes (idle 7.7–13.4 MiB, peak 55–60 MiB; what stays is the Go
-	// runtime's metadata for the peak heap and code pages, the live heap is ~2 MB).
+	// The memory of a load back to the system once it is over (idlemem): Go alone keeps a
+	// load's peak for minutes (docs/performance.md, "Memory after a load").
 	g.Go(func() error {
 		return idlemem.Run(ctx, idlemem.Config{IdleGCPercent: cfg.IdleGCPercent, Released: func() {
 			// The load faulted in code that an idle server does not run (TLS handshakes,

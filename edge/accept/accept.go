@@ -1,10 +1,14 @@
-// Package accept is the connection edge's one accept loop: it serves a listener's
-// connections, each in its own goroutine, optionally at most a number at once, tracks them (and
-// whatever else their handlers open) so that shutdown can close them, and drains them. The
-// ingress's listeners, tendril-server's CONNECT and tunnel front-ends and the apiserver-proxy are
-// each a Server with its own Handle; a listener that gRPC serves itself (the egress relay's)
-// takes the cap alone (Limit). LimitedLog logs the refusals without letting a flood flood the
-// log. It does not read or write the connections itself.
+// Package accept is the connection edge's accept loop for connections served by goroutines: it
+// serves a listener's connections, each in its own goroutine, optionally at most a number at
+// once, tracks them (and whatever else their handlers open) so that shutdown can close them, and
+// drains them. tendril-server's CONNECT and tunnel front-ends, the apiserver-proxy and the egress
+// relay's CONNECT socket are each a Server with its own Handle; a listener that gRPC serves
+// itself (the egress relay's konnectivity socket) takes the cap alone (Limit); the ingress
+// accepts on package loops' event loops instead and tracks what it hands to goroutines in a
+// Conns, pausing failed accepts with Pause. LimitedLog logs the refusals without letting a flood
+// flood the log. It does not read or write the connections itself, and it knows no protocol.
+// (tunnel/tundev keeps a loop of its own: it resets, not closes, what it refuses and what is open
+// at its stop, as the real destination would.)
 //
 // Lifecycle of a Server: Serve accepts until one of these, and then returns once every handler
 // has returned:
@@ -39,7 +43,8 @@ import (
 type Server struct {
 	// Handle serves one accepted connection; it is closed once Handle returns, unless Handle
 	// handed it over to another owner with conns.Forget. Connections Handle adds to conns (its
-	// upstream, say) are closed with the accepted ones on shutdown. ctx ends when Serve's ends,
+	// upstream, say) are closed with the accepted ones on shutdown. ctx ends when the connections
+	// are closed: at once when Serve's ctx ends without DrainTimeout, at the drain's end with it,
 	// or when Accept failed and Serve closes everything.
 	Handle func(ctx context.Context, c net.Conn, conns *Conns)
 	// Max caps the connections served at once; zero: no cap. A connection beyond it is passed
@@ -145,8 +150,10 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	if stopped {
 		_ = l.Close()
 	}
-	// hctx is the handlers' context: ctx, or cancelled once Accept failed by itself.
-	hctx, cancel := context.WithCancel(ctx)
+	// hctx is the handlers' context: ctx's values, cancelled once the connections are closed (a
+	// drain over, or Accept failed by itself), not when ctx ends: a connection being drained goes
+	// on with what its handler opened under hctx (the egress relay's gRPC stream, say).
+	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	var wg sync.WaitGroup
 	stop := context.AfterFunc(ctx, func() { l.Close() })
@@ -183,6 +190,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 	}
 	if s.DrainTimeout <= 0 {
+		cancel()
 		s.conns.closeAll()
 		<-drained
 		return nil
@@ -193,6 +201,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	select {
 	case <-drained:
 	case <-t.C:
+		cancel()
 		s.conns.closeAll()
 		<-drained
 	}

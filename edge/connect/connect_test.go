@@ -7,33 +7,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 )
 
 // TestOpen runs against net/http's own server as the CONNECT peer: a 200 leaves the tunnel's
 // first bytes unread, anything else is an error naming the status.
 func TestOpen(t *testing.T) {
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Dest") != "ok" {
-			http.Error(w, "no", http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-		c, rw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer c.Close()
+	addr := testnet.ConnectProxy(t, func(r *http.Request) bool { return r.Header.Get("X-Dest") == "ok" }, func(_ net.Conn, rw *bufio.ReadWriter) {
 		_, _ = rw.WriteString("tunnel")
 		_ = rw.Flush()
-	})}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(l) }()
-	defer srv.Close()
+	})
 	dial := func() net.Conn {
-		c, err := net.Dial("tcp", l.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,26 +8,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 )
 
 // pair is a connected pair of loopback TCP connections.
 func pair(t *testing.T) (client, server net.Conn) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	client, err = net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, err = l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close(); server.Close() })
-	return client, server
+	return testnet.TCPPair(t)
 }
 
 // TestReadRequest: each way a request can fail has its outcome and status, the answer is a

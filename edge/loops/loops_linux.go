@@ -20,8 +20,9 @@ import (
 // goroutines per pair as Pipe does. An idle pair then costs its two sockets and about 400 bytes
 // (the pair, two map entries, the caller's done func): no goroutine stack (2 × 8 KiB once a
 // goroutine has grown), no pipe pair for splice(2) (2 fds and 2 kernel pipe buffers per
-// direction), no copy buffer. A seed ingress holds tens of thousands of idle watches; with Pipe
-// it needed 6 fds and 16–18 KiB per connection.
+// direction), no copy buffer. A seed ingress holds tens of thousands of idle watches, so what
+// Pipe costs per connection adds up (docs/performance.md, "Ingress connections: what an idle
+// one costs, and a new one").
 //
 // Bytes move through one read buffer per loop: a read of up to loopBuffer bytes is written on at
 // once; what the destination does not take is kept in a pooled buffer for that direction, and the
@@ -50,9 +51,9 @@ const pumpBudget = 16 * loopBuffer
 
 // maxSweep is the longest time between two checks of the loop's idle timeouts; a pair ends
 // between its idle time and that plus the loop's sweep interval, a 64th of the shortest idle time
-// of its pairs within [minSweep, maxSweep]: 56 s for the routes' 1 h. A sweep visits every pair
-// (4.2 ms for 50,000 on this project's 2-core machine, BenchmarkIdleSweep), so a replica holding
-// 100,000 idle connections spends under 0.01% of a core on it.
+// of its pairs within [minSweep, maxSweep]: 56 s for the routes' 1 h. A sweep visits every pair,
+// which is cheap enough (BenchmarkIdleSweep; docs/performance.md, "Ingress connections") that a
+// replica holding 100,000 idle connections spends under 0.01% of a core on it.
 const (
 	maxSweep = time.Minute
 	minSweep = 10 * time.Millisecond

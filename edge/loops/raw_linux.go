@@ -12,10 +12,10 @@ import (
 
 // The loops' system calls on non-blocking descriptors, made raw: without the Go runtime's
 // entersyscall/exitsyscall, which for a call that cannot block is pure cost, and whose
-// entersyscall wakes the runtime's sysmon thread when it sleeps (a profile of tendril-ingress at
-// 16 clients put ~9% of its CPU in sysmon's wake-ups and naps). None of them waits: reads,
-// writes and accepts say EAGAIN, a connect EINPROGRESS, epoll_pwait is given no timeout, and a
-// TCP close without SO_LINGER sends its FIN in the background.
+// entersyscall wakes the runtime's sysmon thread when it sleeps (a visible share of
+// tendril-ingress's CPU: docs/performance.md, "The handshake on the loops"). None of them
+// waits: reads, writes and accepts say EAGAIN, a connect EINPROGRESS, epoll_pwait is given no
+// timeout, and a TCP close without SO_LINGER sends its FIN in the background.
 
 func rawRead(fd int, p []byte) (int, error) {
 	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))

@@ -27,13 +27,14 @@ const chunk = 1 << 20
 const bufferSize = 128 << 10
 
 // buffers are the copy buffers, reused across connections: every connection through a tunnel
-// needs two, and allocating (and zeroing) 256 KiB per dial was 5–6% of tendril-server's CPU in a
-// dial-rate benchmark. A direction holds one only from the moment its source has bytes (or its
-// end) until it has written them on and a read has found the source drained (WaitReadable),
-// so an idle connection holds none; a source it cannot wait on (a bare TLS connection) keeps
-// its buffer while open. Bound: the directions moving bytes at the moment, plus one per such
-// source; a sync.Pool keeps no more than were in use at once, and drops them over two
-// garbage collections (tendril-server and tendril-agent run those once a load is over:
+// needs two, and allocating (and zeroing) 256 KiB per dial is a share of tendril-server's CPU
+// per dial worth saving (docs/performance.md, "Reversed tunnel", why the dial rate cannot reach
+// 2× konnectivity). A direction holds one only from the moment its source has bytes (or its
+// end) until it has written them on and a read has found the source drained (WaitReadable), so
+// an idle connection holds none; a source it cannot wait on (a bare TLS connection) keeps its
+// buffer while open. Bound: the directions moving bytes at the moment, plus one per such
+// source; a sync.Pool keeps no more than were in use at once, and drops them over two garbage
+// collections (tendril-server and tendril-agent run those once a load is over:
 // internal/host/idlemem). BuffersHeld counts them.
 var buffers = sync.Pool{New: func() any { return new([bufferSize]byte) }}
 

@@ -333,17 +333,7 @@ func TestEgressSelectorConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(dir, "egress.yaml")
-	if err := os.WriteFile(file, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := egressselector.ReadEgressSelectorConfiguration(file)
-	if err != nil {
-		t.Fatalf("kube-apiserver cannot read it: %v\n%s", err, data)
-	}
-	if errs := egressselector.ValidateEgressSelectorConfiguration(cfg); len(errs) > 0 {
-		t.Fatalf("invalid: %v\n%s", errs.ToAggregate(), data)
-	}
+	cfg := loadEgressSelectorConfig(t, filepath.Join(dir, "egress.yaml"), data)
 	byName := map[string]apiserver.Connection{}
 	for _, s := range cfg.EgressSelections {
 		byName[s.Name] = s.Connection
@@ -370,6 +360,23 @@ func TestEgressSelectorConfig(t *testing.T) {
 	}
 }
 
+// loadEgressSelectorConfig writes data to file and reads it with kube-apiserver's loader, failing
+// the test unless the loader and the validator accept it.
+func loadEgressSelectorConfig(t *testing.T, file string, data []byte) *apiserver.EgressSelectorConfiguration {
+	t.Helper()
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := egressselector.ReadEgressSelectorConfiguration(file)
+	if err != nil {
+		t.Fatalf("kube-apiserver cannot read it: %v\n%s", err, data)
+	}
+	if errs := egressselector.ValidateEgressSelectorConfiguration(cfg); len(errs) > 0 {
+		t.Fatalf("invalid: %v\n%s", errs.ToAggregate(), data)
+	}
+	return cfg
+}
+
 // TestEgressSelectorConfigRelayed: kube-apiserver's loader and validator accept the relayed
 // modes' configurations, GRPC or HTTPConnect over UDS on the relay's socket for the mode.
 func TestEgressSelectorConfigRelayed(t *testing.T) {
@@ -386,17 +393,7 @@ func testEgressSelectorConfigUDS(t *testing.T, mode tendrilv1alpha1.EgressMode, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(t.TempDir(), "egress.yaml")
-	if err := os.WriteFile(file, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := egressselector.ReadEgressSelectorConfiguration(file)
-	if err != nil {
-		t.Fatalf("kube-apiserver cannot read it: %v\n%s", err, data)
-	}
-	if errs := egressselector.ValidateEgressSelectorConfiguration(cfg); len(errs) > 0 {
-		t.Fatalf("invalid: %v\n%s", errs.ToAggregate(), data)
-	}
+	cfg := loadEgressSelectorConfig(t, filepath.Join(t.TempDir(), "egress.yaml"), data)
 	for _, s := range cfg.EgressSelections {
 		c := s.Connection
 		switch s.Name {

@@ -212,6 +212,14 @@ func joinPrefixes(ps []netip.Prefix) string {
 	return strings.Join(s, ",")
 }
 
+// requests is a container's resources: the CPU and memory it requests, no limits.
+func requests(cpu, memory string) corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{Requests: corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse(cpu),
+		corev1.ResourceMemory: resource.MustParse(memory),
+	}}
+}
+
 // restricted is the container security context every tendril container gets unless it needs
 // more (the apiserver-proxy needs NET_ADMIN for its dummy link).
 func restricted() *corev1.SecurityContext {
@@ -351,12 +359,9 @@ func serverPodTemplate(v Values, affinity *corev1.Affinity) corev1.PodTemplateSp
 					{Name: "grpc", ContainerPort: PortGRPC, Protocol: corev1.ProtocolTCP},
 					{Name: "metrics", ContainerPort: PortMetrics, Protocol: corev1.ProtocolTCP},
 				},
-				LivenessProbe:  live,
-				ReadinessProbe: ready,
-				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-					corev1.ResourceCPU:    resource.MustParse("20m"),
-					corev1.ResourceMemory: resource.MustParse("32Mi"),
-				}},
+				LivenessProbe:   live,
+				ReadinessProbe:  ready,
+				Resources:       requests("20m", "32Mi"),
 				SecurityContext: restricted(),
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "wireguard", MountPath: pathWireGuard, ReadOnly: true},

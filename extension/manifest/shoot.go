@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -131,17 +130,14 @@ func AgentDeployment(v Values, i int) *appsv1.Deployment {
 					PriorityClassName:            v1beta1constants.PriorityClassNameShootSystem900,
 					Affinity:                     agentAntiAffinity(len(v.Tunnel.Agents)),
 					Containers: []corev1.Container{{
-						Name:           AgentName,
-						Image:          v.Image,
-						Command:        []string{"/tendril-agent"},
-						Args:           args,
-						Ports:          []corev1.ContainerPort{{Name: "metrics", ContainerPort: portAgentMetrics, Protocol: corev1.ProtocolTCP}},
-						LivenessProbe:  live,
-						ReadinessProbe: ready,
-						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-							corev1.ResourceCPU:    resource.MustParse("20m"),
-							corev1.ResourceMemory: resource.MustParse("32Mi"),
-						}},
+						Name:            AgentName,
+						Image:           v.Image,
+						Command:         []string{"/tendril-agent"},
+						Args:            args,
+						Ports:           []corev1.ContainerPort{{Name: "metrics", ContainerPort: portAgentMetrics, Protocol: corev1.ProtocolTCP}},
+						LivenessProbe:   live,
+						ReadinessProbe:  ready,
+						Resources:       requests("20m", "32Mi"),
 						SecurityContext: restricted(),
 						VolumeMounts:    []corev1.VolumeMount{{Name: "wireguard", MountPath: pathWireGuard, ReadOnly: true}},
 					}},
@@ -157,14 +153,11 @@ func AgentDeployment(v Values, i int) *appsv1.Deployment {
 		// namespace; a container's /proc/sys is read-only, so a privileged init container
 		// turns it on, as Gardener's vpn-shoot-init does.
 		spec.InitContainers = []corev1.Container{{
-			Name:    AgentName + "-sysctl",
-			Image:   v.Image,
-			Command: []string{"/tendril-agent"},
-			Args:    append([]string{"sysctl"}, forwardingSysctls(v.ShootCIDRs)...),
-			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-				corev1.ResourceCPU:    resource.MustParse("5m"),
-				corev1.ResourceMemory: resource.MustParse("8Mi"),
-			}},
+			Name:            AgentName + "-sysctl",
+			Image:           v.Image,
+			Command:         []string{"/tendril-agent"},
+			Args:            append([]string{"sysctl"}, forwardingSysctls(v.ShootCIDRs)...),
+			Resources:       requests("5m", "8Mi"),
 			SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true), RunAsUser: ptr.To[int64](0)},
 		}}
 	}
@@ -221,12 +214,9 @@ func APIServerProxyDaemonSet(v Values) *appsv1.DaemonSet {
 							"--interface=tendril-api",
 							"--metrics-address=127.0.0.1:" + strconv.Itoa(portProxyMetrics),
 						},
-						LivenessProbe:  live,
-						ReadinessProbe: ready,
-						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-							corev1.ResourceCPU:    resource.MustParse("20m"),
-							corev1.ResourceMemory: resource.MustParse("20Mi"),
-						}},
+						LivenessProbe:   live,
+						ReadinessProbe:  ready,
+						Resources:       requests("20m", "20Mi"),
 						SecurityContext: sc,
 					}},
 				},

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/pires/go-proxyproto"
+
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 )
 
 // New and Read read a preamble from a connection with the blocking parsers, as the ingress did
@@ -65,21 +67,11 @@ func conn(t *testing.T, b []byte) net.Conn {
 	return server
 }
 
-func header(t *testing.T, src, dst string) []byte {
-	t.Helper()
-	h := proxyproto.HeaderProxyFromAddrs(2, net.TCPAddrFromAddrPort(netip.MustParseAddrPort(src)), net.TCPAddrFromAddrPort(netip.MustParseAddrPort(dst)))
-	b, err := h.Format()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // TestProxyHeaders: an inner PROXY header sets the connection's addresses; a load balancer's
 // header is read only from a trusted peer; from anyone else two headers are refused.
 func TestProxyHeaders(t *testing.T) {
-	inner := header(t, "10.1.0.5:40000", "10.2.0.1:443")
-	outer := header(t, "192.0.2.7:50000", "198.51.100.1:8443")
+	inner := testnet.ProxyHeader(t, "10.1.0.5:40000", "10.2.0.1:443")
+	outer := testnet.ProxyHeader(t, "192.0.2.7:50000", "198.51.100.1:8443")
 	both := append(append([]byte(nil), outer...), inner...)
 	f := Filters{LBProxyProtocol: true, ProxyProtocol: true}
 	timeout := 5 * time.Second
@@ -117,7 +109,7 @@ func TestRequestAfterHeader(t *testing.T) {
 		head := "CONNECT x:443 HTTP/1.1\r\nX: "
 		return []byte(head + strings.Repeat("a", size-len(head)-4) + "\r\n\r\n")
 	}
-	inner := header(t, "10.1.0.5:40000", "10.2.0.1:443")
+	inner := testnet.ProxyHeader(t, "10.1.0.5:40000", "10.2.0.1:443")
 	for _, prefix := range [][]byte{nil, inner} {
 		f := Filters{ProxyProtocol: true}
 		d := New(conn(t, append(append(append([]byte(nil), prefix...), request(maxHeader)...), "tunnel"...)), false)
@@ -162,8 +154,8 @@ func clientHello(t *testing.T, name string) []byte {
 // connection; the bytes it relays are the ClientHello and what followed it.
 func TestParseAgreesWithReadAtEverySplit(t *testing.T) {
 	hello := clientHello(t, "api.s1.example")
-	inner := header(t, "10.1.0.5:40000", "10.2.0.1:443")
-	outer := header(t, "192.0.2.7:50000", "198.51.100.1:8443")
+	inner := testnet.ProxyHeader(t, "10.1.0.5:40000", "10.2.0.1:443")
+	outer := testnet.ProxyHeader(t, "192.0.2.7:50000", "198.51.100.1:8443")
 	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
 	tail := []byte("early data")
 	peer, local := netip.MustParseAddrPort("127.0.0.1:40000"), netip.MustParseAddrPort("127.0.0.1:8443")
@@ -235,7 +227,7 @@ func TestParseAgreesWithReadAtEverySplit(t *testing.T) {
 // TestContinueReadsTheRequestAcrossTheParsedBytes: a CONNECT request that Parse's bytes hold a
 // part of is read on the connection after Continue, and the bytes behind it are the tunnel's.
 func TestContinueReadsTheRequestAcrossTheParsedBytes(t *testing.T) {
-	inner := header(t, "10.1.0.5:40000", "10.2.0.1:443")
+	inner := testnet.ProxyHeader(t, "10.1.0.5:40000", "10.2.0.1:443")
 	req := []byte("CONNECT x:443 HTTP/1.1\r\nX-A: b\r\n\r\ntunnel")
 	for _, prefix := range [][]byte{nil, inner} {
 		f := Filters{ProxyProtocol: true}

@@ -79,8 +79,8 @@ const (
 	// held 4 MiB (live in tendril-server's heap 60 s after a dial run) and conn.IdealBatchSize
 	// (128) would hold 16 MiB. Their pages leave the resident set once the packets have been
 	// small for a while (idlemem.Held, in receive and in netstack's Read). With 60 KB packets a batch
-	// of 8 is 480 KB; tunnel/wg BenchmarkThroughput/forward-mtu-60000, alternating 5-op runs:
-	// 415–451 MB/s at 3.4–3.7 CPU ms per MB with 8, 286–482 MB/s at 3.2–3.5 with 32.
+	// of 8 is 480 KB, and it moves no less than a batch of 32 (tunnel/wg BenchmarkThroughput;
+	// docs/performance.md, "Dial stalls and memory after a load").
 	DefaultBatchSize = 8
 
 	// DefaultAuthTimeout is how long a stream may go unauthenticated. An agent's first packet
@@ -892,12 +892,13 @@ func (e *Endpoint) SrcIP() netip.Addr { return netip.Addr{} }
 func (e *Endpoint) String() string { return e.DstToString() }
 
 // Receive buffers are pooled by size class, powers of two from minBufShift (2 KiB: a frame at
-// MTU 1420) to maxBufShift (64 KiB: frame.MaxSize), and shared by all streams. Before, each
-// stream kept up to StreamBuffers buffers of the largest size it had read for as long as it
+// MTU 1420) to maxBufShift (64 KiB: frame.MaxSize), and shared by all streams. Kept per stream,
+// up to StreamBuffers buffers of the largest size it had read would stay for as long as it
 // lived: 1.9 MB per stream at MTU 60,000 after any load, resident for good. Pooled, the buffers
 // in use are still bounded by the streams' slots (MaxStreams × StreamBuffers), and those left
-// in the pools after a load go with the garbage collector's next two cycles (internal/host/idlemem
-// runs them once the process is idle). A buffer is at most twice its frame.
+// in the pools after a load go with the garbage collector's next two cycles
+// (internal/host/idlemem runs them once the process is idle). A buffer is at most twice its
+// frame.
 const (
 	minBufShift = 11
 	maxBufShift = 16

@@ -11,6 +11,8 @@ import (
 	"go.uber.org/goleak"
 	"golang.zx2c4.com/wireguard/conn"
 
+	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/tunnel/frame"
 )
 
@@ -19,30 +21,17 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // tcpPair returns both ends of a real loopback TCP connection.
 func tcpPair(t *testing.T) (client, server net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return testnet.TCPPair(t)
+}
+
+// attach attaches c to b and returns the stream's endpoint.
+func attach(t *testing.T, b *Bind, c net.Conn) *Endpoint {
+	t.Helper()
+	ep, err := b.Attach(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		c, err := ln.Accept()
-		ch <- res{c, err}
-	}()
-	client, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := <-ch
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	t.Cleanup(func() { client.Close(); r.c.Close() })
-	return client, r.c
+	return ep
 }
 
 // openBind returns an open Bind, closed at cleanup, and its ReceiveFunc.
@@ -80,31 +69,14 @@ func receive(t *testing.T, fn conn.ReceiveFunc, bs int) ([][]byte, []conn.Endpoi
 	return out, eps[:n]
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestStreamToStream runs two Binds over one TCP connection, as the seed server and an agent
 // do, and sends a batch each way.
 func TestStreamToStream(t *testing.T) {
 	a, b := tcpPair(t)
 	bindA, recvA := openBind(t, Config{})
 	bindB, recvB := openBind(t, Config{})
-	epA, err := bindA.Attach(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	epB, err := bindB.Attach(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	epA := attach(t, bindA, a)
+	epB := attach(t, bindB, b)
 	batch := [][]byte{bytes.Repeat([]byte{1}, 148), bytes.Repeat([]byte{2}, 60032), {3}}
 	if err := bindA.Send(batch, epA); err != nil {
 		t.Fatal(err)
@@ -131,7 +103,7 @@ func TestStreamToStream(t *testing.T) {
 		t.Fatalf("reply: got %v", ps)
 	}
 	// The writer counts a write after it returned, which may be after the peer read it.
-	waitFor(t, "A's writer to count the batch", func() bool { return bindA.Stats().PacketsOut == 3 })
+	testwait.Until(t, "A's writer to count the batch", func() bool { return bindA.Stats().PacketsOut == 3 })
 	sa, sb := bindA.Stats(), bindB.Stats()
 	if sa.PacketsOut != 3 || sa.BytesOut != 148+60032+1 || sb.PacketsIn != 3 || sb.BytesIn != 148+60032+1 {
 		t.Fatalf("counters: A out %d/%d, B in %d/%d", sa.PacketsOut, sa.BytesOut, sb.PacketsIn, sb.BytesIn)
@@ -147,10 +119,7 @@ func TestStreamToStream(t *testing.T) {
 func TestDetachOnEOF(t *testing.T) {
 	a, b := tcpPair(t)
 	bindB, _ := openBind(t, Config{})
-	ep, err := bindB.Attach(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ep := attach(t, bindB, b)
 	a.Close()
 	select {
 	case <-ep.Done():
@@ -160,7 +129,7 @@ func TestDetachOnEOF(t *testing.T) {
 	if reason, err := ep.Err(); reason != DetachEOF || err != nil {
 		t.Fatalf("Err() = %v, %v; want eof, nil", reason, err)
 	}
-	err = bindB.Send([][]byte{{1}}, ep)
+	err := bindB.Send([][]byte{{1}}, ep)
 	if !errors.Is(err, ErrDetached) {
 		t.Fatalf("Send to a detached stream: got %v, want ErrDetached", err)
 	}
@@ -184,10 +153,7 @@ func TestBadFrameDetaches(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := tcpPair(t)
 			bindB, _ := openBind(t, Config{MaxFrameSize: 1500})
-			ep, err := bindB.Attach(b)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ep := attach(t, bindB, b)
 			if _, err := a.Write(tc.in); err != nil {
 				t.Fatal(err)
 			}
@@ -207,9 +173,7 @@ func TestBadFrameDetaches(t *testing.T) {
 func TestBackpressure(t *testing.T) {
 	a, b := tcpPair(t)
 	bindB, recvB := openBind(t, Config{StreamBuffers: 4})
-	if _, err := bindB.Attach(b); err != nil {
-		t.Fatal(err)
-	}
+	attach(t, bindB, b)
 	const frames = 200
 	w := frame.NewWriter(a, 0)
 	for i := range frames {
@@ -220,7 +184,7 @@ func TestBackpressure(t *testing.T) {
 	if err := w.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "4 queued packets", func() bool { return len(bindB.queue) == 4 })
+	testwait.Until(t, "4 queued packets", func() bool { return len(bindB.queue) == 4 })
 	time.Sleep(20 * time.Millisecond) // would the reader queue a fifth?
 	if n := len(bindB.queue); n != 4 {
 		t.Fatalf("%d packets queued with 4 buffers per stream", n)
@@ -242,13 +206,8 @@ func TestStalledStreamDoesNotBlockOthers(t *testing.T) {
 	a1, b1 := tcpPair(t)
 	a2, b2 := tcpPair(t)
 	bindB, recvB := openBind(t, Config{StreamBuffers: 2})
-	if _, err := bindB.Attach(b1); err != nil {
-		t.Fatal(err)
-	}
-	ep2, err := bindB.Attach(b2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	attach(t, bindB, b1)
+	ep2 := attach(t, bindB, b2)
 	// Stream 1 sends a header and then stalls inside the frame; stream 2 keeps sending.
 	if _, err := a1.Write([]byte{0, 100, 1, 2, 3}); err != nil {
 		t.Fatal(err)
@@ -269,10 +228,7 @@ func TestMaxStreams(t *testing.T) {
 	bindB, _ := openBind(t, Config{MaxStreams: 1})
 	_, b1 := tcpPair(t)
 	_, b2 := tcpPair(t)
-	ep1, err := bindB.Attach(b1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ep1 := attach(t, bindB, b1)
 	ep1.MarkAuthenticated(time.Now())
 	if _, err := bindB.Attach(b2); !errors.Is(err, ErrTooManyStreams) {
 		t.Fatalf("second stream with MaxStreams 1 and the first authenticated: got %v, want ErrTooManyStreams", err)
@@ -336,10 +292,7 @@ func TestJunkStreamsCannotHoldSlots(t *testing.T) {
 	var junk []*Endpoint
 	for range slots {
 		a, b := tcpPair(t)
-		ep, err := bindB.Attach(b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ep := attach(t, bindB, b)
 		junkSender(t, a, 50*time.Millisecond)
 		junk = append(junk, ep)
 	}
@@ -356,16 +309,14 @@ func TestJunkStreamsCannotHoldSlots(t *testing.T) {
 	// More junk than there are slots: each displaces an older junk stream, never the agent's.
 	for range 2 * slots {
 		a, b := tcpPair(t)
-		if _, err := bindB.Attach(b); err != nil {
-			t.Fatal(err)
-		}
+		attach(t, bindB, b)
 		junkSender(t, a, 50*time.Millisecond)
 	}
 	if reason, err := agent.Err(); reason != 0 || err != nil {
 		t.Fatalf("the agent's authenticated stream ended: %v %v", reason, err)
 	}
 	// Junk streams end at AuthTimeout, although they keep sending; the agent's stays.
-	waitFor(t, "junk streams to time out", func() bool { return bindB.Stats().StreamsActive == 1 })
+	testwait.Until(t, "junk streams to time out", func() bool { return bindB.Stats().StreamsActive == 1 })
 	eps := bindB.Endpoints()
 	if len(eps) != 1 || eps[0] != agent {
 		t.Fatalf("attached after the deadline: %v, want only %v", eps, agent)
@@ -379,10 +330,7 @@ func TestJunkStreamsCannotHoldSlots(t *testing.T) {
 	// With every slot authenticated, a new stream is refused, not let in at an agent's cost.
 	for range slots - 1 {
 		_, b := tcpPair(t)
-		ep, err := bindB.Attach(b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ep := attach(t, bindB, b)
 		ep.MarkAuthenticated(time.Now())
 	}
 	_, b := tcpPair(t)
@@ -406,10 +354,7 @@ func TestClose(t *testing.T) {
 	if _, _, err := bnd.Open(0); !errors.Is(err, conn.ErrBindAlreadyOpen) {
 		t.Fatalf("second Open: got %v, want ErrBindAlreadyOpen", err)
 	}
-	ep, err := bnd.Attach(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ep := attach(t, bnd, b)
 	errc := make(chan error, 1)
 	go func() {
 		_, err := fns[0]([][]byte{make([]byte, 100)}, make([]int, 1), make([]conn.Endpoint, 1))
@@ -444,10 +389,7 @@ func TestClose(t *testing.T) {
 func TestWriteTimeoutDetaches(t *testing.T) {
 	_, b := tcpPair(t) // the peer never reads
 	bindB, _ := openBind(t, Config{WriteTimeout: 100 * time.Millisecond})
-	ep, err := bindB.Attach(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ep := attach(t, bindB, b)
 	big := make([]byte, frame.MaxSize)
 	var sendErr error
 	for range 100000 { // until the writer times out; loopback buffers hold a few MiB
@@ -511,10 +453,7 @@ func TestSendCoalesces(t *testing.T) {
 	a, b := tcpPair(t)
 	gc := &gatedConn{Conn: a, gate: make(chan struct{})}
 	bindA, _ := openBind(t, Config{})
-	ep, err := bindA.Attach(gc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ep := attach(t, bindA, gc)
 	const packets = 100
 	for i := range packets {
 		if err := bindA.Send([][]byte{{byte(i)}}, ep); err != nil {
@@ -522,7 +461,7 @@ func TestSendCoalesces(t *testing.T) {
 		}
 		if i == 0 {
 			// The writer took packet 0 and is now held in its first write.
-			waitFor(t, "the first write", func() bool { return gc.count() == 1 })
+			testwait.Until(t, "the first write", func() bool { return gc.count() == 1 })
 		}
 	}
 	close(gc.gate)
@@ -534,7 +473,7 @@ func TestSendCoalesces(t *testing.T) {
 			t.Fatalf("frame %d: got (%d, %v, %d)", i, n, err, buf[0])
 		}
 	}
-	waitFor(t, "all packets counted", func() bool { return bindA.Stats().PacketsOut == packets })
+	testwait.Until(t, "all packets counted", func() bool { return bindA.Stats().PacketsOut == packets })
 	if w := gc.count(); w != 2 {
 		t.Fatalf("%d packets took %d writes, want 2 (one held, then the other 99 together)", packets, w)
 	}
@@ -547,10 +486,7 @@ func TestSendWaitsForRoom(t *testing.T) {
 	gc := &gatedConn{Conn: a, gate: make(chan struct{})}
 	defer close(gc.gate)
 	bindA, _ := openBind(t, Config{})
-	ep, err := bindA.Attach(gc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ep := attach(t, bindA, gc)
 	big := make([]byte, frame.MaxSize)
 	errc := make(chan error, 1)
 	go func() {
@@ -592,14 +528,8 @@ func TestReceivedBuffersGoBack(t *testing.T) {
 	// (the stream was detached as unauthenticated mid-test).
 	bindA, _ := openBind(t, Config{AuthTimeout: -1})
 	bindB, recvB := openBind(t, Config{AuthTimeout: -1})
-	epA, err := bindA.Attach(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	epB, err := bindB.Attach(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	epA := attach(t, bindA, a)
+	epB := attach(t, bindB, b)
 	const n = 3 * DefaultStreamBuffers // every slot used, more than once
 	for i := range n {
 		if err := bindA.Send([][]byte{bytes.Repeat([]byte{byte(i)}, 60032)}, epA); err != nil {
@@ -616,7 +546,7 @@ func TestReceivedBuffersGoBack(t *testing.T) {
 		}
 	}
 	s := epB.s
-	waitFor(t, "every slot back", func() bool { return len(s.free) == DefaultStreamBuffers })
+	testwait.Until(t, "every slot back", func() bool { return len(s.free) == DefaultStreamBuffers })
 	for range DefaultStreamBuffers {
 		p := <-s.free
 		if p.buf != nil || p.pooled != nil {
@@ -645,13 +575,8 @@ func TestIdleStreamDropsLargeWriteBuffers(t *testing.T) {
 	a, b := tcpPair(t)
 	bindA, _ := openBind(t, Config{})
 	bindB, recvB := openBind(t, Config{})
-	epA, err := bindA.Attach(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bindB.Attach(b); err != nil {
-		t.Fatal(err)
-	}
+	epA := attach(t, bindA, a)
+	attach(t, bindB, b)
 	// B's receiver takes everything, so A's writes never wait.
 	wg.Go(func() {
 		packets := make([][]byte, DefaultBatchSize)
@@ -682,7 +607,7 @@ func TestIdleStreamDropsLargeWriteBuffers(t *testing.T) {
 			t.Fatal(err)
 		}
 		sent++
-		waitFor(t, "the small write", func() bool { return bindA.Stats().PacketsOut == sent })
+		testwait.Until(t, "the small write", func() bool { return bindA.Stats().PacketsOut == sent })
 	}
 	s := epA.s
 	s.wmu.Lock()

@@ -75,9 +75,9 @@ const (
 
 	// batchSize is how many packets Read hands WireGuard at once. wireguard-go encrypts a
 	// batch on one goroutine, so a burst split into small batches is encrypted on every core
-	// while a single batch of 32 occupies one. Measured on loopback (tunnel/wg
-	// BenchmarkThroughput, 2 vCPUs), batches of 4 moved 15–20 % more than batches of 32 at
-	// MTU 60,000 and as much or more at 8000 and 1420; batches of 1 lost some at 1420.
+	// while a single batch of 32 occupies one: batches of 4 moved more than batches of 32 at
+	// MTU 60,000 and no less at smaller ones; batches of 1 moved less at 1420 (tunnel/wg
+	// BenchmarkThroughput; docs/performance.md, "Reversed VPN tunnel").
 	batchSize = 4
 
 	nicID tcpip.NICID = 1
@@ -86,10 +86,10 @@ const (
 // TCP receive buffer. The inner TCP runs over a reliable stream, so the window, not loss,
 // limits a bulk connection. gVisor grows a connection's receive buffer (moderation) from
 // tcpReceiveDefault while the reader keeps up, up to a maximum of 4 MiB, 70 segments at MTU
-// 60,000. Measured on loopback (tunnel/wg BenchmarkThroughput, 2 vCPUs, interleaved runs), an
-// 8 MiB maximum moved 6–13 % more at MTU 60,000 than 4 MiB, 16 MiB no more than 8 MiB, 4 MiB
-// to start with (receive and send buffers) no more either; moderation off lost a third. Only
-// a connection whose reader keeps up while the window is the bottleneck grows that far.
+// 60,000. An 8 MiB maximum moves more at MTU 60,000, a larger one or a larger start no more,
+// and moderation off moves much less (tunnel/wg BenchmarkThroughput; docs/performance.md,
+// "Reversed VPN tunnel"). Only a connection whose reader keeps up while the window is the
+// bottleneck grows that far.
 const (
 	tcpReceiveMin     = 4 << 10 // gVisor's tcp.MinBufferSize
 	tcpReceiveDefault = 1 << 20 // gVisor's tcp.DefaultReceiveBufferSize
@@ -102,13 +102,12 @@ const (
 // 64 KiB packet buffers while the packets wait for the outer stream, which is the bottleneck.
 // Under the tunnel ends' 32 MiB soft memory limit (idlemem.TunnelSoftLimitMiB) four bulk
 // connections at 4 MiB (4 × 4 MiB × 2 = 32 MiB) kept tendril-server's garbage collector
-// running 110–150 times a second, and every cycle emptied WireGuard's and gVisor's buffer
-// pools, so each packet took a fresh 64 KiB buffer: 160–200 MB/s allocated, 4.0–4.9 ms of
-// server CPU per MB against 2.6 with one connection. At 2 MiB (4 × 2 MiB × 2 = 16 MiB) it ran
-// about 40 times a second at 2.7–3.0 ms per MB, with one connection within the run-to-run
-// spread of before; 1 MiB in flight (a receive buffer capped there) made one connection 10–20 %
-// slower, so a connection needs a little more than that. (tendril-bench tunnel,
-// tendril-connect, to the shoot; figures in docs/performance.md.)
+// running all the time, and every cycle emptied WireGuard's and gVisor's buffer pools, so each
+// packet took a fresh 64 KiB buffer and the CPU per MB rose far above one connection's. At
+// 2 MiB (4 × 2 MiB × 2 = 16 MiB) it runs far less often, near one connection's CPU per MB, and
+// one connection moves as much as at 4 MiB; 1 MiB in flight slows one connection, so a
+// connection needs a little more than that (figures: docs/performance.md, "Several bulk
+// connections: the collector under the soft limit").
 const tcpSendMax = 2 << 20
 
 // timeWait is how long a connection stays in TIME-WAIT after the side that closed first sent
@@ -120,11 +119,11 @@ const tcpSendMax = 2 << 20
 // (a pod that answers and hangs up) left the agent's endpoint in TIME-WAIT, and gVisor hands a
 // new SYN for the same addresses and ports to a listener only, never to the forwarder: when the
 // server's stack picked that source port again, its SYNs were dropped until TIME-WAIT ended
-// (tendril-bench tunnel saw 1 dial in 150-300 stall for its whole 5 s timeout). With source
-// ports picked at random (gVisor's way), 20 ms still left a collision for the share of ports
-// closed within timeWait — at 3,000 dials/s, 60 of 49,536, 1 dial in 500-700 delayed by one SYN
-// retransmission (1 s) — so DialTCP takes ports in turn (bindNextPort), and a port comes back
-// only long after its TIME-WAIT ended.
+// and the dial stalled for its whole timeout. With source ports picked at random (gVisor's
+// way), 20 ms still left a collision for the share of ports closed within timeWait — at 3,000
+// dials/s, 60 of 49,536 — and a dial that hits one waits for a SYN retransmission (1 s), so
+// DialTCP takes ports in turn (bindNextPort), and a port comes back only long after its
+// TIME-WAIT ended (docs/performance.md, "Dial stalls and memory after a load").
 const timeWait = 20 * time.Millisecond
 
 // Keepalive for forwarded connections: an agent-side connection whose seed-side end vanished
@@ -248,9 +247,9 @@ func (s *Stack) setup() error {
 		// No selective acknowledgements (wireguard-go's netstack turns them on, for UDP).
 		// Nothing between the two stacks loses or reorders packets, but with SACK gVisor also
 		// runs RACK loss detection, whose reordering window (a fraction of a sub-millisecond
-		// round trip) is shorter than the batching jitter between the stacks: it retransmitted
-		// about 0.3 % of segments spuriously, each time shrinking the window, and SACK off
-		// moved 9–20 % more at MTU 60,000 and 8000, with no retransmission at all. The only
+		// round trip) is shorter than the batching jitter between the stacks: it retransmits
+		// segments spuriously, each time shrinking the window, and SACK off moves more, with
+		// no retransmission at all (docs/performance.md, "Reversed VPN tunnel"). The only
 		// loss left is a full outbound queue, which fast retransmit repairs.
 		ptr(tcpip.TCPSACKEnabled(false)),
 		ptr(tcpip.TCPModerateReceiveBufferOption(true)),

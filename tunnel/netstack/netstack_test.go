@@ -292,7 +292,7 @@ func TestForward(t *testing.T) {
 			t.Fatalf("dial %s: %v after %v, want ECONNREFUSED", tc.dst, err, time.Since(start))
 		}
 		// The counter may move just after the reset reached the dialer.
-		waitFor(t, fmt.Sprintf("dial %s counted as %v", tc.dst, tc.reason), func() bool { return b.Stats().Refused[tc.reason] >= before+1 })
+		testwait.Until(t, fmt.Sprintf("dial %s counted as %v", tc.dst, tc.reason), func() bool { return b.Stats().Refused[tc.reason] >= before+1 })
 	}
 	if _, ok := seen.Load(netip.MustParseAddrPort("10.200.0.1:80")); ok {
 		t.Fatal("the handler was asked for a destination outside the prefixes")
@@ -315,7 +315,7 @@ func TestForwardDropsNonTCP(t *testing.T) {
 	if _, err := uc.Write([]byte("query")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "UDP to a pod dropped", func() bool { return b.Stats().Dropped[DropNotTCP] == 1 })
+	testwait.Until(t, "UDP to a pod dropped", func() bool { return b.Stats().Dropped[DropNotTCP] == 1 })
 	if _, err := b.Write([][]byte{{0x00, 0x01, 0x02}, {0x45}}, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +401,7 @@ func TestForwardInFlightLimit(t *testing.T) {
 		}()
 	}
 	// The two admitted attempts' handlers start on their own goroutines: wait for them too.
-	waitFor(t, "a SYN dropped at the limit, two attempts in flight", func() bool {
+	testwait.Until(t, "a SYN dropped at the limit, two attempts in flight", func() bool {
 		st := b.Stats()
 		return st.Refused[RefusedInFlight] > 0 && st.ForwardInFlight == 2 && st.ForwardActive == 2
 	})
@@ -453,7 +453,7 @@ func TestForwardCloseWaitsForHandlers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	waitFor(t, "two handlers", func() bool { return b.Stats().ForwardActive == 2 })
+	testwait.Until(t, "two handlers", func() bool { return b.Stats().ForwardActive == 2 })
 	b.Close()       // a Close that hangs fails the test by its timeout
 	returned.Wait() // Close returned after both; this only makes the race detector agree
 	if st := b.Stats(); st.ForwardActive != 0 || st.ForwardInFlight != 0 || st.Refused[RefusedClosed] < 1 {
@@ -476,17 +476,6 @@ func TestForwardCloseWaitsForHandlers(t *testing.T) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // TestDialPortsInTurn: DialTCP takes source ports in turn, skipping one in use, so that a port

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 )
 
 // udpEcho is a UDPHandler that answers each datagram with "<dst> <datagram>" until the flow is
@@ -101,7 +103,7 @@ func TestForwardUDPFlowEnds(t *testing.T) {
 	if err := ask(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the idle flow ends", func() bool { return b.Stats().UDPFlowsActive == 0 })
+	testwait.Until(t, "the idle flow ends", func() bool { return b.Stats().UDPFlowsActive == 0 })
 	if err := ask(); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tendril-net/tendril/edge/pipe"
 	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/tunnel/netstack"
 )
 
@@ -36,10 +37,7 @@ type shoot struct {
 
 func newShoot(t testing.TB, handle func(net.Conn)) *shoot {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := testnet.Listen(t)
 	testnet.Serve(t, ln, handle)
 	return &shoot{backend: ln.Addr().String(), closed: testnet.RefusedAddr(t), seen: make(map[netip.AddrPort]netip.AddrPort)}
 }
@@ -114,34 +112,21 @@ func TestForward(t *testing.T) {
 	})
 
 	t.Run("100 concurrent", func(t *testing.T) {
-		const conns = 100
-		var wg sync.WaitGroup
-		errs := make(chan error, conns)
-		for i := range conns {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				dst := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 123, byte(1 + i/50), byte(1 + i%50)}), 8080)
-				c, err := dialAddr(t, w.server, dst, 20*time.Second)
-				if err != nil {
-					errs <- fmt.Errorf("conn %d to %v: %w", i, dst, err)
-					return
-				}
-				defer c.Close()
-				if err := testnet.RoundTrip(c, []byte(fmt.Sprintf("hello %d", i))); err != nil {
-					errs <- fmt.Errorf("conn %d to %v: %w", i, dst, err)
-					return
-				}
-				if _, ok := sh.src(dst); !ok {
-					errs <- fmt.Errorf("conn %d: the handler never saw %v", i, dst)
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Error(err)
-		}
+		concurrently(t, 100, func(i int) error {
+			dst := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 123, byte(1 + i/50), byte(1 + i%50)}), 8080)
+			c, err := dialAddr(t, w.server, dst, 20*time.Second)
+			if err != nil {
+				return fmt.Errorf("conn %d to %v: %w", i, dst, err)
+			}
+			defer c.Close()
+			if err := testnet.RoundTrip(c, []byte(fmt.Sprintf("hello %d", i))); err != nil {
+				return fmt.Errorf("conn %d to %v: %w", i, dst, err)
+			}
+			if _, ok := sh.src(dst); !ok {
+				return fmt.Errorf("conn %d: the handler never saw %v", i, dst)
+			}
+			return nil
+		})
 	})
 
 	refused := func(t *testing.T, dst netip.AddrPort, reason netstack.RefuseReason) {
@@ -157,7 +142,7 @@ func TestForward(t *testing.T) {
 			t.Fatalf("dial %v: %v, want connection refused", dst, err)
 		}
 		t.Logf("dial %v refused after %v", dst, time.Since(start))
-		waitFor(t, fmt.Sprintf("Refused[%v] counted", reason), func() bool { return w.agent.StackStats().Refused[reason] >= before+1 })
+		testwait.Until(t, fmt.Sprintf("Refused[%v] counted", reason), func() bool { return w.agent.StackStats().Refused[reason] >= before+1 })
 	}
 	t.Run("outside the prefixes", func(t *testing.T) {
 		refused(t, netip.MustParseAddrPort("10.200.0.1:80"), netstack.RefusedOutside)
@@ -243,7 +228,7 @@ func TestForwardClose(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "five active handlers", func() bool { return w.agent.StackStats().ForwardActive == 5 })
+	testwait.Until(t, "five active handlers", func() bool { return w.agent.StackStats().ForwardActive == 5 })
 	done := make(chan struct{})
 	go func() { w.agent.Close(); close(done) }()
 	select {

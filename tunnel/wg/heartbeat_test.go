@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 )
 
 // TestHeartbeatEcho: the accepting side echoes small datagrams on HeartbeatPort and ignores
@@ -29,7 +31,7 @@ func TestHeartbeatEcho(t *testing.T) {
 	defer c.Close()
 	buf := make([]byte, 2*MaxHeartbeatSize)
 	// The responder may not be listening yet: send until an echo comes back.
-	waitFor(t, "an echo", func() bool {
+	testwait.Until(t, "an echo", func() bool {
 		if _, err := c.Write([]byte("beat")); err != nil {
 			t.Fatal(err)
 		}

@@ -158,19 +158,7 @@ func testKernelStack(t *testing.T, handler bool) {
 		seen <- c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 		testnet.Echo(c)
 	})
-	udpDone := make(chan struct{})
-	go func() {
-		defer close(udpDone)
-		b := make([]byte, 1500)
-		for {
-			n, from, err := podUDP.ReadFrom(b)
-			if err != nil {
-				return
-			}
-			_, _ = podUDP.WriteTo(b[:n], from)
-		}
-	}()
-	t.Cleanup(func() { podUDP.Close(); <-udpDone })
+	testnet.ServeUDP(t, podUDP, func(b []byte) []byte { return b })
 
 	// dialFrom dials addr over tun, with the socket made in ns.
 	dialFrom := func(ns string, tun *Tunnel, network string, addr netip.AddrPort, timeout time.Duration) (c net.Conn, err error) {

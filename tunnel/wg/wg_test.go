@@ -18,6 +18,7 @@ import (
 
 	"github.com/tendril-net/tendril/internal/host/netns"
 	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/tunnel/bind"
 	"github.com/tendril-net/tendril/tunnel/frame"
 	"github.com/tendril-net/tendril/tunnel/netstack"
@@ -165,7 +166,7 @@ func newWorld(t testing.TB, o worldOpts) *world {
 		// the agent while the agent's initiation is being answered initiates too, and
 		// wireguard-go resolves crossing initiations only by its 5 s retry.
 		for _, tun := range []*Tunnel{w.agent, w.server} {
-			waitFor(t, "first handshake", func() bool {
+			testwait.Until(t, "first handshake", func() bool {
 				ps, err := tun.Peers()
 				return err == nil && !ps[0].LastHandshake.IsZero()
 			})
@@ -216,21 +217,28 @@ func randomBytes(t *testing.T, n int) []byte {
 	return b
 }
 
+// way is one direction through the tunnel: from one end to the other's inner address.
+type way struct {
+	name string
+	from *Tunnel
+	to   netip.Addr
+}
+
+// echoBothWays serves an echo on port 7000 of each end's inner address until the test ends, and
+// returns the two ways to them.
+func (w *world) echoBothWays(t testing.TB) []way {
+	t.Helper()
+	testnet.Serve(t, listen(t, w.agent, agentAddr, 7000), testnet.Echo)
+	testnet.Serve(t, listen(t, w.server, serverAddr, 7000), testnet.Echo)
+	return []way{{"server to agent", w.server, agentAddr}, {"agent to server", w.agent, serverAddr}}
+}
+
 // TestEchoBothWays sends 8 MB through an echo server on each side: the server dials the
 // agent's inner address (path 4) and the agent dials the server's.
 func TestEchoBothWays(t *testing.T) {
 	w := newWorld(t, worldOpts{})
-	testnet.Serve(t, listen(t, w.agent, agentAddr, 7000), testnet.Echo)
-	testnet.Serve(t, listen(t, w.server, serverAddr, 7000), testnet.Echo)
 	payload := randomBytes(t, 8<<20)
-	for _, tc := range []struct {
-		name string
-		from *Tunnel
-		to   netip.Addr
-	}{
-		{"server to agent", w.server, agentAddr},
-		{"agent to server", w.agent, serverAddr},
-	} {
+	for _, tc := range w.echoBothWays(t) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := dial(t, tc.from, tc.to, 7000, 10*time.Second)
 			if err != nil {
@@ -259,21 +267,31 @@ func TestEchoBothWays(t *testing.T) {
 func TestManyConnections(t *testing.T) {
 	w := newWorld(t, worldOpts{})
 	testnet.Serve(t, listen(t, w.agent, agentAddr, 7000), testnet.Echo)
-	const conns = 200
+	concurrently(t, 200, func(i int) error {
+		c, err := dial(t, w.server, agentAddr, 7000, 20*time.Second)
+		if err != nil {
+			return fmt.Errorf("conn %d: %w", i, err)
+		}
+		defer c.Close()
+		if err := testnet.RoundTrip(c, []byte(fmt.Sprintf("hello %d", i))); err != nil {
+			return fmt.Errorf("conn %d: %w", i, err)
+		}
+		return nil
+	})
+}
+
+// concurrently runs f(0) to f(n-1) at once and, once all have returned, fails t with each
+// error they returned.
+func concurrently(t testing.TB, n int, f func(i int) error) {
+	t.Helper()
 	var wg sync.WaitGroup
-	errs := make(chan error, conns)
-	for i := range conns {
+	errs := make(chan error, n)
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := dial(t, w.server, agentAddr, 7000, 20*time.Second)
-			if err != nil {
-				errs <- fmt.Errorf("conn %d: %w", i, err)
-				return
-			}
-			defer c.Close()
-			if err := testnet.RoundTrip(c, []byte(fmt.Sprintf("hello %d", i))); err != nil {
-				errs <- fmt.Errorf("conn %d: %w", i, err)
+			if err := f(i); err != nil {
+				errs <- err
 			}
 		}()
 	}
@@ -374,7 +392,7 @@ func TestStreamBreakAndReattach(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("agent did not detach its closed stream")
 	}
-	waitFor(t, "server detaches the broken stream", func() bool { return w.server.BindStats().StreamsActive == 0 })
+	testwait.Until(t, "server detaches the broken stream", func() bool { return w.server.BindStats().StreamsActive == 0 })
 	t.Logf("both sides detached after %v", time.Since(start))
 
 	w.connect()
@@ -382,7 +400,7 @@ func TestStreamBreakAndReattach(t *testing.T) {
 	// (AttachPeer sends a keepalive and a handshake at once); a dial before that goes to the
 	// dead stream and waits for a SYN retransmission.
 	start = time.Now()
-	waitFor(t, "server roams the agent to the new stream", func() bool {
+	testwait.Until(t, "server roams the agent to the new stream", func() bool {
 		ps, err := w.server.Peers()
 		return err == nil && ps[0].Endpoint == w.lastServerEP.DstToString()
 	})
@@ -407,18 +425,10 @@ func TestStreamBreakAndReattach(t *testing.T) {
 func TestWrongKey(t *testing.T) {
 	wrong := newKey(t)
 	w := newWorld(t, worldOpts{agentKey: &wrong})
-	testnet.Serve(t, listen(t, w.agent, agentAddr, 7000), testnet.Echo)
-	testnet.Serve(t, listen(t, w.server, serverAddr, 7000), testnet.Echo)
+	ways := w.echoBothWays(t)
 
 	var wg sync.WaitGroup
-	for _, tc := range []struct {
-		name string
-		from *Tunnel
-		to   netip.Addr
-	}{
-		{"server to agent", w.server, agentAddr},
-		{"agent to server", w.agent, serverAddr},
-	} {
+	for _, tc := range ways {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -489,7 +499,7 @@ func TestOnlyAuthenticatedTrafficKeepsAStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the junk to arrive", func() bool { return w.server.BindStats().PacketsIn >= before+20 })
+	testwait.Until(t, "the junk to arrive", func() bool { return w.server.BindStats().PacketsIn >= before+20 })
 	if !junk.LastAuthenticated().IsZero() || !junk.LastReceive().After(junk.Attached()) {
 		t.Fatalf("junk stream: last authenticated %v, last receive %v, attached %v", junk.LastAuthenticated(), junk.LastReceive(), junk.Attached())
 	}
@@ -512,19 +522,6 @@ func TestOnlyAuthenticatedTrafficKeepsAStream(t *testing.T) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
-}
-
-// waitFor polls cond for up to 15 s: longer than WireGuard's 5 s handshake retry, so a lost
-// first initiation (possible right after a stream change) is retried before the test gives up.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestConfigErrors(t *testing.T) {

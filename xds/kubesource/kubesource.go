@@ -203,20 +203,10 @@ func (s *Source) NeedLeaderElection() bool { return false }
 
 // Start runs the source until ctx ends.
 func (s *Source) Start(ctx context.Context) error {
-	for _, obj := range []client.Object{&tendrilv1alpha1.Route{}, &corev1.Service{}, &discoveryv1.EndpointSlice{}} {
-		inf, err := s.cache.GetInformer(ctx, obj)
-		if err != nil {
-			return fmt.Errorf("kubesource: informer for %T: %w", obj, err)
-		}
-		reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { s.touch(o) },
-			UpdateFunc: func(_, o any) { s.touch(o) },
-			DeleteFunc: func(o any) { s.touch(o) },
-		})
-		if err != nil {
-			return fmt.Errorf("kubesource: watch %T: %w", obj, err)
-		}
-		defer func() { _ = inf.RemoveEventHandler(reg) }()
+	unwatch, err := s.watch(ctx)
+	defer unwatch()
+	if err != nil {
+		return err
 	}
 	if !s.cache.WaitForCacheSync(ctx) {
 		if ctx.Err() != nil {
@@ -235,24 +225,7 @@ func (s *Source) Start(ctx context.Context) error {
 	}()
 	defer wg.Wait()
 
-	// The first build covers every namespace with a Route; later ones only touched namespaces.
-	// What was touched so far is in the caches it reads.
-	s.mu.Lock()
-	clear(s.dirty)
-	s.mu.Unlock()
-	select {
-	case <-s.changed:
-	default:
-	}
-	var all tendrilv1alpha1.RouteList
-	if err := s.cache.List(ctx, &all); err != nil {
-		return fmt.Errorf("kubesource: list routes: %w", err)
-	}
-	first := make(map[string]bool)
-	for _, r := range all.Items {
-		first[r.Namespace] = true
-	}
-	if err := s.rebuild(ctx, first); err != nil {
+	if err := s.buildAll(ctx); err != nil {
 		return err
 	}
 
@@ -326,6 +299,54 @@ func (s *Source) Start(ctx context.Context) error {
 			due = s.conditions(nil)
 		}
 	}
+}
+
+// watch registers the Source's event handlers on the Route, Service and EndpointSlice informers;
+// unwatch removes those registered (also after an error).
+func (s *Source) watch(ctx context.Context) (unwatch func(), err error) {
+	var removes []func()
+	unwatch = func() {
+		for _, r := range removes {
+			r()
+		}
+	}
+	for _, obj := range []client.Object{&tendrilv1alpha1.Route{}, &corev1.Service{}, &discoveryv1.EndpointSlice{}} {
+		inf, err := s.cache.GetInformer(ctx, obj)
+		if err != nil {
+			return unwatch, fmt.Errorf("kubesource: informer for %T: %w", obj, err)
+		}
+		reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { s.touch(o) },
+			UpdateFunc: func(_, o any) { s.touch(o) },
+			DeleteFunc: func(o any) { s.touch(o) },
+		})
+		if err != nil {
+			return unwatch, fmt.Errorf("kubesource: watch %T: %w", obj, err)
+		}
+		removes = append(removes, func() { _ = inf.RemoveEventHandler(reg) })
+	}
+	return unwatch, nil
+}
+
+// buildAll is the first build: it covers every namespace with a Route; later ones only touched
+// namespaces. What was touched so far is in the caches it reads.
+func (s *Source) buildAll(ctx context.Context) error {
+	s.mu.Lock()
+	clear(s.dirty)
+	s.mu.Unlock()
+	select {
+	case <-s.changed:
+	default:
+	}
+	var all tendrilv1alpha1.RouteList
+	if err := s.cache.List(ctx, &all); err != nil {
+		return fmt.Errorf("kubesource: list routes: %w", err)
+	}
+	first := make(map[string]bool)
+	for _, r := range all.Items {
+		first[r.Namespace] = true
+	}
+	return s.rebuild(ctx, first)
 }
 
 // touch marks the namespace of an added, changed or deleted object for a rebuild.

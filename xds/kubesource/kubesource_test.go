@@ -119,7 +119,7 @@ func startSeedGrace(t *testing.T, pendingDelay, grace time.Duration) *seed {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	xl, sl := listen(t), listen(t)
+	xl, sl := testnet.Listen(t), testnet.Listen(t)
 	s.sni = sl.Addr().String()
 	s.ingress = ingress.New(ingress.Config{Listeners: map[string]string{"sni": s.sni}, Log: log.WithName("ingress")})
 	runs := map[string]func() error{
@@ -145,15 +145,6 @@ func startSeedGrace(t *testing.T, pendingDelay, grace time.Duration) *seed {
 		}()
 	}
 	return s
-}
-
-func listen(t *testing.T) net.Listener {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
 }
 
 // hostAddrs are addresses of this machine that an EndpointSlice may carry, the IPv4 one first:

@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"maps"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -19,6 +18,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/xds/ads"
 	"github.com/tendril-net/tendril/xds/model"
 	"github.com/tendril-net/tendril/xds/server"
@@ -104,22 +105,24 @@ func (c *ackClient) close() {
 	<-c.done
 }
 
-func startServer(t *testing.T, s *server.Server) string {
+// startServer serves s on a loopback listener until the test ends and returns its address.
+func startServer(t testing.TB, s *server.Server) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l := testnet.Listen(t)
+	testwait.Run(t, "xDS server", func(ctx context.Context) error { return s.Serve(ctx, l) })
+	return l.Addr().String()
+}
+
+// dialADS connects to the xDS server at addr in plaintext, with opts besides, until the test
+// ends.
+func dialADS(t testing.TB, addr string, opts ...grpc.DialOption) discoveryv3.AggregatedDiscoveryServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	return l.Addr().String()
+	t.Cleanup(func() { conn.Close() })
+	return discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
 }
 
 // waitState polls until shoot reaches want; the server's notifications are exercised separately.
@@ -172,7 +175,7 @@ func TestShootStatus(t *testing.T) {
 		t.Fatalf("while a new replica loads: %+v, want programmed by 1 client", st)
 	}
 	c2.release(t)
-	waitFor(t, "second replica synced", func() bool { return s.ShootStatus(a).Clients == 2 })
+	testwait.Until(t, "second replica synced", func() bool { return s.ShootStatus(a).Clients == 2 })
 	if ch := s.TakeStatusChanges(); len(ch) != 0 {
 		t.Fatalf("a replica connecting changed %d statuses, want none: %+v", len(ch), ch)
 	}
@@ -185,7 +188,7 @@ func TestShootStatus(t *testing.T) {
 	if _, err := s.Apply(set); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "change pending", func() bool {
+	testwait.Until(t, "change pending", func() bool {
 		st := s.ShootStatus(a)
 		return st.State == model.StatePending && len(st.Model.APIServers) == 2
 	})
@@ -256,7 +259,7 @@ func TestExpectedNodes(t *testing.T) {
 	addr := startServer(t, s)
 	s.SetExpectedNodes([]string{"ingress-1", "ingress-2"})
 	newAckClient(t, addr, "ingress-1")
-	waitFor(t, "ingress-1 synced", func() bool { return s.ShootStatus(a).Clients == 1 })
+	testwait.Until(t, "ingress-1 synced", func() bool { return s.ShootStatus(a).Clients == 1 })
 	st := s.ShootStatus(a)
 	if st.State != model.StatePending || !slices.Equal(st.Missing, []string{"ingress-2"}) {
 		t.Fatalf("one of two expected replicas synced: %+v, want pending, ingress-2 missing", st)
@@ -289,17 +292,6 @@ var errBad = badError("cluster does not parse")
 type badError string
 
 func (e badError) Error() string { return string(e) }
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // TestReconnectWithKnownVersions: a client that reconnects naming the versions it holds gets
 // nothing resent and still counts as holding them.
@@ -335,7 +327,7 @@ func TestReconnectWithKnownVersions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "reconnected client synced", func() bool { return s.ShootStatus(set[1].Name).Clients == 1 })
+	testwait.Until(t, "reconnected client synced", func() bool { return s.ShootStatus(set[1].Name).Clients == 1 })
 	if st := s.ShootStatus(set[1].Name); st.State != model.StateProgrammed {
 		t.Fatalf("after reconnect: %+v", st)
 	}
@@ -348,14 +340,10 @@ type cancelDeltaClient struct {
 
 func newDeltaClientAt(t *testing.T, addr string) cancelDeltaClient {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	ads := dialADS(t, addr)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	return cancelDeltaClient{newDeltaClient(ctx, t, discoveryv3.NewAggregatedDiscoveryServiceClient(conn)), cancel}
+	return cancelDeltaClient{newDeltaClient(ctx, t, ads), cancel}
 }
 
 // TestStreamsWaitForFirstApply: a client connecting before the first route set gets nothing,
@@ -448,15 +436,10 @@ func TestFirstSyncInPieces(t *testing.T) {
 // and its connection end with the test.
 func openDelta(t testing.TB, addr string, nd *corev3.Node, known map[string]map[string]string) discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(ads.MaxRecvMsgSize)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	client := dialADS(t, addr, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(ads.MaxRecvMsgSize)))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	st, err := client.DeltaAggregatedResources(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,6 +453,12 @@ func openDelta(t testing.TB, addr string, nd *corev3.Node, known map[string]map[
 
 // ackAll answers every response on st until the stream ends.
 func ackAll(st discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient) {
+	ackEach(st, func(*discoveryv3.DeltaDiscoveryResponse) {})
+}
+
+// ackEach answers every response on st, as a data plane would, and then passes it to seen, until
+// the stream ends.
+func ackEach(st discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient, seen func(*discoveryv3.DeltaDiscoveryResponse)) {
 	for {
 		r, err := st.Recv()
 		if err != nil {
@@ -478,6 +467,7 @@ func ackAll(st discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesCl
 		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
 			return
 		}
+		seen(r)
 	}
 }
 

@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/tendril-net/tendril/ingress/xdsclient"
@@ -156,12 +155,7 @@ func TestMutualTLSNodes(t *testing.T) {
 	t.Run("plaintext", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		conn, err := grpc.NewClient(m.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+		st, err := dialADS(t, m.addr).DeltaAggregatedResources(ctx)
 		if err == nil {
 			_ = st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: "tendril-ingress"}, TypeUrl: resourcev3.ClusterType})
 			_, err = st.Recv()

@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"runtime"
@@ -64,15 +63,9 @@ func TestMemoryAtScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	report("applied")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l) }()
-	defer func() { cancel(); <-done }()
+	addr := startServer(t, s)
 	for i := range clients {
-		go ackAll(openDelta(t, l.Addr().String(), &corev3.Node{Id: fmt.Sprintf("replica-%d", i)}, nil))
+		go ackAll(openDelta(t, addr, &corev3.Node{Id: fmt.Sprintf("replica-%d", i)}, nil))
 	}
 	waitProgrammed := func(names ...string) {
 		t.Helper()

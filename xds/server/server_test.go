@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"slices"
 	"testing"
@@ -16,8 +15,6 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-logr/logr/testr"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tendril-net/tendril/xds/model"
@@ -176,24 +173,7 @@ func TestADSBothProtocols(t *testing.T) {
 	if _, err := s.Apply(set); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	ads := dialADS(t, startServer(t, s))
 
 	delta := newDeltaClient(ctx, t, ads)
 	sotw := newSotwClient(ctx, t, ads)
@@ -325,17 +305,7 @@ func newDeltaClient(ctx context.Context, t testing.TB, ads discoveryv3.Aggregate
 	c := &deltaClient{stream: st, ch: make(chan *discoveryv3.DeltaDiscoveryResponse, 1000)}
 	go func() {
 		defer close(c.ch)
-		for {
-			r, err := st.Recv()
-			if err != nil {
-				return
-			}
-			// ACK, as a data plane would.
-			if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResponseNonce: r.GetNonce()}); err != nil {
-				return
-			}
-			c.ch <- r
-		}
+		ackEach(st, func(r *discoveryv3.DeltaDiscoveryResponse) { c.ch <- r })
 	}()
 	return c
 }
@@ -479,19 +449,7 @@ func TestResourcesOnTheWire(t *testing.T) {
 		add(resourcev3.ListenerType, l.GetName(), l)
 	}
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l) }()
-	defer func() { cancel(); <-done }()
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	ads := dialADS(t, startServer(t, s))
 
 	delta := newDeltaClient(ctx, t, ads)
 	for typ, r := range delta.recvTypes(t, len(store.Types)) {

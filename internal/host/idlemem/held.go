@@ -17,11 +17,10 @@ var pageSize = os.Getpagesize()
 // have been small for a while. wireguard-go's receive goroutine and TUN reader each keep the
 // device's batch of 64 KiB message buffers for as long as the device lives and pass them to
 // every read (tunnel/bind's ReceiveFunc, tunnel/netstack's Read): under a load every packet
-// fills most of a buffer, and what a load touched stays resident — 1.5 MiB of an idle
-// tendril-server's RSS 60 s after `tendril-bench tunnel` — while an idle tunnel's heartbeats
-// and keepalives touch one page each. Nothing else can give those pages back: the buffers are
-// in use, so the Go runtime does not. The zero value is ready; not safe for concurrent use
-// (one reader).
+// fills most of a buffer, and what a load touched stays resident (docs/performance.md, "Memory
+// after a load against a settled idle") while an idle tunnel's heartbeats and keepalives touch
+// one page each. Nothing else can give those pages back: the buffers are in use, so the Go
+// runtime does not. The zero value is ready; not safe for concurrent use (one reader).
 type Held struct {
 	// large: a read filled more than a page since the last Waiting; quiet: since when none has;
 	// dropped: the last time the pages were dropped.

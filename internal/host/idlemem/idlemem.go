@@ -5,8 +5,9 @@
 // sync.Pools of copy buffers (edge/loops, server's read-ahead and gRPC buffers, gVisor's
 // buffer chunks) drop their contents only over two GCs; and the background scavenger returns
 // free pages at a bounded rate, keeping some for the next allocations. After a dial-rate run
-// tendril-server stayed at 79 MiB and tendril-agent at 61 MiB for minutes (idle: 11 and 14 MiB).
-// A seed runs one tendril-server per shoot, so memory that stays after a load adds up.
+// tendril-server and tendril-agent stayed near their peak for minutes (docs/performance.md,
+// "Dial stalls and memory after a load"). A seed runs one tendril-server per shoot, so memory
+// that stays after a load adds up.
 //
 // What stays live is not its business: a release returns only free pages. The pools it lets
 // empty are bounded by the load that filled them (each buffer in a sync.Pool was in use at once:
@@ -52,12 +53,10 @@ const (
 // tendril-server and tendril-agent set by default. It bounds the peak of a load, which Run does
 // not: without it the Go heap grows to twice what is live (GOGC 100) before a GC, and a load's
 // live data is mostly bytes in flight, bounded by the inner TCP windows (up to 8 MiB received
-// per bulk connection, tunnel/netstack) and the relays' 128 KiB buffers. tendril-bench tunnel
-// (tendril-connect: bulk ×1 and ×4 both ways, dials ×1 and ×32, head-of-line; peak VmHWM of
-// tendril-server / tendril-agent, MiB, one run each on a busy machine): no limit 103 / 65 (155 /
-// 109 in make bench), 64 MiB 69 / 61, 48 MiB 55 / 52–53, 32 MiB 47 / 45; konnectivity's
-// proxy-server / proxy-agent under the same load 46–73 / 47–67. CPU per MB stayed within the
-// run-to-run spread (32 MiB: 4.5–5.5 ms/MB against 5.4–6.8 without), so the live data of that
+// per bulk connection, tunnel/netstack) and the relays' 128 KiB buffers. Under tendril-bench
+// tunnel's load, 32 MiB brings both peaks down to the low end of konnectivity's under the same
+// load with no more CPU per MB than without a limit (docs/performance.md, "kube-apiserver's
+// gRPC egress over one connection, and the tunnel's peak memory"), so the live data of that
 // load is below 32 MiB and the limit only takes the GC's slack away. Live data beyond the limit
 // is not refused: the GC runs more often, and Go caps its CPU at half the process's.
 const TunnelSoftLimitMiB = 32
@@ -95,8 +94,8 @@ type Config struct {
 // until the scavenger takes them. At 25 the garbage stays under a quarter of the live heap,
 // 0.6–0.75 MB, and the minimum is 1 MiB (4 MiB × 25 / 100): a GC every ~45 s at that rate, each
 // marking ~3 MB, well under a millisecond of CPU. Under a load the percent is back within a
-// second (Every/10); a lower percent under load would cost dials (GOGC 25 throughout: 413–444
-// dials/s at 32 workers against 470–481 in the same runs).
+// second (Every/10): a lower percent under load costs dials (docs/performance.md, "An idle
+// server's garbage").
 const TunnelIdleGCPercent = 25
 
 // DefaultHeldDrop is Config.HeldDrop's default: the ingress's 1,000 connections are about 1 MiB

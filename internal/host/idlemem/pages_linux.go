@@ -14,20 +14,18 @@ import (
 // process's resident set, once startup or a load is over, and marks them for random access. It
 // returns how many mappings it released.
 //
-// Measured on tendril-server (26 MB binary, idle, no agent): 19 MiB RSS, of which 3 MiB
-// anonymous memory and 14 MiB pages of the binary, 88 % of its code and 78 % of its read-only
-// data: package initialisation touches code and tables all over the binary, and the kernel maps
-// 16 pages around every fault of a file mapping (fault-around) and reads ahead. Most of it is
-// never used again by an idle server. MADV_DONTNEED on a private mapping that was never written
-// only unmaps the pages (they stay in the page cache, shared, and fault back in on use: nothing
-// is lost); MADV_RANDOM stops readahead for pages that are no longer cached. It does not stop
-// fault-around, which maps the cached pages around a fault whatever the advice (Linux's
-// should_fault_around checks only for map_pages and userfaultfd): after a release, the pages
-// an idle tunnel-up server touched again came back in runs of 16 (64 KiB), about 6 MiB within
-// a second (pagemap of tendril-server under tendril-bench tunnel). Only mappings of
-// the executable that are read-only and hold no page of their own are touched: writable ones
-// (.data, .bss) and read-only ones the dynamic linker wrote to (relocations in a PIE build,
-// RELRO) would lose their contents.
+// An idle tendril-server's RSS is mostly pages of its binary, most of its code and read-only
+// data (docs/performance.md, "Reversed VPN tunnel"): package initialisation touches code and
+// tables all over the binary, and the kernel maps 16 pages around every fault of a file mapping
+// (fault-around) and reads ahead. Most of it is never used again by an idle server.
+// MADV_DONTNEED on a private mapping that was never written only unmaps the pages (they stay in
+// the page cache, shared, and fault back in on use: nothing is lost); MADV_RANDOM stops
+// readahead for pages that are no longer cached. It does not stop fault-around, which maps the
+// cached pages around a fault whatever the advice (Linux's should_fault_around checks only for
+// map_pages and userfaultfd): after a release, the pages an idle tunnel-up server touched again
+// come back in runs of 16 (64 KiB). Only mappings of the executable that are read-only and hold
+// no page of their own are touched: writable ones (.data, .bss) and read-only ones the dynamic
+// linker wrote to (relocations in a PIE build, RELRO) would lose their contents.
 func ReleaseBinaryPages() (int, error) {
 	exe, err := os.Executable()
 	if err != nil {

@@ -63,15 +63,22 @@ func (s *Store) Material() (*Material, error) {
 // long-lived) and reads them again when one's size, modification time or inode changed; a
 // Kubernetes Secret volume swaps all three at once through a symlink. A read that fails, or
 // yields a certificate that does not match its key (a file half rewritten), keeps the last good
-// material, is logged and is retried on the next call.
+// material and is logged once; the files are read again when they change (or when one could not
+// be stat'ed: it may appear). Material returns the same *Material until the files change, so
+// that a caller can tell a new version by the pointer.
 type Files struct {
 	Cert, Key, CA string
 	// Log receives reloads and failed reads. The zero value discards them.
 	Log logr.Logger
+	// Loaded, if set, is called after every read of the files with its error (nil: a new
+	// version is in use), for a caller that counts them.
+	Loaded func(err error)
 
-	mu    sync.Mutex
-	stamp [3]stamp
-	cur   *Material
+	mu     sync.Mutex
+	stamp  [3]stamp
+	cur    *Material
+	failed [3]stamp // of the version whose read failed last; not read again until they change
+	err    error    // that read's error
 }
 
 // stamp identifies a version of a file.
@@ -104,19 +111,31 @@ func (f *Files) Material() (*Material, error) {
 	if statErr == nil && f.cur != nil && now == f.stamp {
 		return f.cur, nil
 	}
+	if statErr == nil && f.err != nil && now == f.failed {
+		return f.keep(fmt.Errorf("TLS files unchanged since they failed to load: %w", f.err))
+	}
 	m, err := f.read(statErr)
+	if f.Loaded != nil {
+		f.Loaded(err)
+	}
 	if err != nil {
-		if f.cur == nil {
-			return nil, err
-		}
-		f.Log.Error(err, "Reading TLS files failed; keeping the certificate read before", "cert", f.Cert)
-		return f.cur, nil
+		f.failed, f.err = now, err
+		f.Log.Error(err, "Reading TLS files failed", "cert", f.Cert, "key", f.Key, "ca", f.CA, "keepingPrevious", f.cur != nil)
+		return f.keep(err)
 	}
 	if f.cur != nil {
 		f.Log.Info("TLS files changed: new handshakes use them", "cert", f.Cert, "notAfter", m.Cert.Leaf.NotAfter)
 	}
-	f.cur, f.stamp = m, now
+	f.cur, f.stamp, f.err = m, now, nil
 	return m, nil
+}
+
+// keep returns the material read before, or err when there is none. f.mu is held.
+func (f *Files) keep(err error) (*Material, error) {
+	if f.cur == nil {
+		return nil, err
+	}
+	return f.cur, nil
 }
 
 func (f *Files) read(statErr error) (*Material, error) {

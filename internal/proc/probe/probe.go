@@ -55,9 +55,9 @@ type ReadyFunc func() (bool, string)
 // profiling): what package initialisation allocated before is sampled at the default rate.
 // Linking the profiler (this package does) keeps the runtime's default of one sample per 512 KiB
 // allocated, and each allocation stack sampled takes a page of the runtime's bucket table
-// (179,999 × 8 bytes = 1.4 MB, pages touched at random): after a load 0.8–0.9 MiB of
-// tendril-server's RSS (`tendril-bench tunnel --settle 60s`, RssAnon 7.9 against 7.0–7.2 MiB
-// with sampling off), for a profile nobody can fetch. Off, the heap profile is empty.
+// (179,999 × 8 bytes = 1.4 MB, pages touched at random), and those pages stay in
+// tendril-server's resident memory after a load (docs/performance.md, "Memory after a load
+// against a settled idle"), for a profile nobody can fetch. Off, the heap profile is empty.
 func SampleHeap(profiling bool) {
 	if !profiling {
 		runtime.MemProfileRate = 0

@@ -4,10 +4,10 @@
 //
 // Why: an idle processor costs CPU on every event. When a goroutine is woken and a processor is
 // idle, Go's scheduler wakes another thread to look for work on it, which finds none and sleeps
-// again. tendril-ingress at one client per connection made 40 system calls with two processors
-// (16.5 epoll_pwait, futex, sched_yield: the scheduler's) against 31 with one (8.9 epoll_pwait,
-// no futex), `strace -c -f` over 5 s of `tendril-bench sni --concurrency 1` (docs/performance.md).
-// An event loop such as HAProxy's sleeps in epoll_wait on each thread and wakes one.
+// again. tendril-ingress at one client made fewer system calls per connection with one
+// processor than with two, the difference being the scheduler's epoll_pwait and futex calls
+// (docs/performance.md, "The processors the ingress runs on"). An event loop such as HAProxy's
+// sleeps in epoll_wait on each thread and wakes one.
 //
 // Go updates its default GOMAXPROCS when the CPUs a process may run on or its cgroup's CPU limit
 // change (a pod resized in place, a CPU set changed), but not once a program has set it, as this

@@ -1,28 +1,60 @@
-// Package testnet holds the small network fixtures tendril's tests share: a serve loop whose
-// handlers the test waits for, an echo that passes half-closes on, an echo round trip, a
-// loopback TCP connection's two ends, an address that refuses connections and reserved ports. It is
+// Package testnet holds the small network fixtures tendril's tests share: a loopback listener, a
+// serve loop whose handlers the test waits for (and one for datagrams), an echo that passes
+// half-closes on, an echo round trip, a loopback TCP connection's two ends, forwarders, an HTTP
+// CONNECT proxy, PROXY headers, an address that refuses connections and reserved ports. It is
 // imported by tests only and does nothing on its own.
 package testnet
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 
+	"github.com/pires/go-proxyproto"
+
 	"github.com/tendril-net/tendril/internal/host/reserve"
 )
+
+// Listen returns a new loopback TCP listener, closed when the test ends if nothing closed it
+// before.
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
 
 // Serve accepts on ln until the test ends and runs handle for each connection, closing it
 // afterwards; cleanup closes ln and waits for every handler.
 func Serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
 	t.Helper()
 	var wg sync.WaitGroup
+	acceptEach(ln, &wg, func(c net.Conn) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			handle(c)
+		}()
+	})
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+}
+
+// acceptEach accepts on ln until it is closed, on a goroutine wg waits for, and passes each
+// connection to handle on that goroutine.
+func acceptEach(ln net.Listener, wg *sync.WaitGroup, handle func(net.Conn)) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -31,15 +63,72 @@ func Serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
 			if err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				handle(c)
-			}()
+			handle(c)
 		}
 	}()
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
+}
+
+// Forward relays TCP connections from a new loopback listener until the test ends and returns
+// the listener's address. For each connection it accepts, dial opens the upstream (on an error
+// the connection is closed) and carry(dst, src) copies one direction, each on a goroutine of
+// its own. Cleanup closes the listener and every connection and waits for the goroutines.
+func Forward(t testing.TB, dial func() (net.Conn, error), carry func(dst, src net.Conn)) string {
+	t.Helper()
+	ln := Listen(t)
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		conns  []net.Conn
+		closed bool
+	)
+	acceptEach(ln, &wg, func(c net.Conn) {
+		up, err := dial()
+		if err != nil {
+			c.Close()
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if closed {
+			c.Close()
+			up.Close()
+			return
+		}
+		conns = append(conns, c, up)
+		wg.Add(2)
+		go func() { defer wg.Done(); carry(up, c) }()
+		go func() { defer wg.Done(); carry(c, up) }()
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		closed = true
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// ServeUDP answers each datagram that arrives on pc with what answer returns for it, until the
+// test ends; cleanup closes pc and waits for the server.
+func ServeUDP(t testing.TB, pc net.PacketConn, answer func(datagram []byte) []byte) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 64<<10)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(answer(buf[:n]), from)
+		}
+	}()
+	t.Cleanup(func() { pc.Close(); <-done })
 }
 
 // Echo copies everything back and half-closes when the client does.
@@ -53,10 +142,7 @@ func Echo(c net.Conn) {
 // TCPPair returns both ends of a loopback TCP connection, closed when the test ends.
 func TCPPair(t testing.TB) (client, server *net.TCPConn) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := Listen(t)
 	defer l.Close()
 	accepted := make(chan net.Conn, 1)
 	go func() {
@@ -80,10 +166,7 @@ func TCPPair(t testing.TB) (client, server *net.TCPConn) {
 // EchoServer serves Echo on a new loopback listener until the test ends and returns its address.
 func EchoServer(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := Listen(t)
 	Serve(t, ln, Echo)
 	return ln.Addr().String()
 }
@@ -131,43 +214,32 @@ type Proxy struct {
 // NewProxy starts a Proxy to target.
 func NewProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := Listen(t)
 	p := &Proxy{Addr: ln.Addr().String()}
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.accepted.Add(1)
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			hole := &atomic.Bool{}
-			p.mu.Lock()
-			hole.Store(p.cut)
-			if p.closed {
-				p.mu.Unlock()
-				c.Close()
-				up.Close()
-				return
-			}
-			p.holes = append(p.holes, hole)
-			p.conns = append(p.conns, c, up)
-			p.mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); copyUnlessHoled(up, c, hole) }()
-			go func() { defer wg.Done(); copyUnlessHoled(c, up, hole) }()
+	acceptEach(ln, &wg, func(c net.Conn) {
+		p.accepted.Add(1)
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			c.Close()
+			return
 		}
-	}()
+		hole := &atomic.Bool{}
+		p.mu.Lock()
+		hole.Store(p.cut)
+		if p.closed {
+			p.mu.Unlock()
+			c.Close()
+			up.Close()
+			return
+		}
+		p.holes = append(p.holes, hole)
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		wg.Add(2)
+		go func() { defer wg.Done(); copyUnlessHoled(up, c, hole) }()
+		go func() { defer wg.Done(); copyUnlessHoled(c, up, hole) }()
+	})
 	t.Cleanup(func() {
 		ln.Close()
 		p.mu.Lock()
@@ -230,6 +302,43 @@ func copyUnlessHoled(dst, src net.Conn, hole *atomic.Bool) {
 			return
 		}
 	}
+}
+
+// ConnectProxy serves HTTP CONNECT with net/http, as a real HTTP proxy would, on a new loopback
+// listener until the test ends and returns its address. A request ok refuses is answered 503;
+// for the others, after the 200, tunnel gets the hijacked connection (closed when it returns)
+// and the reader and writer that hold what the client sent after the request.
+func ConnectProxy(t testing.TB, ok func(*http.Request) bool, tunnel func(c net.Conn, rw *bufio.ReadWriter)) string {
+	t.Helper()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !ok(r) {
+			http.Error(w, "no", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		c, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		tunnel(c, rw)
+	})}
+	ln := Listen(t)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close(); <-done })
+	return ln.Addr().String()
+}
+
+// ProxyHeader is the PROXY protocol v2 header of a TCP connection from src to dst (ip:port).
+func ProxyHeader(t testing.TB, src, dst string) []byte {
+	t.Helper()
+	h := proxyproto.HeaderProxyFromAddrs(2, net.TCPAddrFromAddrPort(netip.MustParseAddrPort(src)), net.TCPAddrFromAddrPort(netip.MustParseAddrPort(dst)))
+	b, err := h.Format()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // RefusedAddr is a loopback address that refuses connections until the test ends: a TCP socket
