@@ -283,11 +283,7 @@ func TestServerDown(t *testing.T) {
 	t.Run("never up", func(t *testing.T) {
 		b := newBackend(t)
 		down, up := testnet.RefusedAddr(t), newReplica(t, b.grpc)
-		r := startHA(t, b, down, up.addr)
-		within(t, r, 6)
-		if got := r.attempts(up.addr, attemptAnswered); got != 12 {
-			t.Errorf("the live replica answered %v tunnels, want 12", got)
-		}
+		r := viaLive(t, b, down, up)
 		// The first tunnel tries the first server first (then it is tried last: its connection
 		// failed); its failure is logged once.
 		if r.failovers() < 1 {
@@ -303,6 +299,18 @@ func TestServerDown(t *testing.T) {
 			t.Errorf("%d log lines for the stopped replica, want at most 1:\n%s", got, r.logs.String())
 		}
 	})
+}
+
+// viaLive relays 6 tunnels over the replica at failing, which fails in the test's way, and live:
+// every tunnel must be answered by live, within the bound.
+func viaLive(t *testing.T, b *backend, failing string, live *replica) *running {
+	t.Helper()
+	r := startHA(t, b, failing, live.addr)
+	within(t, r, 6)
+	if got := r.attempts(live.addr, attemptAnswered); got != 12 {
+		t.Errorf("the live replica answered %v tunnels, want 12", got)
+	}
+	return r
 }
 
 // loseAfterUse relays 2 tunnels over two replicas, applies lose to the first replica and relays
@@ -333,11 +341,7 @@ func TestServerBlackholed(t *testing.T) {
 		b := newBackend(t)
 		hole, up := newReplica(t, b.grpc), newReplica(t, b.grpc)
 		hole.hold()
-		r := startHA(t, b, hole.addr, up.addr)
-		within(t, r, 6)
-		if got := r.attempts(up.addr, attemptAnswered); got != 12 {
-			t.Errorf("the live replica answered %v tunnels, want 12", got)
-		}
+		r := viaLive(t, b, hole.addr, up)
 		if r.failovers() < 1 { // the first tunnel tried the hole first
 			t.Errorf("no failover counted")
 		}
@@ -345,11 +349,7 @@ func TestServerBlackholed(t *testing.T) {
 	t.Run("dial never answered", func(t *testing.T) {
 		b := newBackend(t)
 		silent, up := newStandIn(t, b, standInSilent), newReplica(t, b.grpc)
-		r := startHA(t, b, silent, up.addr)
-		within(t, r, 6)
-		if got := r.attempts(up.addr, attemptAnswered); got != 12 {
-			t.Errorf("the live replica answered %v tunnels, want 12", got)
-		}
+		r := viaLive(t, b, silent, up)
 		if r.failovers() < 1 || r.attempts(silent, attemptCancelled) < 1 {
 			t.Errorf("failovers %v, attempts on the silent stand-in cancelled %v: want both", r.failovers(), r.attempts(silent, attemptCancelled))
 		}
@@ -372,11 +372,7 @@ func TestServerRefuses(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			b := newBackend(t)
 			refusing, up := newStandIn(t, b, mode), newReplica(t, b.grpc)
-			r := startHA(t, b, refusing, up.addr)
-			within(t, r, 6)
-			if got := r.attempts(up.addr, attemptAnswered); got != 12 {
-				t.Errorf("the live replica answered %v tunnels, want 12", got)
-			}
+			r := viaLive(t, b, refusing, up)
 			want := attemptRefused
 			if mode == standInUnavailable {
 				want = attemptUnavailable

@@ -326,9 +326,14 @@ func (c *deltaClient) recv(t testing.TB) *discoveryv3.DeltaDiscoveryResponse {
 
 func (c *deltaClient) recvTypes(t testing.TB, n int) map[string]*discoveryv3.DeltaDiscoveryResponse {
 	t.Helper()
-	out := map[string]*discoveryv3.DeltaDiscoveryResponse{}
+	return byType(n, func() *discoveryv3.DeltaDiscoveryResponse { return c.recv(t) })
+}
+
+// byType receives n responses with recv and returns them by type URL.
+func byType[Resp interface{ GetTypeUrl() string }](n int, recv func() Resp) map[string]Resp {
+	out := map[string]Resp{}
 	for range n {
-		r := c.recv(t)
+		r := recv()
 		out[r.GetTypeUrl()] = r
 	}
 	return out
@@ -407,12 +412,7 @@ func (c *sotwClient) recv(t *testing.T) *discoveryv3.DiscoveryResponse {
 
 func (c *sotwClient) recvTypes(t *testing.T, n int) map[string]*discoveryv3.DiscoveryResponse {
 	t.Helper()
-	out := map[string]*discoveryv3.DiscoveryResponse{}
-	for range n {
-		r := c.recv(t)
-		out[r.GetTypeUrl()] = r
-	}
-	return out
+	return byType(n, func() *discoveryv3.DiscoveryResponse { return c.recv(t) })
 }
 
 // TestResourcesOnTheWire checks that what both protocols send is exactly the deterministic
