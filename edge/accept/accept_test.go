@@ -10,23 +10,16 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/tendril-net/tendril/internal/testing/testnet"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func listen(t *testing.T) net.Listener {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
 // TestMaxAndDrain: a connection beyond Max is refused and closed at once; on shutdown a
 // connection still being served is closed after the drain timeout.
 func TestMaxAndDrain(t *testing.T) {
-	l := listen(t)
+	l := testnet.Listen(t)
 	var refused atomic.Int32
 	s := &Server{
 		Handle: func(ctx context.Context, c net.Conn, _ *Conns) { _, _ = io.Copy(io.Discard, c) }, // until closed
@@ -79,7 +72,7 @@ func (failing) Accept() (net.Conn, error) { return nil, errBroken }
 // TestAcceptError: Accept failing by itself ends Serve with its error.
 func TestAcceptError(t *testing.T) {
 	s := &Server{Handle: func(context.Context, net.Conn, *Conns) {}}
-	if err := s.Serve(context.Background(), failing{listen(t)}); !errors.Is(err, errBroken) {
+	if err := s.Serve(context.Background(), failing{testnet.Listen(t)}); !errors.Is(err, errBroken) {
 		t.Errorf("Serve: %v", err)
 	}
 }
@@ -88,7 +81,7 @@ func TestAcceptError(t *testing.T) {
 // served go on (Serve has not returned); CloseAll closes them, counts them, and from then on
 // Add refuses and closes. A connection handed over with Forget is left open.
 func TestStopAcceptingAndCloseAll(t *testing.T) {
-	l := listen(t)
+	l := testnet.Listen(t)
 	handedOver := make(chan net.Conn, 1)
 	refusedUp := make(chan bool, 1)
 	s := &Server{Handle: func(ctx context.Context, c net.Conn, conns *Conns) {
@@ -170,7 +163,7 @@ func (f *flaky) Accept() (net.Conn, error) {
 // TestRetryAccept: with RetryAccept, Accept errors are passed over and the connections after
 // them served.
 func TestRetryAccept(t *testing.T) {
-	l := &flaky{Listener: listen(t)}
+	l := &flaky{Listener: testnet.Listen(t)}
 	l.fails.Store(3)
 	served := make(chan struct{}, 1)
 	s := &Server{Handle: func(context.Context, net.Conn, *Conns) { served <- struct{}{} }, RetryAccept: true}
@@ -198,7 +191,7 @@ func TestRetryAccept(t *testing.T) {
 func TestLimit(t *testing.T) {
 	var refused atomic.Int32
 	m := &Limit{Max: 1, Refused: func(net.Conn) { refused.Add(1) }}
-	l := m.Listener(listen(t))
+	l := m.Listener(testnet.Listen(t))
 	defer l.Close()
 	accepted := make(chan net.Conn)
 	go func() {

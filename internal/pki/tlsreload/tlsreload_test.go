@@ -228,3 +228,38 @@ func TestFilesMissing(t *testing.T) {
 		t.Fatalf("missing files: %v, want not exist", err)
 	}
 }
+
+// TestFilesFailedVersionReadOnce: a version of the files that fails to load is read (and
+// reported to Loaded) once, not at every call, and the material read before stays in use; the
+// next version is read as soon as it appears.
+func TestFilesFailedVersionReadOnce(t *testing.T) {
+	dir := t.TempDir()
+	ca := newCA(t, "ca")
+	f := writeFiles(t, dir, ca, "xds")
+	var loads []error
+	f.Loaded = func(err error) { loads = append(loads, err) }
+	good, err := f.Material()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A half-written rotation: the CA bundle holds no certificate (new size, new mtime).
+	if err := os.WriteFile(f.CA, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if m, err := f.Material(); err != nil || m != good {
+			t.Fatalf("with a broken CA file: %p, %v; want the material read before", m, err)
+		}
+	}
+	if len(loads) != 2 || loads[0] != nil || loads[1] == nil {
+		t.Fatalf("loads %v, want one good and one failed read", loads)
+	}
+	writeFiles(t, dir, ca, "xds")
+	m, err := f.Material()
+	if err != nil || m == good {
+		t.Fatalf("after the rotation completed: %p, %v; want new material", m, err)
+	}
+	if len(loads) != 3 || loads[2] != nil {
+		t.Fatalf("loads %v, want the new version read once", loads)
+	}
+}
