@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+
+	"github.com/tendril-net/tendril/edge/accept"
 )
 
 // Defaults of the pending-connection limits (Config).
@@ -81,24 +83,13 @@ func newPendingSet(maxTotal, maxListener, maxSource int, trusted func(netip.Addr
 	}
 }
 
-// sourceKey is the address a per-source limit counts: the IPv4 address, or the /64 of an IPv6
-// one (a single host is commonly given a whole /64).
-func sourceKey(a netip.Addr) netip.Addr {
-	a = a.Unmap()
-	if a.Is6() {
-		p, _ := a.Prefix(64)
-		return p.Addr()
-	}
-	return a
-}
-
 // admit registers c, accepted on listener from source, as pending. It refuses it (nil and the
 // outcome) when its source is at its limit; when a listener or the total is at its limit it
 // evicts the oldest pending connection, which the caller closes and counts.
 func (p *pendingSet) admit(listener string, c pendingCloser, source netip.Addr) (pc, victim *pendingConn, outcome string) {
 	key := netip.Addr{}
 	if !p.trusted(source.Unmap()) {
-		key = sourceKey(source)
+		key = accept.SourceKey(source)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -57,6 +57,14 @@ type Config struct {
 	IdleTimeout time.Duration
 	// DrainTimeout is how long connections may continue after shutdown began. If zero, 30 s.
 	DrainTimeout time.Duration
+	// MaxConnections caps the in-cluster connections forwarded at once; one beyond it is closed
+	// at once (outcome too_many). If zero, DefaultMaxConnections; negative: no cap.
+	MaxConnections int
+	// MaxConnectionsPerSource caps the connections of one source address (a pod; host-network
+	// pods share the node's) forwarded at once, so that one client leaking connections cannot
+	// take the node's others' places; one beyond it is closed at once (outcome source_limit). If
+	// zero, DefaultMaxConnectionsPerSource; negative: no cap.
+	MaxConnectionsPerSource int
 	// CheckInterval is how often the ingress's reachability (readiness) and the link are
 	// checked. If zero, 10 s.
 	CheckInterval time.Duration
@@ -64,6 +72,29 @@ type Config struct {
 	Log logr.Logger
 	// Registry receives the metrics. If nil, they are not registered.
 	Registry prometheus.Registerer
+}
+
+// Defaults of the connection bounds (Config).
+const (
+	// DefaultMaxConnections: each forwarded connection holds two descriptors (the client's and
+	// the ingress's), 40,000 at the cap, well inside the 1,048,576 a container runtime commonly
+	// allows; the relay splices, so the memory is the kernel's socket buffers.
+	DefaultMaxConnections = 20000
+	// DefaultMaxConnectionsPerSource: a client holds one connection or a few (client-go
+	// multiplexes its requests over HTTP/2), so 1,000 is far beyond any pod's need and leaves
+	// 19,000 places to the others when one pod leaks connections.
+	DefaultMaxConnectionsPerSource = 1000
+)
+
+// bound is the value of a bound: n, def when n is zero, no cap (0) when n is negative.
+func bound(n, def int) int {
+	switch {
+	case n == 0:
+		return def
+	case n < 0:
+		return 0
+	}
+	return n
 }
 
 func (c *Config) defaults() error {
@@ -110,6 +141,8 @@ type Agent struct {
 	cfg     Config
 	metrics *metrics
 	ready   atomic.Bool
+	// refusals logs the connections refused for a bound without letting a flood flood the log.
+	refusals *accept.LimitedLog
 }
 
 // New validates cfg and returns an agent.
@@ -117,7 +150,7 @@ func New(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	return &Agent{cfg: cfg, metrics: newMetrics(cfg.Registry)}, nil
+	return &Agent{cfg: cfg, metrics: newMetrics(cfg.Registry), refusals: &accept.LimitedLog{Log: cfg.Log}}, nil
 }
 
 // Ready reports whether the ingress answered the last check.
@@ -154,7 +187,15 @@ func (a *Agent) Serve(ctx context.Context, l net.Listener) error {
 		<-checked
 	}()
 	// On shutdown open connections may finish; after the drain timeout they are closed.
-	s := &accept.Server{Handle: a.forward, DrainTimeout: a.cfg.DrainTimeout, Log: a.cfg.Log}
+	s := &accept.Server{
+		Handle: a.forward, DrainTimeout: a.cfg.DrainTimeout, Log: a.cfg.Log,
+		Max:          bound(a.cfg.MaxConnections, DefaultMaxConnections),
+		MaxPerSource: bound(a.cfg.MaxConnectionsPerSource, DefaultMaxConnectionsPerSource),
+		Refused: func(c net.Conn, reason string) {
+			a.metrics.connections.WithLabelValues(reason).Inc()
+			a.refusals.Info("Connection refused", "client", c.RemoteAddr().String(), "reason", reason)
+		},
+	}
 	if err := s.Serve(ctx, l); err != nil {
 		return fmt.Errorf("apiserver-proxy: accept: %w", err)
 	}
@@ -256,7 +297,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		connections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tendril_apiserver_proxy_connections_total", Help: "In-cluster connections, by outcome (forwarded, dial_failed).",
+			Name: "tendril_apiserver_proxy_connections_total", Help: "In-cluster connections, by outcome (forwarded, dial_failed; refused: too_many, source_limit).",
 		}, []string{"outcome"}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tendril_apiserver_proxy_active_connections", Help: "Connections being forwarded.",

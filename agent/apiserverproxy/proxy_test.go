@@ -237,3 +237,50 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestSourceLimit: a pod at its bound has its next connection closed at once and counted, while
+// another pod's connection is forwarded.
+func TestSourceLimit(t *testing.T) {
+	ingress := testnet.Listen(t)
+	serveEcho(t, ingress, func(c net.Conn) (net.Conn, bool) {
+		// Skip the 28-byte PROXY v2 header for IPv4.
+		if _, err := io.ReadFull(c, make([]byte, 28)); err != nil {
+			return nil, false
+		}
+		return c, true
+	})
+	reg := prometheus.NewRegistry()
+	_, addr, _, _ := startAgent(t, Config{Ingress: ingress.Addr().String(), MaxConnectionsPerSource: 1, Registry: reg})
+	echoFrom := func(src string) (string, error) {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, "ping\n"); err != nil {
+			return "", err
+		}
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	if got, err := echoFrom("127.0.0.1"); got != "ping\n" { // held open until the test ends
+		t.Fatalf("first connection of 127.0.0.1: %q, %v", got, err)
+	}
+	if got, err := echoFrom("127.0.0.1"); got != "" || err == nil {
+		t.Errorf("second connection of 127.0.0.1: %q, %v; want it closed", got, err)
+	}
+	if got, err := echoFrom("127.0.0.2"); got != "ping\n" {
+		t.Errorf("another pod's connection: %q, %v", got, err)
+	}
+	if n := connections(t, reg, "source_limit"); n != 1 {
+		t.Errorf("source_limit: %v, want 1", n)
+	}
+}
+
+// TestBounds: zero takes the default, a negative value lifts the cap.
+func TestBounds(t *testing.T) {
+	if bound(0, DefaultMaxConnections) != DefaultMaxConnections || bound(-1, DefaultMaxConnections) != 0 || bound(7, DefaultMaxConnections) != 7 {
+		t.Errorf("bound: 0 → %d, -1 → %d, 7 → %d", bound(0, 9), bound(-1, 9), bound(7, 9))
+	}
+}

@@ -235,6 +235,8 @@ func parseAPIServerProxy(args []string) (APIServerProxyConfig, error) {
 	fs.StringVar(&mode, "mode", string(apiserverproxy.ModeProxyProtocol), "how the destination is announced: proxy-protocol or connect")
 	fs.StringVar(&cfg.Proxy.Namespace, "namespace", "", "the shoot's namespace in the seed (connect mode: X-Gardener-Destination)")
 	fs.StringVar(&cfg.Proxy.Interface, "interface", "tendril-api", `dummy link holding the advertised address (needs NET_ADMIN); "" leaves links alone`)
+	fs.IntVar(&cfg.Proxy.MaxConnections, "max-connections", apiserverproxy.DefaultMaxConnections, "in-cluster connections forwarded at once (-1: no cap)")
+	fs.IntVar(&cfg.Proxy.MaxConnectionsPerSource, "max-connections-per-source", apiserverproxy.DefaultMaxConnectionsPerSource, "connections of one pod (source address) forwarded at once (-1: no cap)")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:16911", "address for /metrics, /healthz and /readyz (empty: off)")
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")
 	if err := fs.Parse(args); err != nil {

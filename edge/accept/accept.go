@@ -1,14 +1,13 @@
 // Package accept is the connection edge's accept loop for connections served by goroutines: it
 // serves a listener's connections, each in its own goroutine, optionally at most a number at
-// once, tracks them (and whatever else their handlers open) so that shutdown can close them, and
+// once in all and per source address, tracks them (and whatever else their handlers open) so that shutdown can close them, and
 // drains them. tendril-server's CONNECT and tunnel front-ends, the apiserver-proxy and the egress
-// relay's CONNECT socket are each a Server with its own Handle; a listener that gRPC serves
+// relay's CONNECT socket and tunnel/tundev's redirected connections are each a Server with its
+// own Handle; a listener that gRPC serves
 // itself (the egress relay's konnectivity socket) takes the cap alone (Limit); the ingress
 // accepts on package loops' event loops instead and tracks what it hands to goroutines in a
 // Conns, pausing failed accepts with Pause. LimitedLog logs the refusals without letting a flood
 // flood the log. It does not read or write the connections itself, and it knows no protocol.
-// (tunnel/tundev keeps a loop of its own: it resets, not closes, what it refuses and what is open
-// at its stop, as the real destination would.)
 //
 // Lifecycle of a Server: Serve accepts until one of these, and then returns once every handler
 // has returned:
@@ -25,7 +24,8 @@
 //
 // Memory: a tracked connection costs a map entry (about 50 bytes with the table's share); the
 // map gives its table back after a peak (a flood of handshakes) once it holds less than a
-// quarter of it. The goroutine per connection is Handle's.
+// quarter of it. With MaxPerSource, a source with a connection open costs another entry (about
+// 64 bytes). The goroutine per connection is Handle's.
 package accept
 
 import (
@@ -48,10 +48,20 @@ type Server struct {
 	// or when Accept failed and Serve closes everything.
 	Handle func(ctx context.Context, c net.Conn, conns *Conns)
 	// Max caps the connections served at once; zero: no cap. A connection beyond it is passed
-	// to Refused and closed at once.
+	// to Refused (RefusedMax) and closed at once.
 	Max int
-	// Refused, if set, is told of a connection refused for Max (before it is closed).
-	Refused func(c net.Conn)
+	// MaxPerSource caps the connections of one source (SourceKey: an IPv4 address, an IPv6 /64)
+	// served at once, so that one client cannot take all of Max; zero: no cap. A peer without an
+	// IP address (a Unix socket's) is not counted. A connection beyond it is passed to Refused
+	// (RefusedSource) and closed at once.
+	MaxPerSource int
+	// Refused, if set, is told of a connection refused for a bound, with the bound's reason
+	// (before it is closed): count and log it.
+	Refused func(c net.Conn, reason string)
+	// Abort, if set, is how the Server closes the connections it closes itself: those it refuses
+	// and those still open when it shuts them down (tunnel/tundev resets them, as the real
+	// destination would have). Zero: Close.
+	Abort func(c net.Conn)
 	// DrainTimeout is how long connections may continue once ctx ended; zero: they are closed
 	// at once.
 	DrainTimeout time.Duration
@@ -63,15 +73,22 @@ type Server struct {
 	// Log receives the "Draining" and "Accept failed" lines.
 	Log logr.Logger
 
-	once  sync.Once
-	slots chan struct{}
-	conns Conns
-	mu    sync.Mutex
-	l     net.Listener // the listener being served, for StopAccepting and CloseAll
+	once    sync.Once
+	slots   chan struct{}
+	sources sources
+	conns   Conns
+	mu      sync.Mutex
+	l       net.Listener // the listener being served, for StopAccepting and CloseAll
 	// stopped: StopAccepting or CloseAll was called; a Serve that starts later closes its
 	// listener at once.
 	stopped bool
 }
+
+// Reasons a Server refuses a connection, Refused's reason.
+const (
+	RefusedMax    = "too_many"     // Max connections are being served
+	RefusedSource = "source_limit" // MaxPerSource connections of its source are being served
+)
 
 // The pause after a failed Accept, with RetryAccept: it doubles from the minimum at every
 // failure in a row, up to the maximum.
@@ -103,6 +120,7 @@ func (s *Server) init() {
 			s.slots = make(chan struct{}, s.Max)
 		}
 		s.conns.m = make(map[net.Conn]struct{})
+		s.conns.abort = s.Abort
 	})
 }
 
@@ -111,6 +129,10 @@ func (s *Server) Active() int {
 	s.init()
 	return len(s.slots)
 }
+
+// Sources is the number of sources with a connection being served (counted only with
+// MaxPerSource).
+func (s *Server) Sources() int { return s.sources.len() }
 
 // Open is the number of connections tracked: accepted ones not yet ended or handed over, and
 // those their handlers added.
@@ -158,11 +180,9 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	var wg sync.WaitGroup
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
-	if err := s.accept(ctx, l, func(c net.Conn) {
+	if err := s.accept(ctx, l, func(c net.Conn, release func()) {
 		wg.Go(func() {
-			if s.slots != nil {
-				defer func() { <-s.slots }()
-			}
+			defer release()
 			defer func() {
 				if s.conns.Forget(c) {
 					c.Close()
@@ -208,9 +228,10 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	return nil
 }
 
-// accept hands every connection it accepts on l to serve, within Max, until ctx ends or l is
-// closed (nil) or Accept fails by itself (its error).
-func (s *Server) accept(ctx context.Context, l net.Listener, serve func(net.Conn)) error {
+// accept hands every connection it accepts on l to serve, within the bounds, with the function
+// that gives its places back, until ctx ends or l is closed (nil) or Accept fails by itself (its
+// error).
+func (s *Server) accept(ctx context.Context, l net.Listener, serve func(c net.Conn, release func())) error {
 	var pause time.Duration
 	for {
 		c, err := l.Accept()
@@ -227,25 +248,48 @@ func (s *Server) accept(ctx context.Context, l net.Listener, serve func(net.Conn
 			continue
 		}
 		pause = 0
-		if s.slots != nil {
-			select {
-			case s.slots <- struct{}{}:
-			default:
-				if s.Refused != nil {
-					s.Refused(c)
-				}
-				c.Close()
-				continue
+		release, reason := s.admit(c)
+		if reason != "" {
+			if s.Refused != nil {
+				s.Refused(c, reason)
 			}
+			s.conns.close(c)
+			continue
 		}
 		if !s.conns.Add(c) { // CloseAll was called: c is closed
-			if s.slots != nil {
-				<-s.slots
-			}
+			release()
 			return nil
 		}
-		serve(c)
+		serve(c, release)
 	}
+}
+
+// admit takes c's places within Max and MaxPerSource and returns the function that gives them
+// back, or the reason of the bound it is beyond.
+func (s *Server) admit(c net.Conn) (release func(), reason string) {
+	if s.slots != nil {
+		select {
+		case s.slots <- struct{}{}:
+		default:
+			return nil, RefusedMax
+		}
+	}
+	key, counted := remoteKey(c)
+	counted = counted && s.MaxPerSource > 0
+	if counted && !s.sources.take(key, s.MaxPerSource) {
+		if s.slots != nil {
+			<-s.slots
+		}
+		return nil, RefusedSource
+	}
+	return func() {
+		if counted {
+			s.sources.release(key)
+		}
+		if s.slots != nil {
+			<-s.slots
+		}
+	}, ""
 }
 
 // Conns tracks open connections so that shutdown can close them. Once closed (CloseAll, or the
@@ -256,6 +300,8 @@ type Conns struct {
 	// the table of its peak).
 	m    map[net.Conn]struct{}
 	peak int
+	// abort closes what the Conns closes itself (Server.Abort); nil: Close.
+	abort func(net.Conn)
 }
 
 // NewConns returns an empty, open Conns, for an owner that tracks connections outside a Server.
@@ -271,7 +317,7 @@ func (s *Conns) Add(c net.Conn) bool {
 	s.mu.Lock()
 	if s.m == nil {
 		s.mu.Unlock()
-		c.Close()
+		s.close(c)
 		return false
 	}
 	s.m[c] = struct{}{}
@@ -320,8 +366,17 @@ func (s *Conns) closeAll() int {
 	defer s.mu.Unlock()
 	n := len(s.m)
 	for c := range s.m {
-		c.Close()
+		s.close(c)
 	}
 	s.m = nil
 	return n
+}
+
+// close closes c the way the Conns closes what it closes itself.
+func (s *Conns) close(c net.Conn) {
+	if s.abort != nil {
+		s.abort(c)
+		return
+	}
+	c.Close()
 }

@@ -23,7 +23,11 @@ func TestMaxAndDrain(t *testing.T) {
 	var refused atomic.Int32
 	s := &Server{
 		Handle: func(ctx context.Context, c net.Conn, _ *Conns) { _, _ = io.Copy(io.Discard, c) }, // until closed
-		Max:    1, Refused: func(net.Conn) { refused.Add(1) }, DrainTimeout: 50 * time.Millisecond,
+		Max:    1, Refused: func(_ net.Conn, reason string) {
+			if reason == RefusedMax {
+				refused.Add(1)
+			}
+		}, DrainTimeout: 50 * time.Millisecond,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -10,10 +10,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tendril-net/tendril/edge/accept"
 )
 
 // Handler serves one TCP connection from the device into Config.Forward, in its own goroutine:
@@ -30,18 +31,16 @@ type Handler func(ctx context.Context, c *net.TCPConn, dst netip.AddrPort)
 // namespace leads to it.
 var redirectAddr4 = netip.AddrFrom4([4]byte{169, 254, 0, 2})
 
-// forwarder accepts the redirected connections of one family each and runs the Handler.
+// forwarder accepts the redirected connections of one family each (an accept.Server a listener)
+// and runs the Handler.
 type forwarder struct {
 	handler  Handler
 	prefixes []netip.Prefix
-	ctx      context.Context
 	cancel   context.CancelFunc
 	lns      []net.Listener
-	ports    map[int]uint16 // listening port per family (unix.NFPROTO_IPV4, unix.NFPROTO_IPV6)
+	srvs     []*accept.Server // a listener's each
+	ports    map[int]uint16   // listening port per family (unix.NFPROTO_IPV4, unix.NFPROTO_IPV6)
 	wg       sync.WaitGroup
-
-	mu    sync.Mutex
-	conns map[*net.TCPConn]struct{}
 
 	accepted, outside atomic.Uint64
 }
@@ -49,8 +48,7 @@ type forwarder struct {
 // startForwarder listens for the redirected connections of each family of prefixes, bound to
 // the device, on a port the kernel picks.
 func (s *Stack) startForwarder(h Handler) (*forwarder, error) {
-	f := &forwarder{handler: h, prefixes: s.cfg.Forward, ports: make(map[int]uint16), conns: make(map[*net.TCPConn]struct{})}
-	f.ctx, f.cancel = context.WithCancel(context.Background())
+	f := &forwarder{handler: h, prefixes: s.cfg.Forward, ports: make(map[int]uint16)}
 	for _, fam := range []struct {
 		nfproto int
 		network string
@@ -63,15 +61,23 @@ func (s *Stack) startForwarder(h Handler) (*forwarder, error) {
 		lc := net.ListenConfig{Control: s.bindToDevice}
 		l, err := lc.Listen(context.Background(), fam.network, fam.addr)
 		if err != nil {
-			f.stop()
+			for _, l := range f.lns {
+				l.Close()
+			}
 			return nil, fmt.Errorf("tundev: listen for forwarded connections: %w", err)
 		}
 		f.lns = append(f.lns, l)
 		f.ports[fam.nfproto] = l.Addr().(*net.TCPAddr).AddrPort().Port()
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
 	for _, l := range f.lns {
-		f.wg.Add(1)
-		go f.accept(l.(*net.TCPListener))
+		// No descriptor left, say: the Server pauses before the next try while the listen
+		// backlog holds the connections. What it closes itself (at stop) it resets, as the real
+		// destination's end would have been seen to break.
+		srv := &accept.Server{Handle: f.serve, RetryAccept: true, Abort: func(c net.Conn) { Reset(c.(*net.TCPConn)) }}
+		f.srvs = append(f.srvs, srv)
+		f.wg.Go(func() { _ = srv.Serve(ctx, l) }) // with RetryAccept it ends only with ctx
 	}
 	return f, nil
 }
@@ -85,78 +91,33 @@ func hasFamily(prefixes []netip.Prefix, is4 bool) bool {
 	return false
 }
 
-func (f *forwarder) accept(l *net.TCPListener) {
-	defer f.wg.Done()
-	var backoff time.Duration
-	for {
-		c, err := l.AcceptTCP()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// No descriptor left, say: wait before the next try (5 ms doubling to 1 s, as
-			// net/http does) while the listen backlog holds the connections.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			select {
-			case <-f.ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			continue
-		}
-		backoff = 0
-		dst, err := originalDst(c)
-		if err != nil || !inside(f.prefixes, dst.Addr()) {
-			// Not redirected (a peer dialled the listener's port itself): nothing to forward.
-			f.outside.Add(1)
-			Reset(c)
-			continue
-		}
-		if !f.track(c) {
-			Reset(c)
-			return
-		}
-		f.accepted.Add(1)
-		f.wg.Add(1)
-		go func() {
-			defer f.wg.Done()
-			defer f.untrack(c)
-			f.handler(f.ctx, c, dst)
-		}()
+// serve runs the Handler for a redirected connection, and resets one that was not redirected (a
+// peer dialled the listener's port itself): there is nothing to forward it to.
+func (f *forwarder) serve(ctx context.Context, nc net.Conn, _ *accept.Conns) {
+	c := nc.(*net.TCPConn)
+	dst, err := originalDst(c)
+	if err != nil || !inside(f.prefixes, dst.Addr()) {
+		f.outside.Add(1)
+		Reset(c)
+		return
 	}
+	f.accepted.Add(1)
+	f.handler(ctx, c, dst)
 }
 
-// track registers c, to be closed at stop; false once stopping.
-func (f *forwarder) track(c *net.TCPConn) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.conns == nil {
-		return false
+// active is the number of connections being served.
+func (f *forwarder) active() int {
+	n := 0
+	for _, srv := range f.srvs {
+		n += srv.Open()
 	}
-	f.conns[c] = struct{}{}
-	return true
+	return n
 }
 
-func (f *forwarder) untrack(c *net.TCPConn) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.conns, c)
-	c.Close()
-}
-
-// stop closes the listeners and every forwarded connection, ends the Handlers' ctx and waits
+// stop closes the listeners, resets every forwarded connection, ends the Handlers' ctx and waits
 // for them.
 func (f *forwarder) stop() {
 	f.cancel()
-	for _, l := range f.lns {
-		l.Close()
-	}
-	f.mu.Lock()
-	for c := range f.conns {
-		Reset(c)
-	}
-	f.conns = nil
-	f.mu.Unlock()
 	f.wg.Wait()
 }
 

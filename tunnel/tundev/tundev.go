@@ -259,9 +259,7 @@ func (s *Stack) Stats() netstack.Stats {
 	if f := s.fwd; f != nil {
 		st.Forwarded = f.accepted.Load()
 		st.Refused[netstack.RefusedOutside] = f.outside.Load()
-		f.mu.Lock()
-		st.ForwardActive = len(f.conns)
-		f.mu.Unlock()
+		st.ForwardActive = f.active()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
