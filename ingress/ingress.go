@@ -17,6 +17,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tendril-net/tendril/edge/accept"
 	"github.com/tendril-net/tendril/edge/loops"
@@ -154,69 +156,51 @@ func (in *Ingress) Apply(u xdsclient.Update) error {
 func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, removed []string) error {
 	old := in.current.Load()
 	next := *old
+	var err error
 	switch typeURL {
 	case resourcev3.ListenerType:
-		m := maps.Clone(old.listeners)
-		for _, n := range removed {
-			delete(m, n)
-		}
+		// A listener not served here (no address given) is accepted as is and dropped, so a
+		// replica that serves a subset of the listeners never NACKs the others.
+		served := make([]*discoveryv3.Resource, 0, len(resources))
+		removed = slices.Clip(removed) // the update's own slice stays as it is
 		for _, r := range resources {
-			if _, served := in.cfg.Listeners[r.GetName()]; !served {
-				// Not served here (no address given): accepted as is, so a replica that serves
-				// a subset of the listeners never NACKs the others.
-				delete(m, r.GetName())
-				continue
+			if _, ok := in.cfg.Listeners[r.GetName()]; ok {
+				served = append(served, r)
+			} else {
+				removed = append(removed, r.GetName())
 			}
-			l, err := unpack(r.GetResource(), &listenerv3.Listener{})
-			if err != nil {
-				return fmt.Errorf("listener %s: %w", r.GetName(), err)
-			}
+		}
+		next.listeners, err = applyDelta(old.listeners, served, removed, "listener", func(l *listenerv3.Listener) (string, *listenerConfig, error) {
 			lc, err := parseListener(l)
 			if err != nil {
-				return fmt.Errorf("listener %s: %w", r.GetName(), err)
+				return "", nil, fmt.Errorf("listener %s: %w", l.GetName(), err)
 			}
 			if lc.lbProxyProtocol && len(in.cfg.TrustedProxies) == 0 {
-				return fmt.Errorf("listener %s reads the load balancer's PROXY header, but no trusted proxy CIDR is configured (--trusted-proxy-cidr)", r.GetName())
+				return "", nil, fmt.Errorf("listener %s reads the load balancer's PROXY header, but no trusted proxy CIDR is configured (--trusted-proxy-cidr)", l.GetName())
 			}
-			m[lc.name] = lc
-		}
-		next.listeners = m
+			return lc.name, lc, nil
+		})
 	case resourcev3.ClusterType:
-		m := maps.Clone(old.clusters)
-		for _, n := range removed {
-			delete(m, n)
-		}
-		for _, r := range resources {
-			c, err := unpack(r.GetResource(), &clusterv3.Cluster{})
-			if err != nil {
-				return fmt.Errorf("cluster %s: %w", r.GetName(), err)
-			}
+		next.clusters, err = applyDelta(old.clusters, resources, removed, "cluster", func(c *clusterv3.Cluster) (string, *clusterConfig, error) {
 			cc, err := parseCluster(c)
 			if err != nil {
-				return err
+				return "", nil, err
 			}
-			m[cc.name] = cc
-		}
-		next.clusters = m
+			return cc.name, cc, nil
+		})
 	case resourcev3.EndpointType:
-		m := maps.Clone(old.endpoints)
-		for _, n := range removed {
-			delete(m, n)
-		}
-		for _, r := range resources {
-			la, err := unpack(r.GetResource(), &endpointv3.ClusterLoadAssignment{})
-			if err != nil {
-				return fmt.Errorf("assignment %s: %w", r.GetName(), err)
-			}
+		next.endpoints, err = applyDelta(old.endpoints, resources, removed, "assignment", func(la *endpointv3.ClusterLoadAssignment) (string, []netip.AddrPort, error) {
 			eps, _, err := parseAssignment(la, false)
 			if err != nil {
-				return fmt.Errorf("assignment %s: %w", r.GetName(), err)
+				return "", nil, fmt.Errorf("assignment %s: %w", la.GetClusterName(), err)
 			}
-			m[la.GetClusterName()] = eps
-		}
-		next.endpoints = m
+			return la.GetClusterName(), eps, nil
+		})
 	default:
 		return fmt.Errorf("type %s is not supported", typeURL)
+	}
+	if err != nil {
+		return err
 	}
 	in.current.Store(&next)
 	in.metrics.xdsResources.WithLabelValues(resourcev3.ListenerType).Set(float64(len(next.listeners)))
@@ -226,6 +210,28 @@ func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, remo
 		in.ready.Store(true)
 	}
 	return nil
+}
+
+// applyDelta is old with the removed names deleted and resources added: each is unpacked (an
+// error names it as what) and parse gives the key it is stored under and its value.
+func applyDelta[M proto.Message, V any](old map[string]V, resources []*discoveryv3.Resource, removed []string, what string, parse func(M) (string, V, error)) (map[string]V, error) {
+	m := maps.Clone(old)
+	for _, n := range removed {
+		delete(m, n)
+	}
+	for _, r := range resources {
+		var zero M
+		msg, err := unpack(r.GetResource(), zero.ProtoReflect().New().Interface().(M))
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", what, r.GetName(), err)
+		}
+		k, v, err := parse(msg)
+		if err != nil {
+			return nil, err
+		}
+		m[k] = v
+	}
+	return m, nil
 }
 
 // Run subscribes to the xDS server at xdsAddress as nodeID and serves the configured listeners

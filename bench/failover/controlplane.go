@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/internal/host/inherit"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -229,8 +230,7 @@ func routed(ctx context.Context, tunnel string, i int) error {
 type forwarder struct {
 	l        net.Listener
 	backends []string
-	mu       sync.Mutex
-	conns    map[net.Conn]struct{}
+	conns    inflight.Set
 	wg       sync.WaitGroup
 }
 
@@ -239,7 +239,7 @@ func newForwarder(addr string, backends []string) (*forwarder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("failover: xDS Service: %w", err)
 	}
-	f := &forwarder{l: l, backends: backends, conns: map[net.Conn]struct{}{}}
+	f := &forwarder{l: l, backends: backends}
 	f.wg.Go(f.serve)
 	return f, nil
 }
@@ -260,34 +260,13 @@ func (f *forwarder) serve() {
 			c.Close()
 			continue
 		}
-		if !f.track(c, up) {
+		if !f.conns.Add(c, up) {
+			c.Close()
+			up.Close()
 			return
 		}
-		f.wg.Go(func() { splice(c, up); f.untrack(c, up) })
+		f.wg.Go(func() { splice(c, up); f.conns.Remove(c, up) })
 		f.wg.Go(func() { splice(up, c) })
-	}
-}
-
-func (f *forwarder) track(cs ...net.Conn) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.conns == nil {
-		for _, c := range cs {
-			c.Close()
-		}
-		return false
-	}
-	for _, c := range cs {
-		f.conns[c] = struct{}{}
-	}
-	return true
-}
-
-func (f *forwarder) untrack(cs ...net.Conn) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, c := range cs {
-		delete(f.conns, c)
 	}
 }
 
@@ -300,12 +279,7 @@ func splice(dst, src net.Conn) {
 
 func (f *forwarder) Close() error {
 	err := f.l.Close()
-	f.mu.Lock()
-	for c := range f.conns {
-		c.Close()
-	}
-	f.conns = nil
-	f.mu.Unlock()
+	f.conns.Close()
 	f.wg.Wait()
 	return err
 }

@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"regexp"
-	"strconv"
 	"time"
 
-	"github.com/tendril-net/tendril/internal/host/netns"
+	"github.com/tendril-net/tendril/bench/internal/vethnet"
 )
 
 // topology is the benchmark's network. The seed is this process's namespace; the shoot gets
@@ -28,7 +25,7 @@ import (
 // N is derived from the process ID, so that two runs on one machine do not collide; names
 // carry the PID, so that namespaces a killed run left behind are recognised and removed.
 type topology struct {
-	pid, n              int
+	run                 vethnet.Run
 	shootNS             string
 	seedAddr, shootAddr netip.Addr   // the seed ⇄ shoot link
 	podAddr             netip.Addr   // in the shoot, on its loopback
@@ -49,47 +46,37 @@ const nsPrefix = "tbfo-"
 var nsRE = regexp.MustCompile(`^` + nsPrefix + `(\d+)-`)
 
 func newTopology(ctx context.Context) (*topology, error) {
-	if err := netns.Check(); err != nil {
+	run, err := vethnet.Start(ctx, nsPrefix, nsRE)
+	if err != nil {
 		return nil, err
 	}
-	netns.RemoveStale(ctx, nsRE)
-	pid := os.Getpid()
-	n := pid%250 + 1
-	a := func(b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{10, b, c, d}) }
 	t := &topology{
-		pid: pid, n: n, shootNS: fmt.Sprintf("%s%d-shoot", nsPrefix, pid),
-		seedAddr: a(235, byte(n), 1), shootAddr: a(235, byte(n), 2),
-		podAddr: a(236, byte(n), 2), podNet: netip.PrefixFrom(a(236, byte(n), 0), 24),
+		run: run, shootNS: run.NS("shoot"),
+		seedAddr: run.Addr(235, 1), shootAddr: run.Addr(235, 2),
+		podAddr: run.Addr(236, 2), podNet: netip.PrefixFrom(run.Addr(236, 0), 24),
 	}
-	id := strconv.Itoa(pid)
+	id := run.ID()
 	seedShoot, shootSeed := "tfs"+id, "tfsn"+id // veth names: at most 15 bytes
 	s := t.shootNS
-	steps := [][]string{
-		{"netns", "add", s},
-		{"link", "add", seedShoot, "type", "veth", "peer", "name", shootSeed},
-		{"link", "set", shootSeed, "netns", s},
-		{"addr", "add", netip.PrefixFrom(t.seedAddr, 30).String(), "dev", seedShoot},
-		{"link", "set", seedShoot, "up"},
-		{"-n", s, "addr", "add", netip.PrefixFrom(t.shootAddr, 30).String(), "dev", shootSeed},
-		{"-n", s, "link", "set", shootSeed, "up"},
-		{"-n", s, "link", "set", "lo", "up"},
+	steps := [][]string{{"netns", "add", s}}
+	steps = append(steps, vethnet.Veth("", seedShoot, netip.PrefixFrom(t.seedAddr, 30), s, shootSeed, netip.PrefixFrom(t.shootAddr, 30))...)
+	steps = append(steps,
+		[]string{"-n", s, "link", "set", "lo", "up"},
 		// On the shoot's loopback: local to the shoot, and no dummy module needed.
-		{"-n", s, "addr", "add", netip.PrefixFrom(t.podAddr, 32).String(), "dev", "lo"},
-	}
-	for _, st := range steps {
-		if err := netns.IP(ctx, st...); err != nil {
-			return nil, errors.Join(err, t.close())
-		}
+		[]string{"-n", s, "addr", "add", netip.PrefixFrom(t.podAddr, 32).String(), "dev", "lo"},
+	)
+	if err := vethnet.IP(ctx, steps...); err != nil {
+		return nil, errors.Join(err, t.close())
 	}
 	return t, nil
 }
 
 // addOpenVPNSeeds makes n namespaces for OpenVPN servers, each linked to the shoot.
 func (t *topology) addOpenVPNSeeds(ctx context.Context, n int) error {
-	id := strconv.Itoa(t.pid)
+	id := t.run.ID()
 	for i := range n {
-		ns := fmt.Sprintf("%s%d-ovpn%d", nsPrefix, t.pid, i)
-		own := netip.AddrFrom4([4]byte{10, 237, byte(t.n), byte(4*i + 1)})
+		ns := t.run.NS(fmt.Sprintf("ovpn%d", i))
+		own := t.run.Addr(237, byte(4*i+1))
 		peer := own.Next()
 		t.ovpnNS = append(t.ovpnNS, ns)
 		if err := linkNS(ctx, ns, t.shootNS, fmt.Sprintf("tfo%d%s", i, id), fmt.Sprintf("tfon%d%s", i, id), own, peer); err != nil {
@@ -103,41 +90,17 @@ func (t *topology) addOpenVPNSeeds(ctx context.Context, n int) error {
 // linkNS makes the namespace ns (loopback up) and a veth pair between it and other (this
 // process's namespace if empty): end dev in ns with own/30, end peerDev in other with peer/30.
 func linkNS(ctx context.Context, ns, other, dev, peerDev string, own, peer netip.Addr) error {
-	on := func(namespace string, args ...string) []string {
-		if namespace == "" {
-			return args
-		}
-		return append([]string{"-n", namespace}, args...)
-	}
 	steps := [][]string{
 		{"netns", "add", ns},
 		{"-n", ns, "link", "set", "lo", "up"},
-		{"link", "add", dev, "type", "veth", "peer", "name", peerDev},
-		{"link", "set", dev, "netns", ns},
-		{"-n", ns, "addr", "add", netip.PrefixFrom(own, 30).String(), "dev", dev},
-		{"-n", ns, "link", "set", dev, "up"},
 	}
-	if other != "" {
-		steps = append(steps, []string{"link", "set", peerDev, "netns", other})
-	}
-	steps = append(steps, on(other, "addr", "add", netip.PrefixFrom(peer, 30).String(), "dev", peerDev), on(other, "link", "set", peerDev, "up"))
-	for _, st := range steps {
-		if err := netns.IP(ctx, st...); err != nil {
-			return err
-		}
-	}
-	return nil
+	steps = append(steps, vethnet.Veth(other, peerDev, netip.PrefixFrom(peer, 30), ns, dev, netip.PrefixFrom(own, 30))...)
+	return vethnet.IP(ctx, steps...)
 }
 
 // close deletes the namespaces, and with them the veth pairs.
 func (t *topology) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var errs []error
-	for _, ns := range append(append([]string{t.shootNS}, t.ovpnNS...), t.nodeNS...) {
-		if _, err := os.Stat(filepath.Join("/run/netns", ns)); err == nil {
-			errs = append(errs, netns.IP(ctx, "netns", "del", ns))
-		}
-	}
-	return errors.Join(errs...)
+	return vethnet.Delete(ctx, append(append([]string{t.shootNS}, t.ovpnNS...), t.nodeNS...)...)
 }

@@ -42,8 +42,8 @@ func (r *runner) openvpn(ctx context.Context) (*Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	id := strconv.Itoa(r.topo.pid)
-	vpnNet := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 234, byte(r.topo.n), 0}), 24)
+	id := r.topo.run.ID()
+	vpnNet := netip.PrefixFrom(r.topo.run.Addr(234, 0), 24)
 	var srvArgs [2][]string
 	var clientConf string
 	for i := range 2 {

@@ -421,10 +421,10 @@ func (rig *replicaRig) answered() (map[string]float64, error) {
 //
 //	seed  veth 10.238.N.{1,5}/30 ⇄ 10.238.N.{2,6}/30  nodeX
 func (t *topology) addServerNodes(ctx context.Context, n int) error {
-	id := fmt.Sprint(t.pid)
+	id := t.run.ID()
 	for i := range n {
-		ns := fmt.Sprintf("%s%d-node%d", nsPrefix, t.pid, i)
-		seedEnd := netip.AddrFrom4([4]byte{10, 238, byte(t.n), byte(4*i + 1)})
+		ns := t.run.NS(fmt.Sprintf("node%d", i))
+		seedEnd := t.run.Addr(238, byte(4*i+1))
 		own := seedEnd.Next()
 		t.nodeNS = append(t.nodeNS, ns)
 		if err := linkNS(ctx, ns, "", fmt.Sprintf("tfkn%d%s", i, id), fmt.Sprintf("tfk%d%s", i, id), own, seedEnd); err != nil {

@@ -11,12 +11,12 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/pires/go-proxyproto"
 
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 	"github.com/tendril-net/tendril/bench/peers"
 )
 
@@ -132,63 +132,28 @@ func newClient(p *pki, routes []peers.Route, payload int, bulk int64) *client {
 	return c
 }
 
-// slot lets a measurement abort a worker's connection in flight: at the end
-// of a measurement, or when the run is cancelled. The mutex is per worker, so
-// it is never contended on the hot path.
-type slot struct {
-	mu      sync.Mutex
-	conn    net.Conn
-	aborted bool
-}
-
+// errAborted is why connect drops a connection it dialled after the
+// worker's slot was aborted (the measurement ended, or the run was cancelled).
 var errAborted = errors.New("aborted")
-
-// set registers c as the connection in flight; false means the slot was
-// aborted and c must not be used.
-func (s *slot) set(c net.Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.aborted {
-		return false
-	}
-	s.conn = c
-	return true
-}
-
-func (s *slot) clear() {
-	s.mu.Lock()
-	s.conn = nil
-	s.mu.Unlock()
-}
-
-// abort makes the connection in flight fail at once and every later set fail.
-func (s *slot) abort() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.aborted = true
-	if s.conn != nil {
-		s.conn.SetDeadline(time.Unix(1, 0)) // in the past: pending I/O returns now
-	}
-}
 
 // connect dials t for shoot i, sends t's preamble and completes a verified
 // handshake. The caller closes the returned raw connection.
-func (c *client) connect(ctx context.Context, t *target, i int, s *slot, deadline time.Time) (net.Conn, *tls.Conn, error) {
+func (c *client) connect(ctx context.Context, t *target, i int, s *inflight.Slot, deadline time.Time) (net.Conn, *tls.Conn, error) {
 	raw, err := c.dialer.DialContext(ctx, "tcp", t.addr(i))
 	if err != nil {
 		return nil, nil, fail(reasonDial, err)
 	}
-	if !s.set(raw) {
+	if !s.Set(raw) {
 		raw.Close()
 		return nil, nil, fail(reasonDial, errAborted)
 	}
 	if err := raw.SetDeadline(deadline); err != nil {
-		s.clear()
+		s.Clear()
 		raw.Close()
 		return nil, nil, fail(reasonDial, err)
 	}
 	if err := c.sendPreamble(raw, t.preamble, i); err != nil {
-		s.clear()
+		s.Clear()
 		raw.Close()
 		return nil, nil, err
 	}
@@ -197,7 +162,7 @@ func (c *client) connect(ctx context.Context, t *target, i int, s *slot, deadlin
 	// connection to watch the context; the deadline and the slot already
 	// bound and abort it.
 	if err := tc.Handshake(); err != nil {
-		s.clear()
+		s.Clear()
 		raw.Close()
 		var verr *tls.CertificateVerificationError
 		if errors.As(err, &verr) {
@@ -300,13 +265,13 @@ func statusCode(line string) (int, bool) {
 // time from dial start to the first answer byte. buf must hold at least one
 // byte more than the answer. If state is not nil, it receives the
 // connection's TLS parameters.
-func (c *client) fetchSmall(ctx context.Context, t *target, i int, s *slot, buf []byte, state *tls.ConnectionState) (time.Duration, error) {
+func (c *client) fetchSmall(ctx context.Context, t *target, i int, s *inflight.Slot, buf []byte, state *tls.ConnectionState) (time.Duration, error) {
 	start := time.Now()
 	raw, tc, err := c.connect(ctx, t, i, s, start.Add(connTimeout))
 	if err != nil {
 		return 0, err
 	}
-	defer s.clear()
+	defer s.Clear()
 	// The upstream closes first; closing the raw connection skips our
 	// close_notify, which would only arrive at a closed socket.
 	defer raw.Close()
@@ -347,13 +312,13 @@ func (c *client) fetchSmall(ctx context.Context, t *target, i int, s *slot, buf 
 // fetchBulk makes one bulk exchange with shoot i through t and adds every
 // byte read to *got as it arrives, so a measurement can read throughput over
 // its own window rather than per transfer.
-func (c *client) fetchBulk(ctx context.Context, t *target, i int, s *slot, buf []byte, got *atomic.Int64) error {
+func (c *client) fetchBulk(ctx context.Context, t *target, i int, s *inflight.Slot, buf []byte, got *atomic.Int64) error {
 	start := time.Now()
 	raw, tc, err := c.connect(ctx, t, i, s, start.Add(connTimeout))
 	if err != nil {
 		return err
 	}
-	defer s.clear()
+	defer s.Clear()
 	defer raw.Close()
 	if _, err := tc.Write([]byte{reqBulk}); err != nil {
 		return fail(reasonWrite, err)
@@ -391,7 +356,7 @@ func (c *client) probe(ctx context.Context, t *target, timeout time.Duration) (t
 	var state tls.ConnectionState
 	for i := range c.shoots {
 		for {
-			var s slot
+			var s inflight.Slot
 			_, err := c.fetchSmall(ctx, t, i, &s, buf, &state)
 			if err == nil {
 				break

@@ -18,6 +18,7 @@ import (
 	"github.com/pires/go-proxyproto"
 
 	"github.com/tendril-net/tendril/bench/internal/benchtest"
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/internal/testing/testnet"
 	"github.com/tendril-net/tendril/xds/translate"
@@ -118,7 +119,7 @@ func TestClientVerifies(t *testing.T) {
 	buf := make([]byte, 65)
 
 	good := newClient(p, testRoutes(2), 64, 1)
-	var s slot
+	var s inflight.Slot
 	if _, err := good.fetchSmall(ctx, to(ups[1].addr(), PreambleNone), 1, &s, buf, nil); err != nil {
 		t.Fatalf("good client: %v", err)
 	}
@@ -192,7 +193,7 @@ func TestPreambles(t *testing.T) {
 		tc.Close()
 	}
 	buf := make([]byte, 65)
-	var s slot
+	var s inflight.Slot
 
 	addr := serveOnce(t, func(conn net.Conn) {
 		br := bufio.NewReader(conn)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tendril-net/tendril/bench/hist"
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 	"github.com/tendril-net/tendril/bench/machine"
 )
 
@@ -148,7 +149,7 @@ func (r *runner) window(ctx context.Context, t *target, phase *atomic.Int32, onS
 // rateWorker is one client loop of the connection-rate test. Its fields are
 // its own until the measurement has waited for it.
 type rateWorker struct {
-	slot     slot
+	slot     inflight.Slot
 	rng      *rand.Rand
 	h        hist.Histogram
 	ok       int64
@@ -243,7 +244,7 @@ func (r *runner) measureRate(ctx context.Context, t *target, conc, round int) (*
 	stop := func() {
 		phase.Store(phaseStop)
 		for _, w := range workers {
-			w.slot.abort()
+			w.slot.Expire()
 		}
 		wg.Wait()
 	}
@@ -309,7 +310,7 @@ func errorMaps(errs [numReasons]int64, samples [numReasons]error) (map[string]in
 
 // bulkWorker is one connection loop of the bulk test.
 type bulkWorker struct {
-	slot      slot
+	slot      inflight.Slot
 	got       atomic.Int64 // bytes read, all phases; read by the measurement while running
 	transfers int64        // completed in the window
 	errs      [numReasons]int64
@@ -372,7 +373,7 @@ func (r *runner) measureBulk(ctx context.Context, t *target, round int) (*BulkRu
 	stop := func() {
 		phase.Store(phaseStop)
 		for _, w := range workers {
-			w.slot.abort()
+			w.slot.Expire()
 		}
 		wg.Wait()
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 	"github.com/tendril-net/tendril/bench/peers"
 )
 
@@ -164,7 +165,7 @@ type Held struct {
 // all within timeout, and returns the connection, idle and without a
 // deadline. A failure's reason is FailureReason(err).
 func (s *Session) Hold(ctx context.Context, t *Target, i int, timeout time.Duration) (*Held, error) {
-	var sl slot
+	var sl inflight.Slot
 	raw, tc, err := s.s.client.connect(ctx, t.t, i, &sl, time.Now().Add(timeout))
 	if err != nil {
 		return nil, err

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 )
 
 // Requests an upstream understands: one byte after the handshake.
@@ -41,10 +43,8 @@ type upstream struct {
 	served     [3]atomic.Int64 // answered requests: [0] small, [1] bulk, [2] echo (held connections)
 	misrouted  atomic.Int64    // ClientHellos naming another host
 	failed     atomic.Int64    // other handshake or request failures
-	mu         sync.Mutex      // guards conns and closed
-	conns      map[net.Conn]struct{}
-	closed     bool
-	handlersWG sync.WaitGroup // accept loop and connection handlers
+	conns      inflight.Set    // closed by close: aborts what the connections are blocked in
+	handlersWG sync.WaitGroup  // accept loop and connection handlers
 }
 
 // smallPayload is the answer of shoot i's upstream: its identity, padded to
@@ -71,8 +71,7 @@ func startUpstreams(p *pki, hosts []string, payload int, bulk int64) (upstreams,
 			us.Close()
 			return nil, fmt.Errorf("upstream %s: %w", host, err)
 		}
-		u := &upstream{shoot: i, host: host, ln: ln, small: smallPayload(i, payload), bulk: bulk,
-			conns: map[net.Conn]struct{}{}}
+		u := &upstream{shoot: i, host: host, ln: ln, small: smallPayload(i, payload), bulk: bulk}
 		u.tls = &tls.Config{
 			Certificates: []tls.Certificate{p.certs[i]},
 			// The client never resumes (each connection is a full
@@ -108,12 +107,7 @@ func (us upstreams) Close() {
 func (u *upstream) addr() string { return u.ln.Addr().String() }
 
 func (u *upstream) close() {
-	u.mu.Lock()
-	u.closed = true
-	for c := range u.conns {
-		c.Close()
-	}
-	u.mu.Unlock()
+	u.conns.Close()
 	u.ln.Close()
 }
 
@@ -130,27 +124,20 @@ func (u *upstream) acceptLoop() {
 			time.Sleep(5 * time.Millisecond)
 			continue
 		}
-		u.mu.Lock()
-		if u.closed {
-			u.mu.Unlock()
+		if !u.conns.Add(c) {
 			c.Close()
 			continue
 		}
-		u.conns[c] = struct{}{}
+		// After the Add, not under its lock: this loop's own count keeps
+		// Close's Wait from returning before it.
 		u.handlersWG.Add(1)
-		u.mu.Unlock()
 		go u.handle(c)
 	}
 }
 
 func (u *upstream) handle(c net.Conn) {
 	defer u.handlersWG.Done()
-	defer func() {
-		u.mu.Lock()
-		delete(u.conns, c)
-		u.mu.Unlock()
-		c.Close()
-	}()
+	defer u.conns.Done(c)
 	if err := u.serve(c); err != nil {
 		u.failed.Add(1)
 	}

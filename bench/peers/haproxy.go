@@ -2,10 +2,8 @@ package peers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 )
@@ -85,10 +83,6 @@ func (h HAProxy) Check(context.Context) error {
 
 // Config returns the configuration Start would write for routes on listen.
 func (h HAProxy) Config(listen string, routes []Route) (string, error) {
-	to := h.Timeouts
-	if to == (Timeouts{}) {
-		to = DefaultTimeouts
-	}
 	threads := h.Threads
 	if threads <= 0 {
 		threads = cores()
@@ -97,7 +91,7 @@ func (h HAProxy) Config(listen string, routes []Route) (string, error) {
 	if conns <= 0 {
 		conns = maxConn
 	}
-	return RenderHAProxy(HAProxyConfig{Job: h.Job, Listen: listen, Threads: threads, MaxConn: conns, Timeouts: to, Routes: routes})
+	return RenderHAProxy(HAProxyConfig{Job: h.Job, Listen: listen, Threads: threads, MaxConn: conns, Timeouts: h.Timeouts.orDefault(), Routes: routes})
 }
 
 // CheckConfig runs "haproxy -c -f path".
@@ -124,25 +118,8 @@ func (h HAProxy) Start(ctx context.Context, dir string, routes []Route) (*Instan
 	if err != nil {
 		return nil, err
 	}
-	version := h.Version(ctx)
-	return startRetry(ctx, func() (*Instance, error) {
-		return onReservedPort(func(addr string) (*Instance, error) {
-			cfg, err := h.Config(addr, routes)
-			if err != nil {
-				return nil, err
-			}
-			path := filepath.Join(dir, "haproxy.cfg")
-			if err := writeFile(path, cfg); err != nil {
-				return nil, err
-			}
-			p, err := StartProcess("haproxy", filepath.Join(dir, "haproxy.log"), bin, "-db", "-f", path)
-			if err != nil {
-				return nil, err
-			}
-			if err := waitAccept(ctx, addr, 10*time.Second, p); err != nil {
-				return nil, errors.Join(fmt.Errorf("haproxy: %w", err), p.Stop())
-			}
-			return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
-		})
-	})
+	return fileStart{name: "haproxy", bin: bin, version: h.Version(ctx), dir: dir, file: "haproxy.cfg", ready: 10 * time.Second,
+		config: func(addr string) (string, error) { return h.Config(addr, routes) },
+		args:   func(_, path string) []string { return []string{"-db", "-f", path} },
+	}.start(ctx)
 }

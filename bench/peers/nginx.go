@@ -141,10 +141,6 @@ func (n Nginx) Config(ctx context.Context, dir, listen string, routes []Route) (
 	if err != nil {
 		return "", err
 	}
-	to := n.Timeouts
-	if to == (Timeouts{}) {
-		to = DefaultTimeouts
-	}
 	workers := n.Workers
 	if workers <= 0 {
 		workers = cores()
@@ -154,7 +150,7 @@ func (n Nginx) Config(ctx context.Context, dir, listen string, routes []Route) (
 		conns = maxConn
 	}
 	return RenderNginx(NginxConfig{Job: n.Job, Listen: listen, Workers: workers, MaxConn: conns, Dir: dir,
-		StreamModule: mod, Timeouts: to, Routes: routes})
+		StreamModule: mod, Timeouts: n.Timeouts.orDefault(), Routes: routes})
 }
 
 // args are the command-line options that make nginx use only dir: -p moves
@@ -190,26 +186,8 @@ func (n Nginx) Start(ctx context.Context, dir string, routes []Route) (*Instance
 	if err != nil {
 		return nil, err
 	}
-	version := n.Version(ctx)
-	return startRetry(ctx, func() (*Instance, error) {
-		return onReservedPort(func(addr string) (*Instance, error) {
-			cfg, err := n.Config(ctx, dir, addr, routes)
-			if err != nil {
-				return nil, err
-			}
-			path := filepath.Join(dir, "nginx.conf")
-			if err := writeFile(path, cfg); err != nil {
-				return nil, err
-			}
-			args := append(nginxArgs(dir, path), "-g", "daemon off;")
-			p, err := StartProcess("nginx", filepath.Join(dir, "nginx.log"), bin, args...)
-			if err != nil {
-				return nil, err
-			}
-			if err := waitAccept(ctx, addr, 10*time.Second, p); err != nil {
-				return nil, errors.Join(fmt.Errorf("nginx: %w", err), p.Stop())
-			}
-			return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
-		})
-	})
+	return fileStart{name: "nginx", bin: bin, version: n.Version(ctx), dir: dir, file: "nginx.conf", ready: 10 * time.Second,
+		config: func(addr string) (string, error) { return n.Config(ctx, dir, addr, routes) },
+		args:   func(_, path string) []string { return append(nginxArgs(dir, path), "-g", "daemon off;") },
+	}.start(ctx)
 }

@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strings"
@@ -143,6 +144,15 @@ type Timeouts struct {
 // long, and a stuck one should not outlive the run.
 var DefaultTimeouts = Timeouts{Hello: 10 * time.Second, Connect: 5 * time.Second, Idle: 60 * time.Second}
 
+// orDefault is t, or DefaultTimeouts for the zero value: what every peer's
+// "zero means DefaultTimeouts" field resolves to.
+func (t Timeouts) orDefault() Timeouts {
+	if t == (Timeouts{}) {
+		return DefaultTimeouts
+	}
+	return t
+}
+
 // maxConn is the default connection limit written into the peers'
 // configurations: far above the rate benchmark's concurrency, so that no peer
 // queues connections, and below the 20,000 open files a process gets here
@@ -264,6 +274,48 @@ func startRetry(ctx context.Context, start func() (*Instance, error)) (*Instance
 		}
 	}
 	return nil, err
+}
+
+// fileStart is how a peer that reads one configuration file and binds its
+// port itself (HAProxy, nginx, squid) is started: on a reserved loopback port,
+// again on another while the port turns out taken.
+type fileStart struct {
+	name    string // the peer's name: its log is dir/name.log, its errors say it
+	bin     string
+	version string // Instance.Version
+	dir     string
+	file    string        // the configuration's name in dir
+	ready   time.Duration // how long the peer may take to accept
+	// config renders the configuration for the peer's address; args are
+	// the command-line arguments for that address and the configuration
+	// file's path, asked for just before each start, so that they may also
+	// clear what a failed attempt left behind.
+	config func(addr string) (string, error)
+	args   func(addr, path string) []string
+}
+
+// start writes the configuration, starts the peer and waits until it accepts.
+func (f fileStart) start(ctx context.Context) (*Instance, error) {
+	return startRetry(ctx, func() (*Instance, error) {
+		return onReservedPort(func(addr string) (*Instance, error) {
+			cfg, err := f.config(addr)
+			if err != nil {
+				return nil, err
+			}
+			path := filepath.Join(f.dir, f.file)
+			if err := writeFile(path, cfg); err != nil {
+				return nil, err
+			}
+			p, err := StartProcess(f.name, filepath.Join(f.dir, f.name+".log"), f.bin, f.args(addr, path)...)
+			if err != nil {
+				return nil, err
+			}
+			if err := waitAccept(ctx, addr, f.ready, p); err != nil {
+				return nil, errors.Join(fmt.Errorf("%s: %w", f.name, err), p.Stop())
+			}
+			return &Instance{Addr: addr, Version: f.version, Config: cfg, procs: []*Process{p}}, nil
+		})
+	})
 }
 
 // AddrInUse tells whether err is a bind's EADDRINUSE, of this process or in the

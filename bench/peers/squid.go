@@ -2,7 +2,6 @@ package peers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -85,12 +84,8 @@ func (s Squid) Check(context.Context) error {
 // Config returns the configuration Start would write for routes on listen,
 // with its files in dir.
 func (s Squid) Config(dir, listen string, routes []Route) (string, error) {
-	to := s.Timeouts
-	if to == (Timeouts{}) {
-		to = DefaultTimeouts
-	}
 	workers, _ := s.workers()
-	return RenderSquid(SquidConfig{Listen: listen, Workers: workers, Dir: dir, MaxConn: maxConn, Timeouts: to, Routes: routes})
+	return RenderSquid(SquidConfig{Listen: listen, Workers: workers, Dir: dir, MaxConn: maxConn, Timeouts: s.Timeouts.orDefault(), Routes: routes})
 }
 
 // CheckConfig runs "squid -k parse -f path".
@@ -138,30 +133,15 @@ func (s Squid) Start(ctx context.Context, dir string, routes []Route) (*Instance
 	} else {
 		version += fmt.Sprintf(" (%d workers)", workers)
 	}
-	return startRetry(ctx, func() (*Instance, error) {
-		return onReservedPort(func(addr string) (*Instance, error) {
-			cfg, err := s.Config(dir, addr, routes)
-			if err != nil {
-				return nil, err
-			}
-			path := filepath.Join(dir, "squid.conf")
-			if err := writeFile(path, cfg); err != nil {
-				return nil, err
-			}
+	return fileStart{name: "squid", bin: bin, version: version, dir: dir, file: "squid.conf", ready: 20 * time.Second,
+		config: func(addr string) (string, error) { return s.Config(dir, addr, routes) },
+		args: func(addr, path string) []string {
 			// A pid file left by an attempt that failed would stop the next.
 			_ = os.Remove(filepath.Join(dir, "squid.pid"))
-			args := []string{"-N", "-f", path}
 			if workers > 1 {
-				args = []string{"--foreground", "-n", "tendrilbench" + addr[strings.LastIndex(addr, ":")+1:], "-f", path}
+				return []string{"--foreground", "-n", "tendrilbench" + addr[strings.LastIndex(addr, ":")+1:], "-f", path}
 			}
-			p, err := StartProcess("squid", filepath.Join(dir, "squid.log"), bin, args...)
-			if err != nil {
-				return nil, err
-			}
-			if err := waitAccept(ctx, addr, 20*time.Second, p); err != nil {
-				return nil, errors.Join(fmt.Errorf("squid: %w", err), p.Stop())
-			}
-			return &Instance{Addr: addr, Version: version, Config: cfg, procs: []*Process{p}}, nil
-		})
-	})
+			return []string{"-N", "-f", path}
+		},
+	}.start(ctx)
 }

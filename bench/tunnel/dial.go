@@ -4,12 +4,10 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 )
 
@@ -114,47 +112,3 @@ const (
 	// connection counts as failed.
 	ioIdle = 10 * time.Second
 )
-
-// slot holds a worker's current connection so that the end of a
-// measurement can close it, whatever it is blocked in.
-type slot struct {
-	mu      sync.Mutex
-	c       net.Conn
-	aborted bool
-}
-
-var errAborted = errors.New("aborted: the measurement ended")
-
-// set installs c; it reports false (and closes c) if the slot was aborted.
-func (s *slot) set(c net.Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.aborted {
-		c.Close()
-		return false
-	}
-	s.c = c
-	return true
-}
-
-func (s *slot) clear() {
-	s.mu.Lock()
-	s.c = nil
-	s.mu.Unlock()
-}
-
-func (s *slot) abort() {
-	s.mu.Lock()
-	s.aborted = true
-	c := s.c
-	s.mu.Unlock()
-	if c != nil {
-		c.Close()
-	}
-}
-
-func (s *slot) isAborted() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.aborted
-}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/hist"
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 	"github.com/tendril-net/tendril/bench/peers"
 )
 
@@ -391,10 +392,10 @@ func (r *runner) bulk(ctx context.Context, d dialFunc, dir string, conns int) (B
 	defer cancel()
 	var e errs
 	var got atomic.Int64
-	slots := make([]*slot, conns)
+	slots := make([]*inflight.Slot, conns)
 	var wg sync.WaitGroup
 	for k := range slots {
-		sl := &slot{}
+		sl := &inflight.Slot{}
 		slots[k] = sl
 		wg.Go(func() { transferLoop(mctx, d, dir, sl, &got, &e) })
 	}
@@ -407,7 +408,7 @@ func (r *runner) bulk(ctx context.Context, d dialFunc, dir string, conns int) (B
 	stop := func() {
 		cancel()
 		for _, sl := range slots {
-			sl.abort()
+			sl.Abort()
 		}
 		wg.Wait()
 		r.pod.reset()
@@ -434,7 +435,7 @@ func (r *runner) bulk(ctx context.Context, d dialFunc, dir string, conns int) (B
 
 // transferLoop opens connections through d and transfers on each until it
 // breaks or the measurement ends.
-func transferLoop(ctx context.Context, d dialFunc, dir string, sl *slot, got *atomic.Int64, e *errs) {
+func transferLoop(ctx context.Context, d dialFunc, dir string, sl *inflight.Slot, got *atomic.Int64, e *errs) {
 	buf := make([]byte, xferBuf)
 	cmd := []byte{cmdSink}
 	if dir == FromShoot {
@@ -451,7 +452,8 @@ func transferLoop(ctx context.Context, d dialFunc, dir string, sl *slot, got *at
 			}
 			continue
 		}
-		if !sl.set(c) {
+		if !sl.Set(c) {
+			c.Close()
 			return
 		}
 		_, err = c.Write(cmd)
@@ -464,9 +466,9 @@ func transferLoop(ctx context.Context, d dialFunc, dir string, sl *slot, got *at
 			}
 			got.Add(int64(n))
 		}
-		sl.clear()
+		sl.Clear()
 		c.Close()
-		if ctx.Err() == nil && !sl.isAborted() {
+		if ctx.Err() == nil && !sl.Aborted() {
 			e.add(fmt.Errorf("transfer: %w", err))
 		}
 	}

@@ -3,15 +3,13 @@ package tunnel
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"regexp"
-	"strconv"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/internal/vethnet"
 	"github.com/tendril-net/tendril/internal/host/netns"
 )
 
@@ -32,7 +30,7 @@ import (
 // machine do not collide; names carry the PID, so that namespaces a killed
 // run left behind are recognised and removed by the next.
 type topology struct {
-	n                    int
+	run                  vethnet.Run
 	shootNS, podNS       string
 	seedAddr, shootAddr  netip.Addr   // the seed ⇄ shoot link
 	podGW, podAddr       netip.Addr   // the shoot ⇄ pod link
@@ -47,20 +45,18 @@ const nsPrefix = "tbench-"
 var nsRE = regexp.MustCompile(`^` + nsPrefix + `(\d+)-(shoot|pod)$`)
 
 func newTopology(ctx context.Context) (*topology, error) {
-	if err := netns.Check(); err != nil {
+	run, err := vethnet.Start(ctx, nsPrefix, nsRE)
+	if err != nil {
 		return nil, err
 	}
-	netns.RemoveStale(ctx, nsRE)
-	pid := os.Getpid()
-	n := pid%250 + 1
-	a := func(b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{10, b, c, d}) }
+	a := run.Addr
 	t := &topology{
-		n:       n,
-		shootNS: fmt.Sprintf("%s%d-shoot", nsPrefix, pid), podNS: fmt.Sprintf("%s%d-pod", nsPrefix, pid),
-		seedAddr: a(231, byte(n), 1), shootAddr: a(231, byte(n), 2),
-		podGW: a(232, byte(n), 1), podAddr: a(232, byte(n), 2), podNet: netip.PrefixFrom(a(232, byte(n), 0), 24),
-		directSeed: a(233, byte(n), 1), directIP: a(233, byte(n), 2),
-		vpnNet: netip.PrefixFrom(a(234, byte(n), 0), 24),
+		run:     run,
+		shootNS: run.NS("shoot"), podNS: run.NS("pod"),
+		seedAddr: a(231, 1), shootAddr: a(231, 2),
+		podGW: a(232, 1), podAddr: a(232, 2), podNet: netip.PrefixFrom(a(232, 0), 24),
+		directSeed: a(233, 1), directIP: a(233, 2),
+		vpnNet: netip.PrefixFrom(a(234, 0), 24),
 	}
 	if err := t.setup(ctx); err != nil {
 		return nil, errors.Join(err, t.close())
@@ -69,48 +65,30 @@ func newTopology(ctx context.Context) (*topology, error) {
 }
 
 func (t *topology) setup(ctx context.Context) error {
-	id := strconv.Itoa(os.Getpid())
+	id := t.run.ID()
 	// veth names: at most 15 bytes.
 	seedShoot, shootSeed := "tbs"+id, "tbsn"+id
 	shootPod, podShoot := "tbp"+id, "tbpn"+id
 	seedPod, podSeed := "tbd"+id, "tbdn"+id
 	t.hostLinks = []string{seedShoot, seedPod}
 	s, p := t.shootNS, t.podNS
-	cidr := func(a netip.Addr, bits int) string { return netip.PrefixFrom(a, bits).String() }
-	steps := [][]string{
-		{"netns", "add", s},
-		{"netns", "add", p},
-		{"link", "add", seedShoot, "type", "veth", "peer", "name", shootSeed},
-		{"link", "set", shootSeed, "netns", s},
-		{"addr", "add", cidr(t.seedAddr, 30), "dev", seedShoot},
-		{"link", "set", seedShoot, "up"},
-		{"-n", s, "addr", "add", cidr(t.shootAddr, 30), "dev", shootSeed},
-		{"-n", s, "link", "set", shootSeed, "up"},
-		{"-n", s, "link", "set", "lo", "up"},
-		{"-n", s, "link", "add", shootPod, "type", "veth", "peer", "name", podShoot},
-		{"-n", s, "link", "set", podShoot, "netns", p},
-		{"-n", s, "addr", "add", cidr(t.podGW, 24), "dev", shootPod},
-		{"-n", s, "link", "set", shootPod, "up"},
-		{"-n", p, "addr", "add", cidr(t.podAddr, 24), "dev", podShoot},
-		{"-n", p, "link", "set", podShoot, "up"},
-		{"-n", p, "link", "set", "lo", "up"},
-		{"-n", p, "route", "add", "default", "via", t.podGW.String()},
-		{"link", "add", seedPod, "type", "veth", "peer", "name", podSeed},
-		{"link", "set", podSeed, "netns", p},
-		{"addr", "add", cidr(t.directSeed, 30), "dev", seedPod},
-		{"link", "set", seedPod, "up"},
-		{"-n", p, "addr", "add", cidr(t.directIP, 30), "dev", podSeed},
-		{"-n", p, "link", "set", podSeed, "up"},
+	pfx := netip.PrefixFrom
+	steps := [][]string{{"netns", "add", s}, {"netns", "add", p}}
+	steps = append(steps, vethnet.Veth("", seedShoot, pfx(t.seedAddr, 30), s, shootSeed, pfx(t.shootAddr, 30))...)
+	steps = append(steps, []string{"-n", s, "link", "set", "lo", "up"})
+	steps = append(steps, vethnet.Veth(s, shootPod, pfx(t.podGW, 24), p, podShoot, pfx(t.podAddr, 24))...)
+	steps = append(steps,
+		[]string{"-n", p, "link", "set", "lo", "up"},
+		[]string{"-n", p, "route", "add", "default", "via", t.podGW.String()})
+	steps = append(steps, vethnet.Veth("", seedPod, pfx(t.directSeed, 30), p, podSeed, pfx(t.directIP, 30))...)
+	steps = append(steps,
 		// Without a tunnel the seed must not send the pod network's
 		// packets anywhere (its default route leads off this machine):
 		// a low-priority unreachable route, below OpenVPN's own.
-		{"route", "add", "unreachable", t.podNet.String(), "metric", "4000"},
-		{"route", "add", "unreachable", t.vpnNet.String(), "metric", "4000"},
-	}
-	for _, st := range steps {
-		if err := netns.IP(ctx, st...); err != nil {
-			return err
-		}
+		[]string{"route", "add", "unreachable", t.podNet.String(), "metric", "4000"},
+		[]string{"route", "add", "unreachable", t.vpnNet.String(), "metric", "4000"})
+	if err := vethnet.IP(ctx, steps...); err != nil {
+		return err
 	}
 	// The shoot routes OpenVPN's tun into the pod network.
 	return netns.In(s, func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644) })
@@ -121,12 +99,7 @@ func (t *topology) setup(ctx context.Context) error {
 func (t *topology) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var errs []error
-	for _, ns := range []string{t.shootNS, t.podNS} {
-		if _, err := os.Stat(filepath.Join("/run/netns", ns)); err == nil {
-			errs = append(errs, netns.IP(ctx, "netns", "del", ns))
-		}
-	}
+	errs := []error{vethnet.Delete(ctx, t.shootNS, t.podNS)}
 	for _, p := range []netip.Prefix{t.podNet, t.vpnNet} {
 		_ = netns.IP(ctx, "route", "del", "unreachable", p.String(), "metric", "4000")
 	}

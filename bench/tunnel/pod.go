@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 )
 
 // Pod commands: the client sends one byte first (konnectivity-client drops
@@ -35,14 +37,13 @@ type pod struct {
 	sourced atomic.Int64 // bytes written by cmdSource connections
 	pings   atomic.Int64
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	conns inflight.Set
 	wg    sync.WaitGroup
 	out   []byte
 }
 
 func newPod(l net.Listener) *pod {
-	p := &pod{l: l, conns: map[net.Conn]struct{}{}, out: make([]byte, podBuf)}
+	p := &pod{l: l, out: make([]byte, podBuf)}
 	for i := range p.out {
 		p.out[i] = byte(i)
 	}
@@ -60,24 +61,15 @@ func (p *pod) serve() {
 		if err != nil {
 			return
 		}
-		p.mu.Lock()
-		p.conns[c] = struct{}{}
-		p.mu.Unlock()
+		p.conns.Add(c) // never refused: reset, not Close, ends the connections
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
 			if p.handle(c) {
-				p.drop(c)
+				p.conns.Done(c)
 			}
 		}()
 	}
-}
-
-func (p *pod) drop(c net.Conn) {
-	p.mu.Lock()
-	delete(p.conns, c)
-	p.mu.Unlock()
-	c.Close()
 }
 
 // handle serves one connection and reports whether it is done with it (a
@@ -116,14 +108,7 @@ func (p *pod) handle(c net.Conn) bool {
 
 // reset closes every open connection: a measurement leaves nothing behind
 // for the next (a stalled connection, a transfer a tunnel did not end).
-func (p *pod) reset() {
-	p.mu.Lock()
-	for c := range p.conns {
-		c.Close()
-	}
-	p.conns = map[net.Conn]struct{}{}
-	p.mu.Unlock()
-}
+func (p *pod) reset() { p.conns.Reset() }
 
 func (p *pod) close() error {
 	err := p.l.Close()

@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 	"github.com/tendril-net/tendril/edge/pipe"
 )
 
@@ -24,18 +25,15 @@ const certTLSRelay = "tls-relay"
 
 // tlsRelayPair is the two relays; close stops both and waits for every connection they carry.
 type tlsRelayPair struct {
-	lns []net.Listener
-	wg  sync.WaitGroup
-
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	done  bool
+	lns   []net.Listener
+	wg    sync.WaitGroup
+	conns inflight.Set
 }
 
 // startTLSRelay listens on 127.0.0.1 for the client (seed side) and for the seed side's TLS
 // connections (shoot side), and returns the client's address.
 func startTLSRelay(serverTLS, clientTLS *tls.Config, pod string) (*tlsRelayPair, string, error) {
-	p := &tlsRelayPair{conns: make(map[net.Conn]struct{})}
+	p := &tlsRelayPair{}
 	shoot, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, "", err
@@ -73,12 +71,12 @@ func (p *tlsRelayPair) serve(ln net.Listener, open func(net.Conn) (net.Conn, net
 			if err != nil {
 				return
 			}
-			if !p.track(c) {
+			if !p.conns.Add(c) {
 				c.Close()
 				return
 			}
 			p.wg.Go(func() {
-				defer p.untrack(c)
+				defer p.conns.Done(c)
 				in, up, err := open(c)
 				if err != nil {
 					if up != nil {
@@ -86,32 +84,15 @@ func (p *tlsRelayPair) serve(ln net.Listener, open func(net.Conn) (net.Conn, net
 					}
 					return
 				}
-				if !p.track(up) {
+				if !p.conns.Add(up) {
 					up.Close()
 					return
 				}
-				defer p.untrack(up)
+				defer p.conns.Done(up)
 				pipe.Pipe(in, up, 0)
 			})
 		}
 	})
-}
-
-func (p *tlsRelayPair) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done {
-		return false
-	}
-	p.conns[c] = struct{}{}
-	return true
-}
-
-func (p *tlsRelayPair) untrack(c net.Conn) {
-	p.mu.Lock()
-	delete(p.conns, c)
-	p.mu.Unlock()
-	c.Close()
 }
 
 // Close stops both relays and waits for every connection they carried.
@@ -120,12 +101,7 @@ func (p *tlsRelayPair) Close() error {
 	for _, ln := range p.lns {
 		errs = append(errs, ln.Close())
 	}
-	p.mu.Lock()
-	p.done = true
-	for c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
+	p.conns.Close()
 	p.wg.Wait()
 	return errors.Join(errs...)
 }
