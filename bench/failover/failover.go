@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 	"github.com/tendril-net/tendril/bench/machine"
 	"github.com/tendril-net/tendril/internal/host/netns"
 )
@@ -32,6 +33,10 @@ import (
 const (
 	KindAgent  = "agent"  // the active tendril-agent of two
 	KindServer = "server" // tendril-server, restarted at once
+	// KindCarrier: the agents' streams to the ingress cut (reset by a proxy between them) while
+	// connections through the tunnel are held; measured is the longest stall of a held
+	// connection, and how many broke.
+	KindCarrier = "carrier"
 	// KindControlPlane: the tendril-seed whose xDS the ingress is connected to, of two.
 	KindControlPlane = "control-plane"
 	KindOpenVPN      = "openvpn" // the OpenVPN server the client is on, of two
@@ -43,7 +48,7 @@ const (
 )
 
 // Kinds are all kinds, in report order.
-var Kinds = []string{KindAgent, KindServer, KindReplica, KindNode, KindControlPlane, KindOpenVPN}
+var Kinds = []string{KindAgent, KindServer, KindCarrier, KindReplica, KindNode, KindControlPlane, KindOpenVPN}
 
 // Config configures a run. The zero value runs every kind 10 times with the binaries in bin/.
 type Config struct {
@@ -101,7 +106,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer pod.Close()
 
 	var errs []error
-	if slices.Contains(cfg.Kinds, KindAgent) || slices.Contains(cfg.Kinds, KindServer) {
+	if slices.Contains(cfg.Kinds, KindAgent) || slices.Contains(cfg.Kinds, KindServer) || slices.Contains(cfg.Kinds, KindCarrier) {
 		rows, err := r.tendril(ctx)
 		rep.Rows = append(rep.Rows, rows...)
 		errs = append(errs, err)
@@ -147,16 +152,22 @@ func (r *runner) logf(format string, args ...any) {
 // reads it reached the pod, not just some front-end.
 const podGreeting = "pod"
 
-// startPod listens on the pod's address in the shoot and greets every connection.
+// startPod listens on the pod's address in the shoot: it greets every connection on one port
+// and echoes on another (podEchoAddr).
 func (r *runner) startPod() (io.Closer, error) {
-	var l net.Listener
+	var l, echo net.Listener
 	if err := netns.In(r.topo.shootNS, func() (err error) {
-		l, err = net.Listen("tcp", r.podAddr())
+		if l, err = net.Listen("tcp", r.podAddr()); err != nil {
+			return err
+		}
+		if echo, err = net.Listen("tcp", r.podEchoAddr()); err != nil {
+			l.Close()
+		}
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("failover: pod: %w", err)
 	}
-	p := &pod{l: l, done: make(chan struct{})}
+	p := &pod{l: l, echo: echo, done: make(chan struct{})}
 	go p.serve()
 	return p, nil
 }
@@ -164,14 +175,31 @@ func (r *runner) startPod() (io.Closer, error) {
 func (r *runner) podAddr() string { return net.JoinHostPort(r.topo.podAddr.String(), "8080") }
 
 type pod struct {
-	l    net.Listener
-	done chan struct{}
+	l, echo net.Listener
+	echoes  inflight.Set // the echo's connections, closed at Close
+	done    chan struct{}
 }
 
 func (p *pod) serve() {
 	defer close(p.done)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	wg.Go(func() {
+		for {
+			c, err := p.echo.Accept()
+			if err != nil {
+				return
+			}
+			if !p.echoes.Add(c) {
+				c.Close()
+				return
+			}
+			wg.Go(func() {
+				defer p.echoes.Done(c)
+				_, _ = io.Copy(c, c)
+			})
+		}
+	})
 	for {
 		c, err := p.l.Accept()
 		if err != nil {
@@ -186,7 +214,8 @@ func (p *pod) serve() {
 }
 
 func (p *pod) Close() error {
-	err := p.l.Close()
+	err := errors.Join(p.l.Close(), p.echo.Close())
+	p.echoes.Close()
 	<-p.done
 	return err
 }

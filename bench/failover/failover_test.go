@@ -1,13 +1,21 @@
 package failover
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tendril-net/tendril/bench/internal/inflight"
 )
 
 func TestRowStats(t *testing.T) {
@@ -94,5 +102,93 @@ func TestMeasureKillNeverRecovers(t *testing.T) {
 	_, err := measureKill(ctx, dial, func() (time.Time, error) { down.Store(true); return time.Now(), nil })
 	if err == nil || !strings.Contains(err.Error(), "no successful dial since the kill") {
 		t.Errorf("got %v, want the run's end with the last dial error", err)
+	}
+}
+
+// TestStallAround: the stall is the gap from the last echo at or before the cut to the first
+// after it; a stream that had not echoed before the cut, or not after it yet, has none.
+func TestStallAround(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	h := &heldStream{echoes: []time.Time{at(0), at(20), at(40), at(300), at(320)}}
+	if d, ok := h.stallAround(at(50)); !ok || d != 260*time.Millisecond {
+		t.Errorf("stall around 50 ms: %v, %v; want 260ms", d, ok)
+	}
+	if d, ok := h.stallAround(at(20)); !ok || d != 20*time.Millisecond {
+		t.Errorf("stall around an echo's own time: %v, %v; want 20ms", d, ok)
+	}
+	if _, ok := h.stallAround(at(-1)); ok {
+		t.Error("a stall for a cut before the first echo")
+	}
+	if _, ok := h.stallAround(at(320)); ok {
+		t.Error("a stall without an echo after the cut")
+	}
+}
+
+// connectEcho serves HTTP CONNECT on a Unix socket: 200, then an echo. Its conns can be cut.
+func connectEcho(t *testing.T) (string, *inflight.Set) {
+	sock := filepath.Join(t.TempDir(), "connect.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := &inflight.Set{}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); conns.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if !conns.Add(c) {
+				c.Close()
+				return
+			}
+			wg.Go(func() {
+				defer conns.Done(c)
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\n")
+				_, _ = io.Copy(c, br)
+			})
+		}
+	})
+	return sock, conns
+}
+
+// TestMeasureCuts: cuts the path survives leave every held connection and a stall of about a
+// round trip; cuts that end the connections count every one broken.
+func TestMeasureCuts(t *testing.T) {
+	logf := func(string, ...any) {}
+	sock, conns := connectEcho(t)
+	streams, stop, err := holdStreams(t.Context(), sock, "pod:8081", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalls, broken, err := measureCuts(t.Context(), streams, 2, func() error { return nil }, logf)
+	if err != nil || broken != 0 || len(stalls) != 2 {
+		t.Fatalf("harmless cuts: stalls %v, %d broken, %v", stalls, broken, err)
+	}
+	for _, d := range stalls {
+		if d <= 0 || d > brokenAfter {
+			t.Errorf("stall %v of a harmless cut", d)
+		}
+	}
+	stop()
+
+	streams, stop, err = holdStreams(t.Context(), sock, "pod:8081", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	_, broken, err = measureCuts(t.Context(), streams, 1, func() error { conns.Reset(); return nil }, logf)
+	if err != nil || broken != 3 {
+		t.Errorf("cuts that end the connections: %d broken, %v; want 3", broken, err)
+	}
+	if firstBroken(streams) == nil {
+		t.Error("no error recorded for a broken connection")
 	}
 }

@@ -123,6 +123,8 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 		"Time from the SIGKILL to the end of the first dial, started after it, that got the pod's answer; a dial",
 		"starts every 20 ms, each with a 3 s deadline. Processes are the real binaries in network namespaces on",
 		"one machine (round trips of microseconds): the figures are the mechanisms' own, without a long path.",
+		"The carrier row is a cut, not a kill: its figure is, per cut, the longest stall of any held connection",
+		"(the gap between its last echo before the cut and its first after it; goal ≤ 1 s, none broken).",
 	}, "\n") + "\n")
 	_, err := io.WriteString(w, b.String())
 	return err

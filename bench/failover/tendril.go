@@ -41,6 +41,9 @@ type tendrilRig struct {
 	agentPub    [2]string
 	metrics     string // tendril-server's /metrics
 	sock        string // tendril-server's CONNECT socket: kube-apiserver's egress
+	// carrier is between the agents and the ingress, as the load balancer and the network are:
+	// the carrier kind cuts the agents' streams there.
+	carrier *forwarder
 }
 
 func (r *runner) bin(name string) string {
@@ -104,7 +107,40 @@ func (r *runner) tendril(ctx context.Context) ([]Row, error) {
 		}
 		rows = append(rows, row)
 	}
+	if r.want(KindCarrier) {
+		row, err := rig.carrierCuts(ctx)
+		rows = append(rows, row)
+		if err != nil {
+			return rows, err
+		}
+	}
 	return rows, nil
+}
+
+// carrierCuts holds connections through the tunnel while the agents' streams to the ingress
+// are cut, Repetitions times.
+func (rig *tendrilRig) carrierCuts(ctx context.Context) (Row, error) {
+	r := rig.r
+	row := Row{Kind: KindCarrier, Stack: "tendril", Killed: fmt.Sprintf("both agents' streams to the ingress cut (%d connections held through the tunnel)", heldStreams),
+		Recovers: "the agents dial again (backoff 0.1–0.2 s); WireGuard goes on over the new stream with its session, the held connections retransmit"}
+	if _, err := rig.bothLive(ctx); err != nil {
+		return row, err
+	}
+	streams, stop, err := holdStreams(ctx, rig.sock, r.podEchoAddr(), heldStreams)
+	if err != nil {
+		return row, err
+	}
+	defer stop()
+	stalls, broken, err := measureCuts(ctx, streams, r.cfg.Repetitions, func() error {
+		rig.carrier.conns.Reset()
+		return nil
+	}, r.logf)
+	row.Times = stalls
+	row.Note = fmt.Sprintf("%d connections held across %d cuts, a round trip on each every %v: %d broken (a stall of %v counts as broken); the figure is the longest stall of any held connection per cut", heldStreams, len(stalls), pingEvery, broken, brokenAfter)
+	if broken > 0 {
+		row.Note += fmt.Sprintf(" (first: %v)", firstBroken(streams))
+	}
+	return row, err
 }
 
 func (r *runner) want(kind string) bool { return slices.Contains(r.cfg.Kinds, kind) }
@@ -136,6 +172,10 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 		inherit.Close(socks...)
 		return rig, err
 	}
+	if rig.carrier, err = newForwarder(net.JoinHostPort(r.topo.seedAddr.String(), "0"), []string{ingressListen}); err != nil {
+		inherit.Close(socks...)
+		return rig, err
+	}
 
 	keys, err := writeKeys(rig.dir)
 	if err != nil {
@@ -146,7 +186,7 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 		"--tunnel-address", tunnelAddr, "--connect-address", "", "--grpc-address", "", "--connect-socket", rig.sock,
 		"--metrics-address", rig.metrics, "--agent-public-key", strings.Join(keys.agentPub[:], ",")}
 	for i := range 2 {
-		rig.agentArgs[i] = r.agentArgs(keys, i, "--seed", ingressListen, "--destination", translate.TendrilServerWireName(nsTendril))
+		rig.agentArgs[i] = r.agentArgs(keys, i, "--seed", rig.carrier.l.Addr().String(), "--destination", translate.TendrilServerWireName(nsTendril))
 	}
 	if err := rig.startServer(ctx); err != nil {
 		return rig, err
@@ -279,6 +319,9 @@ func (rig *tendrilRig) stop() {
 	}
 	for i := len(rig.ingress) - 1; i >= 0; i-- {
 		_ = rig.ingress[i].Stop()
+	}
+	if rig.carrier != nil {
+		_ = rig.carrier.Close()
 	}
 }
 

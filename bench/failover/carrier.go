@@ -1,0 +1,232 @@
+package failover
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// The carrier kind: long-lived connections through the tunnel (kubectl logs -f, exec,
+// port-forward, kube-apiserver's watches to webhooks) while the agents' streams to the ingress
+// are cut. WireGuard keeps no state in its carrier, so once an agent has dialled again the inner
+// TCP connections carry on after a retransmit: a cut should break none of them and stall each
+// for no longer than the agent's return plus the inner retransmit.
+const (
+	// heldStreams is how many connections are held across the cuts.
+	heldStreams = 8
+	// pingEvery is each held connection's round trip: an 8-byte sequence number and its echo. A
+	// stall is measured to this resolution.
+	pingEvery = 20 * time.Millisecond
+	// brokenAfter: a held connection whose echo is this late counts as broken (and is not
+	// measured further), as a client's own timeout would end it.
+	brokenAfter = 10 * time.Second
+)
+
+// podEchoAddr is the pod's echo port, the held connections' target.
+func (r *runner) podEchoAddr() string { return net.JoinHostPort(r.topo.podAddr.String(), "8081") }
+
+// heldStream is one held connection: the times of its echoes and, once broken, why.
+type heldStream struct {
+	mu     sync.Mutex
+	echoes []time.Time
+	err    error
+}
+
+// stallAround is the gap between the stream's last echo at or before t and its first after t;
+// false if it has none after t (yet).
+func (h *heldStream) stallAround(t time.Time) (time.Duration, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var before time.Time
+	for _, e := range h.echoes {
+		if !e.After(t) {
+			before = e
+			continue
+		}
+		if before.IsZero() {
+			return 0, false // it had not echoed before t: not held then
+		}
+		return e.Sub(before), true
+	}
+	return 0, false
+}
+
+func (h *heldStream) echoed() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.echoes)
+}
+
+func (h *heldStream) broken() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// holdStreams opens n connections to the pod's echo with an HTTP CONNECT on tendril-server's
+// Unix socket and pings on each until ctx ends; stop waits for them.
+func holdStreams(ctx context.Context, sock, target string, n int) ([]*heldStream, func(), error) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	stop := func() { cancel(); wg.Wait() }
+	var streams []*heldStream
+	for range n {
+		c, err := connectStream(ctx, sock, target)
+		if err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("failover: a held connection: %w", err)
+		}
+		h := &heldStream{}
+		streams = append(streams, h)
+		stopClose := context.AfterFunc(ctx, func() { c.Close() })
+		wg.Go(func() {
+			defer stopClose()
+			defer c.Close()
+			err := h.ping(ctx, c)
+			if ctx.Err() == nil {
+				h.mu.Lock()
+				h.err = err
+				h.mu.Unlock()
+			}
+		})
+	}
+	return streams, stop, nil
+}
+
+// ping sends a sequence number every pingEvery and reads its echo, until an error.
+func (h *heldStream) ping(ctx context.Context, c net.Conn) error {
+	tick := time.NewTicker(pingEvery)
+	defer tick.Stop()
+	var out, in [8]byte
+	for seq := uint64(1); ; seq++ {
+		binary.BigEndian.PutUint64(out[:], seq)
+		_ = c.SetDeadline(time.Now().Add(brokenAfter))
+		if _, err := c.Write(out[:]); err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(c, in[:]); err != nil {
+			return err
+		}
+		if in != out {
+			return fmt.Errorf("echo %x, want %x", in, out)
+		}
+		h.mu.Lock()
+		h.echoes = append(h.echoes, time.Now())
+		h.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// connectStream dials target with an HTTP CONNECT on the Unix socket sock and returns the
+// tunnel once answered 200.
+func connectStream(ctx context.Context, sock, target string) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(dctx, "unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(dialTimeout))
+	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target); err != nil {
+		c.Close()
+		return nil, err
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("CONNECT: %s", resp.Status)
+	}
+	if err == nil && br.Buffered() > 0 {
+		err = errors.New("CONNECT: bytes after the answer")
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// measureCuts holds heldStreams connections while cut is called reps times (each once every
+// stream has echoed since the last), and returns, per cut, the longest stall of any held
+// connection, and how many connections broke.
+func measureCuts(ctx context.Context, streams []*heldStream, reps int, cut func() error, logf func(string, ...any)) ([]time.Duration, int, error) {
+	var stalls []time.Duration
+	waitAll := func(after time.Time) (time.Duration, error) {
+		var worst time.Duration
+		err := until(ctx, recoverWithin, func() error {
+			worst = 0
+			for i, h := range streams {
+				if h.broken() != nil {
+					continue
+				}
+				d, ok := h.stallAround(after)
+				if !ok {
+					return fmt.Errorf("held connection %d has not echoed since %s", i, after.Format(time.StampMilli))
+				}
+				worst = max(worst, d)
+			}
+			return nil
+		})
+		return worst, err
+	}
+	// Every connection is held (has echoed) before the first cut, and again at the next.
+	if err := until(ctx, recoverWithin, func() error {
+		for i, h := range streams {
+			if h.echoed() == 0 {
+				return fmt.Errorf("held connection %d has not echoed yet", i)
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, 0, err
+	}
+	for i := range reps {
+		at := time.Now()
+		if err := cut(); err != nil {
+			return stalls, 0, err
+		}
+		d, err := waitAll(at)
+		if err != nil {
+			return stalls, 0, fmt.Errorf("cut %d: %w", i+1, err)
+		}
+		stalls = append(stalls, d)
+		logf("carrier cut %d/%d: longest stall %v", i+1, reps, d.Round(time.Millisecond))
+		// The agents' streams are back and healthy before the next cut (their backoff starts
+		// over after a healthy stream).
+		select {
+		case <-ctx.Done():
+			return stalls, 0, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+	broken := 0
+	for _, h := range streams {
+		if h.broken() != nil {
+			broken++
+		}
+	}
+	return stalls, broken, nil
+}
+
+// firstBroken is the error of the first broken held connection, for the note.
+func firstBroken(streams []*heldStream) error {
+	for _, h := range streams {
+		if err := h.broken(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
