@@ -9,8 +9,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/tendril-net/tendril/bench/peers"
+	"github.com/tendril-net/tendril/internal/host/netns"
 )
 
 // The carrier kind: long-lived connections through the tunnel (kubectl logs -f, exec,
@@ -70,15 +76,15 @@ func (h *heldStream) broken() error {
 	return h.err
 }
 
-// holdStreams opens n connections to the pod's echo with an HTTP CONNECT on tendril-server's
-// Unix socket and pings on each until ctx ends; stop waits for them.
-func holdStreams(ctx context.Context, sock, target string, n int) ([]*heldStream, func(), error) {
+// holdStreams opens n connections to the pod's echo with dial and pings on each until ctx
+// ends; stop waits for them.
+func holdStreams(ctx context.Context, dial func(context.Context) (net.Conn, error), n int) ([]*heldStream, func(), error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	stop := func() { cancel(); wg.Wait() }
 	var streams []*heldStream
 	for range n {
-		c, err := connectStream(ctx, sock, target)
+		c, err := dial(ctx)
 		if err != nil {
 			stop()
 			return nil, nil, fmt.Errorf("failover: a held connection: %w", err)
@@ -128,8 +134,8 @@ func (h *heldStream) ping(ctx context.Context, c net.Conn) error {
 	}
 }
 
-// connectStream dials target with an HTTP CONNECT on the Unix socket sock and returns the
-// tunnel once answered 200.
+// connectStream dials target with an HTTP CONNECT on the Unix socket sock (tendril-server's)
+// and returns the tunnel once answered 200.
 func connectStream(ctx context.Context, sock, target string) (net.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
@@ -229,4 +235,91 @@ func firstBroken(streams []*heldStream) error {
 		}
 	}
 	return nil
+}
+
+// openvpnCarrier is the carrier kind on the peer: one OpenVPN server and the client in the
+// shoot, whose TCP connection to the server goes through a proxy in the shoot that cuts it;
+// the held connections go from the server's namespace into its tun, as kube-apiserver's do.
+func (r *runner) openvpnCarrier(ctx context.Context) (*Row, error) {
+	o := peers.OpenVPN{}
+	if err := o.Check(ctx); err != nil {
+		return nil, fmt.Errorf("failover: openvpn: %w", err)
+	}
+	row := &Row{Kind: KindCarrier, Stack: o.Version(ctx), Killed: fmt.Sprintf("the client's TCP connection to the server cut (%d connections held through the tunnel)", heldStreams),
+		Recovers: "the client finds the connection reset, restarts (connect-retry 1 5), connects again and renegotiates TLS"}
+	if err := r.topo.addOpenVPNSeeds(ctx, 1); err != nil {
+		return nil, fmt.Errorf("failover: openvpn: %w", err)
+	}
+	server := netip.AddrPortFrom(r.topo.ovpnAddr[0], openvpnPort).String()
+	cutter, err := newForwarderIn(r.topo.shootNS, "127.0.0.1:0", []string{server})
+	if err != nil {
+		return nil, err
+	}
+	defer cutter.Close()
+	dir := filepath.Join(r.tmp, "openvpn-carrier")
+	srvArgs, clientConf, err := r.openvpnSetup(ctx, o, dir, 1, func(int) string { return cutter.l.Addr().String() })
+	if err != nil {
+		return nil, err
+	}
+	clientFile := filepath.Join(dir, "openvpn-client.conf")
+	if err := os.WriteFile(clientFile, []byte(clientConf), 0o600); err != nil {
+		return nil, err
+	}
+	slog := filepath.Join(dir, "openvpn-server.log")
+	srv, err := peers.StartProcess("openvpn server", slog, srvArgs[0][0], srvArgs[0][1:]...)
+	if err != nil {
+		return nil, err
+	}
+	srv.KillAtOnce = true
+	defer srv.Stop()
+	if err := waitProcs(ctx, 20*time.Second, peers.LogContains(slog, "Initialization Sequence Completed"), srv); err != nil {
+		return nil, fmt.Errorf("failover: openvpn server: %w", err)
+	}
+	bin, _ := o.Path()
+	exec := netns.Exec(r.topo.shootNS)
+	client, err := peers.StartProcess("openvpn client", filepath.Join(dir, "openvpn-client.log"), exec[0], append(exec[1:], bin, "--config", clientFile)...)
+	if err != nil {
+		return nil, err
+	}
+	client.KillAtOnce = true
+	defer client.Stop()
+	dial := func(ctx context.Context) (net.Conn, error) {
+		var c net.Conn
+		err := netns.In(r.topo.ovpnNS[0], func() (err error) {
+			dctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			c, err = (&net.Dialer{}).DialContext(dctx, "tcp", r.podEchoAddr())
+			return err
+		})
+		return c, err
+	}
+	// The tunnel is up once a dial through it reaches the pod.
+	if err := waitProcs(ctx, 60*time.Second, func() error {
+		c, err := dial(ctx)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}, srv, client); err != nil {
+		return row, fmt.Errorf("failover: openvpn: the tunnel: %w", err)
+	}
+	streams, stop, err := holdStreams(ctx, dial, heldStreams)
+	if err != nil {
+		return row, err
+	}
+	defer stop()
+	return row, r.cuts(ctx, row, streams, func() error { cutter.conns.Reset(); return nil })
+}
+
+// cuts measures reps cuts on the held streams into row.
+func (r *runner) cuts(ctx context.Context, row *Row, streams []*heldStream, cut func() error) error {
+	stalls, broken, err := measureCuts(ctx, streams, r.cfg.Repetitions, cut, func(format string, args ...any) {
+		r.logf(row.Stack+": "+format, args...)
+	})
+	row.Times = stalls
+	row.Note = fmt.Sprintf("%d connections held across %d cuts, a round trip on each every %v: %d broken (a stall of %v counts as broken); the figure is the longest stall of any held connection per cut", heldStreams, len(stalls), pingEvery, broken, brokenAfter)
+	if broken > 0 {
+		row.Note += fmt.Sprintf(" (first: %v)", firstBroken(streams))
+	}
+	return err
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/tendril-net/tendril/bench/internal/inflight"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/internal/host/inherit"
+	"github.com/tendril-net/tendril/internal/host/netns"
 	"github.com/tendril-net/tendril/xds/translate"
 )
 
@@ -230,18 +231,36 @@ func routed(ctx context.Context, tunnel string, i int) error {
 type forwarder struct {
 	l        net.Listener
 	backends []string
+	ns       string // the namespace it listens and dials in; "": this process's
 	conns    inflight.Set
 	wg       sync.WaitGroup
 }
 
 func newForwarder(addr string, backends []string) (*forwarder, error) {
-	l, err := net.Listen("tcp", addr)
+	return newForwarderIn("", addr, backends)
+}
+
+// newForwarderIn is a forwarder that listens on addr and dials its backends in the namespace ns.
+func newForwarderIn(ns, addr string, backends []string) (*forwarder, error) {
+	var l net.Listener
+	err := inNS(ns, func() (err error) {
+		l, err = net.Listen("tcp", addr)
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("failover: xDS Service: %w", err)
+		return nil, fmt.Errorf("failover: forwarder: %w", err)
 	}
-	f := &forwarder{l: l, backends: backends}
+	f := &forwarder{l: l, backends: backends, ns: ns}
 	f.wg.Go(f.serve)
 	return f, nil
+}
+
+// inNS runs f in the namespace ns, or in this process's if ns is empty.
+func inNS(ns string, f func() error) error {
+	if ns == "" {
+		return f()
+	}
+	return netns.In(ns, f)
 }
 
 func (f *forwarder) serve() {
@@ -252,7 +271,7 @@ func (f *forwarder) serve() {
 		}
 		var up net.Conn
 		for _, b := range f.backends {
-			if up, err = net.DialTimeout("tcp", b, time.Second); err == nil {
+			if err = inNS(f.ns, func() (err error) { up, err = net.DialTimeout("tcp", b, time.Second); return err }); err == nil {
 				break
 			}
 		}

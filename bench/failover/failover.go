@@ -130,6 +130,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		errs = append(errs, err)
 	}
+	if slices.Contains(cfg.Kinds, KindCarrier) && ctx.Err() == nil {
+		row, err := r.openvpnCarrier(ctx)
+		if row != nil {
+			rep.Rows = append(rep.Rows, *row)
+		}
+		errs = append(errs, err)
+	}
 	err = errors.Join(errs...)
 	rep.Partial = err != nil || ctx.Err() != nil
 	return rep, err

@@ -164,7 +164,7 @@ func connectEcho(t *testing.T) (string, *inflight.Set) {
 func TestMeasureCuts(t *testing.T) {
 	logf := func(string, ...any) {}
 	sock, conns := connectEcho(t)
-	streams, stop, err := holdStreams(t.Context(), sock, "pod:8081", 3)
+	streams, stop, err := holdStreams(t.Context(), func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, sock, "pod:8081") }, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestMeasureCuts(t *testing.T) {
 	}
 	stop()
 
-	streams, stop, err = holdStreams(t.Context(), sock, "pod:8081", 3)
+	streams, stop, err = holdStreams(t.Context(), func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, sock, "pod:8081") }, 3)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,10 +71,11 @@ func newTopology(ctx context.Context) (*topology, error) {
 	return t, nil
 }
 
-// addOpenVPNSeeds makes n namespaces for OpenVPN servers, each linked to the shoot.
+// addOpenVPNSeeds makes n namespaces for OpenVPN servers, each linked to the shoot; those made
+// by an earlier call stay.
 func (t *topology) addOpenVPNSeeds(ctx context.Context, n int) error {
 	id := t.run.ID()
-	for i := range n {
+	for i := len(t.ovpnNS); i < n; i++ {
 		ns := t.run.NS(fmt.Sprintf("ovpn%d", i))
 		own := t.run.Addr(237, byte(4*i+1))
 		peer := own.Next()

@@ -34,49 +34,10 @@ func (r *runner) openvpn(ctx context.Context) (*Row, error) {
 	}
 	row := &Row{Kind: KindOpenVPN, Stack: o.Version(ctx), Killed: "the OpenVPN server (of two) the client is on (SIGKILL), started again after the measurement",
 		Recovers: "the client (two remotes, connect-retry 1 5) finds the connection reset and connects to the other server"}
-	if err := r.topo.addOpenVPNSeeds(ctx, 2); err != nil {
-		return nil, fmt.Errorf("failover: openvpn: %w", err)
-	}
 	dir := filepath.Join(r.tmp, "openvpn")
-	ca, err := testpki.NewCA("tendril-bench failover CA")
+	srvArgs, clientConf, err := r.openvpnSetup(ctx, o, dir, 2, func(i int) string { return netip.AddrPortFrom(r.topo.ovpnAddr[i], openvpnPort).String() })
 	if err != nil {
 		return nil, err
-	}
-	id := r.topo.run.ID()
-	vpnNet := netip.PrefixFrom(r.topo.run.Addr(234, 0), 24)
-	var srvArgs [2][]string
-	var clientConf string
-	for i := range 2 {
-		d := filepath.Join(dir, strconv.Itoa(i))
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
-		if err := ca.WriteCA(filepath.Join(d, "ca.pem")); err != nil {
-			return nil, err
-		}
-		for _, name := range []string{"server", "client"} {
-			c, err := ca.Leaf("openvpn-" + name)
-			if err != nil {
-				return nil, err
-			}
-			if err := testpki.WritePair(c, filepath.Join(d, name+".pem"), filepath.Join(d, name+"-key.pem")); err != nil {
-				return nil, err
-			}
-		}
-		listen := netip.AddrPortFrom(r.topo.ovpnAddr[i], openvpnPort).String()
-		cfg := peers.OpenVPNConfig{Dir: d, Listen: listen, Remote: listen, Network: vpnNet, ShootCIDRs: []netip.Prefix{r.topo.podNet},
-			ServerDev: "tbfs" + id, ClientDev: "tbfc" + id, ClientName: "openvpn-client"}
-		s, _, err := o.WriteOpenVPN(cfg)
-		if err != nil {
-			return nil, err
-		}
-		srvArgs[i] = append(netns.Exec(r.topo.ovpnNS[i]), s...)
-		if i == 0 {
-			clientConf, err = peers.RenderOpenVPNClient(cfg)
-			if err != nil {
-				return nil, err
-			}
-		}
 	}
 	// The second remote: the client tries them in order and moves on when one fails.
 	first := fmt.Sprintf("remote %s %d\n", r.topo.ovpnAddr[0], openvpnPort)
@@ -196,4 +157,54 @@ func (r *runner) openvpn(ctx context.Context) (*Row, error) {
 		}
 	}
 	return row, nil
+}
+
+// openvpnSetup makes n OpenVPN server namespaces (once per run) and writes, under dir, each
+// server's certificates and configuration: server i listens on its namespace's link to the
+// shoot. It returns the servers' command lines and the client's configuration, whose remote is
+// remote(0) (a second remote is the caller's to add).
+func (r *runner) openvpnSetup(ctx context.Context, o peers.OpenVPN, dir string, n int, remote func(i int) string) ([][]string, string, error) {
+	if err := r.topo.addOpenVPNSeeds(ctx, n); err != nil {
+		return nil, "", fmt.Errorf("failover: openvpn: %w", err)
+	}
+	ca, err := testpki.NewCA("tendril-bench failover CA")
+	if err != nil {
+		return nil, "", err
+	}
+	id := r.topo.run.ID()
+	vpnNet := netip.PrefixFrom(r.topo.run.Addr(234, 0), 24)
+	var srvArgs [][]string
+	var clientConf string
+	for i := range n {
+		d := filepath.Join(dir, strconv.Itoa(i))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, "", err
+		}
+		if err := ca.WriteCA(filepath.Join(d, "ca.pem")); err != nil {
+			return nil, "", err
+		}
+		for _, name := range []string{"server", "client"} {
+			c, err := ca.Leaf("openvpn-" + name)
+			if err != nil {
+				return nil, "", err
+			}
+			if err := testpki.WritePair(c, filepath.Join(d, name+".pem"), filepath.Join(d, name+"-key.pem")); err != nil {
+				return nil, "", err
+			}
+		}
+		listen := netip.AddrPortFrom(r.topo.ovpnAddr[i], openvpnPort).String()
+		cfg := peers.OpenVPNConfig{Dir: d, Listen: listen, Remote: remote(i), Network: vpnNet, ShootCIDRs: []netip.Prefix{r.topo.podNet},
+			ServerDev: "tbfs" + id, ClientDev: "tbfc" + id, ClientName: "openvpn-client"}
+		s, _, err := o.WriteOpenVPN(cfg)
+		if err != nil {
+			return nil, "", err
+		}
+		srvArgs = append(srvArgs, append(netns.Exec(r.topo.ovpnNS[i]), s...))
+		if i == 0 {
+			if clientConf, err = peers.RenderOpenVPNClient(cfg); err != nil {
+				return nil, "", err
+			}
+		}
+	}
+	return srvArgs, clientConf, nil
 }

@@ -126,20 +126,12 @@ func (rig *tendrilRig) carrierCuts(ctx context.Context) (Row, error) {
 	if _, err := rig.bothLive(ctx); err != nil {
 		return row, err
 	}
-	streams, stop, err := holdStreams(ctx, rig.sock, r.podEchoAddr(), heldStreams)
+	streams, stop, err := holdStreams(ctx, func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }, heldStreams)
 	if err != nil {
 		return row, err
 	}
 	defer stop()
-	stalls, broken, err := measureCuts(ctx, streams, r.cfg.Repetitions, func() error {
-		rig.carrier.conns.Reset()
-		return nil
-	}, r.logf)
-	row.Times = stalls
-	row.Note = fmt.Sprintf("%d connections held across %d cuts, a round trip on each every %v: %d broken (a stall of %v counts as broken); the figure is the longest stall of any held connection per cut", heldStreams, len(stalls), pingEvery, broken, brokenAfter)
-	if broken > 0 {
-		row.Note += fmt.Sprintf(" (first: %v)", firstBroken(streams))
-	}
+	err = r.cuts(ctx, &row, streams, func() error { rig.carrier.conns.Reset(); return nil })
 	return row, err
 }
 
