@@ -165,76 +165,98 @@ func connectStream(ctx context.Context, sock, target string) (net.Conn, error) {
 	return c, nil
 }
 
-// measureCuts holds heldStreams connections while cut is called reps times (each once every
-// stream has echoed since the last), and returns, per cut, the longest stall of any held
-// connection, and how many connections broke.
-func measureCuts(ctx context.Context, streams []*heldStream, reps int, cut func() error, logf func(string, ...any)) ([]time.Duration, int, error) {
-	var stalls []time.Duration
-	waitAll := func(after time.Time) (time.Duration, error) {
+// cutResult is what measureCuts saw.
+type cutResult struct {
+	// stalls are, per cut after which a held connection carried on, the longest stall of one.
+	stalls []time.Duration
+	// held and broken count the connections held at the cuts and those a cut broke; firstErr is
+	// the first broken one's error.
+	held, broken int
+	firstErr     error
+}
+
+// measureCuts holds n connections (dial) while cut is called reps times (each once every held
+// connection has echoed since the last). A cut that broke connections is followed by n new
+// ones, once the path carries them again: every cut meets n held connections.
+func measureCuts(ctx context.Context, dial func(context.Context) (net.Conn, error), n, reps int, cut func() error, logf func(string, ...any)) (cutResult, error) {
+	var res cutResult
+	var streams []*heldStream
+	stop := func() {}
+	defer func() { stop() }()
+	open := func() error {
+		stop()
+		return until(ctx, recoverWithin, func() (err error) {
+			streams, stop, err = holdStreams(ctx, dial, n)
+			if err != nil {
+				stop = func() {}
+				return err
+			}
+			for i, h := range streams { // every connection is held (has echoed) before a cut
+				if err := until(ctx, dialTimeout, func() error {
+					if h.echoed() == 0 {
+						return fmt.Errorf("held connection %d has not echoed yet", i)
+					}
+					return h.broken()
+				}); err != nil {
+					stop()
+					stop = func() {}
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := open(); err != nil {
+		return res, err
+	}
+	for i := range reps {
+		at := time.Now()
+		if err := cut(); err != nil {
+			return res, err
+		}
+		res.held += len(streams)
 		var worst time.Duration
+		var broken int
 		err := until(ctx, recoverWithin, func() error {
-			worst = 0
-			for i, h := range streams {
-				if h.broken() != nil {
+			worst, broken = 0, 0
+			for j, h := range streams {
+				if err := h.broken(); err != nil {
+					broken++
+					if res.firstErr == nil {
+						res.firstErr = err
+					}
 					continue
 				}
-				d, ok := h.stallAround(after)
+				d, ok := h.stallAround(at)
 				if !ok {
-					return fmt.Errorf("held connection %d has not echoed since %s", i, after.Format(time.StampMilli))
+					return fmt.Errorf("held connection %d has not echoed since %s", j, at.Format(time.StampMilli))
 				}
 				worst = max(worst, d)
 			}
 			return nil
 		})
-		return worst, err
-	}
-	// Every connection is held (has echoed) before the first cut, and again at the next.
-	if err := until(ctx, recoverWithin, func() error {
-		for i, h := range streams {
-			if h.echoed() == 0 {
-				return fmt.Errorf("held connection %d has not echoed yet", i)
-			}
-		}
-		return nil
-	}); err != nil {
-		return nil, 0, err
-	}
-	for i := range reps {
-		at := time.Now()
-		if err := cut(); err != nil {
-			return stalls, 0, err
-		}
-		d, err := waitAll(at)
 		if err != nil {
-			return stalls, 0, fmt.Errorf("cut %d: %w", i+1, err)
+			return res, fmt.Errorf("cut %d: %w", i+1, err)
 		}
-		stalls = append(stalls, d)
-		logf("carrier cut %d/%d: longest stall %v", i+1, reps, d.Round(time.Millisecond))
-		// The agents' streams are back and healthy before the next cut (their backoff starts
+		res.broken += broken
+		if broken < len(streams) {
+			res.stalls = append(res.stalls, worst)
+		}
+		logf("carrier cut %d/%d: %d of %d held connections broken, longest stall of the others %v", i+1, reps, broken, len(streams), worst.Round(time.Millisecond))
+		// The tunnel's streams are back and healthy before the next cut (their backoff starts
 		// over after a healthy stream).
 		select {
 		case <-ctx.Done():
-			return stalls, 0, ctx.Err()
+			return res, ctx.Err()
 		case <-time.After(time.Second):
 		}
-	}
-	broken := 0
-	for _, h := range streams {
-		if h.broken() != nil {
-			broken++
+		if broken > 0 && i+1 < reps {
+			if err := open(); err != nil {
+				return res, fmt.Errorf("after cut %d: %w", i+1, err)
+			}
 		}
 	}
-	return stalls, broken, nil
-}
-
-// firstBroken is the error of the first broken held connection, for the note.
-func firstBroken(streams []*heldStream) error {
-	for _, h := range streams {
-		if err := h.broken(); err != nil {
-			return err
-		}
-	}
-	return nil
+	return res, nil
 }
 
 // openvpnCarrier is the carrier kind on the peer: one OpenVPN server and the client in the
@@ -303,23 +325,18 @@ func (r *runner) openvpnCarrier(ctx context.Context) (*Row, error) {
 	}, srv, client); err != nil {
 		return row, fmt.Errorf("failover: openvpn: the tunnel: %w", err)
 	}
-	streams, stop, err := holdStreams(ctx, dial, heldStreams)
-	if err != nil {
-		return row, err
-	}
-	defer stop()
-	return row, r.cuts(ctx, row, streams, func() error { cutter.conns.Reset(); return nil })
+	return row, r.cuts(ctx, row, dial, func() error { cutter.conns.Reset(); return nil })
 }
 
-// cuts measures reps cuts on the held streams into row.
-func (r *runner) cuts(ctx context.Context, row *Row, streams []*heldStream, cut func() error) error {
-	stalls, broken, err := measureCuts(ctx, streams, r.cfg.Repetitions, cut, func(format string, args ...any) {
+// cuts measures Repetitions cuts of held connections (dial) into row.
+func (r *runner) cuts(ctx context.Context, row *Row, dial func(context.Context) (net.Conn, error), cut func() error) error {
+	res, err := measureCuts(ctx, dial, heldStreams, r.cfg.Repetitions, cut, func(format string, args ...any) {
 		r.logf(row.Stack+": "+format, args...)
 	})
-	row.Times = stalls
-	row.Note = fmt.Sprintf("%d connections held across %d cuts, a round trip on each every %v: %d broken (a stall of %v counts as broken); the figure is the longest stall of any held connection per cut", heldStreams, len(stalls), pingEvery, broken, brokenAfter)
-	if broken > 0 {
-		row.Note += fmt.Sprintf(" (first: %v)", firstBroken(streams))
+	row.Times, row.Held, row.Broken = res.stalls, res.held, res.broken
+	row.Note = fmt.Sprintf("%d connections held at each cut, a round trip on each every %v; %d of %d broken (a stall of %v counts as broken); the figure is the longest stall of any held connection that carried on, per cut", heldStreams, pingEvery, res.broken, res.held, brokenAfter)
+	if res.firstErr != nil {
+		row.Note += fmt.Sprintf(" (first: %v)", res.firstErr)
 	}
 	return err
 }

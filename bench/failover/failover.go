@@ -137,6 +137,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		errs = append(errs, err)
 	}
+	if slices.Contains(cfg.Kinds, KindCarrier) && ctx.Err() == nil {
+		row, err := r.konnectivityCarrier(ctx)
+		if row != nil {
+			rep.Rows = append(rep.Rows, *row)
+		}
+		errs = append(errs, err)
+	}
 	err = errors.Join(errs...)
 	rep.Partial = err != nil || ctx.Err() != nil
 	return rep, err

@@ -160,35 +160,23 @@ func connectEcho(t *testing.T) (string, *inflight.Set) {
 }
 
 // TestMeasureCuts: cuts the path survives leave every held connection and a stall of about a
-// round trip; cuts that end the connections count every one broken.
+// round trip; cuts that end the connections count every one broken, with new ones held for the
+// next cut.
 func TestMeasureCuts(t *testing.T) {
 	logf := func(string, ...any) {}
 	sock, conns := connectEcho(t)
-	streams, stop, err := holdStreams(t.Context(), func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, sock, "pod:8081") }, 3)
-	if err != nil {
-		t.Fatal(err)
+	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, sock, "pod:8081") }
+	res, err := measureCuts(t.Context(), dial, 3, 2, func() error { return nil }, logf)
+	if err != nil || res.broken != 0 || res.held != 6 || len(res.stalls) != 2 {
+		t.Fatalf("harmless cuts: %+v, %v", res, err)
 	}
-	stalls, broken, err := measureCuts(t.Context(), streams, 2, func() error { return nil }, logf)
-	if err != nil || broken != 0 || len(stalls) != 2 {
-		t.Fatalf("harmless cuts: stalls %v, %d broken, %v", stalls, broken, err)
-	}
-	for _, d := range stalls {
+	for _, d := range res.stalls {
 		if d <= 0 || d > brokenAfter {
 			t.Errorf("stall %v of a harmless cut", d)
 		}
 	}
-	stop()
-
-	streams, stop, err = holdStreams(t.Context(), func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, sock, "pod:8081") }, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	_, broken, err = measureCuts(t.Context(), streams, 1, func() error { conns.Reset(); return nil }, logf)
-	if err != nil || broken != 3 {
-		t.Errorf("cuts that end the connections: %d broken, %v; want 3", broken, err)
-	}
-	if firstBroken(streams) == nil {
-		t.Error("no error recorded for a broken connection")
+	res, err = measureCuts(t.Context(), dial, 3, 2, func() error { conns.Reset(); return nil }, logf)
+	if err != nil || res.broken != 6 || res.held != 6 || len(res.stalls) != 0 || res.firstErr == nil {
+		t.Errorf("cuts that end the connections: %+v, %v; want 6 of 6 broken, no stall, an error", res, err)
 	}
 }

@@ -126,12 +126,8 @@ func (rig *tendrilRig) carrierCuts(ctx context.Context) (Row, error) {
 	if _, err := rig.bothLive(ctx); err != nil {
 		return row, err
 	}
-	streams, stop, err := holdStreams(ctx, func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }, heldStreams)
-	if err != nil {
-		return row, err
-	}
-	defer stop()
-	err = r.cuts(ctx, &row, streams, func() error { rig.carrier.conns.Reset(); return nil })
+	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
+	err := r.cuts(ctx, &row, dial, func() error { rig.carrier.conns.Reset(); return nil })
 	return row, err
 }
 
