@@ -167,9 +167,8 @@ func connections(t *testing.T, reg *prometheus.Registry, outcome string) float64
 	return metrictest.Sum(t, reg, "tendril_apiserver_proxy_connections_total", map[string]string{"outcome": outcome})
 }
 
-// TestDrain: on shutdown the agent stops accepting, and an open connection keeps working until
-// it ends.
-func TestDrain(t *testing.T) {
+// proxyEcho is an ingress that skips the PROXY header and echoes.
+func proxyEcho(t *testing.T) net.Listener {
 	ingress := testnet.Listen(t)
 	serveEcho(t, ingress, func(c net.Conn) (net.Conn, bool) {
 		// Skip the 28-byte PROXY v2 header for IPv4.
@@ -178,6 +177,13 @@ func TestDrain(t *testing.T) {
 		}
 		return c, true
 	})
+	return ingress
+}
+
+// TestDrain: on shutdown the agent stops accepting, and an open connection keeps working until
+// it ends.
+func TestDrain(t *testing.T) {
+	ingress := proxyEcho(t)
 	_, addr, cancel, done := startAgent(t, Config{Ingress: ingress.Addr().String(), DrainTimeout: 10 * time.Second})
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -241,14 +247,7 @@ func TestConfigErrors(t *testing.T) {
 // TestSourceLimit: a pod at its bound has its next connection closed at once and counted, while
 // another pod's connection is forwarded.
 func TestSourceLimit(t *testing.T) {
-	ingress := testnet.Listen(t)
-	serveEcho(t, ingress, func(c net.Conn) (net.Conn, bool) {
-		// Skip the 28-byte PROXY v2 header for IPv4.
-		if _, err := io.ReadFull(c, make([]byte, 28)); err != nil {
-			return nil, false
-		}
-		return c, true
-	})
+	ingress := proxyEcho(t)
 	reg := prometheus.NewRegistry()
 	_, addr, _, _ := startAgent(t, Config{Ingress: ingress.Addr().String(), MaxConnectionsPerSource: 1, Registry: reg})
 	echoFrom := func(src string) (string, error) {

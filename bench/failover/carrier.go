@@ -165,6 +165,21 @@ func connectStream(ctx context.Context, sock, target string) (net.Conn, error) {
 	return c, nil
 }
 
+// waitTunnel waits until a dial through the tunnel reaches the pod, while procs run.
+func waitTunnel(ctx context.Context, dial func(context.Context) (net.Conn, error), procs ...*peers.Process) error {
+	err := waitProcs(ctx, 60*time.Second, func() error {
+		c, err := dial(ctx)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}, procs...)
+	if err != nil {
+		return fmt.Errorf("the tunnel: %w", err)
+	}
+	return nil
+}
+
 // cutResult is what measureCuts saw.
 type cutResult struct {
 	// stalls are, per cut after which a held connection carried on, the longest stall of one.
@@ -315,15 +330,8 @@ func (r *runner) openvpnCarrier(ctx context.Context) (*Row, error) {
 		})
 		return c, err
 	}
-	// The tunnel is up once a dial through it reaches the pod.
-	if err := waitProcs(ctx, 60*time.Second, func() error {
-		c, err := dial(ctx)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	}, srv, client); err != nil {
-		return row, fmt.Errorf("failover: openvpn: the tunnel: %w", err)
+	if err := waitTunnel(ctx, dial, srv, client); err != nil {
+		return row, fmt.Errorf("failover: openvpn: %w", err)
 	}
 	return row, r.cuts(ctx, row, dial, func() error { cutter.conns.Reset(); return nil })
 }

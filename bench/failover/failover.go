@@ -105,48 +105,42 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer pod.Close()
 
+	// Each part measures the kinds it names that were asked for; a part that failed leaves the
+	// next to run unless ctx ended.
+	parts := []struct {
+		kinds []string
+		run   func(context.Context) ([]Row, error)
+	}{
+		{[]string{KindAgent, KindServer, KindCarrier}, r.tendril},
+		{[]string{KindReplica, KindNode}, r.replicas},
+		{[]string{KindControlPlane}, one(r.controlPlane)},
+		{[]string{KindOpenVPN}, one(r.openvpn)},
+		{[]string{KindCarrier}, one(r.openvpnCarrier)},
+		{[]string{KindCarrier}, one(r.konnectivityCarrier)},
+	}
 	var errs []error
-	if slices.Contains(cfg.Kinds, KindAgent) || slices.Contains(cfg.Kinds, KindServer) || slices.Contains(cfg.Kinds, KindCarrier) {
-		rows, err := r.tendril(ctx)
+	for i, p := range parts {
+		if !slices.ContainsFunc(p.kinds, r.want) || i > 0 && ctx.Err() != nil {
+			continue
+		}
+		rows, err := p.run(ctx)
 		rep.Rows = append(rep.Rows, rows...)
-		errs = append(errs, err)
-	}
-	if (slices.Contains(cfg.Kinds, KindReplica) || slices.Contains(cfg.Kinds, KindNode)) && ctx.Err() == nil {
-		rows, err := r.replicas(ctx)
-		rep.Rows = append(rep.Rows, rows...)
-		errs = append(errs, err)
-	}
-	if slices.Contains(cfg.Kinds, KindControlPlane) && ctx.Err() == nil {
-		row, err := r.controlPlane(ctx)
-		if row != nil {
-			rep.Rows = append(rep.Rows, *row)
-		}
-		errs = append(errs, err)
-	}
-	if slices.Contains(cfg.Kinds, KindOpenVPN) && ctx.Err() == nil {
-		row, err := r.openvpn(ctx)
-		if row != nil {
-			rep.Rows = append(rep.Rows, *row)
-		}
-		errs = append(errs, err)
-	}
-	if slices.Contains(cfg.Kinds, KindCarrier) && ctx.Err() == nil {
-		row, err := r.openvpnCarrier(ctx)
-		if row != nil {
-			rep.Rows = append(rep.Rows, *row)
-		}
-		errs = append(errs, err)
-	}
-	if slices.Contains(cfg.Kinds, KindCarrier) && ctx.Err() == nil {
-		row, err := r.konnectivityCarrier(ctx)
-		if row != nil {
-			rep.Rows = append(rep.Rows, *row)
-		}
 		errs = append(errs, err)
 	}
 	err = errors.Join(errs...)
 	rep.Partial = err != nil || ctx.Err() != nil
 	return rep, err
+}
+
+// one is a part that measures one row, as a part that measures rows.
+func one(f func(context.Context) (*Row, error)) func(context.Context) ([]Row, error) {
+	return func(ctx context.Context) ([]Row, error) {
+		row, err := f(ctx)
+		if row == nil {
+			return nil, err
+		}
+		return []Row{*row}, err
+	}
 }
 
 // runner is one run's state.

@@ -102,14 +102,8 @@ func (r *runner) konnectivityCarrier(ctx context.Context) (*Row, error) {
 	agent.KillAtOnce = true // proxy-agent ignores SIGTERM
 	defer agent.Stop()
 	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, sock, r.podEchoAddr()) }
-	if err := waitProcs(ctx, 60*time.Second, func() error {
-		c, err := dial(ctx)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	}, srv, agent); err != nil {
-		return row, fmt.Errorf("failover: konnectivity: the tunnel: %w", err)
+	if err := waitTunnel(ctx, dial, srv, agent); err != nil {
+		return row, fmt.Errorf("failover: konnectivity: %w", err)
 	}
 	return row, r.cuts(ctx, row, dial, func() error { cutter.conns.Reset(); return nil })
 }

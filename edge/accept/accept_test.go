@@ -105,17 +105,7 @@ func TestStopAcceptingAndCloseAll(t *testing.T) {
 	}}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(context.Background(), l) }()
-	dial := func(first string) net.Conn {
-		c, err := net.Dial("tcp", l.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if _, err := c.Write([]byte(first)); err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	dial := func(first string) net.Conn { return dialWriting(t, l.Addr().String(), first) }
 	held := dial("x")
 	dial("h")
 	over := <-handedOver
@@ -150,6 +140,20 @@ func TestStopAcceptingAndCloseAll(t *testing.T) {
 	if _, err := over.Write([]byte("x")); err != nil {
 		t.Errorf("handed-over connection closed: %v", err)
 	}
+}
+
+// dialWriting dials addr and writes first; the connection is closed when the test ends.
+func dialWriting(t *testing.T, addr, first string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write([]byte(first)); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 type flaky struct {

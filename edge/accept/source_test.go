@@ -117,17 +117,7 @@ func TestAbort(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, l) }()
-	dial := func(first string) net.Conn {
-		c, err := net.Dial("tcp", l.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if _, err := c.Write([]byte(first)); err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	dial := func(first string) net.Conn { return dialWriting(t, l.Addr().String(), first) }
 	quit := dial("q")
 	_ = quit.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := quit.Read(make([]byte, 1)); err != io.EOF {
