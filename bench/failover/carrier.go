@@ -257,7 +257,7 @@ func measureCuts(ctx context.Context, dial func(context.Context) (net.Conn, erro
 		if broken < len(streams) {
 			res.stalls = append(res.stalls, worst)
 		}
-		logf("carrier cut %d/%d: %d of %d held connections broken, longest stall of the others %v", i+1, reps, broken, len(streams), worst.Round(time.Millisecond))
+		logf("cut %d/%d: %d of %d held connections broken, longest stall of the others %v", i+1, reps, broken, len(streams), worst.Round(time.Millisecond))
 		// The tunnel's streams are back and healthy before the next cut (their backoff starts
 		// over after a healthy stream).
 		select {

@@ -107,6 +107,13 @@ func (r *runner) tendril(ctx context.Context) ([]Row, error) {
 		}
 		rows = append(rows, row)
 	}
+	if r.want(KindStandby) {
+		row, err := rig.standbyKills(ctx)
+		rows = append(rows, row)
+		if err != nil {
+			return rows, err
+		}
+	}
 	if r.want(KindCarrier) {
 		row, err := rig.carrierCuts(ctx)
 		rows = append(rows, row)
@@ -128,6 +135,34 @@ func (rig *tendrilRig) carrierCuts(ctx context.Context) (Row, error) {
 	}
 	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
 	err := r.cuts(ctx, &row, dial, func() error { rig.carrier.conns.Reset(); return nil })
+	return row, err
+}
+
+// standbyKills holds connections through the active agent while the standby one is killed
+// and started again, Repetitions times: the connections go through the active agent only, so
+// none should break or stall beyond a round trip.
+func (rig *tendrilRig) standbyKills(ctx context.Context) (Row, error) {
+	r := rig.r
+	row := Row{Kind: KindStandby, Stack: "tendril", Killed: fmt.Sprintf("the standby tendril-agent of two (SIGKILL), started again (%d connections held through the active one)", heldStreams),
+		Recovers: "nothing to recover: the shoot's networks stay with the active agent"}
+	active, err := rig.bothLive(ctx)
+	if err != nil {
+		return row, err
+	}
+	standby := 1 - active
+	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
+	err = r.cuts(ctx, &row, dial, func() error {
+		if err := rig.kill(rig.agents[standby]); err != nil {
+			return err
+		}
+		if err := rig.startAgent(standby); err != nil {
+			return err
+		}
+		if a, err := rig.bothLive(ctx); err != nil || a != active {
+			return fmt.Errorf("failover: after the standby's restart the active agent is %d (was %d): %v", a, active, err)
+		}
+		return nil
+	})
 	return row, err
 }
 
