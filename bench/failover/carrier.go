@@ -33,6 +33,9 @@ const (
 	// brokenAfter: a held connection whose echo is this late counts as broken (and is not
 	// measured further), as a client's own timeout would end it.
 	brokenAfter = 10 * time.Second
+	// settleAfterCut: a stall that a cut sets off starts within this long after the cut
+	// returned (the agents' streams end at once, or as a drained replica exits).
+	settleAfterCut = time.Second
 )
 
 // podEchoAddr is the pod's echo port, the held connections' target.
@@ -45,21 +48,27 @@ type heldStream struct {
 	err    error
 }
 
-// stallAround is the gap between the stream's last echo at or before t and its first after t;
-// false if it has none after t (yet).
-func (h *heldStream) stallAround(t time.Time) (time.Duration, bool) {
+// longestStall is the longest gap between two successive echoes of the stream from its last
+// echo at or before from to its first after to: a cut at from whose effects are over by to.
+// False if it had not echoed by from, or has not echoed after to (yet).
+func (h *heldStream) longestStall(from, to time.Time) (time.Duration, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var before time.Time
+	var prev time.Time
+	var longest time.Duration
 	for _, e := range h.echoes {
-		if !e.After(t) {
-			before = e
+		switch {
+		case !e.After(from):
+			prev = e
 			continue
+		case prev.IsZero():
+			return 0, false // it had not echoed before from: not held then
 		}
-		if before.IsZero() {
-			return 0, false // it had not echoed before t: not held then
+		longest = max(longest, e.Sub(prev))
+		prev = e
+		if e.After(to) {
+			return longest, true
 		}
-		return e.Sub(before), true
 	}
 	return 0, false
 }
@@ -229,6 +238,9 @@ func measureCuts(ctx context.Context, dial func(context.Context) (net.Conn, erro
 		if err := cut(); err != nil {
 			return res, err
 		}
+		// What a cut sets off may end after cut returns (a drained replica closes the streams
+		// as it exits): the stall counts until a settle after it.
+		settled := time.Now().Add(settleAfterCut)
 		res.held += len(streams)
 		var worst time.Duration
 		var broken int
@@ -242,9 +254,9 @@ func measureCuts(ctx context.Context, dial func(context.Context) (net.Conn, erro
 					}
 					continue
 				}
-				d, ok := h.stallAround(at)
+				d, ok := h.longestStall(at, settled)
 				if !ok {
-					return fmt.Errorf("held connection %d has not echoed since %s", j, at.Format(time.StampMilli))
+					return fmt.Errorf("held connection %d has not echoed since %s", j, settled.Format(time.StampMilli))
 				}
 				worst = max(worst, d)
 			}
@@ -258,13 +270,8 @@ func measureCuts(ctx context.Context, dial func(context.Context) (net.Conn, erro
 			res.stalls = append(res.stalls, worst)
 		}
 		logf("cut %d/%d: %d of %d held connections broken, longest stall of the others %v", i+1, reps, broken, len(streams), worst.Round(time.Millisecond))
-		// The tunnel's streams are back and healthy before the next cut (their backoff starts
-		// over after a healthy stream).
-		select {
-		case <-ctx.Done():
-			return res, ctx.Err()
-		case <-time.After(time.Second):
-		}
+		// The settle also lets the tunnel's streams be back and healthy before the next cut
+		// (their backoff starts over after a healthy stream).
 		if broken > 0 && i+1 < reps {
 			if err := open(); err != nil {
 				return res, fmt.Errorf("after cut %d: %w", i+1, err)

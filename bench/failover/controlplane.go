@@ -230,8 +230,9 @@ func routed(ctx context.Context, tunnel string, i int) error {
 // pod's death is not modelled). A connection ends when either side does.
 type forwarder struct {
 	l        net.Listener
-	backends []string
-	ns       string // the namespace it listens and dials in; "": this process's
+	mu       sync.Mutex
+	backends []string // guarded by mu: setBackends changes them
+	ns       string   // the namespace it listens and dials in; "": this process's
 	conns    inflight.Set
 	wg       sync.WaitGroup
 }
@@ -270,7 +271,10 @@ func (f *forwarder) serve() {
 			return
 		}
 		var up net.Conn
-		for _, b := range f.backends {
+		f.mu.Lock()
+		backends := f.backends
+		f.mu.Unlock()
+		for _, b := range backends {
 			if err = inNS(f.ns, func() (err error) { up, err = net.DialTimeout("tcp", b, time.Second); return err }); err == nil {
 				break
 			}
@@ -287,6 +291,13 @@ func (f *forwarder) serve() {
 		f.wg.Go(func() { splice(c, up); f.conns.Remove(c, up) })
 		f.wg.Go(func() { splice(up, c) })
 	}
+}
+
+// setBackends replaces the backends new connections go to (a Service's endpoints changed).
+func (f *forwarder) setBackends(b []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.backends = b
 }
 
 // splice copies src to dst, then closes both: the first side to end ends the connection.

@@ -40,6 +40,9 @@ const (
 	// KindStandby: the standby tendril-agent of two killed while connections are held through
 	// the active one; measured as the carrier kind.
 	KindStandby = "standby-agent"
+	// KindRollout: the ingress rolled (a new replica, the old one drained) while connections are
+	// held; measured as the carrier kind.
+	KindRollout = "ingress-rollout"
 	// KindControlPlane: the tendril-seed whose xDS the ingress is connected to, of two.
 	KindControlPlane = "control-plane"
 	KindOpenVPN      = "openvpn" // the OpenVPN server the client is on, of two
@@ -51,7 +54,7 @@ const (
 )
 
 // Kinds are all kinds, in report order.
-var Kinds = []string{KindAgent, KindServer, KindCarrier, KindStandby, KindReplica, KindNode, KindControlPlane, KindOpenVPN}
+var Kinds = []string{KindAgent, KindServer, KindCarrier, KindStandby, KindRollout, KindReplica, KindNode, KindControlPlane, KindOpenVPN}
 
 // Config configures a run. The zero value runs every kind 10 times with the binaries in bin/.
 type Config struct {
@@ -114,7 +117,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		kinds []string
 		run   func(context.Context) ([]Row, error)
 	}{
-		{[]string{KindAgent, KindServer, KindCarrier, KindStandby}, r.tendril},
+		{[]string{KindAgent, KindServer, KindCarrier, KindStandby, KindRollout}, r.tendril},
 		{[]string{KindReplica, KindNode}, r.replicas},
 		{[]string{KindControlPlane}, one(r.controlPlane)},
 		{[]string{KindOpenVPN}, one(r.openvpn)},

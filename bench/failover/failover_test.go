@@ -105,23 +105,24 @@ func TestMeasureKillNeverRecovers(t *testing.T) {
 	}
 }
 
-// TestStallAround: the stall is the gap from the last echo at or before the cut to the first
-// after it; a stream that had not echoed before the cut, or not after it yet, has none.
-func TestStallAround(t *testing.T) {
+// TestLongestStall: the stall is the longest gap between echoes from the last at or before the
+// cut to the first after the settle; a stream that had not echoed before the cut, or not after
+// the settle yet, has none.
+func TestLongestStall(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	h := &heldStream{echoes: []time.Time{at(0), at(20), at(40), at(300), at(320)}}
-	if d, ok := h.stallAround(at(50)); !ok || d != 260*time.Millisecond {
-		t.Errorf("stall around 50 ms: %v, %v; want 260ms", d, ok)
+	h := &heldStream{echoes: []time.Time{at(0), at(20), at(40), at(60), at(300), at(320), at(340)}}
+	if d, ok := h.longestStall(at(50), at(50)); !ok || d != 20*time.Millisecond {
+		t.Errorf("stall around 50 ms: %v, %v; want 20ms (60 after 40)", d, ok)
 	}
-	if d, ok := h.stallAround(at(20)); !ok || d != 20*time.Millisecond {
-		t.Errorf("stall around an echo's own time: %v, %v; want 20ms", d, ok)
+	if d, ok := h.longestStall(at(10), at(100)); !ok || d != 240*time.Millisecond {
+		t.Errorf("stall from 10 ms settled at 100 ms: %v, %v; want 240ms (a gap after the cut)", d, ok)
 	}
-	if _, ok := h.stallAround(at(-1)); ok {
+	if _, ok := h.longestStall(at(-1), at(0)); ok {
 		t.Error("a stall for a cut before the first echo")
 	}
-	if _, ok := h.stallAround(at(320)); ok {
-		t.Error("a stall without an echo after the cut")
+	if _, ok := h.longestStall(at(0), at(340)); ok {
+		t.Error("a stall without an echo after the settle")
 	}
 }
 

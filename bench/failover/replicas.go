@@ -205,7 +205,7 @@ func (r *runner) startReplicas(ctx context.Context) (*replicaRig, error) {
 	routes := fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.failover.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: [%s, %s]\n  vpnReplicas:\n    tendril-server-0: %s\n    tendril-server-1: %s\n",
 		nsTendril, rig.replicaAddr(0, replicaTunnelPort), rig.replicaAddr(1, replicaTunnelPort), rig.replicaAddr(0, replicaTunnelPort), rig.replicaAddr(1, replicaTunnelPort))
 	var proxyAddr string
-	rig.front, proxyAddr, err = r.startFront(ctx, rig.dir, routes, "--proxy-address")
+	rig.front, proxyAddr, _, err = r.startFront(ctx, rig.dir, routes, "--proxy-address")
 	if err != nil {
 		return rig, err
 	}

@@ -44,6 +44,7 @@ type tendrilRig struct {
 	// carrier is between the agents and the ingress, as the load balancer and the network are:
 	// the carrier kind cuts the agents' streams there.
 	carrier *forwarder
+	xds     string // tendril-seed's xDS address, for another ingress replica
 }
 
 func (r *runner) bin(name string) string {
@@ -114,6 +115,13 @@ func (r *runner) tendril(ctx context.Context) ([]Row, error) {
 			return rows, err
 		}
 	}
+	if r.want(KindRollout) {
+		row, err := rig.rollouts(ctx)
+		rows = append(rows, row)
+		if err != nil {
+			return rows, err
+		}
+	}
 	if r.want(KindCarrier) {
 		row, err := rig.carrierCuts(ctx)
 		rows = append(rows, row)
@@ -135,6 +143,37 @@ func (rig *tendrilRig) carrierCuts(ctx context.Context) (Row, error) {
 	}
 	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
 	err := r.cuts(ctx, &row, dial, func() error { rig.carrier.conns.Reset(); return nil })
+	return row, err
+}
+
+// rollouts holds connections through the tunnel while the ingress is rolled, Repetitions times:
+// a new replica starts and takes the agents' new connections (the forwarder is the Service, its
+// endpoints the new replica), the old one is sent SIGTERM and drains for 1 s, then closes the
+// agents' streams, which dial again and reach the new one.
+func (rig *tendrilRig) rollouts(ctx context.Context) (Row, error) {
+	r := rig.r
+	row := Row{Kind: KindRollout, Stack: "tendril", Killed: fmt.Sprintf("a rollout of the ingress: a new replica up, the old one drained (SIGTERM, --drain-timeout 1s) (%d connections held through the tunnel)", heldStreams),
+		Recovers: "the drained replica closes the agents' streams; they dial again through the Service to the new one"}
+	if _, err := rig.bothLive(ctx); err != nil {
+		return row, err
+	}
+	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
+	n := 0
+	err := r.cuts(ctx, &row, dial, func() error {
+		n++
+		cur := len(rig.ingress) - 1 // the serving replica; rig.ingress[0] is tendril-seed
+		next, addr, err := r.startIngress(ctx, rig.dir, fmt.Sprintf("tendril-ingress-%d", n), rig.xds, "--tunnel-address", rig.ingress...)
+		if next != nil {
+			rig.ingress = append(rig.ingress, next)
+		}
+		if err != nil {
+			return err
+		}
+		rig.carrier.setBackends([]string{addr})
+		old := rig.ingress[cur]
+		rig.ingress = slices.Delete(rig.ingress, cur, cur+1)
+		return old.Stop() // returns once it drained and exited
+	})
 	return row, err
 }
 
@@ -190,7 +229,7 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 	rig.serverSocks = []*inherit.Socket{socks[0], socks[1]}
 	routes := fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.failover.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: %q\n", nsTendril, tunnelAddr)
 	var ingressListen string
-	rig.ingress, ingressListen, err = r.startFront(ctx, rig.dir, routes, "--tunnel-address")
+	rig.ingress, ingressListen, rig.xds, err = r.startFront(ctx, rig.dir, routes, "--tunnel-address")
 	if err != nil {
 		inherit.Close(socks...)
 		return rig, err
@@ -398,43 +437,59 @@ func connectDial(sock, pod string) dialFunc {
 }
 
 // startFront starts the seed's front of the tunnels: tendril-seed in file mode serving routes
-// (a route file's YAML) over xDS, and tendril-ingress taking them, its listener for the agents
-// given by listenFlag (--tunnel-address or --proxy-address) on the seed's side of the shoot's
-// link. It returns both processes, also on an error (for the caller to stop), and the address
-// the agents dial.
-func (r *runner) startFront(ctx context.Context, dir, routes, listenFlag string) ([]*peers.Process, string, error) {
+// (a route file's YAML) over xDS, and tendril-ingress taking them (startIngress). It returns
+// both processes, also on an error (for the caller to stop), the address the agents dial, and
+// the xDS server's.
+func (r *runner) startFront(ctx context.Context, dir, routes, listenFlag string) ([]*peers.Process, string, string, error) {
 	f := func(n string) string { return filepath.Join(dir, n) }
-	socks, err := peers.Bind(2)
+	socks, err := peers.Bind(1)
+	if err != nil {
+		return nil, "", "", err
+	}
+	xdsAddr := socks[0].Addr
+	if err := os.WriteFile(f("routes.yaml"), []byte(routes), 0o644); err != nil {
+		inherit.Close(socks...)
+		return nil, "", "", err
+	}
+	seed, err := peers.StartWithSockets("tendril-seed", f("tendril-seed.log"), socks, r.bin("tendril-seed"),
+		"--routes", f("routes.yaml"), "--xds-address", xdsAddr, "--xds-insecure", "--metrics-address", "")
+	if err != nil {
+		return nil, "", "", err
+	}
+	procs := []*peers.Process{seed}
+	ing, listen, err := r.startIngress(ctx, dir, "tendril-ingress", xdsAddr, listenFlag, seed)
+	if ing != nil {
+		procs = append(procs, ing)
+	}
+	return procs, listen, xdsAddr, err
+}
+
+// startIngress starts a tendril-ingress replica named name taking its routes from xdsAddr, its
+// listener for the agents given by listenFlag (--tunnel-address or --proxy-address) on the
+// seed's side of the shoot's link, and waits until it is ready while it and others run. A
+// SIGTERM drains it for 1 s (a rollout's step; the chart's timeout is longer). It returns the
+// process, also on an error, and the address the agents dial.
+func (r *runner) startIngress(ctx context.Context, dir, name, xdsAddr, listenFlag string, others ...*peers.Process) (*peers.Process, string, error) {
+	metrics, err := peers.Bind(1)
 	if err != nil {
 		return nil, "", err
 	}
 	listenSock, err := inherit.Bind(net.JoinHostPort(r.topo.seedAddr.String(), "0"))
 	if err != nil {
-		inherit.Close(socks...)
+		inherit.Close(metrics...)
 		return nil, "", err
 	}
-	listen, xdsAddr, ingressMetrics := listenSock.Addr, socks[0].Addr, socks[1].Addr
-	if err := os.WriteFile(f("routes.yaml"), []byte(routes), 0o644); err != nil {
-		inherit.Close(append(socks, listenSock)...)
-		return nil, "", err
-	}
-	seed, err := peers.StartWithSockets("tendril-seed", f("tendril-seed.log"), socks[:1], r.bin("tendril-seed"),
-		"--routes", f("routes.yaml"), "--xds-address", xdsAddr, "--xds-insecure", "--metrics-address", "")
+	listen, ingressMetrics := listenSock.Addr, metrics[0].Addr
+	ing, err := peers.StartWithSockets(name, filepath.Join(dir, name+".log"), []*inherit.Socket{listenSock, metrics[0]}, r.bin("tendril-ingress"),
+		"--xds", xdsAddr, "--xds-insecure", "--node-id", "bench-failover-"+name, listenFlag, listen, "--metrics-address", ingressMetrics,
+		"--drain-timeout", "1s")
 	if err != nil {
-		inherit.Close(socks[1], listenSock)
 		return nil, "", err
 	}
-	procs := []*peers.Process{seed}
-	ing, err := peers.StartWithSockets("tendril-ingress", f("tendril-ingress.log"), []*inherit.Socket{listenSock, socks[1]}, r.bin("tendril-ingress"),
-		"--xds", xdsAddr, "--xds-insecure", "--node-id", "bench-failover", listenFlag, listen, "--metrics-address", ingressMetrics)
-	if err != nil {
-		return procs, "", err
+	if err := waitProcs(ctx, 20*time.Second, httpOK("http://"+ingressMetrics+"/readyz"), append(others, ing)...); err != nil {
+		return ing, "", fmt.Errorf("failover: %s not ready: %w", name, err)
 	}
-	procs = append(procs, ing)
-	if err := waitProcs(ctx, 20*time.Second, httpOK("http://"+ingressMetrics+"/readyz"), procs...); err != nil {
-		return procs, "", fmt.Errorf("failover: tendril-ingress not ready: %w", err)
-	}
-	return procs, listen, nil
+	return ing, listen, nil
 }
 
 var httpClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
