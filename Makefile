@@ -83,8 +83,9 @@ fuzz: ## Run every fuzz target for FUZZ_TIME each.
 		done; \
 	done
 
-# The suite fits the 2-core machine in under 20 minutes (3 s per measurement, 3 rounds for the
-# connection paths; the idle mode about 5 minutes at the N the 20,000-descriptor limit allows); the
+# The suite fits the 2-core machine in under 25 minutes (3 s per measurement, 3 rounds for the
+# connection paths; the idle mode about 5 minutes at the N the 20,000-descriptor limit allows; the
+# failover mode about 5 minutes, of which about 4 for the kinds that hold connections); the
 # tunnel mode needs root for its network namespaces and skips what it cannot set up.
 BENCH_RATE_ARGS = --rounds 3 --duration 3s
 bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, reports and plots in docs/bench/ (analysis: docs/performance.md).

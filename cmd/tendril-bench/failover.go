@@ -16,8 +16,10 @@ type failoverCommand struct {
 	output
 }
 
-// The defaults keep "tendril-bench failover" at about a minute and a half: ten kills of each
-// kind, each a second or two plus the wait until the killed part is back.
+// The defaults keep "tendril-bench failover" at about five minutes (312 s on 2026-12-04): ten
+// kills or cuts of each kind, each a second or two plus the wait until the part is back, and for
+// the kinds that hold connections a 1 s settle per cut (konnectivity builds once, a few minutes,
+// on a machine that has never built it).
 func parseFailover(args []string, stderr io.Writer) (*failoverCommand, error) {
 	c := &failoverCommand{}
 	fs := flag.NewFlagSet("tendril-bench failover", flag.ContinueOnError)
