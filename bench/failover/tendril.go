@@ -108,22 +108,15 @@ func (r *runner) tendril(ctx context.Context) ([]Row, error) {
 		}
 		rows = append(rows, row)
 	}
-	if r.want(KindStandby) {
-		row, err := rig.standbyKills(ctx)
-		rows = append(rows, row)
-		if err != nil {
-			return rows, err
+	// The kinds that hold connections through the tunnel, one row each.
+	for _, k := range []struct {
+		kind string
+		run  func(context.Context) (Row, error)
+	}{{KindStandby, rig.standbyKills}, {KindRollout, rig.rollouts}, {KindCarrier, rig.carrierCuts}} {
+		if !r.want(k.kind) {
+			continue
 		}
-	}
-	if r.want(KindRollout) {
-		row, err := rig.rollouts(ctx)
-		rows = append(rows, row)
-		if err != nil {
-			return rows, err
-		}
-	}
-	if r.want(KindCarrier) {
-		row, err := rig.carrierCuts(ctx)
+		row, err := k.run(ctx)
 		rows = append(rows, row)
 		if err != nil {
 			return rows, err
