@@ -202,7 +202,7 @@ type cutResult struct {
 // measureCuts holds n connections (dial) while cut is called reps times (each once every held
 // connection has echoed since the last). A cut that broke connections is followed by n new
 // ones, once the path carries them again: every cut meets n held connections.
-func measureCuts(ctx context.Context, dial func(context.Context) (net.Conn, error), n, reps int, cut func() error, logf func(string, ...any)) (cutResult, error) {
+func measureCuts(ctx context.Context, dial func(context.Context) (net.Conn, error), n, reps int, every time.Duration, cut func() error, logf func(string, ...any)) (cutResult, error) {
 	var res cutResult
 	var streams []*heldStream
 	stop := func() {}
@@ -272,6 +272,13 @@ func measureCuts(ctx context.Context, dial func(context.Context) (net.Conn, erro
 		logf("cut %d/%d: %d of %d held connections broken, longest stall of the others %v", i+1, reps, broken, len(streams), worst.Round(time.Millisecond))
 		// The settle also lets the tunnel's streams be back and healthy before the next cut
 		// (their backoff starts over after a healthy stream).
+		if wait := time.Until(at.Add(every)); wait > 0 && i+1 < reps {
+			select {
+			case <-ctx.Done():
+				return res, ctx.Err()
+			case <-time.After(wait):
+			}
+		}
 		if broken > 0 && i+1 < reps {
 			if err := open(); err != nil {
 				return res, fmt.Errorf("after cut %d: %w", i+1, err)
@@ -345,7 +352,12 @@ func (r *runner) openvpnCarrier(ctx context.Context) (*Row, error) {
 
 // cuts measures Repetitions cuts of held connections (dial) into row.
 func (r *runner) cuts(ctx context.Context, row *Row, dial func(context.Context) (net.Conn, error), cut func() error) error {
-	res, err := measureCuts(ctx, dial, heldStreams, r.cfg.Repetitions, cut, func(format string, args ...any) {
+	return r.cutsN(ctx, row, r.cfg.Repetitions, dial, cut)
+}
+
+// cutsN is cuts with reps cuts.
+func (r *runner) cutsN(ctx context.Context, row *Row, reps int, dial func(context.Context) (net.Conn, error), cut func() error) error {
+	res, err := measureCuts(ctx, dial, heldStreams, reps, r.cfg.CutEvery, cut, func(format string, args ...any) {
 		r.logf(row.Stack+": "+format, args...)
 	})
 	row.Times, row.Held, row.Broken = res.stalls, res.held, res.broken

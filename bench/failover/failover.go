@@ -43,6 +43,10 @@ const (
 	// KindRollout: the ingress rolled (a new replica, the old one drained) while connections are
 	// held; measured as the carrier kind.
 	KindRollout = "ingress-rollout"
+	// KindSoak: one set of held connections through Repetitions carrier cuts with a rollout of
+	// both ingress replicas (two steps) in the middle, spaced by Config.CutEvery (a 10-minute
+	// run: --cut-every 50s with 10 repetitions).
+	KindSoak = "soak"
 	// KindControlPlane: the tendril-seed whose xDS the ingress is connected to, of two.
 	KindControlPlane = "control-plane"
 	KindOpenVPN      = "openvpn" // the OpenVPN server the client is on, of two
@@ -54,7 +58,7 @@ const (
 )
 
 // Kinds are all kinds, in report order.
-var Kinds = []string{KindAgent, KindServer, KindCarrier, KindStandby, KindRollout, KindReplica, KindNode, KindControlPlane, KindOpenVPN}
+var Kinds = []string{KindAgent, KindServer, KindCarrier, KindStandby, KindRollout, KindSoak, KindReplica, KindNode, KindControlPlane, KindOpenVPN}
 
 // Config configures a run. The zero value runs every kind 10 times with the binaries in bin/.
 type Config struct {
@@ -67,6 +71,9 @@ type Config struct {
 	BinDir string
 	// Progress receives a line per step; nil discards them.
 	Progress io.Writer
+	// CutEvery is, for the kinds that hold connections, the time from one cut to the next (at
+	// least the settle after a cut, 1 s); zero: the next once the last settled.
+	CutEvery time.Duration
 	// CommandLine is recorded in the report.
 	CommandLine string
 }
@@ -117,7 +124,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		kinds []string
 		run   func(context.Context) ([]Row, error)
 	}{
-		{[]string{KindAgent, KindServer, KindCarrier, KindStandby, KindRollout}, r.tendril},
+		{[]string{KindAgent, KindServer, KindCarrier, KindStandby, KindRollout, KindSoak}, r.tendril},
 		{[]string{KindReplica, KindNode}, r.replicas},
 		{[]string{KindControlPlane}, one(r.controlPlane)},
 		{[]string{KindOpenVPN}, one(r.openvpn)},

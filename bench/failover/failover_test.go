@@ -167,7 +167,7 @@ func TestMeasureCuts(t *testing.T) {
 	logf := func(string, ...any) {}
 	sock, conns := connectEcho(t)
 	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, sock, "pod:8081") }
-	res, err := measureCuts(t.Context(), dial, 3, 2, func() error { return nil }, logf)
+	res, err := measureCuts(t.Context(), dial, 3, 2, 0, func() error { return nil }, logf)
 	if err != nil || res.broken != 0 || res.held != 6 || len(res.stalls) != 2 {
 		t.Fatalf("harmless cuts: %+v, %v", res, err)
 	}
@@ -176,7 +176,7 @@ func TestMeasureCuts(t *testing.T) {
 			t.Errorf("stall %v of a harmless cut", d)
 		}
 	}
-	res, err = measureCuts(t.Context(), dial, 3, 2, func() error { conns.Reset(); return nil }, logf)
+	res, err = measureCuts(t.Context(), dial, 3, 2, 0, func() error { conns.Reset(); return nil }, logf)
 	if err != nil || res.broken != 6 || res.held != 6 || len(res.stalls) != 0 || res.firstErr == nil {
 		t.Errorf("cuts that end the connections: %+v, %v; want 6 of 6 broken, no stall, an error", res, err)
 	}

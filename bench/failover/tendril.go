@@ -112,7 +112,7 @@ func (r *runner) tendril(ctx context.Context) ([]Row, error) {
 	for _, k := range []struct {
 		kind string
 		run  func(context.Context) (Row, error)
-	}{{KindStandby, rig.standbyKills}, {KindRollout, rig.rollouts}, {KindCarrier, rig.carrierCuts}} {
+	}{{KindStandby, rig.standbyKills}, {KindRollout, rig.rollouts}, {KindCarrier, rig.carrierCuts}, {KindSoak, rig.soak}} {
 		if !r.want(k.kind) {
 			continue
 		}
@@ -152,20 +152,47 @@ func (rig *tendrilRig) rollouts(ctx context.Context) (Row, error) {
 	}
 	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
 	n := 0
-	err := r.cuts(ctx, &row, dial, func() error {
-		n++
-		cur := len(rig.ingress) - 1 // the serving replica; rig.ingress[0] is tendril-seed
-		next, addr, err := r.startIngress(ctx, rig.dir, fmt.Sprintf("tendril-ingress-%d", n), rig.xds, "--tunnel-address", rig.ingress...)
-		if next != nil {
-			rig.ingress = append(rig.ingress, next)
+	err := r.cuts(ctx, &row, dial, func() error { n++; return rig.rollIngress(ctx, n) })
+	return row, err
+}
+
+// rollIngress is one step of a rollout: replica n starts and becomes the Service's endpoint,
+// the one serving is sent SIGTERM and drains; it returns once that one exited.
+func (rig *tendrilRig) rollIngress(ctx context.Context, n int) error {
+	cur := len(rig.ingress) - 1 // the serving replica; rig.ingress[0] is tendril-seed
+	next, addr, err := rig.r.startIngress(ctx, rig.dir, fmt.Sprintf("tendril-ingress-%d", n), rig.xds, "--tunnel-address", rig.ingress...)
+	if next != nil {
+		rig.ingress = append(rig.ingress, next)
+	}
+	if err != nil {
+		return err
+	}
+	rig.carrier.setBackends([]string{addr})
+	old := rig.ingress[cur]
+	rig.ingress = slices.Delete(rig.ingress, cur, cur+1)
+	return old.Stop() // returns once it drained and exited
+}
+
+// soak holds one set of connections through Repetitions carrier cuts and, halfway, a rollout of
+// the ingress's two replicas one after the other, CutEvery apart.
+func (rig *tendrilRig) soak(ctx context.Context) (Row, error) {
+	r := rig.r
+	reps := r.cfg.Repetitions
+	row := Row{Kind: KindSoak, Stack: "tendril", Killed: fmt.Sprintf("%d carrier cuts with a rollout of both ingress replicas halfway (%d connections held throughout)", reps, heldStreams),
+		Recovers: "as for the carrier and ingress-rollout kinds"}
+	if _, err := rig.bothLive(ctx); err != nil {
+		return row, err
+	}
+	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
+	event, rolled := 0, 0
+	err := r.cutsN(ctx, &row, reps+2, dial, func() error {
+		event++
+		if event > reps/2 && rolled < 2 { // the two rollout steps, after half the cuts
+			rolled++
+			return rig.rollIngress(ctx, 100+rolled)
 		}
-		if err != nil {
-			return err
-		}
-		rig.carrier.setBackends([]string{addr})
-		old := rig.ingress[cur]
-		rig.ingress = slices.Delete(rig.ingress, cur, cur+1)
-		return old.Stop() // returns once it drained and exited
+		rig.carrier.conns.Reset()
+		return nil
 	})
 	return row, err
 }

@@ -28,6 +28,7 @@ func parseFailover(args []string, stderr io.Writer) (*failoverCommand, error) {
 	fs.Var(&kinds, "kinds", "comma-separated kinds of failure: "+fmt.Sprint(failover.Kinds))
 	fs.IntVar(&c.Config.Repetitions, "repetitions", 10, "kills per kind (1..100)")
 	fs.StringVar(&c.Config.BinDir, "bin-dir", binDir(), "directory with the tendril binaries (make build)")
+	fs.DurationVar(&c.Config.CutEvery, "cut-every", 0, "with the kinds that hold connections, the time from one cut to the next (0: once the last settled, about 1 s; soak with 10 repetitions and 50s: a 10-minute run)")
 	c.addFlags(fs)
 	if err := c.parseFlags(fs, args); err != nil {
 		return nil, err
