@@ -37,6 +37,8 @@ const (
 	// connections through the tunnel are held; measured is the longest stall of a held
 	// connection, and how many broke.
 	KindCarrier = "carrier"
+	// KindCarrierServer: the carrier cut between the ingress and tendril-server instead.
+	KindCarrierServer = "carrier-server"
 	// KindStandby: the standby tendril-agent of two killed while connections are held through
 	// the active one; measured as the carrier kind.
 	KindStandby = "standby-agent"
@@ -58,7 +60,7 @@ const (
 )
 
 // Kinds are all kinds, in report order.
-var Kinds = []string{KindAgent, KindServer, KindCarrier, KindStandby, KindRollout, KindSoak, KindReplica, KindNode, KindControlPlane, KindOpenVPN}
+var Kinds = []string{KindAgent, KindServer, KindCarrier, KindCarrierServer, KindStandby, KindRollout, KindSoak, KindReplica, KindNode, KindControlPlane, KindOpenVPN}
 
 // Config configures a run. The zero value runs every kind 10 times with the binaries in bin/.
 type Config struct {
@@ -124,7 +126,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		kinds []string
 		run   func(context.Context) ([]Row, error)
 	}{
-		{[]string{KindAgent, KindServer, KindCarrier, KindStandby, KindRollout, KindSoak}, r.tendril},
+		{[]string{KindAgent, KindServer, KindCarrier, KindCarrierServer, KindStandby, KindRollout, KindSoak}, r.tendril},
 		{[]string{KindReplica, KindNode}, r.replicas},
 		{[]string{KindControlPlane}, one(r.controlPlane)},
 		{[]string{KindOpenVPN}, one(r.openvpn)},

@@ -45,6 +45,8 @@ type tendrilRig struct {
 	// the carrier kind cuts the agents' streams there.
 	carrier *forwarder
 	xds     string // tendril-seed's xDS address, for another ingress replica
+	// serverCarrier is between the ingress and tendril-server's tunnel port.
+	serverCarrier *forwarder
 }
 
 func (r *runner) bin(name string) string {
@@ -112,7 +114,7 @@ func (r *runner) tendril(ctx context.Context) ([]Row, error) {
 	for _, k := range []struct {
 		kind string
 		run  func(context.Context) (Row, error)
-	}{{KindStandby, rig.standbyKills}, {KindRollout, rig.rollouts}, {KindCarrier, rig.carrierCuts}, {KindSoak, rig.soak}} {
+	}{{KindStandby, rig.standbyKills}, {KindRollout, rig.rollouts}, {KindCarrier, rig.carrierCuts}, {KindCarrierServer, rig.serverCarrierCuts}, {KindSoak, rig.soak}} {
 		if !r.want(k.kind) {
 			continue
 		}
@@ -136,6 +138,21 @@ func (rig *tendrilRig) carrierCuts(ctx context.Context) (Row, error) {
 	}
 	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
 	err := r.cuts(ctx, &row, dial, func() error { rig.carrier.conns.Reset(); return nil })
+	return row, err
+}
+
+// serverCarrierCuts holds connections through the tunnel while the ingress's connections to
+// tendril-server's tunnel port are cut, Repetitions times: the ingress closes the agents' side
+// of each, and the agents dial again.
+func (rig *tendrilRig) serverCarrierCuts(ctx context.Context) (Row, error) {
+	r := rig.r
+	row := Row{Kind: KindCarrierServer, Stack: "tendril", Killed: fmt.Sprintf("the ingress's connections to tendril-server cut (%d connections held through the tunnel)", heldStreams),
+		Recovers: "the ingress closes the agents' streams; they dial again through it"}
+	if _, err := rig.bothLive(ctx); err != nil {
+		return row, err
+	}
+	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
+	err := r.cuts(ctx, &row, dial, func() error { rig.serverCarrier.conns.Reset(); return nil })
 	return row, err
 }
 
@@ -247,7 +264,13 @@ func (r *runner) startTendril(ctx context.Context) (*tendrilRig, error) {
 	rig.metrics, rig.sock = socks[1].Addr, f("connect.sock")
 	rig.serverPorts = []string{tunnelAddr, rig.metrics}
 	rig.serverSocks = []*inherit.Socket{socks[0], socks[1]}
-	routes := fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.failover.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: %q\n", nsTendril, tunnelAddr)
+	// The ingress reaches the server's tunnel port through a forwarder too, the seed's network
+	// between them: the carrier-server kind cuts there.
+	if rig.serverCarrier, err = newForwarder("127.0.0.1:0", []string{tunnelAddr}); err != nil {
+		inherit.Close(socks...)
+		return rig, err
+	}
+	routes := fmt.Sprintf("shoots:\n- name: %s\n  hosts: [api.failover.bench.tendril.local]\n  apiserver: \"127.0.0.1:1\"\n  vpnServer: %q\n", nsTendril, rig.serverCarrier.l.Addr().String())
 	var ingressListen string
 	rig.ingress, ingressListen, rig.xds, err = r.startFront(ctx, rig.dir, routes, "--tunnel-address")
 	if err != nil {
@@ -404,6 +427,9 @@ func (rig *tendrilRig) stop() {
 	}
 	if rig.carrier != nil {
 		_ = rig.carrier.Close()
+	}
+	if rig.serverCarrier != nil {
+		_ = rig.serverCarrier.Close()
 	}
 }
 
