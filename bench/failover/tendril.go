@@ -130,30 +130,34 @@ func (r *runner) tendril(ctx context.Context) ([]Row, error) {
 // carrierCuts holds connections through the tunnel while the agents' streams to the ingress
 // are cut, Repetitions times.
 func (rig *tendrilRig) carrierCuts(ctx context.Context) (Row, error) {
-	r := rig.r
-	row := Row{Kind: KindCarrier, Stack: "tendril", Killed: fmt.Sprintf("both agents' streams to the ingress cut (%d connections held through the tunnel)", heldStreams),
-		Recovers: "the agents dial again (backoff 0.1–0.2 s); WireGuard goes on over the new stream with its session, the held connections retransmit"}
-	if _, err := rig.bothLive(ctx); err != nil {
-		return row, err
-	}
-	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
-	err := r.cuts(ctx, &row, dial, func() error { rig.carrier.conns.Reset(); return nil })
-	return row, err
+	return rig.cutsAt(ctx, rig.carrier, Row{Kind: KindCarrier, Stack: "tendril",
+		Killed:   fmt.Sprintf("both agents' streams to the ingress cut (%d connections held through the tunnel)", heldStreams),
+		Recovers: "the agents dial again (backoff 0.1–0.2 s); WireGuard goes on over the new stream with its session, the held connections retransmit"})
 }
 
 // serverCarrierCuts holds connections through the tunnel while the ingress's connections to
 // tendril-server's tunnel port are cut, Repetitions times: the ingress closes the agents' side
 // of each, and the agents dial again.
 func (rig *tendrilRig) serverCarrierCuts(ctx context.Context) (Row, error) {
-	r := rig.r
-	row := Row{Kind: KindCarrierServer, Stack: "tendril", Killed: fmt.Sprintf("the ingress's connections to tendril-server cut (%d connections held through the tunnel)", heldStreams),
-		Recovers: "the ingress closes the agents' streams; they dial again through it"}
+	return rig.cutsAt(ctx, rig.serverCarrier, Row{Kind: KindCarrierServer, Stack: "tendril",
+		Killed:   fmt.Sprintf("the ingress's connections to tendril-server cut (%d connections held through the tunnel)", heldStreams),
+		Recovers: "the ingress closes the agents' streams; they dial again through it"})
+}
+
+// cutsAt measures row's kind: connections held through the tunnel while f's connections are
+// cut, Repetitions times.
+func (rig *tendrilRig) cutsAt(ctx context.Context, f *forwarder, row Row) (Row, error) {
 	if _, err := rig.bothLive(ctx); err != nil {
 		return row, err
 	}
-	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
-	err := r.cuts(ctx, &row, dial, func() error { rig.serverCarrier.conns.Reset(); return nil })
+	err := rig.r.cuts(ctx, &row, rig.dialHeld, func() error { f.conns.Reset(); return nil })
 	return row, err
+}
+
+// dialHeld opens a connection to the pod's echo through the tunnel: an HTTP CONNECT on
+// tendril-server's socket, as kube-apiserver's.
+func (rig *tendrilRig) dialHeld(ctx context.Context) (net.Conn, error) {
+	return connectStream(ctx, rig.sock, rig.r.podEchoAddr())
 }
 
 // rollouts holds connections through the tunnel while the ingress is rolled, Repetitions times:
@@ -167,9 +171,8 @@ func (rig *tendrilRig) rollouts(ctx context.Context) (Row, error) {
 	if _, err := rig.bothLive(ctx); err != nil {
 		return row, err
 	}
-	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
 	n := 0
-	err := r.cuts(ctx, &row, dial, func() error { n++; return rig.rollIngress(ctx, n) })
+	err := r.cuts(ctx, &row, rig.dialHeld, func() error { n++; return rig.rollIngress(ctx, n) })
 	return row, err
 }
 
@@ -200,9 +203,8 @@ func (rig *tendrilRig) soak(ctx context.Context) (Row, error) {
 	if _, err := rig.bothLive(ctx); err != nil {
 		return row, err
 	}
-	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
 	event, rolled := 0, 0
-	err := r.cutsN(ctx, &row, reps+2, dial, func() error {
+	err := r.cutsN(ctx, &row, reps+2, rig.dialHeld, func() error {
 		event++
 		if event > reps/2 && rolled < 2 { // the two rollout steps, after half the cuts
 			rolled++
@@ -226,8 +228,7 @@ func (rig *tendrilRig) standbyKills(ctx context.Context) (Row, error) {
 		return row, err
 	}
 	standby := 1 - active
-	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, rig.sock, r.podEchoAddr()) }
-	err = r.cuts(ctx, &row, dial, func() error {
+	err = r.cuts(ctx, &row, rig.dialHeld, func() error {
 		if err := rig.kill(rig.agents[standby]); err != nil {
 			return err
 		}
