@@ -244,32 +244,36 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
+// echoFrom sends a line from the source address src through the agent at addr and returns its
+// echo; the connection stays open until the test ends.
+func echoFrom(t *testing.T, addr, src string) (string, error) {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "ping\n"); err != nil {
+		return "", err
+	}
+	return bufio.NewReader(c).ReadString('\n')
+}
+
 // TestSourceLimit: a pod at its bound has its next connection closed at once and counted, while
 // another pod's connection is forwarded.
 func TestSourceLimit(t *testing.T) {
 	ingress := proxyEcho(t)
 	reg := prometheus.NewRegistry()
 	_, addr, _, _ := startAgent(t, Config{Ingress: ingress.Addr().String(), MaxConnectionsPerSource: 1, Registry: reg})
-	echoFrom := func(src string) (string, error) {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-		c, err := d.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(c, "ping\n"); err != nil {
-			return "", err
-		}
-		return bufio.NewReader(c).ReadString('\n')
-	}
-	if got, err := echoFrom("127.0.0.1"); got != "ping\n" { // held open until the test ends
+	if got, err := echoFrom(t, addr, "127.0.0.1"); got != "ping\n" { // held open until the test ends
 		t.Fatalf("first connection of 127.0.0.1: %q, %v", got, err)
 	}
-	if got, err := echoFrom("127.0.0.1"); got != "" || err == nil {
+	if got, err := echoFrom(t, addr, "127.0.0.1"); got != "" || err == nil {
 		t.Errorf("second connection of 127.0.0.1: %q, %v; want it closed", got, err)
 	}
-	if got, err := echoFrom("127.0.0.2"); got != "ping\n" {
+	if got, err := echoFrom(t, addr, "127.0.0.2"); got != "ping\n" {
 		t.Errorf("another pod's connection: %q, %v", got, err)
 	}
 	if n := connections(t, reg, "source_limit"); n != 1 {
@@ -277,9 +281,36 @@ func TestSourceLimit(t *testing.T) {
 	}
 }
 
-// TestBounds: zero takes the default, a negative value lifts the cap.
-func TestBounds(t *testing.T) {
-	if bound(0, DefaultMaxConnections) != DefaultMaxConnections || bound(-1, DefaultMaxConnections) != 0 || bound(7, DefaultMaxConnections) != 7 {
-		t.Errorf("bound: 0 → %d, -1 → %d, 7 → %d", bound(0, 9), bound(-1, 9), bound(7, 9))
+// TestMaxConnections: at the agent's bound the next connection is closed at once and counted,
+// whatever its source.
+func TestMaxConnections(t *testing.T) {
+	ingress := proxyEcho(t)
+	reg := prometheus.NewRegistry()
+	_, addr, _, _ := startAgent(t, Config{Ingress: ingress.Addr().String(), MaxConnections: 1, Registry: reg})
+	if got, err := echoFrom(t, addr, "127.0.0.1"); got != "ping\n" {
+		t.Fatalf("first connection: %q, %v", got, err)
+	}
+	if got, err := echoFrom(t, addr, "127.0.0.2"); got != "" || err == nil {
+		t.Errorf("second connection (another source): %q, %v; want it closed", got, err)
+	}
+	if n := connections(t, reg, "too_many"); n != 1 {
+		t.Errorf("too_many: %v, want 1", n)
+	}
+}
+
+// TestNoSourceCap: a negative per-source bound lifts it. One source holds one connection more
+// than DefaultMaxConnectionsPerSource, all forwarded (four descriptors each in this process:
+// 4,004 of the 20,000 allowed).
+func TestNoSourceCap(t *testing.T) {
+	ingress := proxyEcho(t)
+	reg := prometheus.NewRegistry()
+	_, addr, _, _ := startAgent(t, Config{Ingress: ingress.Addr().String(), MaxConnectionsPerSource: -1, Registry: reg})
+	for i := range DefaultMaxConnectionsPerSource + 1 {
+		if got, err := echoFrom(t, addr, "127.0.0.1"); got != "ping\n" {
+			t.Fatalf("connection %d of one source: %q, %v", i+1, got, err)
+		}
+	}
+	if n := connections(t, reg, "source_limit"); n != 0 {
+		t.Errorf("source_limit: %v, want 0", n)
 	}
 }

@@ -1,20 +1,17 @@
 package failover
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/internal/connectdial"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/internal/host/netns"
 )
@@ -71,6 +68,16 @@ func (h *heldStream) longestStall(from, to time.Time) (time.Duration, bool) {
 		}
 	}
 	return 0, false
+}
+
+// forget drops the echoes before the last one: a cut measured, the next cut's stall starts no
+// earlier than it. Without it a 10-minute soak keeps 30,000 times per connection.
+func (h *heldStream) forget() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n := len(h.echoes); n > 1 {
+		h.echoes = []time.Time{h.echoes[n-1]}
+	}
 }
 
 func (h *heldStream) echoed() int {
@@ -146,32 +153,9 @@ func (h *heldStream) ping(ctx context.Context, c net.Conn) error {
 // connectStream dials target with an HTTP CONNECT on the Unix socket sock (tendril-server's)
 // and returns the tunnel once answered 200.
 func connectStream(ctx context.Context, sock, target string) (net.Conn, error) {
-	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(dctx, "unix", sock)
-	if err != nil {
-		return nil, err
-	}
-	_ = c.SetDeadline(time.Now().Add(dialTimeout))
-	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target); err != nil {
-		c.Close()
-		return nil, err
-	}
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, nil)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("CONNECT: %s", resp.Status)
-	}
-	if err == nil && br.Buffered() > 0 {
-		err = errors.New("CONNECT: bytes after the answer")
-	}
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
-	_ = c.SetDeadline(time.Time{})
-	return c, nil
+	return connectdial.Dialer("unix", sock, nil, target)(ctx)
 }
 
 // waitTunnel waits until a dial through the tunnel reaches the pod, while procs run.
@@ -265,6 +249,9 @@ func measureCuts(ctx context.Context, dial func(context.Context) (net.Conn, erro
 		if err != nil {
 			return res, fmt.Errorf("cut %d: %w", i+1, err)
 		}
+		for _, h := range streams {
+			h.forget()
+		}
 		res.broken += broken
 		if broken < len(streams) {
 			res.stalls = append(res.stalls, worst)
@@ -312,28 +299,14 @@ func (r *runner) openvpnCarrier(ctx context.Context) (*Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	clientFile := filepath.Join(dir, "openvpn-client.conf")
-	if err := os.WriteFile(clientFile, []byte(clientConf), 0o600); err != nil {
+	procs := &ovpnProcs{r: r, dir: dir, args: srvArgs, servers: make([]*peers.Process, 1)}
+	defer procs.stop()
+	if err := procs.startServer(ctx, 0); err != nil {
 		return nil, err
 	}
-	slog := filepath.Join(dir, "openvpn-server.log")
-	srv, err := peers.StartProcess("openvpn server", slog, srvArgs[0][0], srvArgs[0][1:]...)
-	if err != nil {
+	if err := procs.startClient(o, clientConf); err != nil {
 		return nil, err
 	}
-	srv.KillAtOnce = true
-	defer srv.Stop()
-	if err := waitProcs(ctx, 20*time.Second, peers.LogContains(slog, "Initialization Sequence Completed"), srv); err != nil {
-		return nil, fmt.Errorf("failover: openvpn server: %w", err)
-	}
-	bin, _ := o.Path()
-	exec := netns.Exec(r.topo.shootNS)
-	client, err := peers.StartProcess("openvpn client", filepath.Join(dir, "openvpn-client.log"), exec[0], append(exec[1:], bin, "--config", clientFile)...)
-	if err != nil {
-		return nil, err
-	}
-	client.KillAtOnce = true
-	defer client.Stop()
 	dial := func(ctx context.Context) (net.Conn, error) {
 		var c net.Conn
 		err := netns.In(r.topo.ovpnNS[0], func() (err error) {
@@ -344,7 +317,7 @@ func (r *runner) openvpnCarrier(ctx context.Context) (*Row, error) {
 		})
 		return c, err
 	}
-	if err := waitTunnel(ctx, dial, srv, client); err != nil {
+	if err := waitTunnel(ctx, dial, procs.servers[0], procs.client); err != nil {
 		return row, fmt.Errorf("failover: openvpn: %w", err)
 	}
 	return row, r.cuts(ctx, row, dial, func() error { cutter.conns.Reset(); return nil })

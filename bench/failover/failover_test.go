@@ -124,6 +124,14 @@ func TestLongestStall(t *testing.T) {
 	if _, ok := h.longestStall(at(0), at(340)); ok {
 		t.Error("a stall without an echo after the settle")
 	}
+	h.forget()
+	if len(h.echoes) != 1 || h.echoes[0] != at(340) {
+		t.Errorf("after forget: %v, want the last echo alone", h.echoes)
+	}
+	h.echoes = append(h.echoes, at(360), at(900))
+	if d, ok := h.longestStall(at(350), at(400)); !ok || d != 540*time.Millisecond {
+		t.Errorf("after forget, a stall from 350 ms: %v, %v; want 540ms (from the echo kept)", d, ok)
+	}
 }
 
 // connectEcho serves HTTP CONNECT on a Unix socket: 200, then an echo. Its conns can be cut.

@@ -31,18 +31,8 @@ func (r *runner) konnectivityCarrier(ctx context.Context) (*Row, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	if !k.Built() {
-		d, _ := k.Dir()
-		r.logf("konnectivity: building proxy-server and proxy-agent %s into %s (once; a few minutes)", peers.KonnectivityVersion, d)
-		logf, err := os.Create(filepath.Join(dir, "build.log"))
-		if err != nil {
-			return nil, err
-		}
-		err = k.Build(ctx, logf)
-		logf.Close()
-		if err != nil {
-			return nil, fmt.Errorf("failover: konnectivity: %w", err)
-		}
+	if err := k.EnsureBuilt(ctx, filepath.Join(dir, "build.log"), r.logf); err != nil {
+		return nil, fmt.Errorf("failover: %w", err)
 	}
 	f := func(n string) string { return filepath.Join(dir, n) }
 	ca, err := testpki.NewCA("tendril-bench failover konnectivity CA")

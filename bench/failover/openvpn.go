@@ -45,47 +45,16 @@ func (r *runner) openvpn(ctx context.Context) (*Row, error) {
 		return nil, fmt.Errorf("failover: openvpn: no %q in the client configuration", strings.TrimSpace(first))
 	}
 	clientConf = strings.Replace(clientConf, first, first+fmt.Sprintf("remote %s %d\n", r.topo.ovpnAddr[1], openvpnPort), 1)
-	clientFile := filepath.Join(dir, "openvpn-client.conf")
-	if err := os.WriteFile(clientFile, []byte(clientConf), 0o600); err != nil {
-		return nil, err
-	}
-	bin, _ := o.Path()
-
-	var servers [2]*peers.Process
-	starts := 0
-	startServer := func(i int) error {
-		starts++
-		log := filepath.Join(dir, fmt.Sprintf("openvpn-server-%d.%d.log", i, starts))
-		p, err := peers.StartProcess(fmt.Sprintf("openvpn server %d", i), log, srvArgs[i][0], srvArgs[i][1:]...)
-		if err != nil {
-			return err
-		}
-		p.KillAtOnce = true
-		servers[i] = p
-		if err := waitProcs(ctx, 20*time.Second, peers.LogContains(log, "Initialization Sequence Completed"), p); err != nil {
-			return fmt.Errorf("failover: openvpn server %d: %w", i, err)
-		}
-		return nil
-	}
-	defer func() {
-		for _, p := range servers {
-			if p != nil {
-				_ = p.Stop()
-			}
-		}
-	}()
+	procs := &ovpnProcs{r: r, dir: dir, args: srvArgs, servers: make([]*peers.Process, 2)}
+	defer procs.stop()
 	for i := range 2 {
-		if err := startServer(i); err != nil {
+		if err := procs.startServer(ctx, i); err != nil {
 			return nil, err
 		}
 	}
-	client, err := peers.StartProcess("openvpn client", filepath.Join(dir, "openvpn-client.log"),
-		netns.Exec(r.topo.shootNS)[0], append(netns.Exec(r.topo.shootNS)[1:], bin, "--config", clientFile)...)
-	if err != nil {
+	if err := procs.startClient(o, clientConf); err != nil {
 		return nil, err
 	}
-	client.KillAtOnce = true
-	defer client.Stop()
 
 	// The pod through server i: a dial from server i's namespace, routed into its tun.
 	via := func(i int) dialFunc {
@@ -139,24 +108,80 @@ func (r *runner) openvpn(ctx context.Context) (*Row, error) {
 				}
 			}
 			return fmt.Errorf("the client is on no server yet")
-		}, client, servers[0], servers[1]); err != nil {
+		}, procs.client, procs.servers[0], procs.servers[1]); err != nil {
 			return row, fmt.Errorf("failover: openvpn: %w", err)
 		}
 		killed := active
 		d, err := measureKill(ctx, either, func() (time.Time, error) {
 			at := time.Now()
-			return at, servers[killed].Stop()
+			return at, procs.servers[killed].Stop()
 		})
 		if err != nil {
 			return row, fmt.Errorf("openvpn server kill %d: %w", i+1, err)
 		}
 		row.Times = append(row.Times, d)
 		r.logf("openvpn server kill %d/%d: %v", i+1, r.cfg.Repetitions, d.Round(time.Millisecond))
-		if err := startServer(killed); err != nil {
+		if err := procs.startServer(ctx, killed); err != nil {
 			return row, err
 		}
 	}
 	return row, nil
+}
+
+// ovpnProcs are the OpenVPN servers and the client of one kind, started from openvpnSetup's
+// command lines and client configuration.
+type ovpnProcs struct {
+	r       *runner
+	dir     string
+	args    [][]string
+	servers []*peers.Process // by server; nil until started
+	client  *peers.Process
+	starts  int // server starts, for a log file each
+}
+
+// startServer starts server i and waits until it is initialised.
+func (p *ovpnProcs) startServer(ctx context.Context, i int) error {
+	p.starts++
+	log := filepath.Join(p.dir, fmt.Sprintf("openvpn-server-%d.%d.log", i, p.starts))
+	s, err := peers.StartProcess(fmt.Sprintf("openvpn server %d", i), log, p.args[i][0], p.args[i][1:]...)
+	if err != nil {
+		return err
+	}
+	s.KillAtOnce = true
+	p.servers[i] = s
+	if err := waitProcs(ctx, 20*time.Second, peers.LogContains(log, "Initialization Sequence Completed"), s); err != nil {
+		return fmt.Errorf("failover: openvpn server %d: %w", i, err)
+	}
+	return nil
+}
+
+// startClient writes conf and starts the client with it in the shoot's namespace.
+func (p *ovpnProcs) startClient(o peers.OpenVPN, conf string) error {
+	file := filepath.Join(p.dir, "openvpn-client.conf")
+	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+		return err
+	}
+	bin, err := o.Path()
+	if err != nil {
+		return err
+	}
+	exec := netns.Exec(p.r.topo.shootNS)
+	c, err := peers.StartProcess("openvpn client", filepath.Join(p.dir, "openvpn-client.log"), exec[0], append(exec[1:], bin, "--config", file)...)
+	if err != nil {
+		return err
+	}
+	c.KillAtOnce = true
+	p.client = c
+	return nil
+}
+
+// stop stops what was started.
+func (p *ovpnProcs) stop() {
+	for _, s := range append(p.servers, p.client) {
+		if s != nil {
+			_ = s.Stop()
+		}
+	}
 }
 
 // openvpnSetup makes n OpenVPN server namespaces (once per run) and writes, under dir, each

@@ -1,7 +1,6 @@
 package failover
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/internal/connectdial"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/internal/host/inherit"
 	"github.com/tendril-net/tendril/internal/host/netns"
@@ -458,9 +458,9 @@ func (rig *tendrilRig) dial() dialFunc { return connectDial(rig.sock, rig.r.podA
 
 // connectDial dials pod with an HTTP CONNECT on the Unix socket sock and reads its greeting.
 func connectDial(sock, pod string) dialFunc {
+	dial := connectdial.Dialer("unix", sock, nil, pod)
 	return func(ctx context.Context) error {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", sock)
+		c, err := dial(ctx)
 		if err != nil {
 			return err
 		}
@@ -468,18 +468,7 @@ func connectDial(sock, pod string) dialFunc {
 		if dl, ok := ctx.Deadline(); ok {
 			_ = c.SetDeadline(dl)
 		}
-		if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", pod, pod); err != nil {
-			return err
-		}
-		br := bufio.NewReader(c)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			return err
-		}
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("CONNECT: %s", resp.Status)
-		}
-		return readGreeting(br)
+		return readGreeting(c)
 	}
 }
 

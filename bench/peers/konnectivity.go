@@ -111,6 +111,29 @@ func (k Konnectivity) Version() string {
 	return "konnectivity proxy-server/proxy-agent " + KonnectivityVersion + " (" + KonnectivityModule + ")"
 }
 
+// EnsureBuilt builds proxy-server and proxy-agent (Build) unless they are
+// built: it says so through logf first, as the build takes minutes, and
+// writes the go command's output to logFile.
+func (k Konnectivity) EnsureBuilt(ctx context.Context, logFile string, logf func(string, ...any)) error {
+	if k.Built() {
+		return nil
+	}
+	d, _ := k.Dir()
+	logf("konnectivity: building proxy-server and proxy-agent %s into %s (once; a few minutes)", KonnectivityVersion, d)
+	f, err := os.Create(logFile)
+	if err != nil {
+		return err
+	}
+	err = k.Build(ctx, f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("konnectivity: build (log %s): %w", logFile, err)
+	}
+	return nil
+}
+
 // Build compiles proxy-server and proxy-agent into the cache unless both are
 // there already. It needs the Go module proxy the first time (a few minutes
 // on 2 cores); the go command's output goes to log. The go command runs with

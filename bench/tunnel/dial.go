@@ -1,14 +1,12 @@
 package tunnel
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
-	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"time"
+
+	"github.com/tendril-net/tendril/bench/internal/connectdial"
 )
 
 // dialFunc opens one connection to the pod through a target's data path.
@@ -36,68 +34,11 @@ func tcpDialer(addr string) dialFunc {
 }
 
 // connectDialer opens a connection to target with an HTTP CONNECT to the
-// front-end at addr: mutual TLS when tlsConfig is set (network "tcp"), or
-// plain on a Unix socket (network "unix"). A new TLS handshake per
-// connection, as kube-apiserver's EgressSelector makes (no session cache).
+// front-end at addr (connectdial.Dialer): mutual TLS when tlsConfig is set,
+// a new handshake per connection as kube-apiserver's EgressSelector makes.
 func connectDialer(network, addr string, tlsConfig *tls.Config, target string) dialFunc {
-	req := []byte("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n")
-	var d net.Dialer
-	return func(ctx context.Context) (net.Conn, error) {
-		raw, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		c := raw
-		stop := context.AfterFunc(ctx, func() { raw.Close() })
-		defer stop()
-		if tlsConfig != nil {
-			tc := tls.Client(raw, tlsConfig)
-			if err := tc.HandshakeContext(ctx); err != nil {
-				raw.Close()
-				return nil, fmt.Errorf("TLS handshake: %w", err)
-			}
-			c = tc
-		}
-		if _, err := c.Write(req); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("CONNECT: %w", err)
-		}
-		br := bufio.NewReaderSize(c, 1024)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			c.Close()
-			return nil, fmt.Errorf("CONNECT answer: %w", ctxErr(ctx, err))
-		}
-		if resp.StatusCode != http.StatusOK {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-			c.Close()
-			return nil, fmt.Errorf("CONNECT answered %s: %q", resp.Status, body)
-		}
-		if ctx.Err() != nil {
-			c.Close()
-			return nil, ctx.Err()
-		}
-		if br.Buffered() == 0 {
-			return c, nil
-		}
-		return &bufConn{Conn: c, r: br}, nil
-	}
+	return connectdial.Dialer(network, addr, tlsConfig, target)
 }
-
-func ctxErr(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return err
-}
-
-// bufConn reads what the CONNECT answer's reader buffered first.
-type bufConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c *bufConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 // grpcDialer opens a connection through a konnectivity ProxyService.
 func grpcDialer(kd KonnectivityDialer, server string, tlsConfig *tls.Config, target string) dialFunc {

@@ -658,18 +658,8 @@ func (r *runner) konnectivityStack(mode, target string, uds bool) *stack {
 	s.version = func(context.Context) string { return k.Version() }
 	var agentArgs []string
 	s.startServer = func(ctx context.Context, dir string) error {
-		if !k.Built() {
-			d, _ := k.Dir()
-			r.logf("%s: building proxy-server and proxy-agent %s into %s (once; a few minutes)", target, peers.KonnectivityVersion, d)
-			logf, err := os.Create(filepath.Join(dir, "build.log"))
-			if err != nil {
-				return err
-			}
-			err = k.Build(ctx, logf)
-			logf.Close()
-			if err != nil {
-				return err
-			}
+		if err := k.EnsureBuilt(ctx, filepath.Join(dir, "build.log"), r.logf); err != nil {
+			return err
 		}
 		loop := netip.MustParseAddr("127.0.0.1")
 		p, err := reservePorts(&s.closers, loop, r.topo.seedAddr, loop, loop)
