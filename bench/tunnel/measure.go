@@ -123,7 +123,7 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 			t.Skipped = "no konnectivity client linked (tendril-bench supplies konnectivity-client)"
 			continue
 		}
-		if err := r.measureTarget(ctx, t, d); err != nil {
+		if err := r.measureCells(ctx, t, d); err != nil {
 			r.rep.Partial = true
 			r.rep.Note = fmt.Sprintf("interrupted during %s; only completed measurements are shown", t.Name)
 			break
@@ -393,11 +393,12 @@ func (r *runner) bulk(ctx context.Context, d dialFunc, dir string, conns int) (B
 	var e errs
 	var got atomic.Int64
 	slots := make([]*inflight.Slot, conns)
+	gaps := make([]*gapMeter, conns)
 	var wg sync.WaitGroup
 	for k := range slots {
-		sl := &inflight.Slot{}
-		slots[k] = sl
-		wg.Go(func() { transferLoop(mctx, d, dir, sl, &got, &e) })
+		sl, g := &inflight.Slot{}, newGapMeter()
+		slots[k], gaps[k] = sl, g
+		wg.Go(func() { transferLoop(mctx, d, dir, sl, g, &got, &e) })
 	}
 	count := func() int64 {
 		if dir == ToShoot {
@@ -417,15 +418,25 @@ func (r *runner) bulk(ctx context.Context, d dialFunc, dir string, conns int) (B
 		stop()
 		return BulkResult{}, ctx.Err()
 	}
+	for _, g := range gaps {
+		g.arm()
+	}
 	b0, t0, c0 := count(), time.Now(), r.cpuNow()
 	ok := harness.SleepCtx(ctx, r.cfg.Duration)
 	b1, t1, c1 := count(), time.Now(), r.cpuNow()
+	var longest time.Duration
+	for _, g := range gaps {
+		longest = max(longest, g.end(t1))
+	}
 	stop()
 	if !ok {
 		return BulkResult{}, ctx.Err()
 	}
 	res := BulkResult{Direction: dir, Conns: conns, Seconds: t1.Sub(t0).Seconds(), Bytes: b1 - b0}
 	res.MBps = float64(res.Bytes) / res.Seconds / 1e6
+	if dir == FromShoot {
+		res.LongestGapMS = ms(longest)
+	}
 	if c0 >= 0 && res.Bytes > 0 {
 		res.CPUPerMB = ms(c1-c0) / (float64(res.Bytes) / 1e6)
 	}
@@ -435,7 +446,7 @@ func (r *runner) bulk(ctx context.Context, d dialFunc, dir string, conns int) (B
 
 // transferLoop opens connections through d and transfers on each until it
 // breaks or the measurement ends.
-func transferLoop(ctx context.Context, d dialFunc, dir string, sl *inflight.Slot, got *atomic.Int64, e *errs) {
+func transferLoop(ctx context.Context, d dialFunc, dir string, sl *inflight.Slot, gap *gapMeter, got *atomic.Int64, e *errs) {
 	buf := make([]byte, xferBuf)
 	cmd := []byte{cmdSink}
 	if dir == FromShoot {
@@ -463,6 +474,9 @@ func transferLoop(ctx context.Context, d dialFunc, dir string, sl *inflight.Slot
 				n, err = c.Write(buf)
 			} else {
 				n, err = c.Read(buf)
+				if n > 0 {
+					gap.read(time.Now())
+				}
 			}
 			got.Add(int64(n))
 		}
@@ -623,4 +637,41 @@ func (r *runner) hol(ctx context.Context, d dialFunc, dir string) (HOLResult, er
 	}
 	res.MBps, res.Errors, res.FirstError = b.MBps, b.Errors, b.FirstError
 	return res, nil
+}
+
+// gapMeter keeps the longest time one receiving connection (and the ones that replace it) went
+// without data, over the measurement window: reads before arm only set where a gap starts.
+type gapMeter struct {
+	mu      sync.Mutex
+	armed   bool
+	last    time.Time
+	longest time.Duration
+}
+
+func newGapMeter() *gapMeter { return &gapMeter{last: time.Now()} }
+
+func (g *gapMeter) arm() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed = true
+	if now := time.Now(); now.After(g.last) {
+		g.last = now // a gap counts from the window's start at the earliest
+	}
+}
+
+func (g *gapMeter) read(now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.armed {
+		g.longest = max(g.longest, now.Sub(g.last))
+	}
+	g.last = now
+}
+
+// end closes the window at now (a gap still open counts up to it) and returns the longest gap.
+func (g *gapMeter) end(now time.Time) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed = false
+	return max(g.longest, now.Sub(g.last))
 }

@@ -3,12 +3,14 @@ package tunnel
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"regexp"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/internal/impair"
 	"github.com/tendril-net/tendril/bench/internal/vethnet"
 	"github.com/tendril-net/tendril/internal/host/netns"
 )
@@ -26,7 +28,9 @@ import (
 // the seed's default route). The direct link gives the pod a second address that the
 // seed reaches over one veth, for the direct target. The shoot forwards IPv4
 // (OpenVPN's tun to the pod network); the pod's default route points back
-// into the shoot. N is derived from the process ID, so that two runs on one
+// into the shoot. With an impairment the seed ⇄ shoot link is two TUN devices joined by
+// package impair instead of a veth pair (same names and addresses), so that every tunnel's
+// carrier crosses a link with loss and latency. N is derived from the process ID, so that two runs on one
 // machine do not collide; names carry the PID, so that namespaces a killed
 // run left behind are recognised and removed by the next.
 type topology struct {
@@ -38,13 +42,14 @@ type topology struct {
 	directSeed, directIP netip.Addr   // the seed ⇄ pod link
 	vpnNet               netip.Prefix // OpenVPN's own tunnel network
 	hostLinks            []string
+	carrier              *impair.Link // the seed ⇄ shoot link when impaired; nil: a veth pair
 }
 
 const nsPrefix = "tbench-"
 
 var nsRE = regexp.MustCompile(`^` + nsPrefix + `(\d+)-(shoot|pod)$`)
 
-func newTopology(ctx context.Context) (*topology, error) {
+func newTopology(ctx context.Context, carrier *Impairment) (*topology, error) {
 	run, err := vethnet.Start(ctx, nsPrefix, nsRE)
 	if err != nil {
 		return nil, err
@@ -58,13 +63,13 @@ func newTopology(ctx context.Context) (*topology, error) {
 		directSeed: a(233, 1), directIP: a(233, 2),
 		vpnNet: netip.PrefixFrom(a(234, 0), 24),
 	}
-	if err := t.setup(ctx); err != nil {
+	if err := t.setup(ctx, carrier); err != nil {
 		return nil, errors.Join(err, t.close())
 	}
 	return t, nil
 }
 
-func (t *topology) setup(ctx context.Context) error {
+func (t *topology) setup(ctx context.Context, carrier *Impairment) error {
 	id := t.run.ID()
 	// veth names: at most 15 bytes.
 	seedShoot, shootSeed := "tbs"+id, "tbsn"+id
@@ -74,7 +79,23 @@ func (t *topology) setup(ctx context.Context) error {
 	s, p := t.shootNS, t.podNS
 	pfx := netip.PrefixFrom
 	steps := [][]string{{"netns", "add", s}, {"netns", "add", p}}
-	steps = append(steps, vethnet.Veth("", seedShoot, pfx(t.seedAddr, 30), s, shootSeed, pfx(t.shootAddr, 30))...)
+	if carrier == nil {
+		steps = append(steps, vethnet.Veth("", seedShoot, pfx(t.seedAddr, 30), s, shootSeed, pfx(t.shootAddr, 30))...)
+	} else {
+		if err := vethnet.IP(ctx, steps...); err != nil {
+			return err
+		}
+		steps = nil
+		var err error
+		t.carrier, err = impair.NewLink(impair.LinkConfig{
+			A:    impair.End{Name: seedShoot, Addr: pfx(t.seedAddr, 30)},
+			B:    impair.End{NS: s, Name: shootSeed, Addr: pfx(t.shootAddr, 30)},
+			AtoB: carrier.config(1), BtoA: carrier.config(2),
+		})
+		if err != nil {
+			return fmt.Errorf("impaired carrier link: %w", err)
+		}
+	}
 	steps = append(steps, []string{"-n", s, "link", "set", "lo", "up"})
 	steps = append(steps, vethnet.Veth(s, shootPod, pfx(t.podGW, 24), p, podShoot, pfx(t.podAddr, 24))...)
 	steps = append(steps,
@@ -99,7 +120,11 @@ func (t *topology) setup(ctx context.Context) error {
 func (t *topology) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	errs := []error{vethnet.Delete(ctx, t.shootNS, t.podNS)}
+	var errs []error
+	if t.carrier != nil {
+		errs = append(errs, t.carrier.Close())
+	}
+	errs = append(errs, vethnet.Delete(ctx, t.shootNS, t.podNS))
 	for _, p := range []netip.Prefix{t.podNet, t.vpnNet} {
 		_ = netns.IP(ctx, "route", "del", "unreachable", p.String(), "metric", "4000")
 	}
@@ -115,4 +140,21 @@ func (t *topology) close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// impair sets the carrier link to imp; without an impaired link it does nothing.
+func (t *topology) impair(imp Impairment) error {
+	if t.carrier == nil {
+		return nil
+	}
+	return t.carrier.Set(imp.config(1), imp.config(2))
+}
+
+// carrierStats are the carrier link's counts by direction, nil without an impaired link.
+func (t *topology) carrierStats() map[string]impair.Stats {
+	if t.carrier == nil {
+		return nil
+	}
+	toShoot, fromShoot := t.carrier.Stats()
+	return map[string]impair.Stats{ToShoot: toShoot, FromShoot: fromShoot}
 }

@@ -37,12 +37,17 @@ type Settings struct {
 	DialsOnly     bool    `json:"dials_only,omitempty"`
 	SettleSeconds float64 `json:"settle_seconds,omitempty"`
 	Loads         int     `json:"loads,omitempty"`
+	// Impairments are the carrier's cells (Config.Impairments).
+	Impairments []ImpairmentSettings `json:"impairments,omitempty"`
 }
 
 func settingsOf(c Config) Settings {
 	s := Settings{Targets: c.Targets, DurationSeconds: c.Duration.Seconds(), WarmupSeconds: c.Warmup.Seconds(),
 		Conns: c.Conns, DialWorkers: c.DialWorkers, UpRuns: c.UpRuns, Rounds: c.Rounds,
 		DialsOnly: c.DialsOnly, SettleSeconds: c.Settle.Seconds()}
+	for _, i := range c.Impairments {
+		s.Impairments = append(s.Impairments, i.settings())
+	}
 	if c.Loads > 1 {
 		s.Loads = c.Loads
 	}
@@ -101,6 +106,9 @@ type TargetResult struct {
 	Dial    []DialResult `json:"dial,omitempty"`
 	HOL     []HOLResult  `json:"head_of_line,omitempty"`
 	Notes   []string     `json:"notes,omitempty"`
+	// Cells are the figures under each impairment of the carrier (Config.Impairments), the
+	// first cell's being the target's own.
+	Cells []CellResult `json:"cells,omitempty"`
 }
 
 // BulkResult is one throughput measurement.
@@ -113,6 +121,10 @@ type BulkResult struct {
 	// CPUPerMB is the CPU time (ms) the stack's own processes spent per MB moved (0: no
 	// processes, direct).
 	CPUPerMB float64 `json:"cpu_ms_per_mb,omitempty"`
+	// LongestGapMS (from-shoot only) is the longest time in the window that a connection went
+	// without data: between two reads, or from its last read to the window's end. Across a
+	// broken connection it runs on to the first read of the next.
+	LongestGapMS float64 `json:"longest_gap_ms,omitempty"`
 	// RoundMBps are the MB/s of every round when there were several.
 	RoundMBps  []float64 `json:"round_mb_per_sec,omitempty"`
 	Errors     int64     `json:"errors,omitempty"`
@@ -338,6 +350,7 @@ func (rep *Report) evaluate() {
 			rep.Goals = append(rep.Goals, Goal{Metric: "idle tendril-server RSS, no agent", Tendril: "tendril", Value: v, Want: goalIdleMiB, Unit: "MiB", Met: v <= goalIdleMiB})
 		}
 	}
+	rep.Goals = append(rep.Goals, rep.cellGoals()...)
 }
 
 // perCPUSecond turns CPU ms per unit into units per CPU second (NaN without a figure).
@@ -653,6 +666,9 @@ func (rep *Report) tables() []table {
 			met = fmt.Sprintf("no (%s over)", fmtMB(g.Value-g.Want)+" "+g.Unit)
 		}
 		gt.Rows = append(gt.Rows, []string{g.Metric, g.Tendril, val, g.Versus, other, ratio, goal, met})
+	}
+	if len(rep.Settings.Impairments) > 0 {
+		out = append(out, rep.cellTable())
 	}
 	out = append(out, gt)
 	return out

@@ -132,6 +132,9 @@ type Config struct {
 	// Konnectivity opens connections through a konnectivity ProxyService;
 	// nil skips the gRPC targets (see KonnectivityDialer).
 	Konnectivity KonnectivityDialer
+	// Impairments, if set, put an impairment stage on the carrier link (seed ⇄ shoot) and
+	// measure every tunnel target once per impairment, in this order (Grid is the issue's).
+	Impairments []Impairment
 	// Progress receives progress lines; nil means silent.
 	Progress io.Writer
 	// CommandLine is recorded in the report as is.
@@ -187,6 +190,11 @@ func (c *Config) validate() error {
 		check(slices.Contains(Targets, t), "unknown target %q (want some of %v)", t, Targets)
 		check(!slices.Contains(c.Targets[:i], t), "target %q twice", t)
 	}
+	for _, i := range c.Impairments {
+		if err := i.validate(); err != nil {
+			check(false, "%v", err)
+		}
+	}
 	check(len(c.Conns) > 0, "no bulk connection counts")
 	for _, n := range c.Conns {
 		check(n >= 1 && n <= 256, "bulk connections %d: want 1..256", n)
@@ -224,7 +232,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.tmp = tmp
 
 	r.logf("network: seed, shoot and pod namespaces")
-	topo, err := newTopology(ctx)
+	var carrier *Impairment
+	if len(cfg.Impairments) > 0 {
+		carrier = &cfg.Impairments[0]
+	}
+	topo, err := newTopology(ctx, carrier)
 	if err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}

@@ -151,7 +151,7 @@ func TestTopologyAddresses(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces and veth pairs")
 	}
-	topo, err := newTopology(context.Background())
+	topo, err := newTopology(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

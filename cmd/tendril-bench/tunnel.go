@@ -39,9 +39,16 @@ func parseTunnel(args []string, stderr io.Writer) (*tunnelCommand, error) {
 	fs.StringVar(&c.Config.BinDir, "bin-dir", binDir(), "directory with the tendril binaries (make build)")
 	fs.StringVar(&c.Config.CacheDir, "cache-dir", "", "where konnectivity's proxy-server and proxy-agent are built once (default: the user cache directory/tendril-bench)")
 	fs.BoolVar(&c.Config.NoBuild, "no-build", false, "skip konnectivity if it is not built yet instead of building it")
+	impairments := fs.String("impair", "", `measure the tunnels with the carrier link (seed ⇄ shoot) impaired, once per cell: "grid" (0, 0.5, 2 % loss × 0, 50, 150 ms RTT) or RTT/LOSS% cells, e.g. "0/0,50ms/0.5,150ms/2" (half the RTT and the whole loss each way)`)
 	c.addFlags(fs)
 	if err := c.parseFlags(fs, args); err != nil {
 		return nil, err
+	}
+	if *impairments != "" {
+		var err error
+		if c.Config.Impairments, err = tunnel.ParseImpairments(*impairments); err != nil {
+			return nil, fmt.Errorf("%w: --impair: %v", errUsage, err)
+		}
 	}
 	if c.Config.Duration <= 0 || c.Config.Warmup < 0 || c.Config.UpRuns < 1 || c.Config.Rounds < 1 || c.Config.Rounds > 20 ||
 		c.Config.DialDuration < 0 || c.Config.Settle < 0 {

@@ -118,7 +118,7 @@ func (c Config) String() string {
 // Direction carries packets from one packet reader to one packet writer: each Read of src
 // returns one packet, each Write to dst takes one (a TUN device's file descriptor does both).
 type Direction struct {
-	cfg      Config
+	cfg      atomic.Pointer[Config]
 	src      io.Reader
 	dst      io.Writer
 	line     chan packet
@@ -142,11 +142,25 @@ func NewDirection(cfg Config, src io.Reader, dst io.Writer) (*Direction, error) 
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	d := &Direction{cfg: cfg, src: src, dst: dst, line: make(chan packet, cfg.Line),
+	d := &Direction{src: src, dst: dst, line: make(chan packet, cfg.Line),
 		rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))}
+	d.cfg.Store(&cfg)
 	size := cfg.MTU + 1 // one byte more: a read that fills it was larger than the MTU
 	d.pool.New = func() any { b := make([]byte, size); return &b }
 	return d, nil
+}
+
+// Set changes the impairment of the packets read from now on; those held keep their release
+// times. Line, MTU and Seed stay as NewDirection set them.
+func (d *Direction) Set(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	old := d.cfg.Load()
+	cfg.Line, cfg.MTU, cfg.Seed = old.Line, old.MTU, old.Seed
+	cfg = cfg.withDefaults()
+	d.cfg.Store(&cfg)
+	return nil
 }
 
 // Run carries packets until src fails (closing it ends Run) or ctx is done, then waits for
@@ -193,7 +207,7 @@ func (d *Direction) read(ctx context.Context) error {
 // admit decides a packet of n bytes read at now: its release time, or the counter of the
 // reason it is dropped for.
 func (d *Direction) admit(now time.Time, n int) (time.Time, *atomic.Uint64) {
-	c := d.cfg
+	c := d.cfg.Load()
 	if n > c.MTU {
 		return time.Time{}, &d.oversize
 	}

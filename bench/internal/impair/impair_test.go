@@ -226,3 +226,29 @@ func TestValidate(t *testing.T) {
 		t.Errorf("a valid config refused: %v", err)
 	}
 }
+
+func TestSet(t *testing.T) {
+	// Everything lost, then nothing: the change applies to the packets read after it.
+	f, s, d, stop := start(t, Config{Loss: 1})
+	for i := range 10 {
+		f <- seq(i, 100)
+	}
+	// The feed hands a packet over before the reader decides it: wait for the decisions.
+	for deadline := time.Now().Add(5 * time.Second); d.Stats().Dropped[ReasonLoss] < 10 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	if err := d.Set(Config{Loss: 2}); err == nil {
+		t.Error("Set accepted a loss of 2")
+	}
+	if err := d.Set(Config{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		f <- seq(10+i, 100)
+	}
+	stop(10)
+	st := d.Stats()
+	if st.Dropped[ReasonLoss] != 10 || st.Packets != 10 || binary.BigEndian.Uint32(s.got[0]) != 10 {
+		t.Errorf("stats %+v, want the first 10 lost and the last 10 delivered", st)
+	}
+}

@@ -78,6 +78,11 @@ func NewLink(cfg LinkConfig) (_ *Link, err error) {
 	return l, nil
 }
 
+// Set changes both directions' impairment (see Direction.Set).
+func (l *Link) Set(aToB, bToA Config) error {
+	return errors.Join(l.ab.Set(aToB), l.ba.Set(bToA))
+}
+
 // Stats are the two directions' counts.
 func (l *Link) Stats() (aToB, bToA Stats) { return l.ab.Stats(), l.ba.Stats() }
 
