@@ -85,8 +85,11 @@ fuzz: ## Run every fuzz target for FUZZ_TIME each.
 
 # The suite fits the 2-core machine in under 25 minutes (3 s per measurement, 3 rounds for the
 # connection paths; the idle mode about 5 minutes at the N the 20,000-descriptor limit allows; the
-# failover mode about 5 minutes, of which about 4 for the kinds that hold connections); the
-# tunnel mode needs root for its network namespaces and skips what it cannot set up.
+# failover mode about 5 minutes, of which about 4 for the kinds that hold connections; the
+# impaired tunnel run about 3 minutes: three cells of the grid, the diagonal, for tendril and its
+# two peers, one connection and one dial worker; the whole grid is
+# `tendril-bench tunnel --impair grid`, about 35 minutes); the tunnel mode needs root for its
+# network namespaces and skips what it cannot set up.
 BENCH_RATE_ARGS = --rounds 3 --duration 3s
 bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, reports and plots in docs/bench/ (analysis: docs/performance.md).
 	@mkdir -p docs/bench
@@ -101,6 +104,8 @@ bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, repo
 	bin/tendril-bench connect $(BENCH_RATE_ARGS) --markdown docs/bench/connect.md --json-file docs/bench/connect.json --markdown-append docs/benchmarks.md $(BENCH_ARGS)
 	bin/tendril-bench idle --markdown docs/bench/idle.md --json-file docs/bench/idle.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench tunnel --rounds 3 --markdown docs/bench/tunnel.md --json-file docs/bench/tunnel.json --markdown-append docs/benchmarks.md
+	bin/tendril-bench tunnel --targets tendril-connect,openvpn,konnectivity-connect --impair 0/0,50ms/0.5,150ms/2 --conns 1 --dial-workers 1 --up-runs 1 \
+		--markdown docs/bench/tunnel-impaired.md --json-file docs/bench/tunnel-impaired.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench failover --markdown docs/bench/failover.md --json-file docs/bench/failover.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench xds --markdown docs/bench/xds.md --json-file docs/bench/xds.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench plot --rate docs/bench/sni.json,docs/bench/proxy.json,docs/bench/connect.json --xds docs/bench/xds.json --tunnel docs/bench/tunnel.json
