@@ -138,6 +138,14 @@ func (r *runner) measureCells(ctx context.Context, t *TargetResult, d dialFunc) 
 			return err
 		}
 		r.logf("%s: carrier %s", t.Name, imp.settings())
+		if i > 0 && rttRose(cells[i-1], imp) {
+			r.logf("%s: waiting %v for the carriers' congestion control to learn the longer round trip", t.Name, rttSettle)
+			select {
+			case <-time.After(rttSettle):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		before := r.topo.carrierStats()
 		m := &TargetResult{Name: t.Name, Stack: t.Stack}
 		err := r.measureTarget(ctx, m, d)
@@ -153,6 +161,20 @@ func (r *runner) measureCells(ctx context.Context, t *TargetResult, d dialFunc) 
 	}
 	return nil
 }
+
+// rttSettle is how long a cell waits after the carrier's round trip rose before it is
+// measured. A real carrier's path keeps its round trip, a cell's change does not: the
+// carriers are long-lived kernel TCP connections, and with BBR (this machine's and many
+// distributions' default) the sender paces to its bandwidth × its minimum round trip, a
+// minimum that a longer round trip only replaces when it is 10 s old (bbr_min_rtt_win_sec).
+// Until then each carrier moves a small fraction of what it could, tendril's and the peers'
+// alike (docs/performance.md, "Tunnel under loss and latency"). Half a second beyond the window
+// for the first sample after it.
+const rttSettle = 10*time.Second + 500*time.Millisecond
+
+// rttRose says whether going from cell prev to next lengthens the carrier's shortest round trip
+// (the RTT less the jitter of both ways), the one BBR keeps.
+func rttRose(prev, next Impairment) bool { return next.RTT-2*next.Jitter > prev.RTT-2*prev.Jitter }
 
 func carrierDelta(before, after map[string]impair.Stats) map[string]CarrierCount {
 	out := map[string]CarrierCount{}
@@ -323,6 +345,7 @@ func (rep *Report) cellTable() table {
 			"half the RTT each way, the loss each way, packets never reordered; every tunnel's carrier crosses it, the pod's links stay clean.",
 		"Dial p99 is of the first dial-worker count; a lost SYN or first segment costs a dial a retransmission timeout (~1 s).",
 		"Carrier lost counts the packets the stage dropped in both directions while the cell was measured.",
+		fmt.Sprintf("A cell whose round trip is longer than the one before waits %v before it is measured: BBR keeps a carrier's minimum round trip for 10 s.", rttSettle),
 	}
 	return t
 }

@@ -96,6 +96,28 @@ func TestCellGoals(t *testing.T) {
 	}
 }
 
+// TestRTTRose: a cell waits for the carriers' congestion control only when the shortest round
+// trip grows.
+func TestRTTRose(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		prev, next Impairment
+		want       bool
+	}{
+		{Impairment{}, Impairment{RTT: 50 * ms}, true},
+		{Impairment{RTT: 50 * ms}, Impairment{RTT: 150 * ms, Loss: 0.02}, true},
+		{Impairment{RTT: 150 * ms}, Impairment{}, false},
+		{Impairment{RTT: 50 * ms}, Impairment{RTT: 50 * ms, Loss: 0.005}, false},
+		{Impairment{RTT: 50 * ms}, Impairment{RTT: 50 * ms, Jitter: 5 * ms}, false},          // shorter at best
+		{Impairment{RTT: 50 * ms, Jitter: 10 * ms}, Impairment{RTT: 50 * ms}, true},          // 30 → 50 ms
+		{Impairment{RTT: 50 * ms, Loss: 0.02}, Impairment{RTT: 50 * ms, Loss: 0.005}, false}, // loss only
+	} {
+		if got := rttRose(c.prev, c.next); got != c.want {
+			t.Errorf("rttRose(%v, %v) = %v, want %v", c.prev.settings(), c.next.settings(), got, c.want)
+		}
+	}
+}
+
 // TestRunImpaired runs the tunnel mode in miniature with the carrier impaired in two cells:
 // every tunnel target is measured in both, the lossy cell's carrier lost packets, direct
 // (which does not cross the carrier) has no cells, and the report shows the grid.
@@ -112,7 +134,8 @@ func TestRunImpaired(t *testing.T) {
 	if (peers.Konnectivity{}).Built() {
 		targets = append(targets, TargetKonnectivityConnect)
 	}
-	cells := []Impairment{{}, {RTT: 20 * time.Millisecond, Loss: 0.01}}
+	// The lossy cell first: a cell whose round trip rises waits rttSettle (TestRTTRose).
+	cells := []Impairment{{RTT: 20 * time.Millisecond, Loss: 0.01}, {}}
 	cfg := Config{Targets: targets, Duration: 300 * time.Millisecond, Warmup: 50 * time.Millisecond,
 		Conns: []int{1}, DialWorkers: []int{1}, UpRuns: 1, BinDir: binDir, NoBuild: true, Impairments: cells,
 		Konnectivity: konnectivity.Dial, Progress: benchtest.Log{T: t}}
@@ -156,7 +179,7 @@ func TestRunImpaired(t *testing.T) {
 				}
 				lost += cc.Dropped[impair.ReasonLoss]
 			}
-			if (lost > 0) != (i == 1) {
+			if (lost > 0) != (i == 0) {
 				t.Errorf("%s cell %d (%s): the carrier lost %d packets", tr.Name, i, c.Impairment, lost)
 			}
 			if from := c.Bulk[1]; from.Direction != FromShoot || from.LongestGapMS <= 0 {
