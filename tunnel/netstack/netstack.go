@@ -110,6 +110,43 @@ const (
 // connections: the collector under the soft limit").
 const tcpSendMax = 2 << 20
 
+// A connection whose round trip is long needs more in flight than tcpSendMax allows: what it
+// has in flight is its bytes per second times the round trip, and gVisor's buffer holds about
+// twice that (it sizes the buffer at twice the window and wakes a writer only when half of it
+// is free). The cap above holds a carrier inside one region, where the outer stream, not the
+// round trip, is the bottleneck and what waits for it is held twice; across regions the bytes
+// in flight wait in the kernel's socket buffers and on the path, held once. So a connection
+// whose handshake took longer than tcpSendMax covers (2 × tcpSendRate × RTT > tcpSendMax: a
+// round trip over 12.5 ms) gets a fixed send buffer of that size, up to tcpSendMaxLong (reached
+// at 50 ms). gVisor's own sizing stays for the rest (docs/performance.md, "Tunnel under loss
+// and latency").
+const (
+	tcpSendRate    = 80 << 20 // bytes per second a connection should be able to keep moving
+	tcpSendMaxLong = 8 << 20
+)
+
+// sendBufferFor is the send buffer for a connection with round trip rtt, or 0 when gVisor's
+// sizing under tcpSendMax suffices.
+func sendBufferFor(rtt time.Duration) int64 {
+	n := int64(2 * tcpSendRate * rtt.Seconds())
+	if n <= tcpSendMax {
+		return 0
+	}
+	return min(n, tcpSendMaxLong)
+}
+
+// sizeSendBuffer gives an established connection the send buffer its handshake's round trip
+// calls for (sendBufferFor).
+func sizeSendBuffer(ep tcpip.Endpoint) {
+	var info tcpip.TCPInfoOption
+	if ep.GetSockOpt(&info) != nil {
+		return
+	}
+	if n := sendBufferFor(info.RTT); n > 0 {
+		ep.SocketOptions().SetSendBufferSize(n, true) // fixed from now on: gVisor stops sizing it
+	}
+}
+
 // timeWait is how long a connection stays in TIME-WAIT after the side that closed first sent
 // its last ACK (gVisor's default: 60 s). TIME-WAIT keeps delayed duplicates of an old connection
 // out of a new one with the same addresses and ports, and re-acknowledges a retransmitted FIN;
@@ -405,6 +442,7 @@ type TCPConn struct {
 }
 
 func newTCPConn(wq *waiter.Queue, ep tcpip.Endpoint) *TCPConn {
+	sizeSendBuffer(ep)
 	return &TCPConn{TCPConn: gonet.NewTCPConn(wq, ep), wq: wq, ep: ep}
 }
 

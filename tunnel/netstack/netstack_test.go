@@ -754,3 +754,105 @@ func TestWaitReadable(t *testing.T) {
 		t.Fatalf("deadline: %v, want %v", err, os.ErrDeadlineExceeded)
 	}
 }
+
+// latencyPair is pair with a wire that holds every batch of packets oneWay in each direction
+// (one batch at a time: a round trip, not a bandwidth).
+func latencyPair(t *testing.T, a, b Config, oneWay time.Duration) (*Stack, *Stack) {
+	t.Helper()
+	sa, err := New(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := New(b)
+	if err != nil {
+		sa.Close()
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	delayed := func(from, to *Stack) {
+		defer wg.Done()
+		bufs, sizes := [][]byte{make([]byte, offset+MaxMTU)}, []int{0}
+		for {
+			if _, err := from.Read(bufs, sizes, offset); err != nil {
+				return
+			}
+			time.Sleep(oneWay)
+			if _, err := to.Write([][]byte{bufs[0][:offset+sizes[0]]}, offset); err != nil {
+				return
+			}
+		}
+	}
+	go delayed(sa, sb)
+	go delayed(sb, sa)
+	t.Cleanup(func() {
+		sa.Close()
+		sb.Close()
+		wg.Wait()
+	})
+	return sa, sb
+}
+
+// TestSendBufferFollowsRoundTrip: a connection whose handshake took a long round trip, dialed
+// or forwarded, gets the send buffer for it (sendBufferFor); one over a short round trip keeps
+// gVisor's sizing under tcpSendMax.
+func TestSendBufferFollowsRoundTrip(t *testing.T) {
+	for _, c := range []struct {
+		rtt  time.Duration
+		want int64
+	}{{0, 0}, {10 * time.Millisecond, 0}, {20 * time.Millisecond, 2 * tcpSendRate / 50}, {time.Second, tcpSendMaxLong}} {
+		if got := sendBufferFor(c.rtt); got != c.want {
+			t.Errorf("sendBufferFor(%v) = %d, want %d", c.rtt, got, c.want)
+		}
+	}
+
+	const oneWay = 40 * time.Millisecond // a round trip of 80 ms: tcpSendMaxLong
+	forwarded := make(chan int64, 1)
+	fwd := Forward{Prefixes: []netip.Prefix{podNet}, Handler: func(ctx context.Context, r *Request) {
+		c, err := r.Accept()
+		if err != nil {
+			forwarded <- -1
+			return
+		}
+		defer c.Close()
+		forwarded <- c.(*TCPConn).ep.SocketOptions().GetSendBufferSize()
+		io.Copy(io.Discard, c)
+	}}
+	a, _ := latencyPair(t, Config{Addresses: []netip.Addr{addrA, addrA4}, MTU: 60000},
+		Config{Addresses: []netip.Addr{addrB}, MTU: 60000, Forward: fwd}, oneWay)
+	c, err := dial(t, a, "tcp", "10.123.4.5:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := c.(*TCPConn).ep.SocketOptions().GetSendBufferSize(); got != tcpSendMaxLong {
+		t.Errorf("dialed over an %v round trip: send buffer %d, want %d", 2*oneWay, got, tcpSendMaxLong)
+	}
+	if got := <-forwarded; got != tcpSendMaxLong {
+		t.Errorf("forwarded over an %v round trip: send buffer %d, want %d", 2*oneWay, got, tcpSendMaxLong)
+	}
+
+	// Without the delay, both ends keep gVisor's sizing (its default to start with).
+	fwd.Handler = func(ctx context.Context, r *Request) {
+		c, err := r.Accept()
+		if err != nil {
+			forwarded <- -1
+			return
+		}
+		defer c.Close()
+		forwarded <- c.(*TCPConn).ep.SocketOptions().GetSendBufferSize()
+		io.Copy(io.Discard, c)
+	}
+	a, _ = forwardPair(t, fwd)
+	c2, err := dial(t, a, "tcp", "10.123.4.5:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if got := c2.(*TCPConn).ep.SocketOptions().GetSendBufferSize(); got > tcpSendMax {
+		t.Errorf("dialed over loopback: send buffer %d, want gVisor's under %d", got, tcpSendMax)
+	}
+	if got := <-forwarded; got < 0 || got > tcpSendMax {
+		t.Errorf("forwarded over loopback: send buffer %d, want gVisor's under %d", got, tcpSendMax)
+	}
+}
