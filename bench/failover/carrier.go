@@ -278,12 +278,12 @@ func measureCuts(ctx context.Context, dial func(context.Context) (net.Conn, erro
 // openvpnCarrier is the carrier kind on the peer: one OpenVPN server and the client in the
 // shoot, whose TCP connection to the server goes through a proxy in the shoot that cuts it;
 // the held connections go from the server's namespace into its tun, as kube-apiserver's do.
-func (r *runner) openvpnCarrier(ctx context.Context) (*Row, error) {
+func (r *runner) openvpnCarrier(ctx context.Context) ([]Row, error) {
 	o := peers.OpenVPN{}
 	if err := o.Check(ctx); err != nil {
 		return nil, fmt.Errorf("failover: openvpn: %w", err)
 	}
-	row := &Row{Kind: KindCarrier, Stack: o.Version(ctx), Killed: fmt.Sprintf("the client's TCP connection to the server cut (%d connections held through the tunnel)", heldStreams),
+	row := Row{Kind: KindCarrier, Stack: o.Version(ctx), Killed: fmt.Sprintf("the client's TCP connection to the server cut (%d connections held through the tunnel)", heldStreams),
 		Recovers: "the client finds the connection reset, restarts (connect-retry 1 5), connects again and renegotiates TLS"}
 	if err := r.topo.addOpenVPNSeeds(ctx, 1); err != nil {
 		return nil, fmt.Errorf("failover: openvpn: %w", err)
@@ -318,9 +318,35 @@ func (r *runner) openvpnCarrier(ctx context.Context) (*Row, error) {
 		return c, err
 	}
 	if err := waitTunnel(ctx, dial, procs.servers[0], procs.client); err != nil {
-		return row, fmt.Errorf("failover: openvpn: %w", err)
+		return []Row{row}, fmt.Errorf("failover: openvpn: %w", err)
 	}
-	return row, r.cuts(ctx, row, dial, func() error { cutter.conns.Reset(); return nil })
+	return r.peerCuts(ctx, row, dial, func() error { cutter.conns.Reset(); return nil })
+}
+
+// peerCuts measures a peer's carrier cuts into row (KindCarrier) and its soak (KindSoak), each
+// if asked for. The peers have no ingress of tendril's kind to roll: their carrier is one TCP
+// connection, and a rollout of whatever is in front of it (Istio's ingress gateway for
+// Gardener's VPN) cuts it as these cuts do, so the soak's two rollout steps are two more cuts.
+func (r *runner) peerCuts(ctx context.Context, row Row, dial func(context.Context) (net.Conn, error), cut func() error) ([]Row, error) {
+	var rows []Row
+	if r.want(KindCarrier) {
+		err := r.cuts(ctx, &row, dial, cut)
+		rows = append(rows, row)
+		if err != nil {
+			return rows, err
+		}
+	}
+	if r.want(KindSoak) {
+		reps := r.cfg.Repetitions
+		soak := Row{Kind: KindSoak, Stack: row.Stack, Killed: fmt.Sprintf("%d carrier cuts, as the carrier kind (%d connections held throughout)", reps+2, heldStreams),
+			Recovers: row.Recovers}
+		err := r.cutsN(ctx, &soak, reps+2, dial, cut)
+		rows = append(rows, soak)
+		if err != nil {
+			return rows, err
+		}
+	}
+	return rows, nil
 }
 
 // cuts measures Repetitions cuts of held connections (dial) into row.

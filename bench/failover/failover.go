@@ -130,8 +130,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		{[]string{KindReplica, KindNode}, r.replicas},
 		{[]string{KindControlPlane}, one(r.controlPlane)},
 		{[]string{KindOpenVPN}, one(r.openvpn)},
-		{[]string{KindCarrier}, one(r.openvpnCarrier)},
-		{[]string{KindCarrier}, one(r.konnectivityCarrier)},
+		{[]string{KindCarrier, KindSoak}, r.openvpnCarrier},
+		{[]string{KindCarrier, KindSoak}, r.konnectivityCarrier},
 	}
 	var errs []error
 	for i, p := range parts {

@@ -20,12 +20,12 @@ import (
 // gRPC connection to the server's agent port goes through a proxy that cuts it. Every
 // connection rides the agent's one stream, so when it breaks the server closes them: konnectivity
 // documents it, and the row counts them broken.
-func (r *runner) konnectivityCarrier(ctx context.Context) (*Row, error) {
+func (r *runner) konnectivityCarrier(ctx context.Context) ([]Row, error) {
 	k := peers.Konnectivity{}
 	if err := k.Check(ctx); err != nil {
 		return nil, fmt.Errorf("failover: konnectivity: %w", err)
 	}
-	row := &Row{Kind: KindCarrier, Stack: k.Version(), Killed: fmt.Sprintf("proxy-agent's connection to proxy-server cut (%d connections held through it)", heldStreams),
+	row := Row{Kind: KindCarrier, Stack: k.Version(), Killed: fmt.Sprintf("proxy-agent's connection to proxy-server cut (%d connections held through it)", heldStreams),
 		Recovers: "proxy-agent dials again; the connections it carried are gone"}
 	dir := filepath.Join(r.tmp, "konnectivity")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -93,7 +93,7 @@ func (r *runner) konnectivityCarrier(ctx context.Context) (*Row, error) {
 	defer agent.Stop()
 	dial := func(ctx context.Context) (net.Conn, error) { return connectStream(ctx, sock, r.podEchoAddr()) }
 	if err := waitTunnel(ctx, dial, srv, agent); err != nil {
-		return row, fmt.Errorf("failover: konnectivity: %w", err)
+		return []Row{row}, fmt.Errorf("failover: konnectivity: %w", err)
 	}
-	return row, r.cuts(ctx, row, dial, func() error { cutter.conns.Reset(); return nil })
+	return r.peerCuts(ctx, row, dial, func() error { cutter.conns.Reset(); return nil })
 }

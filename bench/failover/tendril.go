@@ -160,13 +160,13 @@ func (rig *tendrilRig) dialHeld(ctx context.Context) (net.Conn, error) {
 	return connectStream(ctx, rig.sock, rig.r.podEchoAddr())
 }
 
-// rollouts holds connections through the tunnel while the ingress is rolled, Repetitions times:
-// a new replica starts and takes the agents' new connections (the forwarder is the Service, its
-// endpoints the new replica), the old one is sent SIGTERM and drains for 1 s, then closes the
-// agents' streams, which dial again and reach the new one.
+// rollouts holds connections through the tunnel while the ingress is rolled, Repetitions times
+// (rollIngress): a new replica starts, the old one is sent SIGTERM and the Service moves to the
+// new one during its --drain-delay; the old one then drains for 1 s and closes the agents'
+// streams, which dial again and reach the new one.
 func (rig *tendrilRig) rollouts(ctx context.Context) (Row, error) {
 	r := rig.r
-	row := Row{Kind: KindRollout, Stack: "tendril", Killed: fmt.Sprintf("a rollout of the ingress: a new replica up, the old one drained (SIGTERM, --drain-timeout 1s) (%d connections held through the tunnel)", heldStreams),
+	row := Row{Kind: KindRollout, Stack: "tendril", Killed: fmt.Sprintf("a rollout of the ingress: a new replica up, the old one drained (SIGTERM, --drain-delay 1s, --drain-timeout 1s) (%d connections held through the tunnel)", heldStreams),
 		Recovers: "the drained replica closes the agents' streams; they dial again through the Service to the new one"}
 	if _, err := rig.bothLive(ctx); err != nil {
 		return row, err
@@ -187,11 +187,29 @@ func (rig *tendrilRig) rollIngress(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	rig.carrier.setBackends([]string{addr})
 	old := rig.ingress[cur]
 	rig.ingress = slices.Delete(rig.ingress, cur, cur+1)
-	return old.Stop() // returns once it drained and exited
+	// As in a Deployment's rollout: the old pod gets SIGTERM while it is still an endpoint; its
+	// /readyz fails and it goes on accepting for --drain-delay, and the Service drops it
+	// endpointLag later (kube-proxy's update), inside that delay. Then it drains.
+	stopped := make(chan error, 1)
+	go func() { stopped <- old.Stop() }() // returns once it drained and exited
+	select {
+	case <-time.After(endpointLag):
+	case <-ctx.Done():
+	}
+	rig.carrier.setBackends([]string{addr})
+	return <-stopped
 }
+
+// ingressDrainDelay is the replicas' --drain-delay: the time from SIGTERM to closing the
+// listeners, in which the Service stops sending them connections (endpointLag).
+const ingressDrainDelay = time.Second
+
+// endpointLag is how long after a replica's SIGTERM the bench's Service stops sending it new
+// connections: under the replicas' --drain-delay (ingressDrainDelay), as an endpoint update
+// takes less than the chart's 5 s.
+const endpointLag = 300 * time.Millisecond
 
 // soak holds one set of connections through Repetitions carrier cuts and, halfway, a rollout of
 // the ingress's two replicas one after the other, CutEvery apart.
@@ -503,7 +521,8 @@ func (r *runner) startFront(ctx context.Context, dir, routes, listenFlag string)
 // startIngress starts a tendril-ingress replica named name taking its routes from xdsAddr, its
 // listener for the agents given by listenFlag (--tunnel-address or --proxy-address) on the
 // seed's side of the shoot's link, and waits until it is ready while it and others run. A
-// SIGTERM drains it for 1 s (a rollout's step; the chart's timeout is longer). It returns the
+// SIGTERM keeps it accepting for ingressDrainDelay, then drains it for 1 s (a rollout's step;
+// the chart's delay and timeout are longer). It returns the
 // process, also on an error, and the address the agents dial.
 func (r *runner) startIngress(ctx context.Context, dir, name, xdsAddr, listenFlag string, others ...*peers.Process) (*peers.Process, string, error) {
 	metrics, err := peers.Bind(1)
@@ -518,7 +537,7 @@ func (r *runner) startIngress(ctx context.Context, dir, name, xdsAddr, listenFla
 	listen, ingressMetrics := listenSock.Addr, metrics[0].Addr
 	ing, err := peers.StartWithSockets(name, filepath.Join(dir, name+".log"), []*inherit.Socket{listenSock, metrics[0]}, r.bin("tendril-ingress"),
 		"--xds", xdsAddr, "--xds-insecure", "--node-id", "bench-failover-"+name, listenFlag, listen, "--metrics-address", ingressMetrics,
-		"--drain-timeout", "1s")
+		"--drain-delay", ingressDrainDelay.String(), "--drain-timeout", "1s")
 	if err != nil {
 		return nil, "", err
 	}
