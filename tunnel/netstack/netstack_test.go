@@ -43,6 +43,13 @@ func pair(t *testing.T, a, b Config) (*Stack, *Stack) {
 // slow outer stream.
 func slowPair(t *testing.T, a, b Config, slow time.Duration) (*Stack, *Stack) {
 	t.Helper()
+	return wiredPair(t, a, b, func(from, to *Stack) { pump(from, to, slow) }, func(from, to *Stack) { pump(from, to, 0) })
+}
+
+// wiredPair starts stacks a and b with the wire aToB carrying a's packets to b and bToA
+// carrying b's to a, each until its stacks close.
+func wiredPair(t *testing.T, a, b Config, aToB, bToA func(from, to *Stack)) (*Stack, *Stack) {
+	t.Helper()
 	sa, err := New(a)
 	if err != nil {
 		t.Fatal(err)
@@ -54,8 +61,8 @@ func slowPair(t *testing.T, a, b Config, slow time.Duration) (*Stack, *Stack) {
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); pump(sa, sb, slow) }()
-	go func() { defer wg.Done(); pump(sb, sa, 0) }()
+	go func() { defer wg.Done(); aToB(sa, sb) }()
+	go func() { defer wg.Done(); bToA(sb, sa) }()
 	t.Cleanup(func() {
 		sa.Close()
 		sb.Close()
@@ -759,19 +766,7 @@ func TestWaitReadable(t *testing.T) {
 // (one batch at a time: a round trip, not a bandwidth).
 func latencyPair(t *testing.T, a, b Config, oneWay time.Duration) (*Stack, *Stack) {
 	t.Helper()
-	sa, err := New(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb, err := New(b)
-	if err != nil {
-		sa.Close()
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(2)
 	delayed := func(from, to *Stack) {
-		defer wg.Done()
 		bufs, sizes := [][]byte{make([]byte, offset+MaxMTU)}, []int{0}
 		for {
 			if _, err := from.Read(bufs, sizes, offset); err != nil {
@@ -783,14 +778,7 @@ func latencyPair(t *testing.T, a, b Config, oneWay time.Duration) (*Stack, *Stac
 			}
 		}
 	}
-	go delayed(sa, sb)
-	go delayed(sb, sa)
-	t.Cleanup(func() {
-		sa.Close()
-		sb.Close()
-		wg.Wait()
-	})
-	return sa, sb
+	return wiredPair(t, a, b, delayed, delayed)
 }
 
 // TestSendBufferFollowsRoundTrip: a connection whose handshake took a long round trip, dialed
@@ -833,16 +821,7 @@ func TestSendBufferFollowsRoundTrip(t *testing.T) {
 	}
 
 	// Without the delay, both ends keep gVisor's sizing (its default to start with).
-	fwd.Handler = func(ctx context.Context, r *Request) {
-		c, err := r.Accept()
-		if err != nil {
-			forwarded <- -1
-			return
-		}
-		defer c.Close()
-		forwarded <- c.(*TCPConn).ep.SocketOptions().GetSendBufferSize()
-		io.Copy(io.Discard, c)
-	}
+	fwd.Prefixes = nil // forwardPair adds podNet
 	a, _ = forwardPair(t, fwd)
 	c2, err := dial(t, a, "tcp", "10.123.4.5:80")
 	if err != nil {
