@@ -85,10 +85,10 @@ fuzz: ## Run every fuzz target for FUZZ_TIME each.
 
 # The suite fits the 2-core machine in under 25 minutes (3 s per measurement, 3 rounds for the
 # connection paths; the idle mode about 5 minutes at the N the 20,000-descriptor limit allows; the
-# failover mode about 5 minutes, of which about 4 for the kinds that hold connections; the
-# impaired tunnel run about 3 minutes: three cells of the grid, the diagonal, for tendril and its
+# failover mode about 6 minutes, of which about 5 for the kinds that hold connections; the
+# impaired tunnel run about 4 minutes: three cells of the grid, the diagonal, for tendril and its
 # two peers, one connection and one dial worker; the whole grid is
-# `tendril-bench tunnel --impair grid`, about 35 minutes); the tunnel mode needs root for its
+# `tendril-bench tunnel --impair grid`, about 40 minutes); the tunnel mode needs root for its
 # network namespaces and skips what it cannot set up.
 BENCH_RATE_ARGS = --rounds 3 --duration 3s
 bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, reports and plots in docs/bench/ (analysis: docs/performance.md).
