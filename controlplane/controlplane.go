@@ -221,27 +221,15 @@ func Run(ctx context.Context, cfg Config) error {
 
 // withDefaults fills in what cfg leaves empty.
 func (cfg Config) withDefaults() (Config, error) {
-	if cfg.XDSAddress == "" {
-		cfg.XDSAddress = ":18000"
-	}
-	if cfg.MetricsAddress == "" {
-		cfg.MetricsAddress = ":8080"
-	}
-	if cfg.HealthAddress == "" {
-		cfg.HealthAddress = ":8081"
-	}
-	if cfg.HeartbeatInterval == 0 {
-		cfg.HeartbeatInterval = 30
-	}
-	if cfg.LeaderElectionID == "" {
-		cfg.LeaderElectionID = "tendril-seed-leader-election"
-	}
+	cfg.XDSAddress = cmp.Or(cfg.XDSAddress, ":18000")
+	cfg.MetricsAddress = cmp.Or(cfg.MetricsAddress, ":8080")
+	cfg.HealthAddress = cmp.Or(cfg.HealthAddress, ":8081")
+	cfg.HeartbeatInterval = cmp.Or(cfg.HeartbeatInterval, 30)
+	cfg.LeaderElectionID = cmp.Or(cfg.LeaderElectionID, "tendril-seed-leader-election")
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	if cfg.SeedDNS.ServiceNamespace == "" {
-		cfg.SeedDNS.ServiceNamespace = cfg.Extension.IngressNamespace
-	}
+	cfg.SeedDNS.ServiceNamespace = cmp.Or(cfg.SeedDNS.ServiceNamespace, cfg.Extension.IngressNamespace)
 	if cfg.SeedDNS.Log.GetSink() == nil {
 		cfg.SeedDNS.Log = cfg.Log.WithName("seed-dns")
 	}

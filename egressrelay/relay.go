@@ -18,6 +18,7 @@
 package egressrelay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -142,24 +143,14 @@ func (c *Config) defaults() error {
 	if c.CertFile == "" || c.KeyFile == "" || c.CAFile == "" {
 		return errors.New("egressrelay: the client certificate, its key and the CA bundle are required (mutual TLS)")
 	}
-	if c.SocketMode == 0 {
-		c.SocketMode = 0o600
-	}
-	if c.MaxConnections == 0 {
-		c.MaxConnections = 1024
-	}
+	c.SocketMode = cmp.Or(c.SocketMode, 0o600)
+	c.MaxConnections = cmp.Or(c.MaxConnections, 1024)
 	if c.MaxConnections < 0 {
 		return fmt.Errorf("egressrelay: MaxConnections %d is negative", c.MaxConnections)
 	}
-	if c.HandshakeTimeout == 0 {
-		c.HandshakeTimeout = 10 * time.Second
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = time.Hour
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = 30 * time.Second
-	}
+	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, 10*time.Second)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, time.Hour)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, 30*time.Second)
 	return nil
 }
 

@@ -64,10 +64,7 @@ func writeFiles(t *testing.T, dir string, ca *testpki.CA, clientCA *testpki.CA) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := testpki.WritePair(leaf, f.cert, f.key); err != nil {
-		t.Fatal(err)
-	}
-	if err := ca.WriteCA(f.ca); err != nil {
+	if err := testpki.WriteFiles(leaf, ca, f.cert, f.key, f.ca); err != nil {
 		t.Fatal(err)
 	}
 	return f

@@ -1,6 +1,7 @@
 package extension
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -35,12 +36,8 @@ type HealthOptions struct {
 // whose agent is not connected is not healthy). Never APIServerAvailable: that condition is
 // Gardener's own.
 func AddHealthCheck(mgr manager.Manager, opts HealthOptions) error {
-	if opts.SyncPeriod == 0 {
-		opts.SyncPeriod = 30 * time.Second
-	}
-	if opts.RolloutGrace == 0 {
-		opts.RolloutGrace = 3 * time.Minute
-	}
+	opts.SyncPeriod = cmp.Or(opts.SyncPeriod, 30*time.Second)
+	opts.RolloutGrace = cmp.Or(opts.RolloutGrace, 3*time.Minute)
 	args := healthcheck.DefaultAddArgs{}
 	args.HealthCheckConfig.SyncPeriod = metav1.Duration{Duration: opts.SyncPeriod}
 	return healthcheck.DefaultRegistration(

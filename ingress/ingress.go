@@ -11,6 +11,7 @@
 package ingress
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -102,15 +103,9 @@ type Ingress struct {
 
 // New returns an Ingress with an empty configuration.
 func New(cfg Config) *Ingress {
-	if cfg.MaxPending == 0 {
-		cfg.MaxPending = DefaultMaxPending
-	}
-	if cfg.MaxPendingPerListener == 0 {
-		cfg.MaxPendingPerListener = DefaultMaxPendingPerListener
-	}
-	if cfg.MaxPendingPerSource == 0 {
-		cfg.MaxPendingPerSource = DefaultMaxPendingPerSource
-	}
+	cfg.MaxPending = cmp.Or(cfg.MaxPending, DefaultMaxPending)
+	cfg.MaxPendingPerListener = cmp.Or(cfg.MaxPendingPerListener, DefaultMaxPendingPerListener)
+	cfg.MaxPendingPerSource = cmp.Or(cfg.MaxPendingPerSource, DefaultMaxPendingPerSource)
 	in := &Ingress{
 		cfg:      cfg,
 		log:      cfg.Log,

@@ -1,6 +1,7 @@
 package realseed
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -79,12 +80,8 @@ func (c *Cluster) StartNode(ctx context.Context, cfg NodeConfig) (*Node, error) 
 	if cfg.NetworkPolicy && cfg.ServiceCIDR == "" {
 		return nil, fmt.Errorf("node %s: NetworkPolicy needs the cluster's Service range", cfg.Name)
 	}
-	if cfg.Kubeconfig == "" {
-		cfg.Kubeconfig = c.Kubeconfig
-	}
-	if cfg.ClusterDNS == "" {
-		cfg.ClusterDNS = DNSServiceIP
-	}
+	cfg.Kubeconfig = cmp.Or(cfg.Kubeconfig, c.Kubeconfig)
+	cfg.ClusterDNS = cmp.Or(cfg.ClusterDNS, DNSServiceIP)
 	pods, err := netip.ParsePrefix(cfg.PodCIDR)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: pod range: %w", cfg.Name, err)

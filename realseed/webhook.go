@@ -205,7 +205,7 @@ func (c *Cluster) webhookBackend(ctx context.Context, s *Shoot) ([]byte, error) 
 	for f := range files {
 		files[f] = filepath.Join(dir, f)
 	}
-	if err := errors.Join(ca.WriteCA(files["ca.crt"]), testpki.WritePair(pair, files["tls.crt"], files["tls.key"])); err != nil {
+	if err := testpki.WriteFiles(pair, ca, files["tls.crt"], files["tls.key"], files["ca.crt"]); err != nil {
 		return nil, err
 	}
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: webhookName + "-tls", Namespace: metav1.NamespaceDefault},

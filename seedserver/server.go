@@ -17,6 +17,7 @@ package seedserver
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -86,21 +87,11 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.ShootCIDRs) == 0 {
 		return nil, errors.New("server: the shoot's CIDRs are required: without them no target is allowed")
 	}
-	if cfg.MaxConcurrentDials == 0 {
-		cfg.MaxConcurrentDials = 256
-	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = 10 * time.Second
-	}
-	if cfg.IdleTimeout == 0 {
-		cfg.IdleTimeout = time.Hour
-	}
-	if cfg.RequestTimeout == 0 {
-		cfg.RequestTimeout = 10 * time.Second
-	}
-	if cfg.AgentTimeout == 0 {
-		cfg.AgentTimeout = 5 * time.Second
-	}
+	cfg.MaxConcurrentDials = cmp.Or(cfg.MaxConcurrentDials, 256)
+	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, 10*time.Second)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, time.Hour)
+	cfg.RequestTimeout = cmp.Or(cfg.RequestTimeout, 10*time.Second)
+	cfg.AgentTimeout = cmp.Or(cfg.AgentTimeout, 5*time.Second)
 	if err := checkAgentPrefixes(&cfg); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@
 package apiserverproxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -104,9 +105,7 @@ func (c *Config) defaults() error {
 	if c.Ingress == "" {
 		return errors.New("apiserver-proxy: the ingress address is required")
 	}
-	if c.Port == 0 {
-		c.Port = 443
-	}
+	c.Port = cmp.Or(c.Port, 443)
 	switch c.Mode {
 	case "":
 		c.Mode = ModeProxyProtocol
@@ -121,18 +120,10 @@ func (c *Config) defaults() error {
 	if len(c.Interface) > 15 {
 		return fmt.Errorf("apiserver-proxy: interface name %q longer than 15 characters", c.Interface)
 	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = 10 * time.Second
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = time.Hour
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = 30 * time.Second
-	}
-	if c.CheckInterval == 0 {
-		c.CheckInterval = 10 * time.Second
-	}
+	c.DialTimeout = cmp.Or(c.DialTimeout, 10*time.Second)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, time.Hour)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, 30*time.Second)
+	c.CheckInterval = cmp.Or(c.CheckInterval, 10*time.Second)
 	return nil
 }
 

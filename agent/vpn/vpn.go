@@ -6,6 +6,7 @@
 package vpn
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -106,27 +107,13 @@ func New(cfg Config) (*Agent, error) {
 	if !cfg.Direct && cfg.Destination == "" {
 		return nil, errors.New("vpn: the CONNECT destination (outbound|1194||tendril-server.<ns>.svc.cluster.local) is required")
 	}
-	if cfg.Header == "" {
-		cfg.Header = wire.ReversedVPNHeader
-	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = 10 * time.Second
-	}
-	if cfg.MinBackoff == 0 {
-		cfg.MinBackoff = 200 * time.Millisecond
-	}
-	if cfg.MaxBackoff == 0 {
-		cfg.MaxBackoff = 15 * time.Second
-	}
-	if cfg.Keepalive == 0 {
-		cfg.Keepalive = 10 * time.Second
-	}
-	if cfg.HeartbeatInterval == 0 {
-		cfg.HeartbeatInterval = time.Second
-	}
-	if cfg.PathTimeout == 0 {
-		cfg.PathTimeout = 5 * time.Second
-	}
+	cfg.Header = cmp.Or(cfg.Header, wire.ReversedVPNHeader)
+	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, 10*time.Second)
+	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, 200*time.Millisecond)
+	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, 15*time.Second)
+	cfg.Keepalive = cmp.Or(cfg.Keepalive, 10*time.Second)
+	cfg.HeartbeatInterval = cmp.Or(cfg.HeartbeatInterval, time.Second)
+	cfg.PathTimeout = cmp.Or(cfg.PathTimeout, 5*time.Second)
 	if cfg.Dial == nil {
 		cfg.Dial = (&net.Dialer{}).DialContext
 	}

@@ -14,6 +14,7 @@
 package failover
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -83,12 +84,8 @@ type Config struct {
 // Run measures every kind asked for and returns the report, also when a kind failed or ctx
 // ended (then marked partial, with what was measured).
 func Run(ctx context.Context, cfg Config) (*Report, error) {
-	if cfg.Repetitions == 0 {
-		cfg.Repetitions = 10
-	}
-	if cfg.BinDir == "" {
-		cfg.BinDir = "bin"
-	}
+	cfg.Repetitions = cmp.Or(cfg.Repetitions, 10)
+	cfg.BinDir = cmp.Or(cfg.BinDir, "bin")
 	if len(cfg.Kinds) == 0 {
 		cfg.Kinds = Kinds
 	}

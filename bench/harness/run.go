@@ -18,6 +18,7 @@
 package harness
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -138,9 +139,7 @@ type Config struct {
 }
 
 func (c *Config) setDefaults(m Mode) {
-	if c.Shoots == 0 {
-		c.Shoots = 4
-	}
+	c.Shoots = cmp.Or(c.Shoots, 4)
 	if c.Targets == nil {
 		c.Targets = m.Targets
 	}
@@ -150,27 +149,15 @@ func (c *Config) setDefaults(m Mode) {
 	if c.Concurrency == nil {
 		c.Concurrency = []int{1, 16, 128}
 	}
-	if c.Duration == 0 {
-		c.Duration = 5 * time.Second
-	}
+	c.Duration = cmp.Or(c.Duration, 5*time.Second)
 	if c.Warmup == 0 {
 		c.Warmup = min(c.Duration/5, time.Second)
 	}
-	if c.Payload == 0 {
-		c.Payload = 64
-	}
-	if c.BulkBytes == 0 {
-		c.BulkBytes = 64 << 20
-	}
-	if c.BulkConns == 0 {
-		c.BulkConns = 4
-	}
-	if c.Rounds == 0 {
-		c.Rounds = 1
-	}
-	if c.BinDir == "" {
-		c.BinDir = "bin"
-	}
+	c.Payload = cmp.Or(c.Payload, 64)
+	c.BulkBytes = cmp.Or(c.BulkBytes, 64<<20)
+	c.BulkConns = cmp.Or(c.BulkConns, 4)
+	c.Rounds = cmp.Or(c.Rounds, 1)
+	c.BinDir = cmp.Or(c.BinDir, "bin")
 }
 
 // Checks collects what is wrong with a configuration: Check records an error when ok is false,
@@ -275,9 +262,7 @@ func Run(ctx context.Context, mode Mode, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("%s config: %w", mode.Name, err)
 	}
 	baseline := mode.Baseline
-	if baseline == "" {
-		baseline = TargetHAProxy
-	}
+	baseline = cmp.Or(baseline, TargetHAProxy)
 	rep := &Report{Mode: mode.Name, Path: mode.Path, Notes: mode.Notes, Baseline: baseline,
 		Header: StartHeader(cfg.CommandLine, settingsOf(cfg))}
 	defer rep.End()

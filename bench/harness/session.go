@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -78,21 +79,13 @@ type Session struct {
 // NewSession starts cfg.Shoots upstreams (4 if 0) and the client. The caller
 // closes the Session after stopping its targets.
 func NewSession(cfg Config) (*Session, error) {
-	if cfg.Shoots == 0 {
-		cfg.Shoots = 4
-	}
+	cfg.Shoots = cmp.Or(cfg.Shoots, 4)
 	if cfg.Shoots < 1 || cfg.Shoots > 1000 {
 		return nil, fmt.Errorf("shoots %d: want 1..1000", cfg.Shoots)
 	}
-	if cfg.Payload == 0 {
-		cfg.Payload = 64
-	}
-	if cfg.BulkBytes == 0 {
-		cfg.BulkBytes = 1
-	}
-	if cfg.BinDir == "" {
-		cfg.BinDir = "bin"
-	}
+	cfg.Payload = cmp.Or(cfg.Payload, 64)
+	cfg.BulkBytes = cmp.Or(cfg.BulkBytes, 1)
+	cfg.BinDir = cmp.Or(cfg.BinDir, "bin")
 	s, err := newSession(cfg, "session")
 	if err != nil {
 		return nil, err

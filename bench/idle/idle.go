@@ -22,6 +22,7 @@
 package idle
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -139,27 +140,13 @@ func (c *Config) setDefaults(hard uint64) {
 	if c.Targets == nil {
 		c.Targets = Targets
 	}
-	if c.Hold == 0 {
-		c.Hold = 10 * time.Second
-	}
-	if c.Release == 0 {
-		c.Release = 30 * time.Second
-	}
-	if c.OpenTimeout == 0 {
-		c.OpenTimeout = 10 * time.Second
-	}
-	if c.MaxFailures == 0 {
-		c.MaxFailures = 64
-	}
-	if c.Parallel == 0 {
-		c.Parallel = 32
-	}
-	if c.Shoots == 0 {
-		c.Shoots = 4
-	}
-	if c.BinDir == "" {
-		c.BinDir = "bin"
-	}
+	c.Hold = cmp.Or(c.Hold, 10*time.Second)
+	c.Release = cmp.Or(c.Release, 30*time.Second)
+	c.OpenTimeout = cmp.Or(c.OpenTimeout, 10*time.Second)
+	c.MaxFailures = cmp.Or(c.MaxFailures, 64)
+	c.Parallel = cmp.Or(c.Parallel, 32)
+	c.Shoots = cmp.Or(c.Shoots, 4)
+	c.BinDir = cmp.Or(c.BinDir, "bin")
 }
 
 func (c *Config) validate() error {
@@ -279,9 +266,7 @@ func (r *runner) measure(ctx context.Context, m harness.Mode, listener, name str
 		res.Skipped = info.Skipped
 		return res
 	}
-	if r.report.Settings.TLS == "" {
-		r.report.Settings.TLS = t.TLS
-	}
+	r.report.Settings.TLS = cmp.Or(r.report.Settings.TLS, t.TLS)
 	defer func() {
 		if err := t.Stop(); err != nil {
 			r.logf("stop %s: %v", name, err)
@@ -317,9 +302,7 @@ func (r *runner) measure(ctx context.Context, m harness.Mode, listener, name str
 	res.HeldRSS, res.HeldFDs = with.rss, with.fds
 	var note string
 	res.HeldGoroutines, note = gr.count()
-	if res.GoroutineNote == "" {
-		res.GoroutineNote = note
-	}
+	res.GoroutineNote = cmp.Or(res.GoroutineNote, note)
 	res.perConn()
 	r.logf("%s: %d of %d held: RSS %s (%.1f KiB/conn), %d fds (%.2f/conn), goroutines %s", label, res.Held, res.Asked,
 		fmtMiB(with.rss), res.RSSPerConnKiB, with.fds, res.FDsPerConn, fmtCount(res.HeldGoroutines))

@@ -34,9 +34,7 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 	skip := func(why string) {
 		res.Skipped = why
 		for _, t := range targets {
-			if t.Skipped == "" {
-				t.Skipped = why
-			}
+			t.Skipped = cmp.Or(t.Skipped, why)
 		}
 		r.logf("%s: skipped: %s", s.name, why)
 	}
@@ -328,9 +326,7 @@ func rounds[R any](n int, measure func() (R, error), fig func(*R) (figure *float
 		f, _, e, fe := fig(&runs[i])
 		figures[i], order[i] = *f, i
 		errs += *e
-		if first == "" {
-			first = *fe
-		}
+		first = cmp.Or(first, *fe)
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(figures[a], figures[b]) })
 	median := runs[order[(n-1)/2]]

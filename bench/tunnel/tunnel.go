@@ -36,6 +36,7 @@
 package tunnel
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -145,33 +146,19 @@ func (c *Config) setDefaults() {
 	if c.Targets == nil {
 		c.Targets = Targets
 	}
-	if c.Duration == 0 {
-		c.Duration = 2 * time.Second
-	}
-	if c.Warmup == 0 {
-		c.Warmup = 500 * time.Millisecond
-	}
+	c.Duration = cmp.Or(c.Duration, 2*time.Second)
+	c.Warmup = cmp.Or(c.Warmup, 500*time.Millisecond)
 	if c.Conns == nil {
 		c.Conns = []int{1, 4}
 	}
 	if c.DialWorkers == nil {
 		c.DialWorkers = []int{1, 32}
 	}
-	if c.DialDuration == 0 {
-		c.DialDuration = c.Duration
-	}
-	if c.UpRuns == 0 {
-		c.UpRuns = 3
-	}
-	if c.Loads == 0 {
-		c.Loads = 1
-	}
-	if c.Rounds == 0 {
-		c.Rounds = 1
-	}
-	if c.BinDir == "" {
-		c.BinDir = "bin"
-	}
+	c.DialDuration = cmp.Or(c.DialDuration, c.Duration)
+	c.UpRuns = cmp.Or(c.UpRuns, 3)
+	c.Loads = cmp.Or(c.Loads, 1)
+	c.Rounds = cmp.Or(c.Rounds, 1)
+	c.BinDir = cmp.Or(c.BinDir, "bin")
 }
 
 func (c *Config) validate() error {
@@ -273,9 +260,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if ctx.Err() != nil {
 		rep.Partial = true
-		if rep.Note == "" {
-			rep.Note = "interrupted; only completed measurements are shown"
-		}
+		rep.Note = cmp.Or(rep.Note, "interrupted; only completed measurements are shown")
 		return rep, ctx.Err()
 	}
 	return rep, nil

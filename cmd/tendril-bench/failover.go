@@ -52,3 +52,5 @@ func (c *failoverCommand) Run(ctx context.Context, stdout io.Writer) error {
 	rep, err := failover.Run(ctx, c.Config)
 	return printReport(&c.output, stdout, rep, err)
 }
+
+func (c *failoverCommand) setCommandLine(s string) { c.Config.CommandLine = s }

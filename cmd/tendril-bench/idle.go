@@ -52,3 +52,5 @@ func (c *idleCommand) Run(ctx context.Context, stdout io.Writer) error {
 	rep, err := idle.Run(ctx, c.Config)
 	return printReport(&c.output, stdout, rep, err)
 }
+
+func (c *idleCommand) setCommandLine(s string) { c.Config.CommandLine = s }

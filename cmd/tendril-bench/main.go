@@ -76,11 +76,32 @@ existing report, so that several runs make one document:
   tendril-bench connect --markdown-append docs/bench/all.md
 `
 
-// modes are the benchmark modes by command name.
-var modes = map[string]harness.Mode{
-	sni.Mode.Name:          sni.Mode,
-	incluster.Proxy.Name:   incluster.Proxy,
-	incluster.Connect.Name: incluster.Connect,
+// runner is a mode's parsed command line, ready to run; its report records the command line.
+type runner interface {
+	Run(ctx context.Context, stdout io.Writer) error
+	setCommandLine(string)
+}
+
+// parsers parse the command lines of the modes that run, by command name (plot and help do
+// not: they measure nothing).
+var parsers = map[string]func(args []string, stderr io.Writer) (runner, error){
+	"tunnel":   parser(parseTunnel),
+	"failover": parser(parseFailover),
+	"idle":     parser(parseIdle),
+	"xds":      parser(parseXDS),
+	// sni, proxy and connect share the harness and its flags.
+	sni.Mode.Name:          harnessParser(sni.Mode),
+	incluster.Proxy.Name:   harnessParser(incluster.Proxy),
+	incluster.Connect.Name: harnessParser(incluster.Connect),
+}
+
+func harnessParser(mode harness.Mode) func([]string, io.Writer) (runner, error) {
+	return func(args []string, stderr io.Writer) (runner, error) { return parseCommand(mode, args, stderr) }
+}
+
+// parser turns a mode's own parse function into a parsers entry.
+func parser[C runner](parse func([]string, io.Writer) (C, error)) func([]string, io.Writer) (runner, error) {
+	return func(args []string, stderr io.Writer) (runner, error) { return parse(args, stderr) }
 }
 
 // errUsage marks an error in the command line (exit status 2).
@@ -118,43 +139,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("%w: no mode given", errUsage)
 	}
-	if mode, ok := modes[args[1]]; ok {
-		c, err := parseCommand(mode, args[2:], stderr)
+	if parse, ok := parsers[args[1]]; ok {
+		c, err := parse(args[2:], stderr)
 		if err != nil {
 			return err
 		}
-		c.Config.CommandLine = commandLine(args)
+		c.setCommandLine(commandLine(args))
 		return c.Run(ctx, stdout)
 	}
 	switch args[1] {
-	case "tunnel":
-		c, err := parseTunnel(args[2:], stderr)
-		if err != nil {
-			return err
-		}
-		c.Config.CommandLine = commandLine(args)
-		return c.Run(ctx, stdout)
-	case "failover":
-		c, err := parseFailover(args[2:], stderr)
-		if err != nil {
-			return err
-		}
-		c.Config.CommandLine = commandLine(args)
-		return c.Run(ctx, stdout)
-	case "idle":
-		c, err := parseIdle(args[2:], stderr)
-		if err != nil {
-			return err
-		}
-		c.Config.CommandLine = commandLine(args)
-		return c.Run(ctx, stdout)
-	case "xds":
-		c, err := parseXDS(args[2:], stderr)
-		if err != nil {
-			return err
-		}
-		c.Config.CommandLine = commandLine(args)
-		return c.Run(ctx, stdout)
 	case "plot":
 		return runPlot(args[2:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
@@ -421,3 +414,5 @@ func binDir() string {
 	}
 	return filepath.Dir(exe)
 }
+
+func (c *command) setCommandLine(s string) { c.Config.CommandLine = s }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/harness"
+	"github.com/tendril-net/tendril/bench/incluster"
 	"github.com/tendril-net/tendril/bench/sni"
 )
 
@@ -54,13 +56,15 @@ func TestUnknownMode(t *testing.T) {
 }
 
 func TestParseModes(t *testing.T) {
-	for name, mode := range modes {
-		if name != mode.Name {
-			t.Errorf("mode %q is registered as %q", mode.Name, name)
-		}
-		c, err := parseCommand(mode, []string{"--markdown-append", "all.md", "--targets", "direct,tendril"}, io.Discard)
+	for _, mode := range []harness.Mode{sni.Mode, incluster.Proxy, incluster.Connect} {
+		name := mode.Name
+		r, err := parsers[name]([]string{"--markdown-append", "all.md", "--targets", "direct,tendril"}, io.Discard)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
+		}
+		c, ok := r.(*command)
+		if !ok {
+			t.Fatalf("%s: parsed as %T, want the harness's command", name, r)
 		}
 		if c.Mode.Name != name || c.MarkdownAppend != "all.md" || !slices.Equal(c.Config.Targets, []string{"direct", "tendril"}) {
 			t.Errorf("%s: parsed %+v", name, c)
@@ -73,7 +77,7 @@ func TestParseModes(t *testing.T) {
 			t.Errorf("%s: default targets %v, want %v", name, def.Config.Targets, mode.Targets)
 		}
 	}
-	if _, err := parseCommand(modes["proxy"], []string{"--markdown", "x.md", "--markdown-append", "x.md"}, io.Discard); !errors.Is(err, errUsage) {
+	if _, err := parseCommand(incluster.Proxy, []string{"--markdown", "x.md", "--markdown-append", "x.md"}, io.Discard); !errors.Is(err, errUsage) {
 		t.Errorf("same file for --markdown and --markdown-append: %v, want a usage error", err)
 	}
 }

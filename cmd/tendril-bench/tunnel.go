@@ -66,3 +66,5 @@ func (c *tunnelCommand) Run(ctx context.Context, stdout io.Writer) error {
 	rep, err := tunnel.Run(ctx, c.Config)
 	return printReport(&c.output, stdout, rep, err)
 }
+
+func (c *tunnelCommand) setCommandLine(s string) { c.Config.CommandLine = s }

@@ -65,3 +65,5 @@ func (c *xdsCommand) Run(ctx context.Context, stdout io.Writer) error {
 	rep, err := xdsbench.Run(ctx, c.Config)
 	return printReport(&c.output, stdout, rep, err)
 }
+
+func (c *xdsCommand) setCommandLine(s string) { c.Config.CommandLine = s }

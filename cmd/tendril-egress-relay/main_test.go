@@ -63,10 +63,7 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	cert, key, bundle := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "bundle.crt")
-	if err := testpki.WritePair(leaf, cert, key); err != nil {
-		t.Fatal(err)
-	}
-	if err := ca.WriteCA(bundle); err != nil {
+	if err := testpki.WriteFiles(leaf, ca, cert, key, bundle); err != nil {
 		t.Fatal(err)
 	}
 	// The metrics socket bound here and handed to Run, as a parent process hands it over.

@@ -1,6 +1,7 @@
 package accept
 
 import (
+	"cmp"
 	"sync"
 	"time"
 
@@ -29,12 +30,8 @@ type LimitedLog struct {
 // Info logs msg with kv unless this window's Burst is used up.
 func (r *LimitedLog) Info(msg string, kv ...any) {
 	burst, interval := r.Burst, r.Interval
-	if burst == 0 {
-		burst = 10
-	}
-	if interval == 0 {
-		interval = time.Second
-	}
+	burst = cmp.Or(burst, 10)
+	interval = cmp.Or(interval, time.Second)
 	r.mu.Lock()
 	now := time.Now()
 	if now.After(r.windowEnd) {

@@ -60,6 +60,7 @@
 package egresswebhook
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -134,12 +135,8 @@ var NamespaceSelector = extensionswebhook.BuildExtensionTypeNamespaceSelector(Ex
 // ServerOptions are the webhook server's options for manager.Options.WebhookServer:
 // webhook.NewServer(egresswebhook.ServerOptions(0, "")). Zero values are the defaults.
 func ServerOptions(port int, certDir string) webhook.Options {
-	if port == 0 {
-		port = DefaultPort
-	}
-	if certDir == "" {
-		certDir = DefaultCertDir
-	}
+	port = cmp.Or(port, DefaultPort)
+	certDir = cmp.Or(certDir, DefaultCertDir)
 	return webhook.Options{Port: port, CertDir: certDir}
 }
 
@@ -173,9 +170,7 @@ type Options struct {
 // is written once the replica leads; with a Namespace the certificates are reconciled by the
 // leader and reloaded into CertDir on every replica.
 func AddToManager(ctx context.Context, mgr manager.Manager, opts Options) error {
-	if opts.Mode == "" {
-		opts.Mode = ModeService
-	}
+	opts.Mode = cmp.Or(opts.Mode, ModeService)
 	if opts.Mode != ModeService && opts.Mode != ModeURL {
 		return fmt.Errorf("egress webhook: mode %q: want %q or %q", opts.Mode, ModeService, ModeURL)
 	}

@@ -1,6 +1,7 @@
 package ingressdns
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -67,18 +68,10 @@ type SeedRecord struct {
 func (s SeedRecord) Enabled() bool { return s.Name != "" && s.Type != "" }
 
 func (s SeedRecord) withDefaults() SeedRecord {
-	if s.Namespace == "" {
-		s.Namespace = GardenNamespace
-	}
-	if s.SecretNamespace == "" {
-		s.SecretNamespace = s.Namespace
-	}
-	if s.ServiceName == "" {
-		s.ServiceName = ServiceName
-	}
-	if s.TTL == 0 {
-		s.TTL = DefaultTTL
-	}
+	s.Namespace = cmp.Or(s.Namespace, GardenNamespace)
+	s.SecretNamespace = cmp.Or(s.SecretNamespace, s.Namespace)
+	s.ServiceName = cmp.Or(s.ServiceName, ServiceName)
+	s.TTL = cmp.Or(s.TTL, DefaultTTL)
 	return s
 }
 

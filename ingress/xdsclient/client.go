@@ -6,6 +6,7 @@
 package xdsclient
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -74,12 +75,8 @@ func Run(ctx context.Context, cfg Config, h Handler) error {
 		return errors.New("xdsclient: address, node ID and types are required")
 	}
 	minB, maxB := cfg.MinBackoff, cfg.MaxBackoff
-	if minB == 0 {
-		minB = 100 * time.Millisecond
-	}
-	if maxB == 0 {
-		maxB = 10 * time.Second
-	}
+	minB = cmp.Or(minB, 100*time.Millisecond)
+	maxB = cmp.Or(maxB, 10*time.Second)
 	creds := insecure.NewCredentials()
 	if cfg.TLS != nil {
 		creds = credentials.NewTLS(cfg.TLS)

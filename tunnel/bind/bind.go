@@ -307,12 +307,8 @@ func New(cfg Config) *Bind {
 	if cfg.MaxFrameSize <= 0 || cfg.MaxFrameSize > frame.MaxSize {
 		cfg.MaxFrameSize = frame.MaxSize
 	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
-	}
-	if cfg.AuthTimeout == 0 {
-		cfg.AuthTimeout = DefaultAuthTimeout
-	}
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, DefaultWriteTimeout)
+	cfg.AuthTimeout = cmp.Or(cfg.AuthTimeout, DefaultAuthTimeout)
 	return &Bind{cfg: cfg, log: cfg.Logger, streams: make(map[uint64]*stream)}
 }
 

@@ -11,6 +11,7 @@ package wg
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -166,9 +167,7 @@ func New(cfg Config) (*Tunnel, error) {
 }
 
 func newTunnel(cfg Config, newStack func(netstack.Config) (innerStack, error)) (*Tunnel, error) {
-	if cfg.MTU == 0 {
-		cfg.MTU = DefaultMTU
-	}
+	cfg.MTU = cmp.Or(cfg.MTU, DefaultMTU)
 	uapi, err := cfg.uapi()
 	if err != nil {
 		return nil, err
@@ -178,9 +177,7 @@ func newTunnel(cfg Config, newStack func(netstack.Config) (innerStack, error)) (
 		bcfg.Logger = cfg.Logger
 	}
 	// Frames carry at most MTU + 32 bytes; refusing larger ones bounds every stream buffer.
-	if bcfg.MaxFrameSize == 0 {
-		bcfg.MaxFrameSize = cfg.MTU + device.MessageTransportSize
-	}
+	bcfg.MaxFrameSize = cmp.Or(bcfg.MaxFrameSize, cfg.MTU+device.MessageTransportSize)
 	st, err := newStack(netstack.Config{Addresses: cfg.LocalAddresses, MTU: cfg.MTU, Forward: cfg.Forward})
 	if err != nil {
 		return nil, fmt.Errorf("wg: create netstack: %w", err)

@@ -8,6 +8,7 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"debug/elf"
 	"errors"
@@ -86,13 +87,9 @@ func Build(cfg Config) (v1.Image, error) {
 		created = time.Unix(0, 0).UTC()
 	}
 	version := cfg.Version
-	if version == "" {
-		version = "devel"
-	}
+	version = cmp.Or(version, "devel")
 	source := cfg.Source
-	if source == "" {
-		source = DefaultSource
-	}
+	source = cmp.Or(source, DefaultSource)
 	files, arch, err := readBinaries(cfg.Binaries)
 	if err != nil {
 		return nil, err

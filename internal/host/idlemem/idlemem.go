@@ -28,6 +28,7 @@
 package idlemem
 
 import (
+	"cmp"
 	"context"
 	"runtime/debug"
 	"runtime/metrics"
@@ -107,15 +108,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Every <= 0 {
 		cfg.Every = DefaultEvery
 	}
-	if cfg.IdleAllocs == 0 {
-		cfg.IdleAllocs = DefaultIdleAllocs
-	}
-	if cfg.LoadAllocs == 0 {
-		cfg.LoadAllocs = DefaultLoadAllocs
-	}
-	if cfg.HeldDrop == 0 {
-		cfg.HeldDrop = DefaultHeldDrop
-	}
+	cfg.IdleAllocs = cmp.Or(cfg.IdleAllocs, DefaultIdleAllocs)
+	cfg.LoadAllocs = cmp.Or(cfg.LoadAllocs, DefaultLoadAllocs)
+	cfg.HeldDrop = cmp.Or(cfg.HeldDrop, DefaultHeldDrop)
 	held := func() int {
 		if cfg.Held == nil {
 			return 0

@@ -92,6 +92,15 @@ func (ca *CA) WriteCA(path string) error {
 	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o644)
 }
 
+// WriteFiles writes what a mutual-TLS peer reads: c's certificate and key, and the certificate
+// of ca (the one its peer's certificates chain to, not necessarily c's issuer), as PEM files.
+func WriteFiles(c tls.Certificate, ca *CA, certPath, keyPath, caPath string) error {
+	if err := WritePair(c, certPath, keyPath); err != nil {
+		return err
+	}
+	return ca.WriteCA(caPath)
+}
+
 // WritePair writes c's certificate and key as PEM files.
 func WritePair(c tls.Certificate, certPath, keyPath string) error {
 	keyDER, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)

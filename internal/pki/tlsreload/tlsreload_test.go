@@ -21,10 +21,7 @@ func writeFiles(t *testing.T, dir string, ca *testpki.CA, names ...string) *tlsr
 		t.Fatal(err)
 	}
 	f := &tlsreload.Files{Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key"), CA: filepath.Join(dir, "ca.crt")}
-	if err := testpki.WritePair(leaf, f.Cert, f.Key); err != nil {
-		t.Fatal(err)
-	}
-	if err := ca.WriteCA(f.CA); err != nil {
+	if err := testpki.WriteFiles(leaf, ca, f.Cert, f.Key, f.CA); err != nil {
 		t.Fatal(err)
 	}
 	return f
