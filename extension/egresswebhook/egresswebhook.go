@@ -16,6 +16,9 @@
 //   - volumes tendril-egress-selector (ConfigMap tendril-egress-selector),
 //     tendril-egress-client (the secrets manager's tendril-kube-apiserver-client: tls.crt,
 //     tls.key) and tendril-egress-ca (ca-tendril-bundle: bundle.crt);
+//   - with the providerConfig's kubeAPIServer.goAwayChance, exactly one --goaway-chance of
+//     that value (without it the flag stays as Gardener set it, which is none): replicas behind
+//     SNI passthrough then make HTTP/2 clients reconnect now and then, and so rebalance them;
 //   - a checksum annotation of the configuration and the pod label
 //     networking.resources.gardener.cloud/to-tendril-server-tcp-<port>=allowed, so Gardener's
 //     NetworkPolicies let the pod reach tendril-server's egress port.
@@ -337,7 +340,8 @@ func (e *ensurer) EnsureKubeAPIServerDeployment(ctx context.Context, _ extension
 	if err := e.ensureConfigMap(ctx, cm); err != nil {
 		return err
 	}
-	return MutateDeployment(dep, Mutation{Egress: mode, Secrets: s, Config: cm.Data[ConfigMapDataKey], RelayImage: e.relayImage, Servers: servers})
+	return MutateDeployment(dep, Mutation{Egress: mode, Secrets: s, Config: cm.Data[ConfigMapDataKey], RelayImage: e.relayImage, Servers: servers,
+		GoAwayChance: pc.GoAwayChance()})
 }
 
 // extension returns the namespace's Extension of type tendril, or nil.

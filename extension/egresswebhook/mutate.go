@@ -25,6 +25,9 @@ import (
 // FlagEgressSelectorConfigFile is kube-apiserver's flag; it may appear once.
 const FlagEgressSelectorConfigFile = "--egress-selector-config-file"
 
+// FlagGoAwayChance is kube-apiserver's flag for the providerConfig's kubeAPIServer.goAwayChance.
+const FlagGoAwayChance = "--goaway-chance"
+
 // Names of what the webhook adds to the kube-apiserver pod. They carry tendril's name so they
 // never collide with Gardener's own VPN volumes (egress-selection-config, ca-vpn, http-proxy),
 // which stay in the pod untouched.
@@ -208,6 +211,9 @@ type Mutation struct {
 	// Servers is how many tendril-server replicas the shoot runs (manifest.ServerCount; 0 is
 	// one): with several, the relay dials each by name and uses one that answers.
 	Servers int
+	// GoAwayChance is kube-apiserver's --goaway-chance (ProviderConfig.GoAwayChance); empty
+	// leaves the flag as it is.
+	GoAwayChance string
 }
 
 // MutateDeployment points the kube-apiserver Deployment's EgressSelector at tendril-server:
@@ -247,6 +253,9 @@ func MutateDeployment(dep *appsv1.Deployment, m Mutation) error {
 		return fmt.Errorf("deployment %s/%s has no container %q", dep.Namespace, dep.Name, v1beta1constants.DeploymentNameKubeAPIServer)
 	}
 	setFlag(c, FlagEgressSelectorConfigFile, ConfigFile)
+	if m.GoAwayChance != "" {
+		setFlag(c, FlagGoAwayChance, m.GoAwayChance)
+	}
 
 	// The same modes the API server would default, so a re-applied object compares equal.
 	cmMode, keyMode := int32(corev1.ConfigMapVolumeSourceDefaultMode), int32(0o640)

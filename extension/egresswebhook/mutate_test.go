@@ -296,6 +296,47 @@ func extensionsContainer(cs []corev1.Container, name string) *corev1.Container {
 	return nil
 }
 
+// TestMutateDeploymentGoAwayChance: a goaway chance sets exactly one --goaway-chance (one
+// already there, in either spelling, takes the value in place); without one the flag stays as
+// it was, absent or not.
+func TestMutateDeploymentGoAwayChance(t *testing.T) {
+	secrets := Secrets{Client: "c", CABundle: "b"}
+	egress := FlagEgressSelectorConfigFile + "=" + ConfigFile
+	for _, tc := range []struct {
+		name    string
+		chance  string
+		args    []string
+		wantArg []string
+	}{
+		{name: "added", chance: "0.001", args: []string{"--v=2"}, wantArg: []string{"--v=2", egress, "--goaway-chance=0.001"}},
+		{name: "replaced in place", chance: "0.02", args: []string{"--goaway-chance=0.001", "--v=2"}, wantArg: []string{"--goaway-chance=0.02", "--v=2", egress}},
+		{name: "separate value, a second occurrence removed", chance: "0.01", args: []string{"--goaway-chance", "0.001", "--v=2", "--goaway-chance=0.005"}, wantArg: []string{"--goaway-chance=0.01", "--v=2", egress}},
+		{name: "unset adds none", args: []string{"--v=2"}, wantArg: []string{"--v=2", egress}},
+		{name: "unset keeps what is there", args: []string{"--goaway-chance=0.001"}, wantArg: []string{"--goaway-chance=0.001", egress}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := deployment(nil, slices.Clone(tc.args))
+			m := Mutation{Secrets: secrets, Config: "cfg", GoAwayChance: tc.chance}
+			if err := MutateDeployment(d, m); err != nil {
+				t.Fatal(err)
+			}
+			if got := d.Spec.Template.Spec.Containers[0].Args; !slices.Equal(got, tc.wantArg) {
+				t.Errorf("args %q, want %q", got, tc.wantArg)
+			}
+			if got := d.Spec.Template.Spec.Containers[1].Args; !slices.Equal(got, []string{gardenerEgressFlag}) {
+				t.Errorf("other container changed: %q", got)
+			}
+			again := d.DeepCopy()
+			if err := MutateDeployment(again, m); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(d, again) {
+				t.Errorf("second mutation changed the deployment: %q", again.Spec.Template.Spec.Containers[0].Args)
+			}
+		})
+	}
+}
+
 func TestMutateDeploymentErrors(t *testing.T) {
 	d := deployment(nil, nil)
 	if err := MutateDeployment(d, Mutation{Secrets: Secrets{Client: "c"}}); err == nil {

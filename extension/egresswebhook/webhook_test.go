@@ -455,15 +455,54 @@ func testGRPC(ctx context.Context, t *testing.T, c client.Client) {
 	if want, _ := egresswebhook.EgressSelectorConfig(ns, "httpConnectRelay"); cm.Data[egresswebhook.ConfigMapDataKey] != string(want) {
 		t.Errorf("configmap not switched:\n%s", cm.Data[egresswebhook.ConfigMapDataKey])
 	}
+
+	// A goaway chance: gardenlet's next apply gets exactly one --goaway-chance beside the
+	// egress flag; taken out of the providerConfig, the apply after it has none.
+	goAway := func() []string {
+		var fs []string
+		for _, a := range get(ctx, t, c, ns).Spec.Template.Spec.Containers[0].Args {
+			if strings.HasPrefix(a, egresswebhook.FlagGoAwayChance) {
+				fs = append(fs, a)
+			}
+		}
+		return fs
+	}
+	setProviderConfig(ctx, t, c, ns, `{"egress":"httpConnectRelay","kubeAPIServer":{"goAwayChance":"0.001"}}`)
+	reapplyGardeners(ctx, t, c, ns)
+	if got, want := goAway(), []string{"--goaway-chance=0.001"}; !slices.Equal(got, want) {
+		t.Errorf("goaway flags %q, want %q", got, want)
+	}
+	checkMutatedRelayed(t, get(ctx, t, c, ns), ns, tendrilv1alpha1.EgressHTTPConnectRelay, clientSecret, bundleSecret)
+	setEgress(ctx, t, c, ns, "httpConnectRelay")
+	reapplyGardeners(ctx, t, c, ns)
+	if got := goAway(); len(got) != 0 {
+		t.Errorf("goaway flags %q after the chance was taken out", got)
+	}
+}
+
+// reapplyGardeners updates the namespace's kube-apiserver Deployment to Gardener's object, as
+// gardenlet's next reconciliation does.
+func reapplyGardeners(ctx context.Context, t *testing.T, c client.Client, ns string) {
+	t.Helper()
+	reapply := kubeAPIServer(ns, true)
+	reapply.ResourceVersion = get(ctx, t, c, ns).ResourceVersion
+	if err := c.Update(ctx, reapply); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func setEgress(ctx context.Context, t *testing.T, c client.Client, ns, egress string) {
+	t.Helper()
+	setProviderConfig(ctx, t, c, ns, `{"egress":"`+egress+`"}`)
+}
+
+func setProviderConfig(ctx context.Context, t *testing.T, c client.Client, ns, raw string) {
 	t.Helper()
 	ext := &extensionsv1alpha1.Extension{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "tendril"}, ext); err != nil {
 		t.Fatal(err)
 	}
-	ext.Spec.ProviderConfig = &runtime.RawExtension{Raw: []byte(`{"egress":"` + egress + `"}`)}
+	ext.Spec.ProviderConfig = &runtime.RawExtension{Raw: []byte(raw)}
 	if err := c.Update(ctx, ext); err != nil {
 		t.Fatal(err)
 	}

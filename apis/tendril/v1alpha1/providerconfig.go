@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -76,6 +77,42 @@ type ProviderConfig struct {
 	//
 	// +optional
 	Tunnel *Tunnel `json:"tunnel,omitempty"`
+
+	// KubeAPIServer configures how the shoot's kube-apiserver replicas share their clients.
+	//
+	// +optional
+	KubeAPIServer *KubeAPIServer `json:"kubeAPIServer,omitempty"`
+}
+
+// MaxGoAwayChance is the largest --goaway-chance kube-apiserver accepts (it refuses to start
+// above it).
+const MaxGoAwayChance = 0.02
+
+// KubeAPIServer configures the shoot's kube-apiserver replicas.
+type KubeAPIServer struct {
+	// GoAwayChance is kube-apiserver's --goaway-chance, a decimal above 0 and at most 0.02: the
+	// probability that a replica ends an HTTP/2 client's connection after answering a request
+	// (a GOAWAY; watches and other long-running requests in flight go on). The client sends
+	// its next requests over a new connection, which the ingress gives to the next replica.
+	// SNI passthrough balances connections, not requests: without it a client-go client, whose
+	// requests share one HTTP/2 connection, sends every request to the replica that connection
+	// reached. Kubernetes suggests 0.001 to start with. Unset: kube-apiserver's default (none).
+	//
+	// +optional
+	GoAwayChance string `json:"goAwayChance,omitempty"`
+}
+
+// GoAwayChance is the configured --goaway-chance in kube-apiserver's flag syntax, "" when
+// unset. It is only meaningful for a validated ProviderConfig.
+func (c *ProviderConfig) GoAwayChance() string {
+	if c == nil || c.KubeAPIServer == nil || c.KubeAPIServer.GoAwayChance == "" {
+		return ""
+	}
+	v, err := strconv.ParseFloat(c.KubeAPIServer.GoAwayChance, 64)
+	if err != nil {
+		return ""
+	}
+	return strconv.FormatFloat(v, 'f', -1, 64)
 }
 
 // TunnelStack is the TCP/IP stack the tunnel's two ends run on.
@@ -196,6 +233,13 @@ func ValidateProviderConfig(c *ProviderConfig, root *field.Path) field.ErrorList
 		case "", TunnelStackUserspace, TunnelStackKernel:
 		default:
 			errs = append(errs, field.NotSupported(root.Child("tunnel", "stack"), t.Stack, []TunnelStack{TunnelStackUserspace, TunnelStackKernel}))
+		}
+	}
+	if k := c.KubeAPIServer; k != nil && k.GoAwayChance != "" {
+		// NaN and ±Inf parse, and fail the range.
+		if v, err := strconv.ParseFloat(k.GoAwayChance, 64); err != nil || !(v > 0 && v <= MaxGoAwayChance) {
+			errs = append(errs, field.Invalid(root.Child("kubeAPIServer", "goAwayChance"), k.GoAwayChance,
+				fmt.Sprintf("must be a decimal above 0 and at most %g", MaxGoAwayChance)))
 		}
 	}
 	if ha := c.HighAvailability; ha != nil && (ha.Agents < 1 || ha.Agents > MaxAgents) {

@@ -13,6 +13,7 @@ func TestDecodeProviderConfig(t *testing.T) {
 		wantProxy  bool
 		wantAgents int // AgentsOr(7): 7 means "not configured"
 		wantStack  TunnelStack
+		wantGoAway string
 	}{
 		{name: "empty is the default", raw: "", wantEgress: EgressHTTPConnect},
 		{name: "full", raw: `{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true},"egress":"httpConnect"}`, wantEgress: EgressHTTPConnect, wantProxy: true},
@@ -27,6 +28,15 @@ func TestDecodeProviderConfig(t *testing.T) {
 		{name: "userspace tunnel", raw: `{"tunnel":{"stack":"userspace"}}`, wantEgress: EgressHTTPConnect},
 		{name: "tunnel without a stack", raw: `{"tunnel":{}}`, wantEgress: EgressHTTPConnect},
 		{name: "bad tunnel stack", raw: `{"tunnel":{"stack":"tun"}}`, wantErr: `spec.providerConfig.tunnel.stack: Unsupported value: "tun"`},
+		{name: "goaway chance", raw: `{"kubeAPIServer":{"goAwayChance":"0.001"}}`, wantEgress: EgressHTTPConnect, wantGoAway: "0.001"},
+		{name: "goaway chance at the bound", raw: `{"kubeAPIServer":{"goAwayChance":"2e-2"}}`, wantEgress: EgressHTTPConnect, wantGoAway: "0.02"},
+		{name: "kubeAPIServer without a goaway chance", raw: `{"kubeAPIServer":{}}`, wantEgress: EgressHTTPConnect},
+		{name: "goaway chance above the bound", raw: `{"kubeAPIServer":{"goAwayChance":"0.03"}}`, wantErr: `spec.providerConfig.kubeAPIServer.goAwayChance: Invalid value: "0.03": must be a decimal above 0 and at most 0.02`},
+		{name: "zero goaway chance", raw: `{"kubeAPIServer":{"goAwayChance":"0"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
+		{name: "negative goaway chance", raw: `{"kubeAPIServer":{"goAwayChance":"-0.01"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
+		{name: "NaN goaway chance", raw: `{"kubeAPIServer":{"goAwayChance":"NaN"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
+		{name: "goaway chance in per cent", raw: `{"kubeAPIServer":{"goAwayChance":"1%"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
+		{name: "goaway chance as a number", raw: `{"kubeAPIServer":{"goAwayChance":0.01}}`, wantErr: "cannot decode"},
 		{name: "unknown field", raw: `{"egres":"grpc"}`, wantErr: `unknown field "egres"`},
 		{name: "bad egress", raw: `{"egress":"socks"}`, wantErr: `spec.providerConfig.egress: Unsupported value: "socks"`},
 		{name: "wrong kind", raw: `{"kind":"Other"}`, wantErr: "spec.providerConfig.kind"},
@@ -61,6 +71,9 @@ func TestDecodeProviderConfig(t *testing.T) {
 			}
 			if got := cfg.TunnelStackOrDefault(); got != wantStack {
 				t.Fatalf("tunnel stack %q, want %q", got, wantStack)
+			}
+			if got := cfg.GoAwayChance(); got != tc.wantGoAway {
+				t.Fatalf("goaway chance %q, want %q", got, tc.wantGoAway)
 			}
 		})
 	}
