@@ -50,41 +50,17 @@ const (
 // the connection after a response, client-go carries on over a new one, the ingress gives that
 // one to the next replica, and the requests spread. No request may fail either way.
 func TestGoAwayRebalancesAPIServerClients(t *testing.T) {
-	assets, err := kubetest.Assets()
-	if err != nil {
-		t.Fatalf("kube-apiserver and etcd: %v", err)
-	}
-	dir := t.TempDir()
 	const host = "api.goaway.e2e.test"
-	ca, err := testpki.NewCA("e2e shoot CA")
+	r := newReplicaSet(t, host, "127.0.0.1")
+	dir, files := r.dir, r.files
+	files["admin.crt"], files["admin.key"] = filepath.Join(dir, "admin.crt"), filepath.Join(dir, "admin.key")
+	admin, err := r.ca.Leaf("e2e-admin")
 	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string]string{}
-	for _, n := range []string{"ca.crt", "tls.crt", "tls.key", "admin.crt", "admin.key", "sa.key", "sa.pub"} {
-		files[n] = filepath.Join(dir, n)
-	}
-	serving, err := ca.Leaf(host, "127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := ca.Leaf("e2e-admin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := testpki.WriteFiles(serving, ca, files["tls.crt"], files["tls.key"], files["ca.crt"]); err != nil {
 		t.Fatal(err)
 	}
 	if err := testpki.WritePair(admin, files["admin.crt"], files["admin.key"]); err != nil {
 		t.Fatal(err)
 	}
-	writeServiceAccountKey(t, files["sa.key"], files["sa.pub"])
-
-	etcd := &envtest.Etcd{Path: filepath.Join(assets, "etcd"), StartTimeout: time.Minute, StopTimeout: time.Minute}
-	if err := etcd.Start(); err != nil {
-		t.Fatalf("etcd: %v", err)
-	}
-	t.Cleanup(func() { _ = etcd.Stop() })
 
 	// kube-apiserver cannot inherit a socket: reserved ports, the same for every measurement,
 	// so the route stays as it is.
@@ -114,7 +90,11 @@ func TestGoAwayRebalancesAPIServerClients(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			for i, addr := range replicas {
-				startAPIServer(t, fmt.Sprintf("kube-apiserver-%d", i), assets, etcd.URL.String(), addr, files, chance)
+				var extra []string
+				if chance != "" {
+					extra = append(extra, "--goaway-chance="+chance)
+				}
+				r.start(t, i, addr, extra...)
 			}
 			for _, addr := range replicas {
 				waitReady(t, direct(addr))
@@ -185,6 +165,52 @@ func TestGoAwayRebalancesAPIServerClients(t *testing.T) {
 	t.Logf("summary:\n%s", strings.Join(lines, "\n"))
 }
 
+// replicaSet is what one shoot's kube-apiserver replicas share: etcd (running until the test
+// ends), the shoot's CA (it signs the serving certificate and the clients), the serving
+// certificate (tls.crt, tls.key, with ca.crt) and the service-account key pair.
+type replicaSet struct {
+	assets, dir, etcd string
+	ca                *testpki.CA
+	files             map[string]string
+}
+
+// newReplicaSet writes the files, with a serving certificate for names, and starts etcd.
+func newReplicaSet(t *testing.T, names ...string) *replicaSet {
+	t.Helper()
+	assets, err := kubetest.Assets()
+	if err != nil {
+		t.Fatalf("kube-apiserver and etcd: %v", err)
+	}
+	r := &replicaSet{assets: assets, dir: t.TempDir(), files: map[string]string{}}
+	for _, n := range []string{"ca.crt", "tls.crt", "tls.key", "sa.key", "sa.pub"} {
+		r.files[n] = filepath.Join(r.dir, n)
+	}
+	if r.ca, err = testpki.NewCA("e2e shoot CA"); err != nil {
+		t.Fatal(err)
+	}
+	serving, err := r.ca.Leaf(names...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testpki.WriteFiles(serving, r.ca, r.files["tls.crt"], r.files["tls.key"], r.files["ca.crt"]); err != nil {
+		t.Fatal(err)
+	}
+	writeServiceAccountKey(t, r.files["sa.key"], r.files["sa.pub"])
+	etcd := &envtest.Etcd{Path: filepath.Join(assets, "etcd"), StartTimeout: time.Minute, StopTimeout: time.Minute}
+	if err := etcd.Start(); err != nil {
+		t.Fatalf("etcd: %v", err)
+	}
+	t.Cleanup(func() { _ = etcd.Stop() })
+	r.etcd = etcd.URL.String()
+	return r
+}
+
+// start runs replica i on addr until the test ends (startAPIServer).
+func (r *replicaSet) start(t *testing.T, i int, addr string, extra ...string) {
+	t.Helper()
+	startAPIServer(t, fmt.Sprintf("kube-apiserver-%d", i), r.assets, r.etcd, addr, r.files, extra...)
+}
+
 // writeServiceAccountKey writes an ECDSA key for kube-apiserver's service-account tokens and its
 // public half (what the replicas verify tokens with).
 func writeServiceAccountKey(t *testing.T, path, pubPath string) {
@@ -209,11 +235,11 @@ func writeServiceAccountKey(t *testing.T, path, pubPath string) {
 	}
 }
 
-// startAPIServer runs one kube-apiserver replica on etcd until the test ends; chance is its
-// --goaway-chance ("" for none). Every replica serves the same certificate and trusts the same
-// client CA, as the replicas of one Deployment do; none reconciles the kubernetes Service's
-// endpoints, which three replicas on one host would fight over.
-func startAPIServer(t *testing.T, name, assets, etcdURL, addr string, files map[string]string, chance string) {
+// startAPIServer runs one kube-apiserver replica on etcd until the test ends, with extra flags.
+// Every replica serves the same certificate and trusts the same client CA, as the replicas of
+// one Deployment do; none reconciles the kubernetes Service's endpoints, which three replicas on
+// one host would fight over.
+func startAPIServer(t *testing.T, name, assets, etcdURL, addr string, files map[string]string, extra ...string) {
 	t.Helper()
 	_, port, _ := strings.Cut(addr, ":")
 	args := []string{
@@ -226,10 +252,7 @@ func startAPIServer(t *testing.T, name, assets, etcdURL, addr string, files map[
 		"--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
 		"--disable-admission-plugins=ServiceAccount", "--cert-dir=" + t.TempDir(),
 	}
-	if chance != "" {
-		args = append(args, "--goaway-chance="+chance)
-	}
-	startBinary(t, name, filepath.Join(assets, "kube-apiserver"), nil, args...)
+	startBinary(t, name, filepath.Join(assets, "kube-apiserver"), nil, append(args, extra...)...)
 }
 
 // waitReady waits until the API server behind cfg answers /readyz and has the default

@@ -1,5 +1,5 @@
 // Package testpki makes certificate authorities and certificates for tests and local runs: an
-// ECDSA P-256 CA and leaf certificates for DNS names, in memory or as PEM files. It is not a
+// ECDSA P-256 CA and leaf certificates for DNS names and Kubernetes users, in memory or as PEM files. It is not a
 // production PKI (no revocation, no rotation); the extension's secrets manager is that.
 package testpki
 
@@ -57,17 +57,11 @@ func NewCA(cn string) (*CA, error) {
 // Leaf issues a server and client certificate for names (DNS names or IP addresses), valid for a
 // day.
 func (ca *CA) Leaf(names ...string) (tls.Certificate, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("leaf key: %w", err)
-	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: names[0]},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		Subject:     pkix.Name{CommonName: names[0]},
+		NotBefore:   time.Now().Add(-time.Hour),
+		NotAfter:    time.Now().Add(24 * time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	for _, n := range names {
 		if ip := net.ParseIP(n); ip != nil {
@@ -76,6 +70,32 @@ func (ca *CA) Leaf(names ...string) (tls.Certificate, error) {
 			tmpl.DNSNames = append(tmpl.DNSNames, n)
 		}
 	}
+	return ca.issue(tmpl)
+}
+
+// Client issues a client certificate for a Kubernetes user: the common name is the user, the
+// organizations its groups (as kube-apiserver's x509 authenticator reads them). It is valid
+// from notBefore to notAfter; a zero notAfter means a day from now.
+func (ca *CA) Client(user string, groups []string, notBefore, notAfter time.Time) (tls.Certificate, error) {
+	if notAfter.IsZero() {
+		notBefore, notAfter = time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
+	}
+	return ca.issue(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: user, Organization: groups},
+		NotBefore:   notBefore,
+		NotAfter:    notAfter,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+}
+
+// issue signs tmpl (its serial number, key and key usage filled in) with a new key.
+func (ca *CA) issue(tmpl *x509.Certificate) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("leaf key: %w", err)
+	}
+	tmpl.SerialNumber = serial()
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("leaf certificate: %w", err)

@@ -1,0 +1,231 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/tendril-net/tendril/ingress/terminate"
+	"github.com/tendril-net/tendril/internal/pki/testpki"
+	"github.com/tendril-net/tendril/internal/testing/testnet"
+)
+
+// TestTerminatingAPIServers runs ingress/terminate in front of three real kube-apiserver
+// replicas on one etcd that trust its front-proxy certificate (--requestheader-*), as the
+// ingress's terminating mode will for an opted-in shoot (issue 42): a client certificate's user
+// and groups are who kube-apiserver sees (kubectl auth whoami); X-Remote-* headers a client
+// forges are dropped (without a certificate they would make it anyone); a service account's
+// bearer token passes and is authenticated by kube-apiserver; 1,200 requests of one client-go
+// client on one connection spread over the three within ±10 %; a watch streams through.
+func TestTerminatingAPIServers(t *testing.T) {
+	const host = "api.terminate.e2e.test"
+	r := newReplicaSet(t, "kube-apiserver", "127.0.0.1")
+	dir, files, shootCA := r.dir, r.files, r.ca
+	frontProxyCA, err := testpki.NewCA("e2e front-proxy CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files["front-proxy-ca.crt"] = filepath.Join(dir, "front-proxy-ca.crt")
+	if err := frontProxyCA.WriteCA(files["front-proxy-ca.crt"]); err != nil {
+		t.Fatal(err)
+	}
+	var replicas []string
+	for i := range goAwayReplicas {
+		addr := testnet.Reserve(t, "127.0.0.1")
+		replicas = append(replicas, addr)
+		r.start(t, i, addr,
+			"--requestheader-client-ca-file="+files["front-proxy-ca.crt"], "--requestheader-allowed-names=front-proxy-client",
+			"--requestheader-username-headers="+terminate.HeaderUser, "--requestheader-group-headers="+terminate.HeaderGroup,
+			"--requestheader-extra-headers-prefix="+terminate.HeaderExtraPrefix)
+	}
+
+	proxyServing := must(shootCA.Leaf(host))
+	frontProxy := must(frontProxyCA.Client("front-proxy-client", nil, time.Time{}, time.Time{}))
+	p, err := terminate.New(terminate.Config{Log: testr.New(t)}, terminate.Shoot{
+		Serving: proxyServing, ClientCAs: shootCA.Pool, Upstreams: replicas,
+		FrontProxy: frontProxy, UpstreamCAs: shootCA.Pool, UpstreamName: "kube-apiserver",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = p.Shutdown(ctx)
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+
+	// kubeconfigs: alice by certificate, through the proxy and straight to a replica.
+	alice := must(shootCA.Client("alice", []string{"devs"}, time.Time{}, time.Time{}))
+	aliceFiles := map[string]string{"crt": filepath.Join(dir, "alice.crt"), "key": filepath.Join(dir, "alice.key")}
+	if err := testpki.WritePair(alice, aliceFiles["crt"], aliceFiles["key"]); err != nil {
+		t.Fatal(err)
+	}
+	var dials atomic.Int64
+	through := func(cert bool, header http.Header) *rest.Config {
+		c := &rest.Config{Host: "https://" + ln.Addr().String(), QPS: -1, TLSClientConfig: rest.TLSClientConfig{ServerName: host, CAFile: files["ca.crt"]}}
+		if cert {
+			c.CertFile, c.KeyFile = aliceFiles["crt"], aliceFiles["key"]
+		}
+		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}
+		if header != nil {
+			c.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return headerAdder{rt, header} }
+		}
+		return c
+	}
+	direct := func(addr string) *rest.Config {
+		return &rest.Config{Host: "https://" + addr, QPS: -1, TLSClientConfig: rest.TLSClientConfig{
+			CAFile: files["ca.crt"], CertFile: aliceFiles["crt"], KeyFile: aliceFiles["key"]}}
+	}
+	for _, addr := range replicas {
+		waitReady(t, direct(addr))
+	}
+	ctx := context.Background()
+	whoami := func(cfg *rest.Config) (authenticationv1.UserInfo, error) {
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		if err != nil {
+			return authenticationv1.UserInfo{}, err
+		}
+		return r.Status.UserInfo, nil
+	}
+
+	forged := http.Header{"X-Remote-User": {"admin"}, "X-Remote-Group": {"system:masters"}, "X-Remote-Extra-Scopes": {"all"}}
+	u, err := whoami(through(true, forged))
+	if err != nil {
+		t.Fatalf("whoami as alice: %v", err)
+	}
+	if u.Username != "alice" || !slices.Contains(u.Groups, "devs") || slices.Contains(u.Groups, "system:masters") || len(u.Extra) != 0 {
+		t.Errorf("alice through the proxy (forged headers sent) is %+v, want alice in devs, no extra", u)
+	}
+	t.Logf("whoami through the proxy with alice's certificate and forged X-Remote-* headers: %s %v", u.Username, u.Groups)
+	// Without a certificate the forged headers are all there is; dropped, the request is
+	// anonymous, which these replicas refuse (AlwaysAllow turns anonymous authentication off).
+	if u, err := whoami(through(false, forged)); !apierrors.IsUnauthorized(err) {
+		t.Errorf("forged headers without a certificate: %+v, %v; want 401", u, err)
+	}
+
+	// A service account's token, issued by a replica, passes untouched.
+	admin, err := kubernetes.NewForConfig(direct(replicas[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "bot"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := admin.CoreV1().ServiceAccounts("default").CreateToken(ctx, "bot", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenCfg := through(false, forged)
+	tokenCfg.BearerToken = tr.Status.Token
+	if u, err := whoami(tokenCfg); err != nil || u.Username != "system:serviceaccount:default:bot" {
+		t.Errorf("bearer token through the proxy: %+v, %v; want the service account", u, err)
+	}
+
+	// One client, one connection, requests spread.
+	before := make([]int, len(replicas))
+	for i, addr := range replicas {
+		before[i] = namespaceGets(t, direct(addr))
+	}
+	dials.Store(0)
+	cs, err := kubernetes.NewForConfig(through(true, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1200
+	for range n {
+		if _, err := cs.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			t.Fatalf("GET through the proxy: %v", err)
+		}
+	}
+	var counts []int
+	for i, addr := range replicas {
+		counts = append(counts, namespaceGets(t, direct(addr))-before[i])
+	}
+	t.Logf("%d GETs of one client over %d connection(s): served per replica %v", n, dials.Load(), counts)
+	if d := dials.Load(); d != 1 {
+		t.Errorf("the client opened %d connections, want 1", d)
+	}
+	for i, c := range counts {
+		if c < n/3*9/10 || c > n/3*11/10 {
+			t.Errorf("replica %d served %d of %d, want %d ± 10 %%", i, c, n, n/3)
+		}
+	}
+
+	// A watch streams through: an event for a namespace created elsewhere arrives.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	w, err := cs.CoreV1().Namespaces().Watch(wctx, metav1.ListOptions{FieldSelector: "metadata.name=watched"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "watched"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-w.ResultChan():
+		if ns, ok := ev.Object.(*corev1.Namespace); !ok || ns.Name != "watched" {
+			t.Errorf("watch event %s %T, want the namespace", ev.Type, ev.Object)
+		}
+	case <-wctx.Done():
+		t.Error("no watch event through the proxy within 30 s")
+	}
+	if n := p.Refused.BadCertificate.Load() + p.Refused.Upstream.Load() + p.Refused.NoUpstream.Load(); n != 0 {
+		t.Errorf("the proxy refused %d requests", n)
+	}
+	if p.Stripped.Load() != 3 {
+		t.Errorf("stripped %d requests' X-Remote-* headers, want the 3 forged ones", p.Stripped.Load())
+	}
+}
+
+// headerAdder adds headers to every request, as a client forging them would.
+type headerAdder struct {
+	rt http.RoundTripper
+	h  http.Header
+}
+
+func (a headerAdder) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	for k, v := range a.h {
+		r.Header[k] = v
+	}
+	return a.rt.RoundTrip(r)
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
