@@ -721,6 +721,23 @@ type Stats struct {
 	// UDPFlows counts forwarded UDP flows opened; UDPFlowsActive is how many are open.
 	UDPFlows       uint64
 	UDPFlowsActive int
+	// TCP are the stack's own TCP counters, over all its connections; nil where the stack is
+	// not this one (the kernel's, behind a TUN device).
+	TCP *TCPStats
+}
+
+// TCPStats are gVisor's TCP counters that tell how the tunnel's inner connections fare: a
+// retransmission timeout stalls a connection for at least the minimum RTO (200 ms), and one
+// that was spurious (the segment had only waited in a queue) resent a window for nothing.
+type TCPStats struct {
+	SegmentsSent, SegmentsReceived uint64
+	// Retransmits counts segments sent again, for whatever reason.
+	Retransmits uint64
+	// Timeouts counts retransmission timeouts; SpuriousTimeouts those the peer's
+	// acknowledgements showed were not needed.
+	Timeouts, SpuriousTimeouts uint64
+	// FastRetransmits counts losses repaired by duplicate acknowledgements, without a timeout.
+	FastRetransmits uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -728,6 +745,12 @@ func (s *Stack) Stats() Stats {
 	var st Stats
 	for i := range st.Dropped {
 		st.Dropped[i] = s.dropped[i].Load()
+	}
+	tcp := s.stack.Stats().TCP
+	st.TCP = &TCPStats{
+		SegmentsSent: tcp.SegmentsSent.Value(), SegmentsReceived: tcp.ValidSegmentsReceived.Value(),
+		Retransmits: tcp.Retransmits.Value(), Timeouts: tcp.Timeouts.Value(),
+		SpuriousTimeouts: tcp.SpuriousRTORecovery.Value(), FastRetransmits: tcp.FastRetransmit.Value(),
 	}
 	if s.fwd != nil {
 		s.fwd.stats(&st)

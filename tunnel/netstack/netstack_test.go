@@ -835,3 +835,75 @@ func TestSendBufferFollowsRoundTrip(t *testing.T) {
 		t.Errorf("forwarded over loopback: send buffer %d, want gVisor's under %d", got, tcpSendMax)
 	}
 }
+
+// TestTCPCounters: a wire that loses everything for 600 ms (a carrier cut) costs a connection
+// that keeps writing at least one retransmission timeout and resent segments, and the counters
+// say so; before the cut they show segments and no timeout, and after it every byte arrives.
+func TestTCPCounters(t *testing.T) {
+	var cut atomic.Bool
+	lossy := func(from, to *Stack) {
+		bufs := [][]byte{make([]byte, offset+MaxMTU)}
+		sizes := make([]int, 1)
+		for {
+			if _, err := from.Read(bufs, sizes, offset); err != nil {
+				return
+			}
+			if cut.Load() {
+				continue
+			}
+			if _, err := to.Write([][]byte{bufs[0][:offset+sizes[0]]}, offset); err != nil {
+				return
+			}
+		}
+	}
+	a, b := wiredPair(t, Config{Addresses: []netip.Addr{addrA}, MTU: 1400}, Config{Addresses: []netip.Addr{addrB}, MTU: 1400}, lossy, lossy)
+	ln, err := b.Listen("tcp", ":7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var read atomic.Int64
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			read.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}()
+	c, err := dial(t, a, "tcp", "[fd00::2]:7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	chunk := make([]byte, 64<<10)
+	write := func() {
+		t.Helper()
+		if _, err := c.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write()
+	testwait.Until(t, "the first chunk read", func() bool { return read.Load() == int64(len(chunk)) })
+	before := *a.Stats().TCP
+	if before.SegmentsSent == 0 || before.SegmentsReceived == 0 || before.Timeouts != 0 {
+		t.Fatalf("before the cut: %+v, want segments both ways and no timeout", before)
+	}
+	cut.Store(true)
+	write()
+	time.Sleep(600 * time.Millisecond)
+	cut.Store(false)
+	testwait.Until(t, "the second chunk read after the cut", func() bool { return read.Load() == 2*int64(len(chunk)) })
+	after := *a.Stats().TCP
+	t.Logf("before the cut %+v, after %+v", before, after)
+	if after.Timeouts <= before.Timeouts || after.Retransmits <= before.Retransmits || after.SegmentsReceived <= before.SegmentsReceived {
+		t.Errorf("after the cut %+v, before %+v: want a timeout, resent segments and segments received", after, before)
+	}
+}
