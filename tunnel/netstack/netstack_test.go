@@ -634,29 +634,7 @@ func TestClosedConnKeepsNoTimers(t *testing.T) {
 // 4.0–4.1 MiB were in flight here.
 func TestSendBufferBoundsInFlight(t *testing.T) {
 	a, b := slowPair(t, Config{Addresses: []netip.Addr{addrA}, MTU: 60000}, Config{Addresses: []netip.Addr{addrB}, MTU: 60000}, time.Millisecond)
-	ln, err := b.Listen("tcp", ":7000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var read atomic.Int64
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		buf := make([]byte, 256<<10)
-		for {
-			n, err := c.Read(buf)
-			read.Add(int64(n))
-			if err != nil {
-				return
-			}
-		}
-	}()
+	read, done := sink(t, b, ":7000")
 	c, err := dial(t, a, "tcp", "[fd00::2]:7000")
 	if err != nil {
 		t.Fatal(err)
@@ -857,27 +835,7 @@ func TestTCPCounters(t *testing.T) {
 		}
 	}
 	a, b := wiredPair(t, Config{Addresses: []netip.Addr{addrA}, MTU: 1400}, Config{Addresses: []netip.Addr{addrB}, MTU: 1400}, lossy, lossy)
-	ln, err := b.Listen("tcp", ":7000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var read atomic.Int64
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := c.Read(buf)
-			read.Add(int64(n))
-			if err != nil {
-				return
-			}
-		}
-	}()
+	read, _ := sink(t, b, ":7000")
 	c, err := dial(t, a, "tcp", "[fd00::2]:7000")
 	if err != nil {
 		t.Fatal(err)
@@ -906,4 +864,34 @@ func TestTCPCounters(t *testing.T) {
 	if after.Timeouts <= before.Timeouts || after.Retransmits <= before.Retransmits || after.SegmentsReceived <= before.SegmentsReceived {
 		t.Errorf("after the cut %+v, before %+v: want a timeout, resent segments and segments received", after, before)
 	}
+}
+
+// sink listens on s at addr, reads its first connection until it ends and counts the bytes; done
+// is closed then. The listener closes when the test ends.
+func sink(t *testing.T, s *Stack, addr string) (read *atomic.Int64, done <-chan struct{}) {
+	t.Helper()
+	ln, err := s.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	read = new(atomic.Int64)
+	end := make(chan struct{})
+	go func() {
+		defer close(end)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 256<<10)
+		for {
+			n, err := c.Read(buf)
+			read.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return read, end
 }
