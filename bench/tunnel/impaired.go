@@ -110,6 +110,9 @@ type CellResult struct {
 	// Carrier is what the carrier link carried and dropped while the cell was measured, by
 	// direction (to-shoot is seed → shoot).
 	Carrier map[string]CarrierCount `json:"carrier"`
+	// InnerTCP is what tendril-server's inner stack counted meanwhile; nil for the peers and
+	// for a stack without it.
+	InnerTCP *InnerTCP `json:"inner_tcp,omitempty"`
 }
 
 // CarrierCount is one direction of the carrier link over one cell.
@@ -146,12 +149,17 @@ func (r *runner) measureCells(ctx context.Context, t *TargetResult, d dialFunc) 
 				return ctx.Err()
 			}
 		}
-		before := r.topo.carrierStats()
+		before, innerBefore := r.topo.carrierStats(), r.innerTCPNow(ctx)
 		m := &TargetResult{Name: t.Name, Stack: t.Stack}
 		err := r.measureTarget(ctx, m, d)
-		after := r.topo.carrierStats()
-		t.Cells = append(t.Cells, CellResult{Impairment: imp.settings(), Skipped: m.Skipped, Bulk: m.Bulk, Dial: m.Dial,
-			HOL: m.HOL, Notes: m.Notes, Carrier: carrierDelta(before, after)})
+		after, innerAfter := r.topo.carrierStats(), r.innerTCPNow(ctx)
+		c := CellResult{Impairment: imp.settings(), Skipped: m.Skipped, Bulk: m.Bulk, Dial: m.Dial,
+			HOL: m.HOL, Notes: m.Notes, Carrier: carrierDelta(before, after)}
+		if innerBefore != nil && innerAfter != nil {
+			delta := innerAfter.minus(*innerBefore)
+			c.InnerTCP = &delta
+		}
+		t.Cells = append(t.Cells, c)
 		if i == 0 {
 			t.Skipped, t.Bulk, t.Dial, t.HOL, t.Notes = m.Skipped, m.Bulk, m.Dial, m.HOL, m.Notes
 		}
@@ -160,6 +168,22 @@ func (r *runner) measureCells(ctx context.Context, t *TargetResult, d dialFunc) 
 		}
 	}
 	return nil
+}
+
+// innerTCPNow reads the measured stack's inner TCP counters, nil where it has none or they
+// cannot be read (said in the progress log: the cell is measured all the same).
+func (r *runner) innerTCPNow(ctx context.Context) *InnerTCP {
+	if r.innerTCP == nil {
+		return nil
+	}
+	c, ok, err := r.innerTCP(ctx)
+	if err != nil {
+		r.logf("inner TCP counters: %v", err)
+	}
+	if !ok {
+		return nil
+	}
+	return &c
 }
 
 // rttSettle is how long a cell waits after the carrier's round trip rose before it is
@@ -292,7 +316,7 @@ func (rep *Report) cellTable() table {
 	t.Header = []string{"carrier", "target"}
 	t.Left = []bool{true, true}
 	t.addBulkColumns("%s ×%d", rep.Settings.Conns)
-	for _, h := range []string{"longest gap ms", "dial p99 ms", "HOL to-shoot", "HOL from-shoot", "carrier lost"} {
+	for _, h := range []string{"longest gap ms", "dial p99 ms", "HOL to-shoot", "HOL from-shoot", "carrier lost", "inner RTOs"} {
 		t.Header = append(t.Header, h)
 		t.Left = append(t.Left, false)
 	}
@@ -335,7 +359,7 @@ func (rep *Report) cellTable() table {
 					lost += cc.Dropped[impair.ReasonLoss]
 				}
 				row = append(row, fmtMS(longestGap(c.Bulk)), fmtMS(p99), fmtMB(hol.holMBps(ToShoot)), fmtMB(hol.holMBps(FromShoot)),
-					strconv.FormatUint(lost, 10))
+					strconv.FormatUint(lost, 10), c.InnerTCP.String())
 				t.Rows = append(t.Rows, row)
 			}
 		}
@@ -345,6 +369,8 @@ func (rep *Report) cellTable() table {
 			"half the RTT each way, the loss each way, packets never reordered; every tunnel's carrier crosses it, the pod's links stay clean.",
 		"Dial p99 is of the first dial-worker count; a lost SYN or first segment costs a dial a retransmission timeout (~1 s).",
 		"Carrier lost counts the packets the stage dropped in both directions while the cell was measured.",
+		"Inner RTOs are tendril-server's inner TCP retransmission timeouts over the cell (its tendril_server_tunnel_stack_tcp_timeouts_total), " +
+			"with those its acknowledgements showed spurious; each stalls a connection for at least 200 ms. – for the peers, which have no inner TCP, and the kernel stack.",
 		fmt.Sprintf("A cell whose round trip is longer than the one before waits %v before it is measured: BBR keeps a carrier's minimum round trip for 10 s.", rttSettle),
 	}
 	return t

@@ -3,6 +3,9 @@ package tunnel
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"reflect"
 	"strings"
@@ -185,6 +188,11 @@ func TestRunImpaired(t *testing.T) {
 			if from := c.Bulk[1]; from.Direction != FromShoot || from.LongestGapMS <= 0 {
 				t.Errorf("%s cell %d: from-shoot bulk %+v without a longest gap", tr.Name, i, from)
 			}
+			// tendril-server's inner stack sent the to-shoot transfer's segments meanwhile; the
+			// peers have no inner TCP.
+			if tendril := tr.Name == TargetTendrilConnect; tendril != (c.InnerTCP != nil) || (tendril && c.InnerTCP.SegmentsSent == 0) {
+				t.Errorf("%s cell %d: inner TCP %+v", tr.Name, i, c.InnerTCP)
+			}
 		}
 	}
 	var md bytes.Buffer
@@ -193,5 +201,41 @@ func TestRunImpaired(t *testing.T) {
 	}
 	if !strings.Contains(md.String(), "Loss and latency on the carrier") || !strings.Contains(md.String(), "RTT 20 ms, loss 1 %") {
 		t.Errorf("markdown lacks the grid:\n%s", md.String())
+	}
+}
+
+// TestInnerTCPCounters: the counters are read from tendril-server's metrics text; a server whose
+// stack has none (the kernel's) reads as not there, and a cell without them shows a dash.
+func TestInnerTCPCounters(t *testing.T) {
+	const text = `# TYPE tendril_server_tunnel_stack_tcp_segments_total counter
+tendril_server_tunnel_stack_tcp_segments_total{direction="received"} 7
+tendril_server_tunnel_stack_tcp_segments_total{direction="sent"} 100
+# TYPE tendril_server_tunnel_stack_tcp_retransmitted_segments_total counter
+tendril_server_tunnel_stack_tcp_retransmitted_segments_total 9
+# TYPE tendril_server_tunnel_stack_tcp_timeouts_total counter
+tendril_server_tunnel_stack_tcp_timeouts_total 3
+# TYPE tendril_server_tunnel_stack_tcp_spurious_timeouts_total counter
+tendril_server_tunnel_stack_tcp_spurious_timeouts_total 1
+`
+	serve := func(body string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, body) }))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	c, ok, err := innerTCPCounters(serve(text))(context.Background())
+	if want := (InnerTCP{SegmentsSent: 100, Retransmits: 9, Timeouts: 3, SpuriousTimeouts: 1}); err != nil || !ok || c != want {
+		t.Errorf("counters %+v, %v, %v; want %+v", c, ok, err, want)
+	}
+	if got := c.minus(InnerTCP{SegmentsSent: 40, Retransmits: 4, Timeouts: 1}); got != (InnerTCP{SegmentsSent: 60, Retransmits: 5, Timeouts: 2, SpuriousTimeouts: 1}) {
+		t.Errorf("minus: %+v", got)
+	}
+	if got := (&c).String(); got != "3 (1 spurious)" {
+		t.Errorf("String %q", got)
+	}
+	if got := (*InnerTCP)(nil).String(); got != "–" {
+		t.Errorf("nil String %q", got)
+	}
+	if _, ok, err := innerTCPCounters(serve("# TYPE go_goroutines gauge\ngo_goroutines 5\n"))(context.Background()); ok || err != nil {
+		t.Errorf("a kernel stack's metrics: ok %v, %v; want not there, no error", ok, err)
 	}
 }

@@ -113,8 +113,8 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 				fmtMiB(res.Server.IdleSettledRSS), res.Agent.Process, fmtMiB(res.Agent.IdleSettledRSS))
 		}
 	}
-	r.pathCPU = s.cpu(r.ingress)
-	defer func() { r.pathCPU = nil }()
+	r.pathCPU, r.innerTCP = s.cpu(r.ingress), s.innerTCP
+	defer func() { r.pathCPU, r.innerTCP = nil, nil }()
 	for _, t := range targets {
 		d := s.dial[t.Name]
 		if d == nil {

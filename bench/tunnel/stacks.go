@@ -51,7 +51,9 @@ type stack struct {
 	// viaIngress: the agent dials out through the seed ingress, whose processes are then
 	// part of the data path's CPU.
 	viaIngress bool
-	config     string
+	// innerTCP reads tendril-server's inner TCP counters (innerTCPCounters); nil without one.
+	innerTCP func(ctx context.Context) (InnerTCP, bool, error)
+	config   string
 	// closers stop what the stack runs inside this process (the TLS relays).
 	closers []io.Closer
 }
@@ -496,6 +498,7 @@ func (r *runner) tendrilStack(kernel bool) *stack {
 		}
 		s.servers = append(s.servers, srv)
 		s.config = strings.Join(argv, " ")
+		s.innerTCP = innerTCPCounters("http://" + metrics + "/metrics")
 		if err := waitFor(ctx, 10*time.Second, func() error {
 			return errors.Join(accepts("tcp", connectAddr)(), accepts("tcp", grpcAddr)(), httpOK("http://"+metrics+"/healthz")())
 		}, srv); err != nil {
