@@ -110,9 +110,10 @@ type CellResult struct {
 	// Carrier is what the carrier link carried and dropped while the cell was measured, by
 	// direction (to-shoot is seed → shoot).
 	Carrier map[string]CarrierCount `json:"carrier"`
-	// InnerTCP is what tendril-server's inner stack counted meanwhile; nil for the peers and
-	// for a stack without it.
-	InnerTCP *InnerTCP `json:"inner_tcp,omitempty"`
+	// InnerTCP and ShootInnerTCP are what tendril-server's and tendril-agent's inner stacks
+	// counted meanwhile; nil for the peers and for a stack without them.
+	InnerTCP      *InnerTCP `json:"inner_tcp,omitempty"`
+	ShootInnerTCP *InnerTCP `json:"shoot_inner_tcp,omitempty"`
 }
 
 // CarrierCount is one direction of the carrier link over one cell.
@@ -149,16 +150,13 @@ func (r *runner) measureCells(ctx context.Context, t *TargetResult, d dialFunc) 
 				return ctx.Err()
 			}
 		}
-		before, innerBefore := r.topo.carrierStats(), r.innerTCPNow(ctx)
+		before, seedBefore, shootBefore := r.topo.carrierStats(), r.innerTCPNow(ctx, r.innerTCP), r.innerTCPNow(ctx, r.agentInnerTCP)
 		m := &TargetResult{Name: t.Name, Stack: t.Stack}
 		err := r.measureTarget(ctx, m, d)
-		after, innerAfter := r.topo.carrierStats(), r.innerTCPNow(ctx)
+		after, seedAfter, shootAfter := r.topo.carrierStats(), r.innerTCPNow(ctx, r.innerTCP), r.innerTCPNow(ctx, r.agentInnerTCP)
 		c := CellResult{Impairment: imp.settings(), Skipped: m.Skipped, Bulk: m.Bulk, Dial: m.Dial,
-			HOL: m.HOL, Notes: m.Notes, Carrier: carrierDelta(before, after)}
-		if innerBefore != nil && innerAfter != nil {
-			delta := innerAfter.minus(*innerBefore)
-			c.InnerTCP = &delta
-		}
+			HOL: m.HOL, Notes: m.Notes, Carrier: carrierDelta(before, after),
+			InnerTCP: innerDelta(seedBefore, seedAfter), ShootInnerTCP: innerDelta(shootBefore, shootAfter)}
 		t.Cells = append(t.Cells, c)
 		if i == 0 {
 			t.Skipped, t.Bulk, t.Dial, t.HOL, t.Notes = m.Skipped, m.Bulk, m.Dial, m.HOL, m.Notes
@@ -170,13 +168,13 @@ func (r *runner) measureCells(ctx context.Context, t *TargetResult, d dialFunc) 
 	return nil
 }
 
-// innerTCPNow reads the measured stack's inner TCP counters, nil where it has none or they
+// innerTCPNow reads one end's inner TCP counters with read, nil where it has none or they
 // cannot be read (said in the progress log: the cell is measured all the same).
-func (r *runner) innerTCPNow(ctx context.Context) *InnerTCP {
-	if r.innerTCP == nil {
+func (r *runner) innerTCPNow(ctx context.Context, read func(ctx context.Context) (InnerTCP, bool, error)) *InnerTCP {
+	if read == nil {
 		return nil
 	}
-	c, ok, err := r.innerTCP(ctx)
+	c, ok, err := read(ctx)
 	if err != nil {
 		r.logf("inner TCP counters: %v", err)
 	}
@@ -184,6 +182,16 @@ func (r *runner) innerTCPNow(ctx context.Context) *InnerTCP {
 		return nil
 	}
 	return &c
+}
+
+// innerDelta is what was counted between before and after; nil unless both were read (an agent
+// restarted in between would count from zero, but agents start only before the cells).
+func innerDelta(before, after *InnerTCP) *InnerTCP {
+	if before == nil || after == nil {
+		return nil
+	}
+	d := after.minus(*before)
+	return &d
 }
 
 // rttSettle is how long a cell waits after the carrier's round trip rose before it is
@@ -316,7 +324,7 @@ func (rep *Report) cellTable() table {
 	t.Header = []string{"carrier", "target"}
 	t.Left = []bool{true, true}
 	t.addBulkColumns("%s ×%d", rep.Settings.Conns)
-	for _, h := range []string{"longest gap ms", "dial p99 ms", "HOL to-shoot", "HOL from-shoot", "carrier lost", "inner RTOs"} {
+	for _, h := range []string{"longest gap ms", "dial p99 ms", "HOL to-shoot", "HOL from-shoot", "carrier lost", "inner RTOs seed", "inner RTOs shoot"} {
 		t.Header = append(t.Header, h)
 		t.Left = append(t.Left, false)
 	}
@@ -359,7 +367,7 @@ func (rep *Report) cellTable() table {
 					lost += cc.Dropped[impair.ReasonLoss]
 				}
 				row = append(row, fmtMS(longestGap(c.Bulk)), fmtMS(p99), fmtMB(hol.holMBps(ToShoot)), fmtMB(hol.holMBps(FromShoot)),
-					strconv.FormatUint(lost, 10), c.InnerTCP.String())
+					strconv.FormatUint(lost, 10), c.InnerTCP.String(), c.ShootInnerTCP.String())
 				t.Rows = append(t.Rows, row)
 			}
 		}
@@ -369,8 +377,10 @@ func (rep *Report) cellTable() table {
 			"half the RTT each way, the loss each way, packets never reordered; every tunnel's carrier crosses it, the pod's links stay clean.",
 		"Dial p99 is of the first dial-worker count; a lost SYN or first segment costs a dial a retransmission timeout (~1 s).",
 		"Carrier lost counts the packets the stage dropped in both directions while the cell was measured.",
-		"Inner RTOs are tendril-server's inner TCP retransmission timeouts over the cell (its tendril_server_tunnel_stack_tcp_timeouts_total), " +
-			"with those its acknowledgements showed spurious; each stalls a connection for at least 200 ms. – for the peers, which have no inner TCP, and the kernel stack.",
+		"Inner RTOs are the inner TCP retransmission timeouts over the cell, with those the acknowledgements showed spurious, of tendril-server (seed: " +
+			"it sends the to-shoot data) and tendril-agent (shoot: the from-shoot data, whose longest gap is the gap column); each stalls a connection " +
+			"for at least 200 ms. gVisor counts zero-window probes as timeouts too: the head-of-line measurement's stalled reader gives each end " +
+			"about 3 per cell on a clean carrier. – for the peers, which have no inner TCP, and the kernel stack.",
 		fmt.Sprintf("A cell whose round trip is longer than the one before waits %v before it is measured: BBR keeps a carrier's minimum round trip for 10 s.", rttSettle),
 	}
 	return t

@@ -188,10 +188,13 @@ func TestRunImpaired(t *testing.T) {
 			if from := c.Bulk[1]; from.Direction != FromShoot || from.LongestGapMS <= 0 {
 				t.Errorf("%s cell %d: from-shoot bulk %+v without a longest gap", tr.Name, i, from)
 			}
-			// tendril-server's inner stack sent the to-shoot transfer's segments meanwhile; the
-			// peers have no inner TCP.
-			if tendril := tr.Name == TargetTendrilConnect; tendril != (c.InnerTCP != nil) || (tendril && c.InnerTCP.SegmentsSent == 0) {
-				t.Errorf("%s cell %d: inner TCP %+v", tr.Name, i, c.InnerTCP)
+			// tendril-server's and tendril-agent's inner stacks sent the transfers' segments
+			// meanwhile; the peers have no inner TCP.
+			tendril := tr.Name == TargetTendrilConnect
+			for end, in := range map[string]*InnerTCP{"seed": c.InnerTCP, "shoot": c.ShootInnerTCP} {
+				if tendril != (in != nil) || (tendril && in.SegmentsSent == 0) {
+					t.Errorf("%s cell %d: %s inner TCP %+v", tr.Name, i, end, in)
+				}
 			}
 		}
 	}

@@ -113,8 +113,8 @@ func (r *runner) runStack(ctx context.Context, s *stack) {
 				fmtMiB(res.Server.IdleSettledRSS), res.Agent.Process, fmtMiB(res.Agent.IdleSettledRSS))
 		}
 	}
-	r.pathCPU, r.innerTCP = s.cpu(r.ingress), s.innerTCP
-	defer func() { r.pathCPU, r.innerTCP = nil, nil }()
+	r.pathCPU, r.innerTCP, r.agentInnerTCP = s.cpu(r.ingress), s.innerTCP, s.agentInnerTCP
+	defer func() { r.pathCPU, r.innerTCP, r.agentInnerTCP = nil, nil, nil }()
 	for _, t := range targets {
 		d := s.dial[t.Name]
 		if d == nil {

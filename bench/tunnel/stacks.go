@@ -51,9 +51,10 @@ type stack struct {
 	// viaIngress: the agent dials out through the seed ingress, whose processes are then
 	// part of the data path's CPU.
 	viaIngress bool
-	// innerTCP reads tendril-server's inner TCP counters (innerTCPCounters); nil without one.
-	innerTCP func(ctx context.Context) (InnerTCP, bool, error)
-	config   string
+	// innerTCP and agentInnerTCP read tendril-server's and tendril-agent's inner TCP counters
+	// (innerTCPCounters, agentInnerTCPCounters); nil for the peers.
+	innerTCP, agentInnerTCP func(ctx context.Context) (InnerTCP, bool, error)
+	config                  string
 	// closers stop what the stack runs inside this process (the TLS relays).
 	closers []io.Closer
 }
@@ -558,8 +559,23 @@ func (r *runner) tendrilStack(kernel bool) *stack {
 		}
 		return nil
 	}
+	// The agent's metrics, in the shoot's namespace: a socket bound there for each start.
+	var agentMetrics string
+	s.agentInnerTCP = agentInnerTCPCounters(r.topo.shootNS, &agentMetrics)
 	s.startAgent = func(dir string) (*peers.Process, error) {
-		return peers.StartProcess("tendril-agent", filepath.Join(dir, "tendril-agent.log"), agentArgs[0], agentArgs[1:]...)
+		var sock *inherit.Socket
+		if err := netns.In(r.topo.shootNS, func() (err error) {
+			sock, err = inherit.Bind("127.0.0.1:0")
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("tendril-agent's metrics socket: %w", err)
+		}
+		agentMetrics = sock.Addr
+		args := slices.Clone(agentArgs)
+		if i := slices.Index(args, "--metrics-address"); i >= 0 {
+			args[i+1] = sock.Addr
+		}
+		return peers.StartWithSockets("tendril-agent", filepath.Join(dir, "tendril-agent.log"), []*inherit.Socket{sock}, args[0], args[1:]...)
 	}
 	return s
 }

@@ -281,8 +281,9 @@ type runner struct {
 	// and shoot side, and the ingress when it dials through it); nil for a stack without
 	// processes (direct).
 	pathCPU func() time.Duration
-	// innerTCP reads the measured stack's seed-side inner TCP counters; nil where it has none.
-	innerTCP func(ctx context.Context) (InnerTCP, bool, error)
+	// innerTCP and agentInnerTCP read the measured stack's inner TCP counters, seed and shoot
+	// side; nil where it has none.
+	innerTCP, agentInnerTCP func(ctx context.Context) (InnerTCP, bool, error)
 }
 
 func (r *runner) logf(format string, args ...any) {

@@ -733,7 +733,8 @@ type TCPStats struct {
 	SegmentsSent, SegmentsReceived uint64
 	// Retransmits counts segments sent again, for whatever reason.
 	Retransmits uint64
-	// Timeouts counts retransmission timeouts; SpuriousTimeouts those the peer's
+	// Timeouts counts retransmission timer expiries (gVisor counts a zero-window probe, sent
+	// to a peer whose reader stopped reading, as one too); SpuriousTimeouts those the peer's
 	// acknowledgements showed were not needed.
 	Timeouts, SpuriousTimeouts uint64
 	// FastRetransmits counts losses repaired by duplicate acknowledgements, without a timeout.

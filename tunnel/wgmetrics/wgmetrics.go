@@ -55,7 +55,8 @@ func New(prefix string, forwarding bool, stats func() netstack.Stats) *Collector
 			retransmits: prometheus.NewDesc(prefix+"_stack_tcp_retransmitted_segments_total",
 				"TCP segments of the tunnel's inner connections sent again (after a timeout, a fast retransmit or a loss probe).", nil, nil),
 			timeouts: prometheus.NewDesc(prefix+"_stack_tcp_timeouts_total",
-				"Retransmission timeouts of the tunnel's inner TCP connections: each stalled a connection for at least the minimum RTO (200 ms).", nil, nil),
+				"Retransmission timer expiries of the tunnel's inner TCP connections: a timeout stalled a connection for at least the minimum RTO (200 ms); "+
+					"a connection whose reader stopped reading counts its zero-window probes here too.", nil, nil),
 			spurious: prometheus.NewDesc(prefix+"_stack_tcp_spurious_timeouts_total",
 				"Retransmission timeouts that the acknowledgements showed were not needed: the segments had waited in a queue, not been lost.", nil, nil),
 			fast: prometheus.NewDesc(prefix+"_stack_tcp_fast_retransmits_total",
