@@ -522,6 +522,9 @@ func TestSendWaitsForRoom(t *testing.T) {
 // empties). Streams used to keep each slot's largest buffer for as long as they lived, 1.9 MB
 // per stream after a load at MTU 60,000.
 func TestReceivedBuffersGoBack(t *testing.T) {
+	// The sender below ends at the latest when A closes (at cleanup, which runs this one after it).
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
 	a, b := tcpPair(t)
 	// No authentication deadline: nothing marks these streams, and moving 3 × DefaultStreamBuffers
 	// frames of 60 KB under -race on a loaded 2-core machine took over DefaultAuthTimeout once
@@ -531,11 +534,19 @@ func TestReceivedBuffersGoBack(t *testing.T) {
 	epA := attach(t, bindA, a)
 	epB := attach(t, bindB, b)
 	const n = 3 * DefaultStreamBuffers // every slot used, more than once
-	for i := range n {
-		if err := bindA.Send([][]byte{bytes.Repeat([]byte{byte(i)}, 60032)}, epA); err != nil {
-			t.Fatal(err)
+	// Sent while received: 96 frames of 60 KB (5.8 MB) are more than B's slots and the two
+	// sockets' buffers hold on some machines, and a sender that waits for the receiver to start
+	// runs into WriteTimeout (CI saw the stream detached at 30 s).
+	sent := make(chan error, 1)
+	wg.Go(func() {
+		for i := range n {
+			if err := bindA.Send([][]byte{bytes.Repeat([]byte{byte(i)}, 60032)}, epA); err != nil {
+				sent <- err
+				return
+			}
 		}
-	}
+		sent <- nil
+	})
 	for got := 0; got < n; {
 		ps, _ := receive(t, recvB, DefaultBatchSize)
 		for _, p := range ps {
@@ -544,6 +555,9 @@ func TestReceivedBuffersGoBack(t *testing.T) {
 			}
 			got++
 		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
 	}
 	s := epB.s
 	testwait.Until(t, "every slot back", func() bool { return len(s.free) == DefaultStreamBuffers })
