@@ -27,6 +27,10 @@ type config struct {
 	clusters  map[string]*clusterConfig
 	// endpoints are the addresses of each EDS service name.
 	endpoints map[string][]netip.AddrPort
+	// terminates are the internal listeners of terminating shoots, by name; secrets the SDS
+	// secrets they and their clusters name.
+	terminates map[string]*terminateConfig
+	secrets    map[string]*secretConfig
 }
 
 // clusterConfig is one upstream cluster: an EDS service name, static endpoints or names that
@@ -37,7 +41,12 @@ type clusterConfig struct {
 	static  []netip.AddrPort
 	// dns are a STRICT_DNS cluster's endpoints, host:port, resolved at each dial: only CONNECT
 	// routes name such a cluster (Gardener's VPN relay), and a VPN connects a few times a day.
-	dns            []string
+	dns []string
+	// internal names the internal listener a STATIC cluster leads to: its connections are
+	// terminated there (a terminating shoot's server names), not dialed.
+	internal string
+	// upstream is set on a terminating shoot's upstream clusters: they carry HTTP requests.
+	upstream       *upstreamTLS
 	connectTimeout time.Duration
 	maxConnections int64
 	// next picks endpoints round robin. It lives in the cluster, so a cluster update restarts
@@ -157,13 +166,25 @@ func unpack[T proto.Message](a *anypb.Any, m T) (T, error) {
 }
 
 func parseCluster(c *clusterv3.Cluster) (*clusterConfig, error) {
-	if err := checkOnly(c, "name", "type", "eds_cluster_config", "connect_timeout", "load_assignment", "circuit_breakers", "lb_policy"); err != nil {
+	if err := checkOnly(c, "name", "type", "eds_cluster_config", "connect_timeout", "load_assignment", "circuit_breakers", "lb_policy",
+		"transport_socket", "typed_extension_protocol_options"); err != nil {
 		return nil, err
 	}
-	if c.GetLbPolicy() != clusterv3.Cluster_ROUND_ROBIN {
+	cc := &clusterConfig{name: c.GetName(), connectTimeout: defaultConnectTimeout, maxConnections: defaultMaxConnections}
+	// A cluster with TLS to its upstream is a terminating shoot's: HTTP, least requests first,
+	// over EDS. Every other cluster is TCP, round robin.
+	switch tlsCluster := c.GetTransportSocket() != nil || len(c.GetTypedExtensionProtocolOptions()) > 0; {
+	case tlsCluster && c.GetLbPolicy() == clusterv3.Cluster_LEAST_REQUEST && c.GetType() == clusterv3.Cluster_EDS:
+		up, err := parseUpstreamTLS(c)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", c.GetName(), err)
+		}
+		cc.upstream = up
+	case tlsCluster:
+		return nil, fmt.Errorf("cluster %s: a cluster with upstream TLS is an EDS cluster with lb_policy LEAST_REQUEST", c.GetName())
+	case c.GetLbPolicy() != clusterv3.Cluster_ROUND_ROBIN:
 		return nil, fmt.Errorf("cluster %s: lb_policy %s is not supported", c.GetName(), c.GetLbPolicy())
 	}
-	cc := &clusterConfig{name: c.GetName(), connectTimeout: defaultConnectTimeout, maxConnections: defaultMaxConnections}
 	if d := c.GetConnectTimeout(); d != nil {
 		cc.connectTimeout = d.AsDuration()
 	}
@@ -191,6 +212,14 @@ func parseCluster(c *clusterv3.Cluster) (*clusterConfig, error) {
 			cc.service = c.GetName() // Envoy's default
 		}
 	case clusterv3.Cluster_STATIC:
+		listener, ok, err := parseInternalAssignment(c)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", c.GetName(), err)
+		}
+		if ok {
+			cc.internal = listener
+			break
+		}
 		eps, _, err := parseAssignment(c.GetLoadAssignment(), false)
 		if err != nil {
 			return nil, fmt.Errorf("cluster %s: %w", c.GetName(), err)

@@ -11,6 +11,7 @@ import (
 	setfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/set_filter_state/v3"
 	netsetfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
@@ -36,6 +37,8 @@ func update(t *testing.T, typeURL string, ms ...proto.Message) xdsclient.Update 
 		case *listenerv3.Listener:
 			name = r.GetName()
 		case *clusterv3.Cluster:
+			name = r.GetName()
+		case *tlsv3.Secret:
 			name = r.GetName()
 		}
 		u.Resources = append(u.Resources, &discoveryv3.Resource{Name: name, Resource: a})
@@ -145,7 +148,7 @@ func TestApplyRejects(t *testing.T) {
 		"upstream TLS": {update(t, resourcev3.ClusterType, &clusterv3.Cluster{
 			Name: "x", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 			TransportSocket: &corev3.TransportSocket{Name: "tls"},
-		}), "transport_socket"},
+		}), "LEAST_REQUEST"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -26,6 +26,7 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-logr/logr"
@@ -99,6 +100,8 @@ type Ingress struct {
 	refusals *accept.LimitedLog
 	// servers are Serve's listeners' servers, for Open.
 	servers atomic.Pointer[[]*server]
+	// terms serve the terminating shoots' internal listeners.
+	terms *terminators
 }
 
 // New returns an Ingress with an empty configuration.
@@ -112,19 +115,23 @@ func New(cfg Config) *Ingress {
 		metrics:  newMetrics(cfg.Registry),
 		active:   make(map[string]*atomic.Int64),
 		refusals: &accept.LimitedLog{Log: cfg.Log},
+		terms:    newTerminators(cfg.Log.WithName("terminate")),
 	}
 	in.pending = newPendingSet(cfg.MaxPending, cfg.MaxPendingPerListener, cfg.MaxPendingPerSource, in.trusted)
 	in.current.Store(&config{
-		listeners: map[string]*listenerConfig{},
-		clusters:  map[string]*clusterConfig{},
-		endpoints: map[string][]netip.AddrPort{},
+		listeners:  map[string]*listenerConfig{},
+		clusters:   map[string]*clusterConfig{},
+		endpoints:  map[string][]netip.AddrPort{},
+		terminates: map[string]*terminateConfig{},
+		secrets:    map[string]*secretConfig{},
 	})
 	return in
 }
 
-// Types are the resource types the ingress subscribes to: clusters before endpoints before
-// listeners, so a listener never points at a cluster that is about to arrive.
-var Types = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType}
+// Types are the resource types the ingress subscribes to: secrets before clusters before
+// endpoints before listeners, so a listener never points at a cluster or secret that is about
+// to arrive.
+var Types = []string{resourcev3.SecretType, resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType}
 
 // Ready reports whether a first configuration with listeners has been applied and the ingress is
 // not draining.
@@ -156,15 +163,41 @@ func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, remo
 	case resourcev3.ListenerType:
 		// A listener not served here (no address given) is accepted as is and dropped, so a
 		// replica that serves a subset of the listeners never NACKs the others.
+		// Internal listeners (terminating shoots', named by their clusters, not bound to an
+		// address) are kept apart.
 		served := make([]*discoveryv3.Resource, 0, len(resources))
-		removed = slices.Clip(removed) // the update's own slice stays as it is
+		var internal []*discoveryv3.Resource
+		removedServed := slices.Clip(removed) // the update's own slice stays as it is
 		for _, r := range resources {
+			switch l, err := unpack(r.GetResource(), &listenerv3.Listener{}); {
+			case err == nil && internalListener(l):
+				internal = append(internal, r)
+				removedServed = append(removedServed, r.GetName())
+				continue
+			case err != nil:
+				return fmt.Errorf("listener %s: %w", r.GetName(), err)
+			}
 			if _, ok := in.cfg.Listeners[r.GetName()]; ok {
 				served = append(served, r)
 			} else {
-				removed = append(removed, r.GetName())
+				removedServed = append(removedServed, r.GetName())
 			}
 		}
+		removedInternal := slices.Clip(removed)
+		for _, r := range served {
+			removedInternal = append(removedInternal, r.GetName())
+		}
+		next.terminates, err = applyDelta(old.terminates, internal, removedInternal, "listener", func(l *listenerv3.Listener) (string, *terminateConfig, error) {
+			tc, err := parseTerminateListener(l)
+			if err != nil {
+				return "", nil, fmt.Errorf("listener %s: %w", l.GetName(), err)
+			}
+			return tc.name, tc, nil
+		})
+		if err != nil {
+			return err
+		}
+		removed = removedServed
 		next.listeners, err = applyDelta(old.listeners, served, removed, "listener", func(l *listenerv3.Listener) (string, *listenerConfig, error) {
 			lc, err := parseListener(l)
 			if err != nil {
@@ -191,6 +224,14 @@ func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, remo
 			}
 			return la.GetClusterName(), eps, nil
 		})
+	case resourcev3.SecretType:
+		next.secrets, err = applyDelta(old.secrets, resources, removed, "secret", func(s *tlsv3.Secret) (string, *secretConfig, error) {
+			sc, err := parseSecret(s)
+			if err != nil {
+				return "", nil, err
+			}
+			return s.GetName(), sc, nil
+		})
 	default:
 		return fmt.Errorf("type %s is not supported", typeURL)
 	}
@@ -198,6 +239,8 @@ func (in *Ingress) apply(typeURL string, resources []*discoveryv3.Resource, remo
 		return err
 	}
 	in.current.Store(&next)
+	in.terms.sync(&next)
+	in.metrics.xdsResources.WithLabelValues(resourcev3.SecretType).Set(float64(len(next.secrets)))
 	in.metrics.xdsResources.WithLabelValues(resourcev3.ListenerType).Set(float64(len(next.listeners)))
 	in.metrics.xdsResources.WithLabelValues(resourcev3.ClusterType).Set(float64(len(next.clusters)))
 	in.metrics.xdsResources.WithLabelValues(resourcev3.EndpointType).Set(float64(len(next.endpoints)))
@@ -329,6 +372,7 @@ func (in *Ingress) Serve(ctx context.Context, lns map[string]net.Listener, xds x
 	}
 	stop()
 	wg.Wait()
+	in.terms.close()
 	if first != nil && !errors.Is(first, context.Canceled) {
 		return first
 	}

@@ -90,7 +90,10 @@ func (s *server) downstreams() int { return s.pairs.Len() + s.pairs.Handshakes()
 
 // Outcomes of a connection, the values of the metrics' outcome label.
 const (
-	outcomeProxied        = "proxied"
+	outcomeProxied = "proxied"
+	// outcomeTerminated: handed to a terminating shoot's proxy (ingress/terminate counts its
+	// own refusals).
+	outcomeTerminated     = "terminated"
 	outcomeNoListener     = "no_listener"
 	outcomeNoChain        = "no_filter_chain"
 	outcomeBadHello       = preamble.OutcomeBadHello

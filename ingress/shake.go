@@ -6,6 +6,7 @@ import (
 
 	"github.com/tendril-net/tendril/edge/loops"
 	"github.com/tendril-net/tendril/ingress/preamble"
+	"github.com/tendril-net/tendril/ingress/terminate"
 )
 
 // shake decides, on a relay loop, where one accepted connection goes: it runs the listener
@@ -25,6 +26,9 @@ type shake struct {
 	// While dialing: the cluster's endpoints, the attempts made, and the circuit-breaker slot
 	// the connection holds until its pair ends (plan.release; nil once released).
 	plan dialPlan
+	// term is the proxy a terminating shoot's connection is handed to, for termCluster.
+	term        *terminate.Proxy
+	termCluster string
 }
 
 // conn is what the refusal log says of the connection: what the filters learned, or its
@@ -52,6 +56,16 @@ func (t *shake) Read(data []byte, end error) loops.Verdict {
 	if outcome == "" && t.chain.http != nil {
 		return loops.Verdict{Step: loops.StepHandOff} // still pending while its request arrives
 	}
+	if outcome == "" && t.chain.tcp != nil {
+		// A terminating shoot's server name: its proxy takes the connection (still pending
+		// through the TLS handshake, which it ends).
+		if cl := in.current.Load().clusters[t.clusterName()]; cl != nil && cl.internal != "" {
+			if t.term = in.terms.get(cl.internal); t.term != nil {
+				t.termCluster = cl.name
+				return loops.Verdict{Step: loops.StepHandOff}
+			}
+		}
+	}
 	if !in.pending.release(t.p) {
 		return t.close() // evicted: counted by the eviction
 	}
@@ -61,19 +75,27 @@ func (t *shake) Read(data []byte, end error) loops.Verdict {
 	// The configuration current now picks the route: the listener filters may have taken a
 	// while, and a route added meanwhile should be found.
 	cfg := in.current.Load()
-	clusterName := t.chain.tcp.defaultCluster
-	if t.chain.tcp.clusterFormat != nil {
-		clusterName = t.chain.tcp.clusterFormat.render(connInfo{serverName: d.ServerName, localAddr: d.Local.String()})
-	}
+	clusterName := t.clusterName()
 	cl := cfg.clusters[clusterName]
 	if cl == nil {
 		// The name comes from the client; quoting keeps it from forging log fields.
 		return t.refuse("", outcomeUnknownRoute, fmt.Errorf("no cluster %q", clusterName))
 	}
+	if cl.internal != "" {
+		return t.refuse(cl.name, outcomeNoEndpoint, fmt.Errorf("terminating listener %s is not served yet (its secrets or clusters are missing)", cl.internal))
+	}
 	if t.plan, outcome = t.s.newDialPlan(cl, cfg.upstreams(cl), t.chain.tcp.connectAttempts); outcome != "" {
 		return t.refuse(cl.name, outcome, nil)
 	}
 	return t.dial()
+}
+
+// clusterName is the cluster the chain's tcp_proxy picks for the connection.
+func (t *shake) clusterName() string {
+	if t.chain.tcp.clusterFormat != nil {
+		return t.chain.tcp.clusterFormat.render(connInfo{serverName: t.d.ServerName, localAddr: t.d.Local.String()})
+	}
+	return t.chain.tcp.defaultCluster
 }
 
 // dial names the plan's next endpoint; the loops dial it.
@@ -120,13 +142,18 @@ func (t *shake) Closed() {
 	t.s.joined.Done()
 }
 
-// HandOff serves a CONNECT chain's request on a goroutine of its own.
+// HandOff serves a CONNECT chain's request on a goroutine of its own, or gives a terminating
+// shoot's connection to its proxy.
 func (t *shake) HandOff(c net.Conn, err error) {
 	s := t.s
 	if err != nil {
 		s.in.pending.release(t.p)
-		s.refuse(t.conn(), "", outcomeRelayFailed, err)
+		s.refuse(t.conn(), t.termCluster, outcomeRelayFailed, err)
 		s.joined.Done()
+		return
+	}
+	if t.term != nil {
+		t.terminate(c)
 		return
 	}
 	if !s.in.pending.rebind(t.p, c) || !s.handed.Add(c) {
@@ -145,6 +172,38 @@ func (t *shake) HandOff(c net.Conn, err error) {
 		}()
 		s.serveConnect(s.ctx, &downstream{Conn: t.d, conns: s.handed}, t.chain.http, t.p)
 	}()
+}
+
+// terminate gives c, its ClientHello replayed, to the shoot's proxy. It stays pending (and
+// evictable) until the proxy's TLS handshake ends; it counts as joined until it is closed.
+func (t *shake) terminate(c net.Conn) {
+	s, p := t.s, t.p
+	m := s.in.metrics
+	var rc *replayConn
+	// The handed set tracks c itself: a drain's CloseAll closes it under the set's lock, and
+	// the proxy then closes rc, which forgets c (rc's Close would take that lock again).
+	rc = newReplayConn(c, t.d.First, func() {
+		s.handed.Forget(c)
+		m.active.WithLabelValues(s.name).Dec()
+		s.joined.Done()
+	})
+	if !s.in.pending.rebind(p, c) {
+		// Evicted meanwhile (counted there): c is closed.
+		s.in.pending.release(p)
+		s.joined.Done()
+		return
+	}
+	m.active.WithLabelValues(s.name).Inc()
+	if !s.handed.Add(c) {
+		// Shutting down: c is closed.
+		s.in.pending.release(p)
+		rc.Close()
+		return
+	}
+	m.conn(s.name, t.termCluster, outcomeTerminated)
+	// Its proxy may have stopped since Read found it: ServeConn then closes rc.
+	_ = t.term.ServeConn(rc, func() { s.in.pending.release(p) })
+	t.hs, t.lc, t.d, t.chain, t.term = nil, nil, nil, nil, nil
 }
 
 // refuse counts and logs a refusal and closes the connection.

@@ -37,17 +37,19 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/tendril-net/tendril/wire"
 )
 
 // Authenticating-proxy headers, as kube-apiserver's --requestheader-username-headers,
 // --requestheader-group-headers and --requestheader-extra-headers-prefix name them (Gardener
 // sets these three for its own front proxy).
 const (
-	HeaderUser        = "X-Remote-User"
-	HeaderGroup       = "X-Remote-Group"
-	HeaderExtraPrefix = "X-Remote-Extra-"
+	HeaderUser        = wire.RemoteUserHeader
+	HeaderGroup       = wire.RemoteGroupHeader
+	HeaderExtraPrefix = wire.RemoteExtraHeaderPrefix
 	// headerPrefix covers all three: whatever a client sends under it is dropped.
-	headerPrefix = "X-Remote-"
+	headerPrefix = wire.RemoteHeaderPrefix
 )
 
 // Shoot is what one shoot's terminating route needs. It is read whole at every handshake and
@@ -216,21 +218,26 @@ func (p *Proxy) Update(s Shoot) error {
 
 // ServeConn serves one client connection, whose first bytes are its ClientHello (a connection
 // the SNI listener peeked at replays them). It returns at once; the Proxy owns c from then on.
-func (p *Proxy) ServeConn(c net.Conn) error {
+// handshaken, if not nil, is called once the TLS handshake has ended, either way (the ingress
+// counts a connection as pending until then).
+func (p *Proxy) ServeConn(c net.Conn, handshaken func()) error {
 	p.hsMu.Lock()
 	defer p.hsMu.Unlock()
 	if p.ctx.Err() != nil {
 		c.Close()
+		if handshaken != nil {
+			handshaken()
+		}
 		return http.ErrServerClosed
 	}
 	p.handshakes.Add(1)
-	go p.handshake(c)
+	go p.handshake(c, handshaken)
 	return nil
 }
 
 // handshake ends the client's TLS within HandshakeTimeout and gives the connection to the HTTP
 // server: as it is for HTTP/2, as an h1Conn for HTTP/1.1.
-func (p *Proxy) handshake(c net.Conn) {
+func (p *Proxy) handshake(c net.Conn, handshaken func()) {
 	defer p.handshakes.Done()
 	tc := tls.Server(c, &tls.Config{
 		// Read at every handshake, so a rotated certificate serves the next one; the
@@ -240,6 +247,9 @@ func (p *Proxy) handshake(c net.Conn) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.HandshakeTimeout)
 	err := tc.HandshakeContext(ctx)
 	cancel()
+	if handshaken != nil {
+		handshaken()
+	}
 	if err != nil {
 		p.Refused.Handshake.Add(1)
 		p.cfg.Log.V(1).Info("TLS handshake failed", "remote", c.RemoteAddr().String(), "error", err.Error())
@@ -268,7 +278,7 @@ func (p *Proxy) Serve(ln net.Listener) error {
 				if err != nil {
 					return
 				}
-				if p.ServeConn(c) != nil {
+				if p.ServeConn(c, nil) != nil {
 					return
 				}
 			}

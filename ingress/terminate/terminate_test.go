@@ -416,7 +416,7 @@ func TestShutdownWithConnections(t *testing.T) {
 	}
 	a, b := net.Pipe()
 	defer b.Close()
-	if err := r.proxy.ServeConn(a); !errors.Is(err, http.ErrServerClosed) {
+	if err := r.proxy.ServeConn(a, nil); !errors.Is(err, http.ErrServerClosed) {
 		t.Errorf("ServeConn after Shutdown: %v", err)
 	}
 }

@@ -196,6 +196,12 @@ func (s *Server) status(name string) model.ShootStatus {
 			t := store.Types[i]
 			for _, n := range names {
 				v := s.v.Resources(t)[n].Version
+				if c.stale[t] == nil {
+					// An on-demand type the client has not asked for yet (Envoy's SDS): it
+					// does not hold the shoot's resources of it.
+					pending = true
+					continue
+				}
 				if _, stale := c.stale[t].m[n]; !stale {
 					continue
 				}
@@ -350,11 +356,15 @@ func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) 
 	s.evaluate(slices.Collect(maps.Keys(owners)), false)
 }
 
-// syncedLocked: the client subscribed every type, was sent all of it (a first sync spans
-// several responses, see maxResponseBytes) and answered every response.
+// syncedLocked: the client subscribed every type (but those it asks for only on demand), was
+// sent all of it (a first sync spans several responses, see maxResponseBytes) and answered every
+// response.
 func (s *Server) syncedLocked(id int64, c *streamAcks) bool {
 	d := s.delta[id]
 	for _, t := range store.Types {
+		if !c.subscribed[t] && store.OnDemand(t) {
+			continue
+		}
 		if !c.subscribed[t] || len(c.sent[t]) > 0 || d != nil && d.subs[t] != nil && len(d.subs[t].dirty) > 0 {
 			return false
 		}

@@ -36,6 +36,9 @@ type Shoot struct {
 	// a tunnel to each one; sorted by hostname. Empty: the shoot's server is reached only as a
 	// whole (VPNServers).
 	VPNReplicas []VPNReplica
+	// Termination, when set, has the SNI listener terminate TLS for Hosts and balance each
+	// request over APIServers; nil passes connections through to them.
+	Termination *Termination
 
 	// APIServer and VPNServer are single-endpoint shorthands, merged into the lists by
 	// APIServerEndpoints and VPNServerEndpoints.
@@ -60,6 +63,11 @@ func (s Shoot) Validate() error {
 	}
 	if len(s.Hosts) == 0 {
 		return fmt.Errorf("shoot %s: at least one host is required", s.Name)
+	}
+	if s.Termination != nil {
+		if err := s.Termination.Validate(); err != nil {
+			return fmt.Errorf("shoot %s: termination: %w", s.Name, err)
+		}
 	}
 	seen := make(map[string]bool, len(s.Hosts))
 	for _, h := range s.Hosts {
@@ -230,6 +238,7 @@ func (s Shoot) Equal(o Shoot) bool {
 		s.AdvertisedAddress == o.AdvertisedAddress &&
 		slices.Equal(s.VPNServers, o.VPNServers) &&
 		slices.Equal(s.VPNReplicas, o.VPNReplicas) &&
+		s.Termination.Equal(o.Termination) &&
 		s.APIServer == o.APIServer &&
 		s.VPNServer == o.VPNServer
 }

@@ -47,6 +47,7 @@ func TestEqualCoversEveryField(t *testing.T) {
 		APIServer:         netip.MustParseAddrPort("10.0.0.2:443"),
 		VPNServer:         netip.MustParseAddrPort("10.0.1.2:1194"),
 		VPNReplicas:       []VPNReplica{{Hostname: "tendril-server-0", Endpoint: netip.MustParseAddrPort("10.0.1.1:1194")}},
+		Termination:       &Termination{APIServerName: "kube-apiserver"},
 	}
 	// A copy with fresh slices: equal content in other memory.
 	same := base
@@ -54,6 +55,7 @@ func TestEqualCoversEveryField(t *testing.T) {
 	same.APIServers = slices.Clone(base.APIServers)
 	same.VPNServers = slices.Clone(base.VPNServers)
 	same.VPNReplicas = slices.Clone(base.VPNReplicas)
+	same.Termination = &Termination{APIServerName: "kube-apiserver"}
 	if !base.Equal(same) {
 		t.Fatal("a copy is not Equal")
 	}
@@ -65,6 +67,7 @@ func TestEqualCoversEveryField(t *testing.T) {
 		"VPNServers":        func(s *Shoot) { s.VPNServers = nil },
 		"APIServer":         func(s *Shoot) { s.APIServer = netip.MustParseAddrPort("10.0.0.2:6443") },
 		"VPNServer":         func(s *Shoot) { s.VPNServer = netip.AddrPort{} },
+		"Termination":       func(s *Shoot) { s.Termination = nil },
 		"VPNReplicas": func(s *Shoot) {
 			s.VPNReplicas = []VPNReplica{{Hostname: "tendril-server-1", Endpoint: s.VPNReplicas[0].Endpoint}}
 		},

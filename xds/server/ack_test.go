@@ -22,6 +22,7 @@ import (
 	"github.com/tendril-net/tendril/internal/testing/testwait"
 	"github.com/tendril-net/tendril/xds/ads"
 	"github.com/tendril-net/tendril/xds/model"
+	"github.com/tendril-net/tendril/xds/model/modeltest"
 	"github.com/tendril-net/tendril/xds/server"
 	"github.com/tendril-net/tendril/xds/store"
 )
@@ -303,7 +304,7 @@ func TestReconnectWithKnownVersions(t *testing.T) {
 	}
 	addr := startServer(t, s)
 	c := newDeltaClientAt(t, addr)
-	got := c.recvTypes(t, 3)
+	got := c.recvTypes(t, len(store.Types))
 	known := map[string]map[string]string{}
 	for typ, r := range got {
 		known[typ] = map[string]string{}
@@ -360,7 +361,7 @@ func TestStreamsWaitForFirstApply(t *testing.T) {
 	if _, err := s.Apply(shoots(2)); err != nil {
 		t.Fatal(err)
 	}
-	got := c.recvTypes(t, 3)
+	got := c.recvTypes(t, len(store.Types))
 	if n := len(got[resourcev3.ClusterType].GetResources()); n != 2*3+1 {
 		t.Fatalf("first clusters: %d", n)
 	}
@@ -507,5 +508,43 @@ func TestUnsupportedTypeIgnored(t *testing.T) {
 	}
 	if r := recv(); r.GetTypeUrl() != resourcev3.EndpointType || len(r.GetResources()) != 1 {
 		t.Fatalf("after a change: %s with %d resources", r.GetTypeUrl(), len(r.GetResources()))
+	}
+}
+
+// TestOnDemandSecrets: a client that asks only for listeners, clusters and endpoints (Envoy
+// asks for secrets only once a listener names one) still syncs and has passthrough shoots
+// programmed; a terminating shoot stays pending for it until it holds the shoot's secrets.
+func TestOnDemandSecrets(t *testing.T) {
+	s := server.New(server.Config{Log: testr.New(t)})
+	set := shoots(2)
+	tm, err := modeltest.Termination(set[1].Hosts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	set[1].Termination = tm
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	addr := startServer(t, s)
+	client := dialADS(t, addr, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(ads.MaxRecvMsgSize)))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st, err := client.DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range store.Types {
+		if store.OnDemand(typ) {
+			continue
+		}
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go ackAll(st)
+	waitState(t, s, set[0].Name, model.StateProgrammed)
+	// The client's sync evaluated every shoot under one lock: the other's state is final here.
+	if got := s.ShootStatus(set[1].Name); got.State != model.StatePending {
+		t.Errorf("terminating shoot %s for a client without its secrets: %+v", set[1].Name, got)
 	}
 }

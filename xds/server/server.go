@@ -19,6 +19,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
@@ -192,14 +193,17 @@ func (s *Server) collect(r translate.Resources, desired map[string]map[string]st
 		desired[t][name] = s.encode(name, res)
 		names.Add(t, name)
 	}
+	for _, c := range r.Secrets {
+		add(resourcev3.SecretType, c.GetName(), c)
+	}
 	for _, c := range r.Clusters {
-		add(store.Types[0], c.GetName(), c)
+		add(resourcev3.ClusterType, c.GetName(), c)
 	}
 	for _, e := range r.Endpoints {
-		add(store.Types[1], e.GetClusterName(), e)
+		add(resourcev3.EndpointType, e.GetClusterName(), e)
 	}
 	for _, l := range r.Listeners {
-		add(store.Types[2], l.GetName(), l)
+		add(resourcev3.ListenerType, l.GetName(), l)
 	}
 	return names
 }

@@ -179,14 +179,14 @@ func TestADSBothProtocols(t *testing.T) {
 	sotw := newSotwClient(ctx, t, ads)
 
 	// Initial state: every resource once on each protocol.
-	got := delta.recvTypes(t, 3)
+	got := delta.recvTypes(t, len(store.Types))
 	if n := len(got[resourcev3.ClusterType].GetResources()); n != 50*3+1 {
 		t.Fatalf("delta initial clusters: %d", n)
 	}
 	if n := len(got[resourcev3.EndpointType].GetResources()); n != 50 {
 		t.Fatalf("delta initial endpoints: %d", n)
 	}
-	sgot := sotw.recvTypes(t, 3)
+	sgot := sotw.recvTypes(t, len(store.Types))
 	listenerVersion := sgot[resourcev3.ListenerType].GetVersionInfo()
 
 	// A no-op apply followed by a real change: the first response on each stream must be the

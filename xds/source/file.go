@@ -49,6 +49,20 @@ type RouteEntry struct {
 	// VPNReplicas are the tunnel server's replicas by hostname (tendril-server-0: "host:port"),
 	// each a single endpoint, for agents that keep a tunnel to each.
 	VPNReplicas map[string]string `json:"vpnReplicas,omitempty"`
+	// Terminate opts the shoot into the terminating mode of the SNI listener (model.Termination);
+	// it holds private keys, so a route file with one is as secret as they are.
+	Terminate *TerminateEntry `json:"terminate,omitempty"`
+}
+
+// TerminateEntry is a shoot's terminating route in the route file, every part PEM.
+type TerminateEntry struct {
+	ServingCert    string `json:"servingCert"`
+	ServingKey     string `json:"servingKey"`
+	ClientCA       string `json:"clientCA"`
+	FrontProxyCert string `json:"frontProxyCert"`
+	FrontProxyKey  string `json:"frontProxyKey"`
+	APIServerCA    string `json:"apiserverCA"`
+	APIServerName  string `json:"apiserverName"`
 }
 
 // Addresses are an upstream's "host:port" endpoints. In the file they are one string (the
@@ -146,6 +160,13 @@ func (e RouteEntry) model(ctx context.Context, r Resolver) (model.Shoot, error) 
 		s.VPNReplicas = append(s.VPNReplicas, model.VPNReplica{Hostname: host, Endpoint: eps[0]})
 	}
 	model.SortReplicas(s.VPNReplicas)
+	if t := e.Terminate; t != nil {
+		s.Termination = &model.Termination{
+			ServingCert: []byte(t.ServingCert), ServingKey: []byte(t.ServingKey), ClientCA: []byte(t.ClientCA),
+			FrontProxyCert: []byte(t.FrontProxyCert), FrontProxyKey: []byte(t.FrontProxyKey),
+			APIServerCA: []byte(t.APIServerCA), APIServerName: t.APIServerName,
+		}
+	}
 	if e.AdvertisedAddress != "" {
 		// An advertised address is what clients dial, so it is an IP by definition.
 		if s.AdvertisedAddress, err = netip.ParseAddr(e.AdvertisedAddress); err != nil {

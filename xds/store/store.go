@@ -28,8 +28,9 @@ import (
 )
 
 // Types are the resource types tendril serves, in the order a client should apply them (and the
-// order a stream sends them in when several changed: clusters before their endpoints).
-var Types = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType}
+// order a stream sends them in when several changed: secrets before the listeners and clusters
+// that name them, clusters before their endpoints).
+var Types = []string{resourcev3.SecretType, resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType}
 
 // typeIndex is the index of each of Types.
 var typeIndex = func() map[string]int {
@@ -39,6 +40,12 @@ var typeIndex = func() map[string]int {
 	}
 	return m
 }()
+
+// OnDemand reports whether clients may ask for type t only once something they hold names its
+// resources, as Envoy asks for secrets (SDS) when a listener or cluster refers to one: a
+// client that has not subscribed it still counts as synced, but not as holding a shoot's
+// resources of that type.
+func OnDemand(t string) bool { return t == resourcev3.SecretType }
 
 // Served reports whether t is one of Types.
 func Served(t string) bool {
@@ -91,7 +98,7 @@ func Unique(nanos int64) Resource {
 
 // Names are the resource names one shoot owns, per type in the order of Types. An array rather
 // than a map per shoot: at 10,000 shoots the maps' overhead alone was a few MiB.
-type Names [3][]string
+type Names [4][]string
 
 // Add appends name of type t (one of Types).
 func (n *Names) Add(t, name string) { n[typeIndex[t]] = append(n[typeIndex[t]], name) }

@@ -17,6 +17,7 @@ import (
 	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	netsetfilterstatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -76,6 +77,7 @@ type Resources struct {
 	Listeners []*listenerv3.Listener
 	Clusters  []*clusterv3.Cluster
 	Endpoints []*endpointv3.ClusterLoadAssignment
+	Secrets   []*tlsv3.Secret
 }
 
 // Append adds all of o's resources to r.
@@ -83,6 +85,7 @@ func (r *Resources) Append(o Resources) {
 	r.Listeners = append(r.Listeners, o.Listeners...)
 	r.Clusters = append(r.Clusters, o.Clusters...)
 	r.Endpoints = append(r.Endpoints, o.Endpoints...)
+	r.Secrets = append(r.Secrets, o.Secrets...)
 }
 
 // SNICluster is the name of the cluster a connection with server name host selects.
@@ -147,13 +150,18 @@ func Constant(opts Options) Resources {
 // assignment with all of its endpoints (none while it has no ready endpoint), and when it has vpn
 // server endpoints, that server's clusters (its own name, and the legacy port's name of earlier
 // agents) and assignment, and a cluster and assignment per named replica of that server (an HA
-// shoot's, whose agents keep a tunnel to each). Nothing else depends on the shoot, and
-// an endpoint change touches only the one assignment.
+// shoot's, whose agents keep a tunnel to each). A terminating shoot's server names lead to its
+// own internal listener instead (terminate). Nothing else depends on the shoot, and an endpoint
+// change touches only the one assignment.
 func Shoot(s model.Shoot) Resources {
 	service := APIServerService(s.Name)
 	var r Resources
-	for _, h := range s.Hosts {
-		r.Clusters = append(r.Clusters, edsCluster(SNICluster(h), service))
+	if s.Termination != nil {
+		r = terminate(s)
+	} else {
+		for _, h := range s.Hosts {
+			r.Clusters = append(r.Clusters, edsCluster(SNICluster(h), service))
+		}
 	}
 	if s.AdvertisedAddress.IsValid() {
 		r.Clusters = append(r.Clusters, edsCluster(ProxyCluster(s.AdvertisedAddress), service))

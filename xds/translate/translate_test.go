@@ -106,6 +106,9 @@ func messages(r translate.Resources) []proto.Message {
 	for _, e := range r.Endpoints {
 		ms = append(ms, e)
 	}
+	for _, e := range r.Secrets {
+		ms = append(ms, e)
+	}
 	return ms
 }
 
@@ -134,7 +137,12 @@ func render(t *testing.T, r translate.Resources) []byte {
 	}
 	section("listeners", messages(translate.Resources{Listeners: r.Listeners}), false)
 	section("clusters", messages(translate.Resources{Clusters: r.Clusters}), false)
-	section("endpoints", messages(translate.Resources{Endpoints: r.Endpoints}), true)
+	// Secrets only where there are any, so that route sets without a terminating shoot render
+	// as they did before the terminating mode existed.
+	section("endpoints", messages(translate.Resources{Endpoints: r.Endpoints}), len(r.Secrets) == 0)
+	if len(r.Secrets) > 0 {
+		section("secrets", messages(translate.Resources{Secrets: r.Secrets}), true)
+	}
 	buf.WriteString("}")
 	var compact, out bytes.Buffer
 	if err := json.Compact(&compact, buf.Bytes()); err != nil {

@@ -107,9 +107,14 @@ func (ca *CA) issue(tmpl *x509.Certificate) (tls.Certificate, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
 }
 
+// PEM is the CA certificate as PEM.
+func (ca *CA) PEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
+}
+
 // WriteCA writes the CA certificate as PEM to path.
 func (ca *CA) WriteCA(path string) error {
-	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o644)
+	return os.WriteFile(path, ca.PEM(), 0o644)
 }
 
 // WriteFiles writes what a mutual-TLS peer reads: c's certificate and key, and the certificate
@@ -121,16 +126,26 @@ func WriteFiles(c tls.Certificate, ca *CA, certPath, keyPath, caPath string) err
 	return ca.WriteCA(caPath)
 }
 
+// PEM encodes c's certificate and its key (PKCS #8).
+func PEM(c tls.Certificate) (cert, key []byte, err error) {
+	keyDER, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), nil
+}
+
 // WritePair writes c's certificate and key as PEM files.
 func WritePair(c tls.Certificate, certPath, keyPath string) error {
-	keyDER, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	cert, key, err := PEM(c)
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o644); err != nil {
+	if err := os.WriteFile(certPath, cert, 0o644); err != nil {
 		return err
 	}
-	return os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600)
+	return os.WriteFile(keyPath, key, 0o600)
 }
 
 func serial() *big.Int {

@@ -1,13 +1,16 @@
 // Package modeltest generates synthetic shoot routes for scale tests and benchmarks: the i-th
 // shoot of a set is always the same, so a set of any size is reproducible. It holds no
-// assertions and is not used by production code.
+// assertions and is not used by production code. Termination gives a shoot the certificates
+// of the terminating mode.
 package modeltest
 
 import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"time"
 
+	"github.com/tendril-net/tendril/internal/pki/testpki"
 	"github.com/tendril-net/tendril/xds/model"
 )
 
@@ -31,4 +34,34 @@ func Addr(a, b byte, i int) netip.Addr {
 	var v [4]byte
 	binary.BigEndian.PutUint32(v[:], uint32(a)<<24|uint32(b)<<16+uint32(i+1))
 	return netip.AddrFrom4(v)
+}
+
+// Termination returns a valid terminating route for host: a serving certificate of a new CA
+// (also kube-apiserver's, for the name kube-apiserver), a client CA, and a front-proxy
+// certificate of a third.
+func Termination(host string) (*model.Termination, error) {
+	var cas [3]*testpki.CA
+	for i := range cas {
+		ca, err := testpki.NewCA(fmt.Sprintf("%s ca %d", host, i))
+		if err != nil {
+			return nil, err
+		}
+		cas[i] = ca
+	}
+	serving, err := cas[0].Leaf(host, "kube-apiserver")
+	if err != nil {
+		return nil, err
+	}
+	front, err := cas[2].Client("front-proxy", nil, time.Time{}, time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	tm := &model.Termination{ClientCA: cas[1].PEM(), APIServerCA: cas[0].PEM(), APIServerName: "kube-apiserver"}
+	if tm.ServingCert, tm.ServingKey, err = testpki.PEM(serving); err != nil {
+		return nil, err
+	}
+	if tm.FrontProxyCert, tm.FrontProxyKey, err = testpki.PEM(front); err != nil {
+		return nil, err
+	}
+	return tm, nil
 }
