@@ -111,10 +111,7 @@ func TestApplyRejects(t *testing.T) {
 		f(l)
 		return l
 	}
-	cases := map[string]struct {
-		u    xdsclient.Update
-		want string
-	}{
+	cases := map[string]rejection{
 		"unknown listener filter": {update(t, resourcev3.ListenerType, mutate(func(l *listenerv3.Listener) {
 			l.ListenerFilters[0].ConfigType = &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAnyT(t, &corev3.Node{})}
 		})), "listener filter"},
@@ -150,6 +147,19 @@ func TestApplyRejects(t *testing.T) {
 			TransportSocket: &corev3.TransportSocket{Name: "tls"},
 		}), "LEAST_REQUEST"},
 	}
+	applyRejects(t, cases)
+}
+
+// rejection is an update the ingress must refuse, with an error that mentions want.
+type rejection struct {
+	u    xdsclient.Update
+	want string
+}
+
+// applyRejects applies each case to a new ingress: it must be refused with its reason, and the
+// configuration stay as it was.
+func applyRejects(t *testing.T, cases map[string]rejection) {
+	t.Helper()
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			in := New(Config{Listeners: map[string]string{"sni": "127.0.0.1:0"}})

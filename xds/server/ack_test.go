@@ -437,6 +437,12 @@ func TestFirstSyncInPieces(t *testing.T) {
 // and its connection end with the test.
 func openDelta(t testing.TB, addr string, nd *corev3.Node, known map[string]map[string]string) discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient {
 	t.Helper()
+	return openDeltaTypes(t, addr, nd, known, store.Types)
+}
+
+// openDeltaTypes is openDelta subscribing only types.
+func openDeltaTypes(t testing.TB, addr string, nd *corev3.Node, known map[string]map[string]string, types []string) discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient {
+	t.Helper()
 	client := dialADS(t, addr, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(ads.MaxRecvMsgSize)))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -444,7 +450,7 @@ func openDelta(t testing.TB, addr string, nd *corev3.Node, known map[string]map[
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, typ := range store.Types {
+	for _, typ := range types {
 		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: nd, TypeUrl: typ, InitialResourceVersions: known[typ]}); err != nil {
 			t.Fatal(err)
 		}
@@ -525,22 +531,13 @@ func TestOnDemandSecrets(t *testing.T) {
 	if _, err := s.Apply(set); err != nil {
 		t.Fatal(err)
 	}
-	addr := startServer(t, s)
-	client := dialADS(t, addr, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(ads.MaxRecvMsgSize)))
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	st, err := client.DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var types []string
 	for _, typ := range store.Types {
-		if store.OnDemand(typ) {
-			continue
-		}
-		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: typ}); err != nil {
-			t.Fatal(err)
+		if !store.OnDemand(typ) {
+			types = append(types, typ)
 		}
 	}
+	st := openDeltaTypes(t, startServer(t, s), node, nil, types)
 	go ackAll(st)
 	waitState(t, s, set[0].Name, model.StateProgrammed)
 	// The client's sync evaluated every shoot under one lock: the other's state is final here.
