@@ -2,16 +2,16 @@ package e2e
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,20 +19,24 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/tendril-net/tendril/ingress/terminate"
 	"github.com/tendril-net/tendril/internal/pki/testpki"
 	"github.com/tendril-net/tendril/internal/testing/testnet"
+	"github.com/tendril-net/tendril/wire"
+	"github.com/tendril-net/tendril/xds/translate"
 )
 
-// TestTerminatingAPIServers runs ingress/terminate in front of three real kube-apiserver
-// replicas on one etcd that trust its front-proxy certificate (--requestheader-*), as the
-// ingress's terminating mode will for an opted-in shoot (issue 42): a client certificate's user
-// and groups are who kube-apiserver sees (kubectl auth whoami); X-Remote-* headers a client
-// forges are dropped (without a certificate they would make it anyone); a service account's
-// bearer token passes and is authenticated by kube-apiserver; 1,200 requests of one client-go
-// client on one connection spread over the three within ±10 %; a watch streams through.
+// TestTerminatingAPIServers runs the terminating mode as it ships: tendril-seed serves a route
+// file whose shoot has terminate: (its serving certificate, client CA, front-proxy certificate,
+// kube-apiserver's CA), tendril-ingress (both as make build makes them) terminates it in front of
+// three real kube-apiserver replicas on one etcd that trust the front-proxy certificate
+// (--requestheader-*): a client certificate's user and groups are who kube-apiserver sees
+// (kubectl auth whoami); X-Remote-* headers a client forges are dropped (without a certificate
+// they would make it anyone); a service account's bearer token passes and is authenticated by
+// kube-apiserver; 1,200 requests of one client-go client on one connection spread over the
+// three within ±10 %; a watch streams through; the ingress's metrics count the stripped
+// requests and no refusal.
 func TestTerminatingAPIServers(t *testing.T) {
-	const host = "api.terminate.e2e.test"
+	const host, shoot = "api.terminate.e2e.test", "shoot--e2e--terminate"
 	r := newReplicaSet(t, "kube-apiserver", "127.0.0.1")
 	dir, files, shootCA := r.dir, r.files, r.ca
 	frontProxyCA, err := testpki.NewCA("e2e front-proxy CA")
@@ -49,33 +53,33 @@ func TestTerminatingAPIServers(t *testing.T) {
 		replicas = append(replicas, addr)
 		r.start(t, i, addr,
 			"--requestheader-client-ca-file="+files["front-proxy-ca.crt"], "--requestheader-allowed-names=front-proxy-client",
-			"--requestheader-username-headers="+terminate.HeaderUser, "--requestheader-group-headers="+terminate.HeaderGroup,
-			"--requestheader-extra-headers-prefix="+terminate.HeaderExtraPrefix)
+			"--requestheader-username-headers="+wire.RemoteUserHeader, "--requestheader-group-headers="+wire.RemoteGroupHeader,
+			"--requestheader-extra-headers-prefix="+wire.RemoteExtraHeaderPrefix)
 	}
 
-	proxyServing := must(shootCA.Leaf(host))
-	frontProxy := must(frontProxyCA.Client("front-proxy-client", nil, time.Time{}, time.Time{}))
-	p, err := terminate.New(terminate.Config{Log: testr.New(t)}, terminate.Shoot{
-		Serving: proxyServing, ClientCAs: shootCA.Pool, Upstreams: replicas,
-		FrontProxy: frontProxy, UpstreamCAs: shootCA.Pool, UpstreamName: "kube-apiserver",
-	})
-	if err != nil {
-		t.Fatal(err)
+	servingCert, servingKey := must2(testpki.PEM(must(shootCA.Leaf(host))))
+	frontCert, frontKey := must2(testpki.PEM(must(frontProxyCA.Client("front-proxy-client", nil, time.Time{}, time.Time{}))))
+	block := func(pem []byte) string {
+		return "|\n      " + strings.ReplaceAll(strings.TrimSpace(string(pem)), "\n", "\n      ")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = p.Shutdown(ctx)
-		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	routes := writeFile(t, dir, "routes.yaml", fmt.Sprintf(`shoots:
+- name: %s
+  hosts: [%s]
+  apiserver: [%s]
+  terminate:
+    servingCert: %s
+    servingKey: %s
+    clientCA: %s
+    frontProxyCert: %s
+    frontProxyKey: %s
+    apiserverCA: %s
+    apiserverName: kube-apiserver
+`, shoot, host, strings.Join(replicas, ", "), block(servingCert), block(servingKey), block(shootCA.PEM()),
+		block(frontCert), block(frontKey), block(shootCA.PEM())))
+	xdsAddr, sniAddr, ingressMetrics := loopbackAddr(t), loopbackAddr(t), loopbackAddr(t)
+	xdsSeed, xdsIngress := xdsTLS(t)
+	start(t, "tendril-seed", []string{xdsAddr}, append([]string{"--routes", routes, "--xds-address", xdsAddr, "--metrics-address", ""}, xdsSeed...)...)
+	start(t, "tendril-ingress", []string{sniAddr, ingressMetrics}, append([]string{"--xds", xdsAddr, "--node-id", "e2e", "--sni-address", sniAddr, "--metrics-address", ingressMetrics}, xdsIngress...)...)
 
 	// kubeconfigs: alice by certificate, through the proxy and straight to a replica.
 	alice := must(shootCA.Client("alice", []string{"devs"}, time.Time{}, time.Time{}))
@@ -85,7 +89,7 @@ func TestTerminatingAPIServers(t *testing.T) {
 	}
 	var dials atomic.Int64
 	through := func(cert bool, header http.Header) *rest.Config {
-		c := &rest.Config{Host: "https://" + ln.Addr().String(), QPS: -1, TLSClientConfig: rest.TLSClientConfig{ServerName: host, CAFile: files["ca.crt"]}}
+		c := &rest.Config{Host: "https://" + sniAddr, QPS: -1, TLSClientConfig: rest.TLSClientConfig{ServerName: host, CAFile: files["ca.crt"]}}
 		if cert {
 			c.CertFile, c.KeyFile = aliceFiles["crt"], aliceFiles["key"]
 		}
@@ -201,11 +205,21 @@ func TestTerminatingAPIServers(t *testing.T) {
 	case <-wctx.Done():
 		t.Error("no watch event through the proxy within 30 s")
 	}
-	if n := p.Refused.BadCertificate.Load() + p.Refused.Upstream.Load() + p.Refused.NoUpstream.Load(); n != 0 {
-		t.Errorf("the proxy refused %d requests", n)
+	m, err := get("http://" + ingressMetrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if p.Stripped.Load() != 3 {
-		t.Errorf("stripped %d requests' X-Remote-* headers, want the 3 forged ones", p.Stripped.Load())
+	listener := `listener="` + translate.TerminateListener(shoot) + `"`
+	if want := "tendril_ingress_terminate_stripped_requests_total{" + listener + "} 3"; !strings.Contains(m, want) {
+		t.Errorf("want %q (the 3 forged requests):\n%s", want, grepLines(m, "tendril_ingress_terminate"))
+	}
+	for _, line := range strings.Split(grepLines(m, "tendril_ingress_terminate_refused_requests_total{"), "\n") {
+		if line != "" && !strings.HasSuffix(line, " 0") {
+			t.Errorf("the ingress refused requests: %s", line)
+		}
+	}
+	if !strings.Contains(m, "tendril_ingress_terminate_refused_requests_total{"+listener) {
+		t.Errorf("no refusal counters for %s:\n%s", shoot, grepLines(m, "tendril_ingress_terminate"))
 	}
 }
 
@@ -221,6 +235,13 @@ func (a headerAdder) RoundTrip(r *http.Request) (*http.Response, error) {
 		r.Header[k] = v
 	}
 	return a.rt.RoundTrip(r)
+}
+
+func must2[T, U any](v T, w U, err error) (T, U) {
+	if err != nil {
+		panic(err)
+	}
+	return v, w
 }
 
 func must[T any](v T, err error) T {

@@ -117,6 +117,9 @@ func New(cfg Config) *Ingress {
 		refusals: &accept.LimitedLog{Log: cfg.Log},
 		terms:    newTerminators(cfg.Log.WithName("terminate")),
 	}
+	if cfg.Registry != nil {
+		cfg.Registry.MustRegister(newTerminateCollector(in.terms))
+	}
 	in.pending = newPendingSet(cfg.MaxPending, cfg.MaxPendingPerListener, cfg.MaxPendingPerSource, in.trusted)
 	in.current.Store(&config{
 		listeners:  map[string]*listenerConfig{},
@@ -431,6 +434,8 @@ func (in *Ingress) drain(servers []*server, served <-chan struct{}) {
 	for _, s := range servers {
 		s.stopAccepting()
 	}
+	// Terminated connections are HTTP: idle ones can close now, HTTP/2 ones go away.
+	in.terms.drain()
 	if in.cfg.DrainDelay > 0 {
 		for _, s := range servers {
 			open[s.name] = s.downstreams()

@@ -243,6 +243,14 @@ func TestTerminatingShoot(t *testing.T) {
 		t.Errorf("a certificate of another CA: %d, want 401", code)
 	}
 
+	// The refusal and the stripped requests are exported.
+	if got := gathered(t, w, "tendril_ingress_terminate_refused_requests_total", "reason", "bad_certificate"); got != 1 {
+		t.Errorf("bad_certificate refusals exported: %v, want 1", got)
+	}
+	if got := gathered(t, w, "tendril_ingress_terminate_stripped_requests_total", "", ""); got != n+1 {
+		t.Errorf("stripped requests exported: %v, want %d", got, n+1)
+	}
+
 	// An upgrade goes over HTTP/1.1 and streams both ways.
 	up := upgrade(t, w, ts, &alice)
 	if !strings.HasPrefix(up, "replica ") || !strings.HasSuffix(up, ": ping\n") {
@@ -434,4 +442,60 @@ func clustersOf(r translate.Resources) []proto.Message {
 		ms = append(ms, c)
 	}
 	return ms
+}
+
+// gathered is the value of the world's metric name for the terminating listener (and, with
+// label set, that label's value).
+func gathered(t *testing.T, w *world, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := w.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := label == ""
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					match = true
+				}
+			}
+			if match {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return -1
+}
+
+// TestDrainClosesIdleTerminatedConnections: a drain tells a terminating shoot's HTTP clients to
+// go away, so the ingress's Serve returns once their requests are done, long before its
+// DrainTimeout, and closes none (an idle keep-alive connection would otherwise hold it there).
+func TestDrainClosesIdleTerminatedConnections(t *testing.T) {
+	w := newWorldConfig(t, translate.Options{}, Config{DrainTimeout: time.Hour})
+	ts := newTerminatingShoot(t, "shoot--t--alpha", "api.alpha.test", 1)
+	w.mu.Lock()
+	w.shoots[ts.shoot.Name] = ts.shoot
+	w.mu.Unlock()
+	w.apply()
+	testwait.Until(t, "terminating listener served", func() bool { return w.in.terms.get(translate.TerminateListener(ts.shoot.Name)) != nil })
+	c := ts.client(w, nil, nil)
+	if code, _ := get(t, c, "https://"+ts.shoot.Hosts[0]+"/api", nil); code != http.StatusOK {
+		t.Fatalf("status %d", code)
+	}
+	if w.in.Open() != 1 {
+		t.Fatalf("%d connections open, want the client's idle one", w.in.Open())
+	}
+	w.stop()
+	select {
+	case <-w.served:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return: the idle terminated connection holds the drain")
+	}
+	if got := w.drainClosed("sni"); got != 0 {
+		t.Errorf("connections closed by the drain on sni: %v, want 0", got)
+	}
 }

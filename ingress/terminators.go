@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tendril-net/tendril/ingress/terminate"
 )
@@ -28,6 +29,10 @@ type terminators struct {
 	closed  bool
 	// serving counts the proxies' Serve goroutines.
 	serving sync.WaitGroup
+	// stopping are the proxies shutting down, by their listener; retired the counts of those
+	// that have, by listener, so that the exported counters never go back.
+	stopping map[*terminate.Proxy]string
+	retired  map[string]terminate.Counts
 }
 
 type runningProxy struct {
@@ -51,7 +56,7 @@ func (a terminateInputs) equal(b terminateInputs) bool {
 }
 
 func newTerminators(log logr.Logger) *terminators {
-	return &terminators{log: log, running: map[string]*runningProxy{}}
+	return &terminators{log: log, running: map[string]*runningProxy{}, stopping: map[*terminate.Proxy]string{}, retired: map[string]terminate.Counts{}}
 }
 
 // get returns the proxy of an internal listener, nil while it has none.
@@ -75,7 +80,7 @@ func (ts *terminators) sync(cfg *config) {
 	for name, r := range ts.running {
 		if cfg.terminates[name] == nil {
 			delete(ts.running, name)
-			ts.stop(r)
+			ts.stop(name, r)
 			ts.log.Info("Terminating listener removed", "listener", name)
 		}
 	}
@@ -113,7 +118,7 @@ func (ts *terminators) sync(cfg *config) {
 				continue
 			}
 			if r != nil {
-				ts.stop(r)
+				ts.stop(name, r)
 			}
 			ts.running[name] = &runningProxy{p: p, cfg: pcfg, in: in}
 			ts.serving.Go(func() { _ = p.Serve(nil) })
@@ -125,20 +130,52 @@ func (ts *terminators) sync(cfg *config) {
 // stop shuts r down in the background: its requests in flight finish and its idle connections
 // close. What stays open (a watch, an exec) is the ingress's to end: its connections are in
 // the SNI server's handed set, which a drain closes at its timeout.
-func (ts *terminators) stop(r *runningProxy) {
-	ts.serving.Go(func() { _ = r.p.Shutdown(context.Background()) })
+// ts.mu is held.
+func (ts *terminators) stop(name string, r *runningProxy) {
+	ts.stopping[r.p] = name
+	ts.serving.Go(func() {
+		_ = r.p.Shutdown(context.Background())
+		ts.mu.Lock()
+		delete(ts.stopping, r.p)
+		ts.retired[name] = ts.retired[name].Add(r.p.Counts())
+		ts.mu.Unlock()
+	})
 }
 
-// close shuts every proxy down and waits for them; the ingress calls it once its connections
-// have ended or been closed.
-func (ts *terminators) close() {
+// counts are the counters of every listener's proxies, running and retired.
+func (ts *terminators) counts() map[string]terminate.Counts {
 	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	out := make(map[string]terminate.Counts, len(ts.running)+len(ts.retired))
+	for name, c := range ts.retired {
+		out[name] = c
+	}
+	for name, r := range ts.running {
+		out[name] = out[name].Add(r.p.Counts())
+	}
+	for p, name := range ts.stopping {
+		out[name] = out[name].Add(p.Counts())
+	}
+	return out
+}
+
+// drain starts shutting every proxy down, for the ingress's drain: idle client connections
+// close at once, HTTP/2 ones are told to go away (GOAWAY), requests in flight finish; what is
+// left when the drain times out is closed with the rest. No proxy starts after it.
+func (ts *terminators) drain() {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
 	ts.closed = true
-	for _, r := range ts.running {
-		ts.stop(r)
+	for name, r := range ts.running {
+		ts.stop(name, r)
 	}
 	ts.running = map[string]*runningProxy{}
-	ts.mu.Unlock()
+}
+
+// close drains and waits for every proxy; the ingress calls it once its connections have
+// ended or been closed.
+func (ts *terminators) close() {
+	ts.drain()
 	ts.serving.Wait()
 }
 
@@ -199,4 +236,31 @@ func (c *replayConn) Close() error {
 
 func newReplayConn(c net.Conn, first []byte, onClose func()) *replayConn {
 	return &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(first), c), onClose: onClose}
+}
+
+// terminateCollector exports the terminating proxies' counters.
+type terminateCollector struct {
+	ts                *terminators
+	refused, stripped *prometheus.Desc
+}
+
+func newTerminateCollector(ts *terminators) *terminateCollector {
+	return &terminateCollector{ts: ts,
+		refused: prometheus.NewDesc("tendril_ingress_terminate_refused_requests_total",
+			"Requests and connections of terminating shoots that did not reach kube-apiserver, by internal listener and reason.", []string{"listener", "reason"}, nil),
+		stripped: prometheus.NewDesc("tendril_ingress_terminate_stripped_requests_total",
+			"Requests of terminating shoots whose client-sent X-Remote-* headers were dropped, by internal listener.", []string{"listener"}, nil),
+	}
+}
+
+func (c *terminateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.refused; ch <- c.stripped }
+
+func (c *terminateCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, n := range c.ts.counts() {
+		for reason, v := range map[string]uint64{"handshake_failed": n.Handshake, "smuggling": n.Smuggling, "bad_certificate": n.BadCertificate,
+			"no_upstream": n.NoUpstream, "upstream_failed": n.Upstream} {
+			ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(v), name, reason)
+		}
+		ch <- prometheus.MustNewConstMetric(c.stripped, prometheus.CounterValue, float64(n.Stripped), name)
+	}
 }

@@ -119,6 +119,24 @@ type refusals struct {
 	Upstream       atomic.Uint64 // the replica failed (502)
 }
 
+// Counts are a Proxy's counters at one moment.
+type Counts struct {
+	// Refused by reason (the refusals' fields); Stripped as Proxy.Stripped.
+	Handshake, Smuggling, BadCertificate, NoUpstream, Upstream, Stripped uint64
+}
+
+// Add returns the sum of c and o.
+func (c Counts) Add(o Counts) Counts {
+	return Counts{c.Handshake + o.Handshake, c.Smuggling + o.Smuggling, c.BadCertificate + o.BadCertificate,
+		c.NoUpstream + o.NoUpstream, c.Upstream + o.Upstream, c.Stripped + o.Stripped}
+}
+
+// Counts reads the counters.
+func (p *Proxy) Counts() Counts {
+	r := &p.Refused
+	return Counts{r.Handshake.Load(), r.Smuggling.Load(), r.BadCertificate.Load(), r.NoUpstream.Load(), r.Upstream.Load(), p.Stripped.Load()}
+}
+
 // state is one Shoot made ready: its TLS configuration and its transports.
 type state struct {
 	shoot     Shoot

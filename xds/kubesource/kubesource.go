@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -96,15 +97,22 @@ type Config struct {
 // none: every EndpointSlice). A seed holds an EndpointSlice per Service of every shoot's control
 // plane, and pods restarting anywhere in it change them all the time; the route source needs
 // only the few Services Routes name. A name that cannot be a Service's is an error.
+//
+// Secrets are always narrowed: the source reads only the termination Secrets Routes name, which
+// carry tendrilv1alpha1.TerminationSecretLabel, never the seed's others.
 func CacheByObject(services []string) (map[client.Object]cache.ByObject, error) {
+	by := map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{tendrilv1alpha1.TerminationSecretLabel: "true"})},
+	}
 	if len(services) == 0 {
-		return nil, nil
+		return by, nil
 	}
 	req, err := labels.NewRequirement(discoveryv1.LabelServiceName, selection.In, services)
 	if err != nil {
 		return nil, fmt.Errorf("kubesource: services %v: %w", services, err)
 	}
-	return map[client.Object]cache.ByObject{&discoveryv1.EndpointSlice{}: {Label: labels.NewSelector().Add(*req)}}, nil
+	by[&discoveryv1.EndpointSlice{}] = cache.ByObject{Label: labels.NewSelector().Add(*req)}
+	return by, nil
 }
 
 // Add adds the source to mgr. It runs on every replica (so that a new leader serves the current
@@ -301,7 +309,8 @@ func (s *Source) Start(ctx context.Context) error {
 	}
 }
 
-// watch registers the Source's event handlers on the Route, Service and EndpointSlice informers;
+// watch registers the Source's event handlers on the Route, Service, EndpointSlice and (termination)
+// Secret informers;
 // unwatch removes those registered (also after an error).
 func (s *Source) watch(ctx context.Context) (unwatch func(), err error) {
 	var removes []func()
@@ -310,7 +319,7 @@ func (s *Source) watch(ctx context.Context) (unwatch func(), err error) {
 			r()
 		}
 	}
-	for _, obj := range []client.Object{&tendrilv1alpha1.Route{}, &corev1.Service{}, &discoveryv1.EndpointSlice{}} {
+	for _, obj := range []client.Object{&tendrilv1alpha1.Route{}, &corev1.Service{}, &discoveryv1.EndpointSlice{}, &corev1.Secret{}} {
 		inf, err := s.cache.GetInformer(ctx, obj)
 		if err != nil {
 			return unwatch, fmt.Errorf("kubesource: informer for %T: %w", obj, err)
@@ -502,6 +511,17 @@ func (s *Source) build(ctx context.Context, r *route) error {
 		}
 		sh.AdvertisedAddress = a.Unmap()
 	}
+	if spec.Termination != nil {
+		tm, problem, err := s.termination(ctx, r.obj.Namespace, *spec.Termination)
+		if err != nil {
+			return err
+		}
+		if problem != "" {
+			r.reason, r.message = tendrilv1alpha1.ReasonInvalid, problem
+			return nil
+		}
+		sh.Termination = tm
+	}
 	if err := sh.Validate(); err != nil {
 		r.reason, r.message = tendrilv1alpha1.ReasonInvalid, err.Error()
 		return nil
@@ -530,6 +550,35 @@ func (s *Source) build(ctx context.Context, r *route) error {
 		r.reason, r.message = tendrilv1alpha1.ReasonNoEndpoints, joinSentences(problems)
 	}
 	return nil
+}
+
+// termination reads a Route's termination Secret; a problem (no such Secret, a missing key) is
+// returned as a sentence for the condition.
+func (s *Source) termination(ctx context.Context, ns string, t tendrilv1alpha1.RouteTermination) (*model.Termination, string, error) {
+	var sec corev1.Secret
+	switch err := s.cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: t.SecretName}, &sec); {
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Sprintf("The termination Secret %s does not exist or lacks the label %s=true.", t.SecretName, tendrilv1alpha1.TerminationSecretLabel), nil
+	case err != nil:
+		return nil, "", fmt.Errorf("kubesource: get Secret %s/%s: %w", ns, t.SecretName, err)
+	}
+	var missing []string
+	key := func(k string) []byte {
+		if len(sec.Data[k]) == 0 {
+			missing = append(missing, k)
+		}
+		return sec.Data[k]
+	}
+	tm := &model.Termination{
+		ServingCert: key(tendrilv1alpha1.TerminationServingCert), ServingKey: key(tendrilv1alpha1.TerminationServingKey),
+		ClientCA:       key(tendrilv1alpha1.TerminationClientCA),
+		FrontProxyCert: key(tendrilv1alpha1.TerminationFrontProxyCert), FrontProxyKey: key(tendrilv1alpha1.TerminationFrontProxyKey),
+		APIServerCA: key(tendrilv1alpha1.TerminationAPIServerCA), APIServerName: t.APIServerName,
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Sprintf("The termination Secret %s lacks %s.", t.SecretName, strings.Join(missing, ", ")), nil
+	}
+	return tm, "", nil
 }
 
 // endpoints resolves a Service port to the ready endpoints of its EndpointSlices, and those of

@@ -605,8 +605,14 @@ func TestConfig(t *testing.T) {
 	if _, err := kubesource.CacheByObject([]string{"kube-apiserver", "not a service!"}); err == nil {
 		t.Error("an invalid Service name made a cache selector")
 	}
-	if by, err := kubesource.CacheByObject(nil); by != nil || err != nil {
-		t.Errorf("no Services: %v, %v; want every EndpointSlice (nil)", by, err)
+	by, err := kubesource.CacheByObject(nil)
+	if err != nil || len(by) != 1 {
+		t.Fatalf("no Services: %v, %v; want every EndpointSlice and only labelled Secrets", by, err)
+	}
+	for obj, b := range by {
+		if _, ok := obj.(*corev1.Secret); !ok || b.Label.String() != tendrilv1alpha1.TerminationSecretLabel+"=true" {
+			t.Errorf("no Services: %T narrowed by %v; want only Secrets, by their termination label", obj, b.Label)
+		}
 	}
 }
 

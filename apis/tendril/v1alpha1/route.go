@@ -68,6 +68,38 @@ type RouteSpec struct {
 	//
 	// +optional
 	TunnelServer *ServiceReference `json:"tunnelServer,omitempty"`
+
+	// Termination opts the Route into the terminating mode of the SNI listener: the ingress
+	// ends the TLS of Hostnames with kube-apiserver's serving certificate and balances each
+	// request over the kube-apiserver endpoints. Unset: connections are passed through.
+	//
+	// +optional
+	Termination *RouteTermination `json:"termination,omitempty"`
+}
+
+// Keys of a termination Secret, all PEM.
+const (
+	TerminationServingCert    = "serving.crt"
+	TerminationServingKey     = "serving.key"
+	TerminationClientCA       = "client-ca.crt"
+	TerminationFrontProxyCert = "front-proxy.crt"
+	TerminationFrontProxyKey  = "front-proxy.key"
+	TerminationAPIServerCA    = "kube-apiserver-ca.crt"
+)
+
+// RouteTermination names what the terminating mode needs.
+type RouteTermination struct {
+	// SecretName is a Secret in the Route's namespace, labelled TerminationSecretLabel=true
+	// (the control plane caches only those), with the keys Termination*: kube-apiserver's
+	// serving certificate and key, the client CA bundle, the front-proxy client certificate and
+	// key, and the CA that verifies kube-apiserver.
+	//
+	// +kubebuilder:validation:MinLength=1
+	SecretName string `json:"secretName"`
+	// APIServerName is the name kube-apiserver's serving certificate is verified for.
+	//
+	// +kubebuilder:validation:MinLength=1
+	APIServerName string `json:"apiServerName"`
 }
 
 // ServiceReference names a Service port in the Route's namespace.
