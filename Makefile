@@ -108,6 +108,9 @@ bench: build ## Run the benchmarks against their peers: docs/benchmarks.md, repo
 		--markdown docs/bench/tunnel-impaired.md --json-file docs/bench/tunnel-impaired.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench failover --markdown docs/bench/failover.md --json-file docs/bench/failover.json --markdown-append docs/benchmarks.md
 	bin/tendril-bench xds --markdown docs/bench/xds.md --json-file docs/bench/xds.json --markdown-append docs/benchmarks.md
+	bin/tendril-bench terminate --json-file docs/bench/terminate.json > docs/bench/terminate.md
+	printf '\n## The terminating mode against HAProxy (`tendril-bench terminate`)\n\n' >> docs/benchmarks.md
+	cat docs/bench/terminate.md >> docs/benchmarks.md
 	bin/tendril-bench plot --rate docs/bench/sni.json,docs/bench/proxy.json,docs/bench/connect.json --xds docs/bench/xds.json --tunnel docs/bench/tunnel.json
 	printf '\n## Plots\n\n![SNI](bench/sni-ttfb.png)\n![PROXY](bench/proxy-ttfb.png)\n![CONNECT](bench/connect-ttfb.png)\n![xDS](bench/xds.png)\n![tunnel](bench/tunnel.png)\n' >> docs/benchmarks.md
 

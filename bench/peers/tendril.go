@@ -27,6 +27,10 @@ type Tendril struct {
 	Job Job
 	// ReadyTimeout bounds the wait for the ingress's /readyz; 0 means 30 s.
 	ReadyTimeout time.Duration
+	// Routes, if set, is tendril-seed's route file as it is, in place of RouteFile(routes):
+	// for routes RouteFile cannot express (the terminating mode's certificates). The routes
+	// Start is given are then only validated.
+	Routes string
 }
 
 var _ Peer = Tendril{}
@@ -129,6 +133,9 @@ func (t Tendril) Start(ctx context.Context, dir string, routes []Route) (*Instan
 	routeFile, err := RouteFile(routes)
 	if err != nil {
 		return nil, err
+	}
+	if t.Routes != "" {
+		routeFile = t.Routes
 	}
 	path := filepath.Join(dir, "routes.yaml")
 	if err := writeFile(path, routeFile); err != nil {

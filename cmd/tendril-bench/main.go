@@ -60,6 +60,11 @@ modes:
   xds      N shoots in the xDS server with tendril-ingress replicas connected,
            then single-shoot changes: Apply → ACK of every replica p50/p99,
            bytes per change, full build time, control plane and ingress RSS
+  terminate  the SNI listener's terminating mode vs HAProxy in HTTP mode doing the
+           same (TLS with the shoot's certificate, client certificates, X-Remote-*,
+           HTTP/2 to three replicas with the front-proxy certificate): requests/s
+           and CPU per request at --clients, memory per idle HTTP/2 connection and
+           per opted-in shoot
   plot     PNG plots from --json-file reports: TTFB vs concurrency (--rate), xDS ACK latency vs shoots
            (--xds), tunnel throughput per target (--tunnel)
   --version  print the version and exit
@@ -85,10 +90,11 @@ type runner interface {
 // parsers parse the command lines of the modes that run, by command name (plot and help do
 // not: they measure nothing).
 var parsers = map[string]func(args []string, stderr io.Writer) (runner, error){
-	"tunnel":   parser(parseTunnel),
-	"failover": parser(parseFailover),
-	"idle":     parser(parseIdle),
-	"xds":      parser(parseXDS),
+	"tunnel":    parser(parseTunnel),
+	"failover":  parser(parseFailover),
+	"idle":      parser(parseIdle),
+	"xds":       parser(parseXDS),
+	"terminate": parser(parseTerminate),
 	// sni, proxy and connect share the harness and its flags.
 	sni.Mode.Name:          harnessParser(sni.Mode),
 	incluster.Proxy.Name:   harnessParser(incluster.Proxy),

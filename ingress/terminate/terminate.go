@@ -166,6 +166,7 @@ func New(cfg Config, s Shoot) (*Proxy, error) {
 		// No TLSConfig: the Proxy makes the handshakes (handshake) and hands the server
 		// *tls.Conn for HTTP/2, which it then serves itself, and h1Conn for HTTP/1.1.
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			ctx = context.WithValue(ctx, identityKey{}, &connIdentity{})
 			if h, ok := c.(*h1Conn); ok {
 				return context.WithValue(ctx, h1Key{}, h)
 			}
@@ -390,7 +391,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	user, groups, err := clientIdentity(cs, st.shoot.ClientCAs)
+	user, groups, err := identity(r.Context(), cs, st.shoot.ClientCAs)
 	if err != nil {
 		p.Refused.BadCertificate.Add(1)
 		p.cfg.Log.Info("Refused a client certificate", "remote", r.RemoteAddr, "reason", err.Error())
@@ -428,7 +429,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		},
 		Transport:     transport,
-		FlushInterval: -1, // watches and logs -f stream
+		// No flush after every write: a response of known length goes out in as few writes
+		// as it takes (a flush per write cost a system call per frame). Watches and logs -f
+		// have no length, which ReverseProxy flushes as they come.
+		FlushInterval: 0,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
 				return // the client went away
@@ -439,6 +443,41 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// connIdentity is a client connection's verified identity, computed at its first request: a
+// connection's certificate does not change, and verifying its chain is most of a request's
+// cost (an ECDSA signature check per certificate). It is computed again when the client CA
+// changed (a rotation: Update) or the chain's earliest expiry has passed.
+type connIdentity struct {
+	mu     sync.Mutex
+	roots  *x509.CertPool
+	until  time.Time
+	user   string
+	groups []string
+	err    error
+}
+
+type identityKey struct{}
+
+// identity is clientIdentity for the request's connection, from its cache when still valid.
+func identity(ctx context.Context, cs *tls.ConnectionState, roots *x509.CertPool) (string, []string, error) {
+	id, ok := ctx.Value(identityKey{}).(*connIdentity)
+	if !ok || cs == nil || len(cs.PeerCertificates) == 0 {
+		return clientIdentity(cs, roots)
+	}
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.roots != roots || !time.Now().Before(id.until) {
+		id.user, id.groups, id.err = clientIdentity(cs, roots)
+		id.roots, id.until = roots, cs.PeerCertificates[0].NotAfter
+		for _, c := range cs.PeerCertificates[1:] {
+			if c.NotAfter.Before(id.until) {
+				id.until = c.NotAfter
+			}
+		}
+	}
+	return id.user, id.groups, id.err
 }
 
 // clientIdentity verifies the client's certificate, if it sent one, and returns its user (the

@@ -118,6 +118,14 @@ func (r *rig) serve(i int, w http.ResponseWriter, req *http.Request) {
 		r.slowIn <- i
 		<-r.release
 	}
+	if req.URL.Path == "/watch" {
+		// An event, flushed, then nothing until released: as a watch that waits for the next.
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintln(w, `{"type":"ADDED"}`)
+		_ = http.NewResponseController(w).Flush()
+		<-r.release
+		return
+	}
 	if req.Header.Get("Upgrade") != "" {
 		c, brw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
@@ -418,5 +426,44 @@ func TestShutdownWithConnections(t *testing.T) {
 	defer b.Close()
 	if err := r.proxy.ServeConn(a, nil); !errors.Is(err, http.ErrServerClosed) {
 		t.Errorf("ServeConn after Shutdown: %v", err)
+	}
+}
+
+// TestIdentityCachedPerConnection: a connection's certificate is verified once, not per
+// request, but again once the client CA changed: a CA rotation that drops the client's issuer
+// refuses the next request on the open connection.
+func TestIdentityCachedPerConnection(t *testing.T) {
+	r := newRig(t, 1, Config{})
+	c := r.httpClient(&r.client)
+	if s, code := r.get(c, "/api", nil); code != http.StatusOK || s.Headers["X-Remote-User"][0] != "alice" {
+		t.Fatalf("status %d, saw %+v", code, s)
+	}
+	otherCA, err := testpki.NewCA("another client CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := r.shoot
+	next.ClientCAs = otherCA.Pool
+	if err := r.proxy.Update(next); err != nil {
+		t.Fatal(err)
+	}
+	if _, code := r.get(c, "/api", nil); code != http.StatusUnauthorized || r.clientDials.Load() != 1 {
+		t.Errorf("after the client CA changed, the open connection: %d on %d connections; want 401 on the one", code, r.clientDials.Load())
+	}
+}
+
+// TestWatchStreams: an event a replica flushed reaches the client while the response goes on
+// (a watch's response has no length, which the proxy flushes as it comes).
+func TestWatchStreams(t *testing.T) {
+	r := newRig(t, 1, Config{})
+	req, _ := http.NewRequest(http.MethodGet, "https://"+shootHost+"/watch", nil)
+	resp, err := r.httpClient(&r.client).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != `{"type":"ADDED"}`+"\n" {
+		t.Errorf("first event %q, %v", line, err)
 	}
 }
