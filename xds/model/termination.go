@@ -84,3 +84,13 @@ func validateBundle(b []byte) error {
 	}
 	return nil
 }
+
+// String describes t without its keys, so that a log line or an error that prints a route never
+// carries them: the sizes of its parts and the name.
+func (t *Termination) String() string {
+	if t == nil {
+		return "<none>"
+	}
+	return fmt.Sprintf("{servingCert %d B, servingKey (redacted), clientCA %d B, frontProxyCert %d B, frontProxyKey (redacted), apiserverCA %d B, apiserverName %q}",
+		len(t.ServingCert), len(t.ClientCA), len(t.FrontProxyCert), len(t.APIServerCA), t.APIServerName)
+}

@@ -2,6 +2,7 @@ package model
 
 import (
 	"bytes"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -96,5 +97,18 @@ func TestValidateTermination(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestTerminationStringRedactsKeys: printing a route's termination shows no key material.
+func TestTerminationStringRedactsKeys(t *testing.T) {
+	tm := newTermination(t)
+	for _, s := range []string{fmt.Sprint(tm), fmt.Sprintf("%v", tm), fmt.Sprintf("%+v", Shoot{Name: "x", Termination: tm})} {
+		if strings.Contains(s, "PRIVATE KEY") || strings.Contains(s, string(tm.ServingKey[40:60])) {
+			t.Errorf("key material printed: %s", s)
+		}
+	}
+	if !strings.Contains(fmt.Sprint(tm), `apiserverName "kube-apiserver"`) {
+		t.Errorf("String: %s", tm)
 	}
 }
