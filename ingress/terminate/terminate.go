@@ -428,7 +428,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		},
-		Transport:     transport,
+		Transport: transport,
 		// No flush after every write: a response of known length goes out in as few writes
 		// as it takes (a flush per write cost a system call per frame). Watches and logs -f
 		// have no length, which ReverseProxy flushes as they come.
