@@ -415,6 +415,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		transport = st.h1
 	}
 	rp := &httputil.ReverseProxy{
+		BufferPool: copyBuffers,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(&url.URL{Scheme: "https", Host: up.addr})
 			pr.Out.Host = pr.In.Host
@@ -478,6 +479,29 @@ func identity(ctx context.Context, cs *tls.ConnectionState, roots *x509.CertPool
 		}
 	}
 	return id.user, id.groups, id.err
+}
+
+// copyBuffers lend ReverseProxy its response copy buffers, which it would otherwise allocate
+// per request (32 KiB each, most of what a small request allocated).
+var copyBuffers = &bufferPool{}
+
+type bufferPool struct{ p sync.Pool }
+
+// copyBufferSize is ReverseProxy's own buffer size.
+const copyBufferSize = 32 << 10
+
+func (b *bufferPool) Get() []byte {
+	if buf, ok := b.p.Get().(*[]byte); ok {
+		return *buf
+	}
+	return make([]byte, copyBufferSize)
+}
+
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) == copyBufferSize {
+		buf = buf[:copyBufferSize]
+		b.p.Put(&buf)
+	}
 }
 
 // clientIdentity verifies the client's certificate, if it sent one, and returns its user (the
