@@ -26,8 +26,10 @@ import (
 	"github.com/gardener/gardener/pkg/utils/managedresources"
 	secretsmanager "github.com/gardener/gardener/pkg/utils/secrets/manager"
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	jsonserializer "k8s.io/apimachinery/pkg/runtime/serializer/json"
@@ -148,8 +150,26 @@ func (a *actuator) Reconcile(ctx context.Context, log logr.Logger, ext *extensio
 		if err := client.IgnoreNotFound(a.client.Delete(ctx, manifest.Route(v))); err != nil {
 			return fmt.Errorf("withdraw route: %w", err)
 		}
-	} else if err := a.apply(ctx, manifest.Route(v)); err != nil {
-		return err
+	} else {
+		// The termination Secret before the Route that names it; without per-request
+		// balancing, the Route first and then its Secret goes.
+		if v.PerRequest {
+			ts, err := terminationSecret(ctx, a.client, sm, v.Namespace)
+			if err != nil {
+				return fmt.Errorf("termination secret: %w", err)
+			}
+			if err := a.apply(ctx, ts); err != nil {
+				return err
+			}
+		}
+		if err := a.apply(ctx, manifest.Route(v)); err != nil {
+			return err
+		}
+		if !v.PerRequest {
+			if err := a.deleteTerminationSecret(ctx, v.Namespace); err != nil {
+				return err
+			}
+		}
 	}
 	if err := sm.Cleanup(ctx); err != nil {
 		return fmt.Errorf("clean up old secrets: %w", err)
@@ -264,8 +284,18 @@ func (a *actuator) values(ctx context.Context, log logr.Logger, ext *extensionsv
 			ServerWireGuard: names[SecretNameServerWireGuard],
 		},
 		IngressNamespace: a.cfg.IngressNamespace,
+		PerRequest:       pc.PerRequest(),
 	}
 	return v, st, sm, nil
+}
+
+// deleteTerminationSecret deletes the Route's termination Secret, if there is one.
+func (a *actuator) deleteTerminationSecret(ctx context.Context, ns string) error {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: manifest.TerminationSecretName, Namespace: ns}}
+	if err := a.client.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("delete the termination Secret: %w", err)
+	}
+	return nil
 }
 
 func (a *actuator) deployShoot(ctx context.Context, v manifest.Values) error {
@@ -403,7 +433,7 @@ func (a *actuator) deleteSeedObjects(ctx context.Context, ns string, withRoute b
 	v := manifest.Values{Namespace: ns}
 	objs := append(manifest.SeedObjects(v), manifest.StaleSeedObjects(v)...)
 	if withRoute {
-		objs = append([]client.Object{manifest.Route(v)}, objs...)
+		objs = append([]client.Object{manifest.Route(v), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: manifest.TerminationSecretName, Namespace: ns}}}, objs...)
 	}
 	for _, obj := range objs {
 		if err := a.client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {

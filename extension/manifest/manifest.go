@@ -94,7 +94,18 @@ type Values struct {
 	// IngressNamespace is where the seed ingress runs (default garden); tendril-server's
 	// Service selects it for GRM's cross-namespace policies.
 	IngressNamespace string
+	// PerRequest has the Route terminate the shoot's TLS at the ingress and balance each request
+	// (TerminationSecretName holds what that needs).
+	PerRequest bool
 }
+
+// TerminationSecretName is the Secret a per-request Route's termination names; the extension
+// writes it from gardenlet's secrets.
+const TerminationSecretName = "tendril-termination"
+
+// TerminationAPIServerName is the name the ingress verifies kube-apiserver's serving
+// certificate for: gardenlet's certificate carries the Service's short name.
+const TerminationAPIServerName = KubeAPIServerName
 
 // Tunnel is the non-secret tunnel state (kept in the Extension's status.state) plus the keys.
 type Tunnel struct {
@@ -450,6 +461,9 @@ func Route(v Values) *tendrilv1alpha1.Route {
 	}
 	if v.AdvertisedAddress.IsValid() {
 		r.Spec.AdvertisedAddress = v.AdvertisedAddress.String()
+	}
+	if v.PerRequest {
+		r.Spec.Termination = &tendrilv1alpha1.RouteTermination{SecretName: TerminationSecretName, APIServerName: TerminationAPIServerName}
 	}
 	return r
 }

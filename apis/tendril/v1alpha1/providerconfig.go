@@ -100,6 +100,27 @@ type KubeAPIServer struct {
 	//
 	// +optional
 	GoAwayChance string `json:"goAwayChance,omitempty"`
+	// Balancing is how the ingress spreads the shoot's API traffic over the kube-apiserver
+	// replicas: PerConnection (the default) passes TLS through and balances connections;
+	// PerRequest terminates TLS at the ingress with kube-apiserver's serving certificate and
+	// sends each request to the replica with the fewest in flight, over HTTP/2 with a
+	// front-proxy client certificate (what Gardener's IstioTLSTermination does at its gateway).
+	//
+	// +optional
+	Balancing Balancing `json:"balancing,omitempty"`
+}
+
+// Balancing is a KubeAPIServer.Balancing mode.
+type Balancing string
+
+const (
+	BalancingPerConnection Balancing = "PerConnection"
+	BalancingPerRequest    Balancing = "PerRequest"
+)
+
+// PerRequest reports whether the shoot's API traffic is balanced per request.
+func (c *ProviderConfig) PerRequest() bool {
+	return c != nil && c.KubeAPIServer != nil && c.KubeAPIServer.Balancing == BalancingPerRequest
 }
 
 // GoAwayChance is the configured --goaway-chance in kube-apiserver's flag syntax, "" when
@@ -240,6 +261,13 @@ func ValidateProviderConfig(c *ProviderConfig, root *field.Path) field.ErrorList
 		if v, err := strconv.ParseFloat(k.GoAwayChance, 64); err != nil || !(v > 0 && v <= MaxGoAwayChance) {
 			errs = append(errs, field.Invalid(root.Child("kubeAPIServer", "goAwayChance"), k.GoAwayChance,
 				fmt.Sprintf("must be a decimal above 0 and at most %g", MaxGoAwayChance)))
+		}
+	}
+	if k := c.KubeAPIServer; k != nil {
+		switch k.Balancing {
+		case "", BalancingPerConnection, BalancingPerRequest:
+		default:
+			errs = append(errs, field.NotSupported(root.Child("kubeAPIServer", "balancing"), k.Balancing, []Balancing{BalancingPerConnection, BalancingPerRequest}))
 		}
 	}
 	if ha := c.HighAvailability; ha != nil && (ha.Agents < 1 || ha.Agents > MaxAgents) {

@@ -14,6 +14,7 @@ func TestDecodeProviderConfig(t *testing.T) {
 		wantAgents int // AgentsOr(7): 7 means "not configured"
 		wantStack  TunnelStack
 		wantGoAway string
+		wantPerReq bool
 	}{
 		{name: "empty is the default", raw: "", wantEgress: EgressHTTPConnect},
 		{name: "full", raw: `{"apiVersion":"tendril.extensions.gardener.cloud/v1alpha1","kind":"ProviderConfig","apiserverProxy":{"enabled":true},"egress":"httpConnect"}`, wantEgress: EgressHTTPConnect, wantProxy: true},
@@ -37,6 +38,9 @@ func TestDecodeProviderConfig(t *testing.T) {
 		{name: "NaN goaway chance", raw: `{"kubeAPIServer":{"goAwayChance":"NaN"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
 		{name: "goaway chance in per cent", raw: `{"kubeAPIServer":{"goAwayChance":"1%"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
 		{name: "goaway chance as a number", raw: `{"kubeAPIServer":{"goAwayChance":0.01}}`, wantErr: "cannot decode"},
+		{name: "per-request balancing", raw: `{"kubeAPIServer":{"balancing":"PerRequest"}}`, wantEgress: EgressHTTPConnect, wantPerReq: true},
+		{name: "per-connection balancing", raw: `{"kubeAPIServer":{"balancing":"PerConnection"}}`, wantEgress: EgressHTTPConnect},
+		{name: "bad balancing", raw: `{"kubeAPIServer":{"balancing":"perRequest"}}`, wantErr: `spec.providerConfig.kubeAPIServer.balancing: Unsupported value: "perRequest"`},
 		{name: "unknown field", raw: `{"egres":"grpc"}`, wantErr: `unknown field "egres"`},
 		{name: "bad egress", raw: `{"egress":"socks"}`, wantErr: `spec.providerConfig.egress: Unsupported value: "socks"`},
 		{name: "wrong kind", raw: `{"kind":"Other"}`, wantErr: "spec.providerConfig.kind"},
@@ -74,6 +78,9 @@ func TestDecodeProviderConfig(t *testing.T) {
 			}
 			if got := cfg.GoAwayChance(); got != tc.wantGoAway {
 				t.Fatalf("goaway chance %q, want %q", got, tc.wantGoAway)
+			}
+			if got := cfg.PerRequest(); got != tc.wantPerReq {
+				t.Fatalf("per-request balancing %v, want %v", got, tc.wantPerReq)
 			}
 		})
 	}
