@@ -56,10 +56,17 @@ func (t *shake) Read(data []byte, end error) loops.Verdict {
 	if outcome == "" && t.chain.http != nil {
 		return loops.Verdict{Step: loops.StepHandOff} // still pending while its request arrives
 	}
-	if outcome == "" && t.chain.tcp != nil {
+	// The configuration current now picks the route: the listener filters may have taken a
+	// while, and a route added meanwhile should be found.
+	cfg := in.current.Load()
+	var clusterName string
+	var cl *clusterConfig
+	if outcome == "" {
+		clusterName = t.clusterName()
+		cl = cfg.clusters[clusterName]
 		// A terminating shoot's server name: its proxy takes the connection (still pending
 		// through the TLS handshake, which it ends).
-		if cl := in.current.Load().clusters[t.clusterName()]; cl != nil && cl.internal != "" {
+		if cl != nil && cl.internal != "" {
 			if t.term = in.terms.get(cl.internal); t.term != nil {
 				t.termCluster = cl.name
 				return loops.Verdict{Step: loops.StepHandOff}
@@ -72,11 +79,6 @@ func (t *shake) Read(data []byte, end error) loops.Verdict {
 	if outcome != "" {
 		return t.refuse("", outcome, err)
 	}
-	// The configuration current now picks the route: the listener filters may have taken a
-	// while, and a route added meanwhile should be found.
-	cfg := in.current.Load()
-	clusterName := t.clusterName()
-	cl := cfg.clusters[clusterName]
 	if cl == nil {
 		// The name comes from the client; quoting keeps it from forging log fields.
 		return t.refuse("", outcomeUnknownRoute, fmt.Errorf("no cluster %q", clusterName))

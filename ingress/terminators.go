@@ -85,7 +85,7 @@ func (ts *terminators) sync(cfg *config) {
 		}
 	}
 	for name, tc := range cfg.terminates {
-		in, shoot, err := cfg.terminateShoot(tc)
+		in, err := cfg.terminateShoot(tc)
 		if err != nil {
 			ts.log.Info("Terminating listener not served yet", "listener", name, "reason", err.Error())
 			continue
@@ -104,7 +104,7 @@ func (ts *terminators) sync(cfg *config) {
 			if r.in.equal(in) {
 				continue
 			}
-			if err := r.p.Update(shoot); err != nil {
+			if err := r.p.Update(in.shoot()); err != nil {
 				ts.log.Error(err, "Updating a terminating listener failed; it serves its previous configuration", "listener", name)
 				continue
 			}
@@ -112,7 +112,7 @@ func (ts *terminators) sync(cfg *config) {
 		default:
 			// New, or its limits changed (they are the proxy's own): a new proxy takes the new
 			// connections and the old one finishes its own.
-			p, err := terminate.New(pcfg, shoot)
+			p, err := terminate.New(pcfg, in.shoot())
 			if err != nil {
 				ts.log.Error(err, "Starting a terminating listener failed", "listener", name)
 				continue
@@ -122,7 +122,7 @@ func (ts *terminators) sync(cfg *config) {
 			}
 			ts.running[name] = &runningProxy{p: p, cfg: pcfg, in: in}
 			ts.serving.Go(func() { _ = p.Serve(nil) })
-			ts.log.Info("Terminating listener serving", "listener", name, "replicas", len(shoot.Upstreams))
+			ts.log.Info("Terminating listener serving", "listener", name, "replicas", len(in.endpoints))
 		}
 	}
 }
@@ -180,17 +180,17 @@ func (ts *terminators) close() {
 }
 
 // terminateShoot gathers what tc's proxy needs from the configuration.
-func (c *config) terminateShoot(tc *terminateConfig) (terminateInputs, terminate.Shoot, error) {
+func (c *config) terminateShoot(tc *terminateConfig) (terminateInputs, error) {
 	in := terminateInputs{tc: tc, cl: c.clusters[tc.cluster], upgrade: c.clusters[tc.upgradeCluster]}
 	switch {
 	case in.cl == nil || in.cl.upstream == nil || !in.cl.upstream.http2:
-		return in, terminate.Shoot{}, fmt.Errorf("no HTTP/2 upstream cluster %q", tc.cluster)
+		return in, fmt.Errorf("no HTTP/2 upstream cluster %q", tc.cluster)
 	case in.upgrade == nil || in.upgrade.upstream == nil || in.upgrade.upstream.http2:
-		return in, terminate.Shoot{}, fmt.Errorf("no HTTP/1.1 upstream cluster %q", tc.upgradeCluster)
+		return in, fmt.Errorf("no HTTP/1.1 upstream cluster %q", tc.upgradeCluster)
 	case in.cl.service != in.upgrade.service || in.cl.upstream.certSecret != in.upgrade.upstream.certSecret ||
 		in.cl.upstream.caSecret != in.upgrade.upstream.caSecret || in.cl.upstream.name != in.upgrade.upstream.name:
 		// One proxy carries both: requests and upgrades go to the same replicas the same way.
-		return in, terminate.Shoot{}, errors.New("the HTTP/2 and HTTP/1.1 clusters differ in endpoints or TLS")
+		return in, errors.New("the HTTP/2 and HTTP/1.1 clusters differ in endpoints or TLS")
 	}
 	var err error
 	secret := func(name string, cert bool) *secretConfig {
@@ -204,17 +204,23 @@ func (c *config) terminateShoot(tc *terminateConfig) (terminateInputs, terminate
 	in.serving, in.clientCA = secret(tc.servingSecret, true), secret(tc.clientCASecret, false)
 	in.front, in.apiCA = secret(in.cl.upstream.certSecret, true), secret(in.cl.upstream.caSecret, false)
 	if err != nil {
-		return in, terminate.Shoot{}, err
+		return in, err
 	}
 	in.endpoints = c.upstreams(in.cl)
-	shoot := terminate.Shoot{
+	return in, nil
+}
+
+// shoot is the proxy's view of the inputs: built only when a proxy is created or updated, not on
+// every configuration change that leaves a shoot as it was.
+func (in terminateInputs) shoot() terminate.Shoot {
+	s := terminate.Shoot{
 		Serving: *in.serving.cert, ClientCAs: in.clientCA.cas,
 		FrontProxy: *in.front.cert, UpstreamCAs: in.apiCA.cas, UpstreamName: in.cl.upstream.name,
 	}
 	for _, e := range in.endpoints {
-		shoot.Upstreams = append(shoot.Upstreams, e.String())
+		s.Upstreams = append(s.Upstreams, e.String())
 	}
-	return in, shoot, nil
+	return s
 }
 
 // replayConn is a connection handed off after the loop read its ClientHello: those bytes are
