@@ -126,8 +126,10 @@ clusters:
     certificate-authority: {{.CAFile}}
 users:
 - name: admin
-  user:
-    token: {{.Token}}
+  user:{{if .Token}}
+    token: {{.Token}}{{else}}
+    client-certificate: {{.CertFile}}
+    client-key: {{.KeyFile}}{{end}}
 contexts:
 - name: {{.Name}}
   context: {cluster: {{.Name}}, user: admin}

@@ -37,25 +37,36 @@ func controlPlanePKI(dir, caName string, names ...string) (token string, err err
 	if err := testpki.WritePair(serving, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")); err != nil {
 		return "", err
 	}
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
+	if err := serviceAccountKeys(dir); err != nil {
 		return "", err
 	}
+	return adminToken(dir)
+}
+
+// serviceAccountKeys writes a service-account signing key pair into dir (sa.key, sa.pub).
+func serviceAccountKeys(dir string) error {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(dir, "sa.key"), pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
-		return "", err
+		return err
 	}
 	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
 	if err != nil {
-		return "", err
+		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644); err != nil {
-		return "", err
-	}
+	return os.WriteFile(filepath.Join(dir, "sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644)
+}
+
+// adminToken writes a token file into dir (tokens.csv) whose one token, returned, is
+// system:masters (the shortcut of a one-machine cluster).
+func adminToken(dir string) (string, error) {
 	tok := make([]byte, 16)
 	if _, err := rand.Read(tok); err != nil {
 		return "", err
 	}
-	token = hex.EncodeToString(tok)
+	token := hex.EncodeToString(tok)
 	return token, os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(token+`,admin,admin,"system:masters"`+"\n"), 0o600)
 }
 

@@ -91,6 +91,10 @@ type Config struct {
 	BinDir string
 	// Out receives progress lines (io.Discard when nil).
 	Out io.Writer
+	// WatchFor is how long the checks hold a watch through the ingress of a shoot with
+	// per-request balancing, across a rotation of its serving certificate (a minute when
+	// zero).
+	WatchFor time.Duration
 }
 
 // Cluster is a running real seed.

@@ -278,6 +278,9 @@ func TestRealSeed(t *testing.T) {
 	// tendril-server and the tunnel, for each egress mode.
 	for _, sc := range Shoots {
 		name := string(sc.Egress)
+		if sc.PerRequest {
+			name += "PerRequest"
+		}
 		if sc.HighAvailability {
 			name = "highAvailability"
 		}
@@ -301,6 +304,20 @@ func TestRealSeed(t *testing.T) {
 				s.FirstLogs.Sub(s.Created).Round(10*time.Millisecond), s.FirstLogs.Sub(s.AgentStarted).Round(10*time.Millisecond))
 			t.Logf("port-forward read %q; logs -f printed %q; kubectl exec printed %q in %s; tendril-server dialled %v times",
 				use.Greeting, use.LogLine, use.ExecOut, use.Exec.Round(time.Millisecond), use.Dials)
+			auth, err := c.CheckAuthentication(ctx, s, inst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("whoami: %s %v, credential id %q; with forged proxy headers: %s %v; the ingress terminated %v connections, stripped %v requests",
+				auth.Owner.User, auth.Owner.Groups, auth.Owner.CredentialID, auth.Forged.User, auth.Forged.Groups, auth.Terminated, auth.Stripped)
+			if sc.PerRequest {
+				w, err := c.WatchThroughRotation(ctx, s, 30*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("watch through a serving-certificate rotation: %d events, longest lag %s, %d connection; the new certificate served %s after gardenlet's",
+					w.Events, w.MaxLag.Round(time.Millisecond), w.Dials, w.Rotated.Round(100*time.Millisecond))
+			}
 			wh, err := c.CallWebhook(ctx, s)
 			if err != nil {
 				t.Fatal(err)
@@ -414,7 +431,12 @@ func TestRealSeed(t *testing.T) {
 		}
 		want := 4
 		for _, sc := range Shoots {
-			want += 3 + len(failovers(&Shoot{cfg: sc}))
+			// tunnel use, authentication, webhook, paths, the failovers, and the watch of a
+			// shoot with per-request balancing.
+			want += 4 + len(failovers(&Shoot{cfg: sc}))
+			if sc.PerRequest {
+				want++
+			}
 		}
 		if oks != want || strings.Contains(string(out), "FAIL ") {
 			t.Fatalf("%d checks ok, want %d:\n%s", oks, want, out)

@@ -1,6 +1,7 @@
 package realseed
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -68,7 +69,9 @@ func Run(ctx context.Context, cfg Config, once bool) (err error) {
 // tendril-server's own front-ends.
 var Shoots = []ShootConfig{
 	{Name: "a", Index: 1, Egress: tendrilv1alpha1.EgressHTTPConnect},
-	{Name: "b", Index: 2, Egress: tendrilv1alpha1.EgressGRPC},
+	// Per-request balancing: the ingress terminates its API traffic (kubectl's certificate,
+	// the kubelet's token, exec and port-forward upgrades).
+	{Name: "b", Index: 2, Egress: tendrilv1alpha1.EgressGRPC, PerRequest: true},
 	// Highly available: two tendril-server replicas and two agents, kube-apiserver's egress the
 	// extension's default for it (httpConnectRelay: the relay races the replicas).
 	{Name: "c", Index: 3, HighAvailability: true},
@@ -136,7 +139,24 @@ func (c *Cluster) check(ctx context.Context, inst *Installation, shoots []*Shoot
 					use.Dials, execRounds, tunnel.Seconds()*1000, direct.Seconds()*1000)
 			}
 		}
-		report(fmt.Sprintf("shoot %s (%s): kubectl by %s (CoreDNS's answer): logs -f, port-forward and exec through tendril-server and the tunnel", s.cfg.Name, s.cfg.Egress, s.Host), err, detail)
+		report(fmt.Sprintf("shoot %s (%s%s): kubectl by %s (CoreDNS's answer): logs -f, port-forward and exec through tendril-server and the tunnel", s.cfg.Name, cmp.Or(string(s.cfg.Egress), "the extension's default"), s.balancing(), s.Host), err, detail)
+		auth, err := c.CheckAuthentication(ctx, s, inst)
+		detail = ""
+		if err == nil {
+			detail = fmt.Sprintf(" (owner %s %v, credential id %q; forged headers gave %s; %v connections terminated, %v requests stripped)",
+				auth.Owner.User, auth.Owner.Groups, auth.Owner.CredentialID, auth.Forged.User, auth.Terminated, auth.Stripped)
+		}
+		report(fmt.Sprintf("shoot %s: kube-apiserver authenticates the owner's certificate%s and ignores forged proxy headers", s.cfg.Name, s.authenticatedBy()), err, detail)
+		if s.cfg.PerRequest {
+			d := cmp.Or(c.cfg.WatchFor, time.Minute)
+			w, err := c.WatchThroughRotation(ctx, s, d)
+			detail = ""
+			if err == nil {
+				detail = fmt.Sprintf(" (%d events, longest lag %.0f ms, %d connection; new certificate served %.1f s after gardenlet's)",
+					w.Events, w.MaxLag.Seconds()*1000, w.Dials, w.Rotated.Seconds())
+			}
+			report(fmt.Sprintf("shoot %s: a %v watch through the terminating ingress outlives a serving-certificate rotation", s.cfg.Name, d), err, detail)
+		}
 		wh, err := c.CallWebhook(ctx, s)
 		detail = ""
 		if err == nil {

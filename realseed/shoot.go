@@ -80,6 +80,10 @@ type ShootConfig struct {
 	// Egress is its kube-apiserver's egress mode (when empty: httpConnect, or for a highly
 	// available shoot none, so that the extension picks its default for one).
 	Egress tendrilv1alpha1.EgressMode
+	// PerRequest opts the shoot into the ingress's terminating mode (providerConfig
+	// kubeAPIServer.balancing PerRequest): the ingress terminates its API traffic with
+	// gardenlet's serving certificate and balances each request.
+	PerRequest bool
 	// HighAvailability gives the shoot a highly available control plane (failure tolerance
 	// node): the extension runs two tendril-server replicas and two agents for it.
 	HighAvailability bool
@@ -110,6 +114,8 @@ type Shoot struct {
 	Created, FirstLogs, AgentStarted time.Time
 	dir                              string
 	token                            string
+	// servingRotations counts RotateServingCertificate's new serving certificates.
+	servingRotations int
 	// webhookCA is the CA of the shoot's webhook, once CallWebhook started it.
 	webhookCA []byte
 }
@@ -164,9 +170,6 @@ func (c *Cluster) StartShoot(ctx context.Context, inst *Installation, cfg ShootC
 		return nil
 	}
 	if err := step("namespace, Cluster, Extension, etcd, kube-apiserver Deployment admitted by tendril's webhook", func() error {
-		if err := s.pki(c.NodeIP); err != nil {
-			return err
-		}
 		return c.createShoot(ctx, s, inst, images)
 	}); err != nil {
 		return nil, err
@@ -249,23 +252,6 @@ func staticBinary(path string) error {
 	return nil
 }
 
-// pki writes the shoot's CA, kube-apiserver's serving certificate (its API name, its Service's
-// names in the seed, and the names and first address of Service kubernetes in the shoot), the
-// service-account key and an admin token, and the admin kubeconfig through the ingress.
-func (s *Shoot) pki(lb netip.Addr) (err error) {
-	svc := manifest.KubeAPIServerName + "." + s.Namespace
-	if s.token, err = controlPlanePKI(s.dir, s.Namespace+" CA", s.Host, manifest.KubeAPIServerName, svc, svc+".svc", svc+".svc.cluster.local",
-		s.Services.Addr().Next().String(), "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"); err != nil {
-		return err
-	}
-	// The ingress's SNI listener on the load balancer's address: the user's way in, and the
-	// shoot node's kubelet's too.
-	s.Kubeconfig = filepath.Join(s.dir, "kubeconfig")
-	s.REST, s.kube, s.Client, err = adminKubeconfig(s.Kubeconfig, s.Namespace, net.JoinHostPort(lb.String(), strconv.Itoa(manifest.PortKubeAPIServer)),
-		s.Host, filepath.Join(s.dir, "ca.crt"), s.token, 50)
-	return err
-}
-
 // shootObject is the Shoot as gardenlet hands it to extensions in the Cluster.
 func (s *Shoot) shootObject() *gardencorev1beta1.Shoot {
 	return &gardencorev1beta1.Shoot{
@@ -305,19 +291,26 @@ func (c *Cluster) createShoot(ctx context.Context, s *Shoot, inst *Installation,
 	if err := c.Client.Create(ctx, ns); err != nil {
 		return fmt.Errorf("namespace: %w", err)
 	}
+	if err := c.shootPKI(ctx, s, c.NodeIP); err != nil {
+		return err
+	}
 	shootJSON, err := json.Marshal(s.shootObject())
 	if err != nil {
 		return err
 	}
-	pc, err := json.Marshal(tendrilv1alpha1.ProviderConfig{
+	pcfg := tendrilv1alpha1.ProviderConfig{
 		TypeMeta: metav1.TypeMeta{APIVersion: tendrilv1alpha1.SchemeGroupVersion.String(), Kind: "ProviderConfig"},
 		Egress:   s.cfg.Egress,
-	})
+	}
+	if s.cfg.PerRequest {
+		pcfg.KubeAPIServer = &tendrilv1alpha1.KubeAPIServer{Balancing: tendrilv1alpha1.BalancingPerRequest}
+	}
+	pc, err := json.Marshal(pcfg)
 	if err != nil {
 		return err
 	}
 	files := map[string][]byte{}
-	for _, f := range []string{"ca.crt", "tls.crt", "tls.key", "sa.key", "sa.pub", "tokens.csv"} {
+	for _, f := range shootPKIFiles {
 		if files[f], err = os.ReadFile(filepath.Join(s.dir, f)); err != nil {
 			return err
 		}
@@ -441,7 +434,11 @@ func (s *Shoot) kubeAPIServerDeployment(image string) *appsv1.Deployment {
 	args := []string{
 		fmt.Sprintf("--etcd-servers=http://%s:%d", etcdMainClient, etcdClientPort),
 		fmt.Sprintf("--secure-port=%d", manifest.PortKubeAPIServer),
-		"--tls-cert-file=" + f("tls.crt"), "--tls-private-key-file=" + f("tls.key"), "--client-ca-file=" + f("ca.crt"),
+		"--tls-cert-file=" + f("tls.crt"), "--tls-private-key-file=" + f("tls.key"), "--client-ca-file=" + f(shootPKIClientCA),
+		// The authenticating proxy's headers, trusted from the front-proxy CA's certificates
+		// only, as Gardener's kube-apiserver has them (pkg/component/kubernetes/apiserver).
+		"--requestheader-client-ca-file=" + f(shootPKIFrontProxyCA), "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--requestheader-group-headers=X-Remote-Group", "--requestheader-username-headers=X-Remote-User",
 		"--token-auth-file=" + f("tokens.csv"), "--authorization-mode=Node,RBAC", "--allow-privileged=true",
 		"--service-account-issuer=https://" + s.Host, "--service-account-key-file=" + f("sa.pub"),
 		"--service-account-signing-key-file=" + f("sa.key"), "--service-cluster-ip-range=" + s.Services.String(),

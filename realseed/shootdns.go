@@ -82,10 +82,12 @@ func (c *Cluster) externalDNSRecord(ctx context.Context, s *Shoot, inst *Install
 	if err := os.WriteFile(c.clusterResolvConf(), []byte("nameserver "+DNSServiceIP+"\noptions ndots:1 timeout:2 attempts:2\n"), 0o644); err != nil {
 		return err
 	}
-	// The owner's kubeconfig names the API server as Gardener's does: https://api.<shoot>.<domain>.
+	// The owner's kubeconfig names the API server as Gardener's does (https://api.<shoot>.<domain>)
+	// and authenticates as Gardener's admin kubeconfigs do, with a client certificate of the
+	// shoot's client CA.
 	s.UserKubeconfig = filepath.Join(s.dir, "kubeconfig-by-name")
 	return render(kubeconfigYAML, map[string]string{"Name": s.Namespace, "APIServer": net.JoinHostPort(s.Host, strconv.Itoa(manifest.PortKubeAPIServer)),
-		"CAFile": filepath.Join(s.dir, "ca.crt"), "Token": s.token}, s.UserKubeconfig)
+		"CAFile": filepath.Join(s.dir, "ca.crt"), "CertFile": filepath.Join(s.dir, shootPKIOwnerCert), "KeyFile": filepath.Join(s.dir, shootPKIOwnerKey)}, s.UserKubeconfig)
 }
 
 // clusterResolvConf is a resolv.conf that asks the cluster's DNS only: the one kubectl sees

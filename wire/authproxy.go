@@ -11,13 +11,22 @@ const (
 	RemoteExtraHeaderPrefix = "X-Remote-Extra-"
 	// RemoteHeaderPrefix covers all three.
 	RemoteHeaderPrefix = "X-Remote-"
+	// CredentialIDHeader is the extra authentication.kubernetes.io/credential-id (its slash
+	// percent-encoded: kube-apiserver lower-cases and path-unescapes an extra's key). kube-apiserver's
+	// own x509 authenticator sets that extra to CredentialIDPrefix and the certificate's hex
+	// SHA-256, and its audit log records it for each request; the terminating mode passes the
+	// same, so a certificate client's audit entries are those of a direct connection.
+	// (Gardener's istio filter sets no extra.)
+	CredentialIDHeader = "x-remote-extra-authentication.kubernetes.io%2fcredential-id"
+	CredentialIDPrefix = "X509SHA256="
 )
 
 // AuthProxyLua is the authenticating proxy as Envoy runs it (an HTTP Lua filter on a terminating
 // route, which has Envoy accept any client certificate and leave its verdict to this code):
 // every X-Remote-* header the client sent is dropped; a client certificate that did not verify
 // against the shoot's client CA, or names no user, gets kube-apiserver's 401; a verified one's
-// common name and organizations become X-Remote-User and X-Remote-Group. Envoy has no other way
+// common name and organizations become X-Remote-User and X-Remote-Group, and its SHA-256 (Envoy's
+// hex digest of the DER) the credential id (CredentialIDHeader). Envoy has no other way
 // to split a certificate's organizations into headers. tendril-ingress accepts a Lua filter only
 // with exactly this code, and does the same natively (ingress/terminate). Envoy renders the
 // subject as RFC 2253 (most significant attribute last, "\," and "\2C" escapes), so the first
@@ -82,5 +91,6 @@ function envoy_on_request(handle)
   end
   headers:replace("x-remote-user", user)
   for g = #groups, 1, -1 do headers:add("x-remote-group", groups[g]) end
+  headers:replace("x-remote-extra-authentication.kubernetes.io%2fcredential-id", "X509SHA256=" .. ssl:sha256PeerCertificateDigest())
 end
 `

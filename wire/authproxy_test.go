@@ -5,8 +5,10 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -44,6 +46,7 @@ if case.presented ~= nil then
     peerCertificatePresented = function() return case.presented end,
     peerCertificateValidated = function() return case.validated end,
     subjectPeerCertificate = function() return case.subject end,
+    sha256PeerCertificateDigest = function() return case.digest end,
   }
 end
 local responded = nil
@@ -90,7 +93,7 @@ func runFilter(t *testing.T, dir, luaCase string) outcome {
 // rfc2253 is the subject of a certificate as Envoy renders it, OpenSSL's RFC 2253 form, taken
 // from openssl itself for a certificate with that subject; Go reads the certificate back as
 // kube-apiserver's x509 authenticator does.
-func rfc2253(t *testing.T, dir string, subject pkix.Name) (string, pkix.Name) {
+func rfc2253(t *testing.T, dir string, subject pkix.Name) (string, *x509.Certificate) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -117,7 +120,7 @@ func rfc2253(t *testing.T, dir string, subject pkix.Name) (string, pkix.Name) {
 	if !ok {
 		t.Fatalf("openssl printed %q", out)
 	}
-	return s, cert.Subject
+	return s, cert
 }
 
 // luaString quotes s for Lua.
@@ -160,10 +163,14 @@ func TestAuthProxyLua(t *testing.T) {
 		{CommonName: `a,b+c"d\e`, Organization: []string{"x;y", " lead", "=eq", "#hash"}},
 		{CommonName: "system:node:worker-1", Organization: []string{"system:nodes"}, Country: []string{"DE"}, OrganizationalUnit: []string{"ou"}},
 	} {
-		s, parsed := rfc2253(t, dir, subject)
+		s, cert := rfc2253(t, dir, subject)
+		parsed := cert.Subject
 		t.Run(s, func(t *testing.T) {
-			o := runFilter(t, dir, fmt.Sprintf("{headers={%s},presented=true,validated=true,subject=%s}", forged, luaString(s)))
-			want := map[string][]string{"accept": {"application/json"}, "x-remote-user": {parsed.CommonName}}
+			// Envoy's digest is the hex SHA-256 of the certificate's DER, as kube-apiserver's.
+			digest := sha256.Sum256(cert.Raw)
+			o := runFilter(t, dir, fmt.Sprintf("{headers={%s},presented=true,validated=true,subject=%s,digest=%q}", forged, luaString(s), hex.EncodeToString(digest[:])))
+			want := map[string][]string{"accept": {"application/json"}, "x-remote-user": {parsed.CommonName},
+				wire.CredentialIDHeader: {wire.CredentialIDPrefix + hex.EncodeToString(digest[:])}}
 			if len(parsed.Organization) > 0 {
 				want["x-remote-group"] = parsed.Organization
 			}

@@ -113,6 +113,7 @@ frontend terminate
     http-request deny deny_status 401 if { ssl_c_used } !{ ssl_c_verify 0 }
     http-request set-header X-Remote-User %[ssl_c_s_dn(cn)] if { ssl_c_used }
     http-request set-header X-Remote-Group %[ssl_c_s_dn(o)] if { ssl_c_used }
+    http-request set-header x-remote-extra-authentication.kubernetes.io%2fcredential-id X509SHA256=%[ssl_c_der,sha2(256),hex,lower] if { ssl_c_used }
 {{- range .Shoots}}
     use_backend {{.Name}} if { ssl_fc_sni -i {{.Host}} }
 {{- end}}

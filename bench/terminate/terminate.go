@@ -11,7 +11,9 @@ package terminate
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,6 +32,7 @@ import (
 	"github.com/tendril-net/tendril/bench/machine"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/internal/pki/testpki"
+	"github.com/tendril-net/tendril/wire"
 )
 
 // Config is one run. The zero value measures 1, 16 and 128 clients for 5 s each, 1,000 idle
@@ -108,6 +111,8 @@ type Report struct {
 type pki struct {
 	shootCA, clientCA, frontCA *testpki.CA
 	apiserver, front, alice    tls.Certificate
+	// aliceID is alice's credential id as kube-apiserver makes it.
+	aliceID string
 }
 
 func newPKI() (*pki, error) {
@@ -130,6 +135,8 @@ func newPKI() (*pki, error) {
 	if p.alice, err = p.clientCA.Client("alice", []string{"devs"}, time.Time{}, time.Time{}); err != nil {
 		return nil, err
 	}
+	sum := sha256.Sum256(p.alice.Leaf.Raw)
+	p.aliceID = wire.CredentialIDPrefix + hex.EncodeToString(sum[:])
 	return &p, nil
 }
 
@@ -160,7 +167,9 @@ func startReplicas(p *pki, n int) (*replicas, error) {
 			TLSConfig: &tls.Config{Certificates: []tls.Certificate{p.apiserver}, ClientAuth: tls.RequireAndVerifyClientCert,
 				ClientCAs: p.frontCA.Pool, NextProtos: []string{"h2", "http/1.1"}},
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-				if req.Header.Get("X-Remote-User") != "alice" {
+				// Both peers pass the user and the certificate's credential id (as
+				// kube-apiserver's x509 authenticator makes it): the same work for each.
+				if req.Header.Get("X-Remote-User") != "alice" || req.Header.Get(wire.CredentialIDHeader) != p.aliceID {
 					w.WriteHeader(http.StatusForbidden)
 					return
 				}

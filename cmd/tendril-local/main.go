@@ -45,6 +45,7 @@ func main() {
 	fs.DurationVar(&cfg.StatusInterval, "status-interval", 10*time.Second, "how often to print the status lines")
 	realSeed := fs.Bool("real", false, "run a real single-node seed cluster on this machine instead (make seed; root, Debian's containerd and friends, make seedbin): kubelet, containerd, kube-proxy, kube-router, CoreDNS, a local registry")
 	seedbinDir := fs.String("seedbin-dir", "", "with --real: directory holding kubelet, kube-proxy, kube-controller-manager, kube-scheduler, kube-router and coredns (default: where make seedbin builds them)")
+	realWatch := fs.Duration("real-watch", time.Minute, "with --real --once: how long the check of the per-request shoot holds a watch through the terminating ingress, across a serving-certificate rotation")
 	realDir := fs.String("real-dir", "", "with --real: the cluster's state directory, emptied at start (default "+realseed.DefaultDir+")")
 	version := fs.Bool("version", false, "print the version and exit")
 	_ = fs.Parse(os.Args[1:]) // ExitOnError
@@ -62,7 +63,7 @@ func main() {
 		// Gardener's controllers that the real seed runs in-process (the seed's resource
 		// manager) log through controller-runtime's logger: their errors reach the report.
 		ctrllog.SetLogger(logr.Discard())
-		err := realseed.Run(ctx, realseed.Config{Dir: *realDir, TestbinDir: cfg.TestbinDir, SeedbinDir: *seedbinDir, BinDir: cfg.BinDir, Out: os.Stdout}, cfg.Once)
+		err := realseed.Run(ctx, realseed.Config{Dir: *realDir, TestbinDir: cfg.TestbinDir, SeedbinDir: *seedbinDir, BinDir: cfg.BinDir, Out: os.Stdout, WatchFor: *realWatch}, cfg.Once)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "tendril-local:", err)
 			stop()

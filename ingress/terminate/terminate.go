@@ -21,8 +21,10 @@ package terminate
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
@@ -45,9 +47,12 @@ import (
 // --requestheader-group-headers and --requestheader-extra-headers-prefix name them (Gardener
 // sets these three for its own front proxy).
 const (
-	HeaderUser        = wire.RemoteUserHeader
-	HeaderGroup       = wire.RemoteGroupHeader
-	HeaderExtraPrefix = wire.RemoteExtraHeaderPrefix
+	HeaderUser  = wire.RemoteUserHeader
+	HeaderGroup = wire.RemoteGroupHeader
+	// HeaderCredentialID carries the certificate's credential id as an extra (set as written:
+	// http.Header would canonicalize it, which kube-apiserver would lower-case all the same).
+	HeaderCredentialID = wire.CredentialIDHeader
+	HeaderExtraPrefix  = wire.RemoteExtraHeaderPrefix
 	// headerPrefix covers all three: whatever a client sends under it is dropped.
 	headerPrefix = wire.RemoteHeaderPrefix
 )
@@ -391,7 +396,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	user, groups, err := identity(r.Context(), cs, st.shoot.ClientCAs)
+	id, err := identity(r.Context(), cs, st.shoot.ClientCAs)
 	if err != nil {
 		p.Refused.BadCertificate.Add(1)
 		p.cfg.Log.Info("Refused a client certificate", "remote", r.RemoteAddr, "reason", err.Error())
@@ -400,7 +405,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if stripIdentity(r.Header) {
 		p.Stripped.Add(1)
-		p.cfg.Log.V(1).Info("Dropped X-Remote-* headers a client sent", "remote", r.RemoteAddr, "user", user)
+		p.cfg.Log.V(1).Info("Dropped X-Remote-* headers a client sent", "remote", r.RemoteAddr, "user", id.user)
 	}
 	up, ok := p.pick(st)
 	if !ok {
@@ -422,11 +427,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// X-Forwarded-For from the client is replaced, not extended: kube-apiserver's audit
 			// log takes the source IPs from it.
 			pr.SetXForwarded()
-			if user != "" {
-				pr.Out.Header.Set(HeaderUser, user)
-				for _, g := range groups {
+			if id.user != "" {
+				pr.Out.Header.Set(HeaderUser, id.user)
+				for _, g := range id.groups {
 					pr.Out.Header.Add(HeaderGroup, g)
 				}
+				pr.Out.Header[HeaderCredentialID] = []string{id.credential}
 			}
 		},
 		Transport: transport,
@@ -451,18 +457,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // cost (an ECDSA signature check per certificate). It is computed again when the client CA
 // changed (a rotation: Update) or the chain's earliest expiry has passed.
 type connIdentity struct {
-	mu     sync.Mutex
-	roots  *x509.CertPool
-	until  time.Time
-	user   string
-	groups []string
-	err    error
+	mu    sync.Mutex
+	roots *x509.CertPool
+	until time.Time
+	id    clientID
+	err   error
+}
+
+// clientID is a verified client certificate's identity as kube-apiserver's x509 authenticator
+// makes it: the user (common name), the groups (organizations) and the credential id
+// (X509SHA256=<hex SHA-256 of the certificate>), which its audit log records for the request.
+type clientID struct {
+	user, credential string
+	groups           []string
 }
 
 type identityKey struct{}
 
 // identity is clientIdentity for the request's connection, from its cache when still valid.
-func identity(ctx context.Context, cs *tls.ConnectionState, roots *x509.CertPool) (string, []string, error) {
+func identity(ctx context.Context, cs *tls.ConnectionState, roots *x509.CertPool) (clientID, error) {
 	id, ok := ctx.Value(identityKey{}).(*connIdentity)
 	if !ok || cs == nil || len(cs.PeerCertificates) == 0 {
 		return clientIdentity(cs, roots)
@@ -470,7 +483,7 @@ func identity(ctx context.Context, cs *tls.ConnectionState, roots *x509.CertPool
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.roots != roots || !time.Now().Before(id.until) {
-		id.user, id.groups, id.err = clientIdentity(cs, roots)
+		id.id, id.err = clientIdentity(cs, roots)
 		id.roots, id.until = roots, cs.PeerCertificates[0].NotAfter
 		for _, c := range cs.PeerCertificates[1:] {
 			if c.NotAfter.Before(id.until) {
@@ -478,7 +491,7 @@ func identity(ctx context.Context, cs *tls.ConnectionState, roots *x509.CertPool
 			}
 		}
 	}
-	return id.user, id.groups, id.err
+	return id.id, id.err
 }
 
 // copyBuffers lend ReverseProxy its response copy buffers, which it would otherwise allocate
@@ -507,9 +520,9 @@ func (b *bufferPool) Put(buf []byte) {
 // clientIdentity verifies the client's certificate, if it sent one, and returns its user (the
 // common name) and groups (the organizations), as kube-apiserver's x509 authenticator reads
 // them. No certificate: "" and no error.
-func clientIdentity(cs *tls.ConnectionState, roots *x509.CertPool) (string, []string, error) {
+func clientIdentity(cs *tls.ConnectionState, roots *x509.CertPool) (clientID, error) {
 	if cs == nil || len(cs.PeerCertificates) == 0 {
-		return "", nil, nil
+		return clientID{}, nil
 	}
 	certs := cs.PeerCertificates
 	inter := x509.NewCertPool()
@@ -517,13 +530,14 @@ func clientIdentity(cs *tls.ConnectionState, roots *x509.CertPool) (string, []st
 		inter.AddCert(c)
 	}
 	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		return "", nil, err
+		return clientID{}, err
 	}
 	leaf := certs[0]
 	if leaf.Subject.CommonName == "" {
-		return "", nil, errors.New("the client certificate names no user (empty common name)")
+		return clientID{}, errors.New("the client certificate names no user (empty common name)")
 	}
-	return leaf.Subject.CommonName, leaf.Subject.Organization, nil
+	sum := sha256.Sum256(leaf.Raw)
+	return clientID{user: leaf.Subject.CommonName, groups: leaf.Subject.Organization, credential: wire.CredentialIDPrefix + hex.EncodeToString(sum[:])}, nil
 }
 
 // stripIdentity deletes every header under X-Remote-; it reports whether there was one.

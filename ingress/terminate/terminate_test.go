@@ -3,7 +3,9 @@ package terminate
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -213,7 +215,11 @@ func TestIdentityHeaders(t *testing.T) {
 	}
 	// The certificate's organizations in the order DER gives them (a SET sorts), as kube-apiserver
 	// would read them from the certificate itself.
-	want := map[string][]string{HeaderUser: {"alice"}, HeaderGroup: r.client.Leaf.Subject.Organization}
+	// The credential id is kube-apiserver's own for the certificate: its SHA-256 (checked
+	// against a real kube-apiserver's in e2e's TestTerminatingAPIServers).
+	sum := sha256.Sum256(r.client.Leaf.Raw)
+	want := map[string][]string{HeaderUser: {"alice"}, HeaderGroup: r.client.Leaf.Subject.Organization,
+		http.CanonicalHeaderKey(HeaderCredentialID): {"X509SHA256=" + hex.EncodeToString(sum[:])}}
 	if fmt.Sprint(s.Headers) != fmt.Sprint(want) || len(s.Headers[HeaderGroup]) != 2 {
 		t.Errorf("identity headers %v, want %v", s.Headers, want)
 	}
