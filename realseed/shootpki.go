@@ -23,13 +23,13 @@ import (
 // The shoot owner's client certificate: what the owner's kubeconfig (UserKubeconfig) presents,
 // signed by gardenlet's client CA as Gardener's admin kubeconfigs are.
 const (
-	ShootOwnerUser        = "shoot-owner"
-	secretNameShootOwner  = "realseed-shoot-owner"
-	shootPKIFrontProxyCA  = "front-proxy-ca.crt"
-	shootPKIClientCA      = "client-ca.crt"
-	shootPKIOwnerCert     = "owner.crt"
-	shootPKIOwnerKey      = "owner.key"
-	shootInternalDomain = "internal." + ShootDomain
+	ShootOwnerUser       = "shoot-owner"
+	secretNameShootOwner = "realseed-shoot-owner"
+	shootPKIFrontProxyCA = "front-proxy-ca.crt"
+	shootPKIClientCA     = "client-ca.crt"
+	shootPKIOwnerCert    = "owner.crt"
+	shootPKIOwnerKey     = "owner.key"
+	shootInternalDomain  = "internal." + ShootDomain
 )
 
 // shootPKIFiles are the files of the shoot's PKI kube-apiserver mounts (Secret

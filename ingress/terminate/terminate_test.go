@@ -2,6 +2,7 @@ package terminate
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -126,6 +127,15 @@ func (r *rig) serve(i int, w http.ResponseWriter, req *http.Request) {
 		fmt.Fprintln(w, `{"type":"ADDED"}`)
 		_ = http.NewResponseController(w).Flush()
 		<-r.release
+		return
+	}
+	if req.URL.Path == "/echo" {
+		// The body back, its digest in a trailer, and what the proxy said of the request.
+		w.Header().Set("Trailer", "X-Digest")
+		w.Header().Set("X-Seen-Forwarded", req.Header.Get("X-Forwarded-Host")+" "+req.Header.Get("X-Forwarded-Proto"))
+		h := sha256.New()
+		_, _ = io.Copy(io.MultiWriter(w, h), req.Body)
+		w.Header().Set("X-Digest", hex.EncodeToString(h.Sum(nil)))
 		return
 	}
 	if req.Header.Get("Upgrade") != "" {
@@ -471,5 +481,40 @@ func TestWatchStreams(t *testing.T) {
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
 	if err != nil || line != `{"type":"ADDED"}`+"\n" {
 		t.Errorf("first event %q, %v", line, err)
+	}
+}
+
+// TestBodiesAndTrailers: a request body of several flow-control windows goes up whole and comes
+// back whole, with the replica's trailer, over HTTP/2 (the proxy's own path) and HTTP/1.1
+// (ReverseProxy's); the replica sees X-Forwarded-Host and -Proto as the client's.
+func TestBodiesAndTrailers(t *testing.T) {
+	r := newRig(t, 1, Config{})
+	body := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	sum := sha256.Sum256(body)
+	for _, h2 := range []bool{true, false} {
+		c := r.httpClient(&r.client)
+		if !h2 {
+			tr := c.Transport.(*http.Transport)
+			tr.ForceAttemptHTTP2 = false
+			tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
+		}
+		resp, err := c.Post("https://"+shootHost+"/echo", "application/octet-stream", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := map[bool]int{true: 2, false: 1}[h2]; resp.ProtoMajor != want {
+			t.Errorf("HTTP/2 %v: the client spoke %s", h2, resp.Proto)
+		}
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("HTTP/2 %v: %d bytes back (%v), want the %d sent", h2, len(got), err, len(body))
+		}
+		if d := resp.Trailer.Get("X-Digest"); d != hex.EncodeToString(sum[:]) {
+			t.Errorf("HTTP/2 %v: trailer X-Digest %q, want the body's digest", h2, d)
+		}
+		if f := resp.Header.Get("X-Seen-Forwarded"); f != shootHost+" https" {
+			t.Errorf("HTTP/2 %v: the replica saw X-Forwarded-Host and -Proto %q", h2, f)
+		}
 	}
 }
