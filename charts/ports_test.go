@@ -12,7 +12,8 @@ import (
 // TestUnifiedPortChoices: by default the legacy tunnel port is served, the unified port is
 // CONNECT only, and Gardener's gateway is the relay for what only it serves; with
 // ingress.removeHTTPProxyLegacyPort (Gardener's gate of that name) the ingress binds, exposes and
-// opens no 8132, and ingress.proxyProtocol and an empty gardenerGateway reach tendril-seed's flags.
+// opens no 8132, and ingress.proxyProtocol, an empty gardenerGateway and the seed's goAwayChance
+// reach tendril-seed's flags.
 func TestUnifiedPortChoices(t *testing.T) {
 	type want struct {
 		svcPorts  []int32
@@ -28,14 +29,15 @@ func TestUnifiedPortChoices(t *testing.T) {
 		"default": {nil, want{
 			svcPorts: []int32{443, 8443, 8132}, fromWorld: `[{"protocol":"TCP","port":443},{"protocol":"TCP","port":8443},{"protocol":"TCP","port":8132}]`, tunnel: true,
 			seedArgs: []string{"--gardener-gateway=istio-ingressgateway.istio-ingress.svc.cluster.local:8443"},
-			noArgs:   []string{"--proxy-protocol", "--remove-http-proxy-legacy-port"},
+			noArgs:   []string{"--proxy-protocol", "--remove-http-proxy-legacy-port", "--goaway-chance="},
 		}},
 		"no legacy port, PROXY, no gateway": {map[string]any{
 			"gardenerGateway": "",
+			"goAwayChance":    "0.001",
 			"ingress":         map[string]any{"removeHTTPProxyLegacyPort": true, "proxyProtocol": true},
 		}, want{
 			svcPorts: []int32{443, 8443}, fromWorld: `[{"protocol":"TCP","port":443},{"protocol":"TCP","port":8443}]`, tunnel: false,
-			seedArgs: []string{"--proxy-protocol", "--remove-http-proxy-legacy-port"},
+			seedArgs: []string{"--proxy-protocol", "--remove-http-proxy-legacy-port", "--goaway-chance=0.001"},
 			noArgs:   []string{"--gardener-gateway="},
 		}},
 	} {

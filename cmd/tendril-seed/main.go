@@ -123,6 +123,13 @@ func main() {
 	fs.StringVar(&k.SeedDNS.Zone, "dns-zone", "", "Kubernetes mode: hosted zone of the seed-level DNSRecord (empty: the provider's longest matching zone)")
 	fs.Int64Var(&k.SeedDNS.TTL, "dns-ttl", 120, "Kubernetes mode: TTL in seconds of the seed-level DNSRecord")
 	fs.StringVar(&k.Webhook.Namespace, "webhook-namespace", "", "Kubernetes mode: tendril-seed's namespace, where the webhook's CA and certificate live and its Service runs (empty: self-signed, development only)")
+	fs.Func("goaway-chance", "Kubernetes mode: the seed's default kube-apiserver --goaway-chance (above 0, at most 0.02) for every shoot balanced per connection whose providerConfig sets none (its kubeAPIServer.goAwayChance \"0\" opts out); empty: none", func(v string) error {
+		if v != "" && !tendrilv1alpha1.ValidGoAwayChance(v) {
+			return fmt.Errorf("want a decimal above 0 and at most %g", tendrilv1alpha1.MaxGoAwayChance)
+		}
+		k.Webhook.GoAwayChance = v
+		return nil
+	})
 	fs.IntVar(&k.WebhookPort, "webhook-port", 10250, "Kubernetes mode: port of the control-plane webhook server (-1: off)")
 	fs.StringVar(&k.WebhookCertDir, "webhook-cert-dir", "", "Kubernetes mode: directory for the webhook server's certificate (default: a temp dir)")
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")

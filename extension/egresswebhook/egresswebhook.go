@@ -16,9 +16,11 @@
 //   - volumes tendril-egress-selector (ConfigMap tendril-egress-selector),
 //     tendril-egress-client (the secrets manager's tendril-kube-apiserver-client: tls.crt,
 //     tls.key) and tendril-egress-ca (ca-tendril-bundle: bundle.crt);
-//   - with the providerConfig's kubeAPIServer.goAwayChance, exactly one --goaway-chance of
-//     that value (without it the flag stays as Gardener set it, which is none): replicas behind
-//     SNI passthrough then make HTTP/2 clients reconnect now and then, and so rebalance them;
+//   - with the providerConfig's kubeAPIServer.goAwayChance, or else the seed's default
+//     (Options.GoAwayChance) for a shoot balanced per connection, exactly one --goaway-chance of
+//     that value (without either, or with "0", the flag stays as Gardener set it, which is
+//     none): replicas behind SNI passthrough then make HTTP/2 clients reconnect now and then,
+//     and so rebalance them;
 //   - a checksum annotation of the configuration and the pod label
 //     networking.resources.gardener.cloud/to-tendril-server-tcp-<port>=allowed, so Gardener's
 //     NetworkPolicies let the pod reach tendril-server's egress port.
@@ -160,6 +162,10 @@ type Options struct {
 	// shoots with egress grpc runs /tendril-egress-relay from it. Empty: such shoots'
 	// kube-apiserver Deployments are refused with the reason (HTTP CONNECT needs no image).
 	Image string
+	// GoAwayChance is the seed's default --goaway-chance (above 0, at most 0.02): every
+	// kube-apiserver of a shoot balanced per connection whose providerConfig sets no chance gets
+	// it ("0" there opts out). Empty: none.
+	GoAwayChance string
 	// Webhooks are tendril's other seed webhooks (e.g. ingressdns's): served by the same
 	// server and registered in the same MutatingWebhookConfiguration with the same
 	// certificates, which one registration owns (two would overwrite each other's).
@@ -180,11 +186,14 @@ func AddToManager(ctx context.Context, mgr manager.Manager, opts Options) error 
 	if opts.Mode == ModeURL && opts.URL == "" {
 		return errors.New("egress webhook: mode url needs a URL")
 	}
+	if opts.GoAwayChance != "" && !tendrilv1alpha1.ValidGoAwayChance(opts.GoAwayChance) {
+		return fmt.Errorf("egress webhook: goaway chance %q: want a decimal above 0 and at most %g", opts.GoAwayChance, tendrilv1alpha1.MaxGoAwayChance)
+	}
 	srv, ok := mgr.GetWebhookServer().(*webhook.DefaultServer)
 	if !ok {
 		return fmt.Errorf("egress webhook: want a *webhook.DefaultServer, got %T", mgr.GetWebhookServer())
 	}
-	wh, err := New(mgr, opts.Image)
+	wh, err := New(mgr, opts.Image, opts.GoAwayChance)
 	if err != nil {
 		return fmt.Errorf("egress webhook: %w", err)
 	}
@@ -251,10 +260,11 @@ func (r registration) Start(ctx context.Context) error {
 }
 
 // New builds the webhook (Gardener's control-plane webhook with tendril's selectors).
-// relayImage is the tendril image the egress relay sidecar runs (Options.Image).
-func New(mgr manager.Manager, relayImage string) (*extensionswebhook.Webhook, error) {
+// relayImage is the tendril image the egress relay sidecar runs (Options.Image), goAwayChance
+// the seed's default --goaway-chance (Options.GoAwayChance).
+func New(mgr manager.Manager, relayImage, goAwayChance string) (*extensionswebhook.Webhook, error) {
 	log := mgr.GetLogger().WithName("egress-webhook")
-	e := &ensurer{client: mgr.GetClient(), reader: mgr.GetAPIReader(), log: log, relayImage: relayImage}
+	e := &ensurer{client: mgr.GetClient(), reader: mgr.GetAPIReader(), log: log, relayImage: relayImage, goAwayChance: goAwayChance}
 	wh, err := controlplane.New(mgr, controlplane.Args{
 		Kind:           controlplane.KindShoot,
 		Provider:       ExtensionType,
@@ -289,6 +299,8 @@ type ensurer struct {
 	log    logr.Logger
 	// relayImage is the tendril image of the egress relay sidecar (egress: grpc).
 	relayImage string
+	// goAwayChance is the seed's default --goaway-chance ("": none).
+	goAwayChance string
 }
 
 var _ genericmutator.Ensurer = (*ensurer)(nil)
@@ -341,7 +353,7 @@ func (e *ensurer) EnsureKubeAPIServerDeployment(ctx context.Context, _ extension
 		return err
 	}
 	return MutateDeployment(dep, Mutation{Egress: mode, Secrets: s, Config: cm.Data[ConfigMapDataKey], RelayImage: e.relayImage, Servers: servers,
-		GoAwayChance: pc.GoAwayChance()})
+		GoAwayChance: pc.GoAwayChanceWith(e.goAwayChance)})
 }
 
 // extension returns the namespace's Extension of type tendril, or nil.

@@ -181,6 +181,8 @@ func startWebhook(ctx context.Context, t *testing.T, env *kubetest.Env) {
 		Mode:      egresswebhook.ModeURL,
 		URL:       fmt.Sprintf("127.0.0.1:%d", port),
 		Image:     relayImage,
+		// The seed's default: shoots whose providerConfig names no chance get it.
+		GoAwayChance: seedGoAwayChance,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -457,7 +459,8 @@ func testGRPC(ctx context.Context, t *testing.T, c client.Client) {
 	}
 
 	// A goaway chance: gardenlet's next apply gets exactly one --goaway-chance beside the
-	// egress flag; taken out of the providerConfig, the apply after it has none.
+	// egress flag; taken out of the providerConfig, the apply after it has the seed's default;
+	// "0" opts out of that, and so does balancing per request.
 	goAway := func() []string {
 		var fs []string
 		for _, a := range get(ctx, t, c, ns).Spec.Template.Spec.Containers[0].Args {
@@ -475,10 +478,21 @@ func testGRPC(ctx context.Context, t *testing.T, c client.Client) {
 	checkMutatedRelayed(t, get(ctx, t, c, ns), ns, tendrilv1alpha1.EgressHTTPConnectRelay, clientSecret, bundleSecret)
 	setEgress(ctx, t, c, ns, "httpConnectRelay")
 	reapplyGardeners(ctx, t, c, ns)
-	if got := goAway(); len(got) != 0 {
-		t.Errorf("goaway flags %q after the chance was taken out", got)
+	if got, want := goAway(), []string{"--goaway-chance=" + seedGoAwayChance}; !slices.Equal(got, want) {
+		t.Errorf("goaway flags %q after the chance was taken out, want the seed's %q", got, want)
+	}
+	for _, raw := range []string{`{"egress":"httpConnectRelay","kubeAPIServer":{"goAwayChance":"0"}}`,
+		`{"egress":"httpConnectRelay","kubeAPIServer":{"balancing":"PerRequest"}}`} {
+		setProviderConfig(ctx, t, c, ns, raw)
+		reapplyGardeners(ctx, t, c, ns)
+		if got := goAway(); len(got) != 0 {
+			t.Errorf("goaway flags %q with providerConfig %s", got, raw)
+		}
 	}
 }
+
+// seedGoAwayChance is the test webhook's seed default (egresswebhook.Options.GoAwayChance).
+const seedGoAwayChance = "0.002"
 
 // reapplyGardeners updates the namespace's kube-apiserver Deployment to Gardener's object, as
 // gardenlet's next reconciliation does.

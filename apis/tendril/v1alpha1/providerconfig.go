@@ -96,7 +96,9 @@ type KubeAPIServer struct {
 	// its next requests over a new connection, which the ingress gives to the next replica.
 	// SNI passthrough balances connections, not requests: without it a client-go client, whose
 	// requests share one HTTP/2 connection, sends every request to the replica that connection
-	// reached. Kubernetes suggests 0.001 to start with. Unset: kube-apiserver's default (none).
+	// reached. Kubernetes suggests 0.001 to start with. Unset: the seed's default (tendril-seed
+	// --goaway-chance, for shoots balanced per connection), else kube-apiserver's (none); "0":
+	// none, whatever the seed's default.
 	//
 	// +optional
 	GoAwayChance string `json:"goAwayChance,omitempty"`
@@ -124,16 +126,40 @@ func (c *ProviderConfig) PerRequest() bool {
 }
 
 // GoAwayChance is the configured --goaway-chance in kube-apiserver's flag syntax, "" when
-// unset. It is only meaningful for a validated ProviderConfig.
+// unset or "0". It is only meaningful for a validated ProviderConfig.
 func (c *ProviderConfig) GoAwayChance() string {
-	if c == nil || c.KubeAPIServer == nil || c.KubeAPIServer.GoAwayChance == "" {
-		return ""
+	return c.GoAwayChanceWith("")
+}
+
+// GoAwayChanceWith is the --goaway-chance the shoot's kube-apiserver gets when the seed's
+// default is seedDefault (a value ValidGoAwayChance accepts, or ""): the providerConfig's own,
+// none for "0", and seedDefault when it sets none and the shoot is balanced per connection (a
+// shoot balanced per request is spread by the ingress; a GOAWAY would only cost it
+// reconnections). It is only meaningful for a validated ProviderConfig.
+func (c *ProviderConfig) GoAwayChanceWith(seedDefault string) string {
+	own := ""
+	if c != nil && c.KubeAPIServer != nil {
+		own = c.KubeAPIServer.GoAwayChance
 	}
-	v, err := strconv.ParseFloat(c.KubeAPIServer.GoAwayChance, 64)
-	if err != nil {
+	if own == "" {
+		if c.PerRequest() {
+			return ""
+		}
+		own = seedDefault
+	}
+	v, err := strconv.ParseFloat(own, 64)
+	if err != nil || v == 0 {
 		return ""
 	}
 	return strconv.FormatFloat(v, 'f', -1, 64)
+}
+
+// ValidGoAwayChance reports whether s is a --goaway-chance kube-apiserver accepts and that
+// asks for one: a decimal above 0 and at most MaxGoAwayChance (NaN and ±Inf parse, and fail
+// the range).
+func ValidGoAwayChance(s string) bool {
+	v, err := strconv.ParseFloat(s, 64)
+	return err == nil && v > 0 && v <= MaxGoAwayChance
 }
 
 // TunnelStack is the TCP/IP stack the tunnel's two ends run on.
@@ -256,12 +282,9 @@ func ValidateProviderConfig(c *ProviderConfig, root *field.Path) field.ErrorList
 			errs = append(errs, field.NotSupported(root.Child("tunnel", "stack"), t.Stack, []TunnelStack{TunnelStackUserspace, TunnelStackKernel}))
 		}
 	}
-	if k := c.KubeAPIServer; k != nil && k.GoAwayChance != "" {
-		// NaN and ±Inf parse, and fail the range.
-		if v, err := strconv.ParseFloat(k.GoAwayChance, 64); err != nil || !(v > 0 && v <= MaxGoAwayChance) {
-			errs = append(errs, field.Invalid(root.Child("kubeAPIServer", "goAwayChance"), k.GoAwayChance,
-				fmt.Sprintf("must be a decimal above 0 and at most %g", MaxGoAwayChance)))
-		}
+	if k := c.KubeAPIServer; k != nil && k.GoAwayChance != "" && k.GoAwayChance != "0" && !ValidGoAwayChance(k.GoAwayChance) {
+		errs = append(errs, field.Invalid(root.Child("kubeAPIServer", "goAwayChance"), k.GoAwayChance,
+			fmt.Sprintf(`must be a decimal above 0 and at most %g, or "0" for none`, MaxGoAwayChance)))
 	}
 	if k := c.KubeAPIServer; k != nil {
 		switch k.Balancing {

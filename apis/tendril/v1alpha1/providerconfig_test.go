@@ -32,8 +32,9 @@ func TestDecodeProviderConfig(t *testing.T) {
 		{name: "goaway chance", raw: `{"kubeAPIServer":{"goAwayChance":"0.001"}}`, wantEgress: EgressHTTPConnect, wantGoAway: "0.001"},
 		{name: "goaway chance at the bound", raw: `{"kubeAPIServer":{"goAwayChance":"2e-2"}}`, wantEgress: EgressHTTPConnect, wantGoAway: "0.02"},
 		{name: "kubeAPIServer without a goaway chance", raw: `{"kubeAPIServer":{}}`, wantEgress: EgressHTTPConnect},
-		{name: "goaway chance above the bound", raw: `{"kubeAPIServer":{"goAwayChance":"0.03"}}`, wantErr: `spec.providerConfig.kubeAPIServer.goAwayChance: Invalid value: "0.03": must be a decimal above 0 and at most 0.02`},
-		{name: "zero goaway chance", raw: `{"kubeAPIServer":{"goAwayChance":"0"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
+		{name: "goaway chance above the bound", raw: `{"kubeAPIServer":{"goAwayChance":"0.03"}}`, wantErr: `spec.providerConfig.kubeAPIServer.goAwayChance: Invalid value: "0.03": must be a decimal above 0 and at most 0.02, or "0" for none`},
+		{name: "zero goaway chance: none", raw: `{"kubeAPIServer":{"goAwayChance":"0"}}`, wantEgress: EgressHTTPConnect, wantGoAway: ""},
+		{name: "zero goaway chance as a decimal", raw: `{"kubeAPIServer":{"goAwayChance":"0.0"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
 		{name: "negative goaway chance", raw: `{"kubeAPIServer":{"goAwayChance":"-0.01"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
 		{name: "NaN goaway chance", raw: `{"kubeAPIServer":{"goAwayChance":"NaN"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
 		{name: "goaway chance in per cent", raw: `{"kubeAPIServer":{"goAwayChance":"1%"}}`, wantErr: "spec.providerConfig.kubeAPIServer.goAwayChance"},
@@ -102,6 +103,40 @@ func TestEgressFor(t *testing.T) {
 	} {
 		if got := tc.cfg.EgressFor(tc.several); got != tc.want {
 			t.Errorf("%+v, several servers %v: %q, want %q", tc.cfg, tc.several, got, tc.want)
+		}
+	}
+}
+
+// TestGoAwayChanceWith: the seed's default applies to a shoot balanced per connection that sets
+// no chance of its own; its own chance wins; "0" is none; a shoot balanced per request gets the
+// default not (its own, if it sets one, it does).
+func TestGoAwayChanceWith(t *testing.T) {
+	for _, tc := range []struct {
+		raw, seed, want string
+	}{
+		{`{}`, "", ""},
+		{`{}`, "0.002", "0.002"},
+		{`{"kubeAPIServer":{"goAwayChance":"0.001"}}`, "0.002", "0.001"},
+		{`{"kubeAPIServer":{"goAwayChance":"0"}}`, "0.002", ""},
+		{`{"kubeAPIServer":{"balancing":"PerConnection"}}`, "0.002", "0.002"},
+		{`{"kubeAPIServer":{"balancing":"PerRequest"}}`, "0.002", ""},
+		{`{"kubeAPIServer":{"balancing":"PerRequest","goAwayChance":"0.001"}}`, "0.002", "0.001"},
+	} {
+		cfg, errs := DecodeProviderConfig([]byte(tc.raw))
+		if len(errs) > 0 {
+			t.Fatalf("%s: %v", tc.raw, errs)
+		}
+		if got := cfg.GoAwayChanceWith(tc.seed); got != tc.want {
+			t.Errorf("%s with the seed's %q: %q, want %q", tc.raw, tc.seed, got, tc.want)
+		}
+	}
+	var none *ProviderConfig
+	if got := none.GoAwayChanceWith("0.002"); got != "0.002" {
+		t.Errorf("no providerConfig with the seed's 0.002: %q", got)
+	}
+	for s, want := range map[string]bool{"0.001": true, "0.02": true, "0": false, "0.03": false, "NaN": false, "x": false, "": false} {
+		if ValidGoAwayChance(s) != want {
+			t.Errorf("ValidGoAwayChance(%q) = %v", s, !want)
 		}
 	}
 }
