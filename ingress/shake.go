@@ -26,9 +26,21 @@ type shake struct {
 	// While dialing: the cluster's endpoints, the attempts made, and the circuit-breaker slot
 	// the connection holds until its pair ends (plan.release; nil once released).
 	plan dialPlan
-	// term is the proxy a terminating shoot's connection is handed to, for termCluster.
+	// term is the proxy a terminating shoot's connection is handed to, for termCluster, whose
+	// circuit-breaker slot (termRelease) it holds until it is closed, as a proxied connection
+	// holds its cluster's: a terminating shoot's clients cannot take more of the ingress's
+	// connections than a passthrough shoot's.
 	term        *terminate.Proxy
 	termCluster string
+	termRelease func()
+}
+
+// releaseTerm frees the terminating connection's slot, once.
+func (t *shake) releaseTerm() {
+	if t.termRelease != nil {
+		t.termRelease()
+		t.termRelease = nil
+	}
 }
 
 // conn is what the refusal log says of the connection: what the filters learned, or its
@@ -61,6 +73,7 @@ func (t *shake) Read(data []byte, end error) loops.Verdict {
 	cfg := in.current.Load()
 	var clusterName string
 	var cl *clusterConfig
+	full := false // the terminating shoot's circuit breaker is open
 	if outcome == "" {
 		clusterName = t.clusterName()
 		cl = cfg.clusters[clusterName]
@@ -68,8 +81,11 @@ func (t *shake) Read(data []byte, end error) loops.Verdict {
 		// through the TLS handshake, which it ends).
 		if cl != nil && cl.internal != "" {
 			if t.term = in.terms.get(cl.internal); t.term != nil {
-				t.termCluster = cl.name
-				return loops.Verdict{Step: loops.StepHandOff}
+				if release, ok := in.acquire(cl.name, cl.maxConnections); ok {
+					t.termCluster, t.termRelease = cl.name, release
+					return loops.Verdict{Step: loops.StepHandOff}
+				}
+				t.term, full = nil, true
 			}
 		}
 	}
@@ -82,6 +98,9 @@ func (t *shake) Read(data []byte, end error) loops.Verdict {
 	if cl == nil {
 		// The name comes from the client; quoting keeps it from forging log fields.
 		return t.refuse("", outcomeUnknownRoute, fmt.Errorf("no cluster %q", clusterName))
+	}
+	if full {
+		return t.refuse(cl.name, outcomeCircuitOpen, nil)
 	}
 	if cl.internal != "" {
 		return t.refuse(cl.name, outcomeNoEndpoint, fmt.Errorf("terminating listener %s is not served yet (its secrets or clusters are missing)", cl.internal))
@@ -141,6 +160,7 @@ func (t *shake) Closed() {
 	if t.plan.release != nil {
 		t.plan.release()
 	}
+	t.releaseTerm()
 	t.s.joined.Done()
 }
 
@@ -150,6 +170,7 @@ func (t *shake) HandOff(c net.Conn, err error) {
 	s := t.s
 	if err != nil {
 		s.in.pending.release(t.p)
+		t.releaseTerm()
 		s.refuse(t.conn(), t.termCluster, outcomeRelayFailed, err)
 		s.joined.Done()
 		return
@@ -181,17 +202,21 @@ func (t *shake) HandOff(c net.Conn, err error) {
 func (t *shake) terminate(c net.Conn) {
 	s, p := t.s, t.p
 	m := s.in.metrics
+	release := t.termRelease
+	t.termRelease = nil // from here on rc's close frees the slot
 	var rc *replayConn
 	// The handed set tracks c itself: a drain's CloseAll closes it under the set's lock, and
 	// the proxy then closes rc, which forgets c (rc's Close would take that lock again).
 	rc = newReplayConn(c, t.d.First, func() {
 		s.handed.Forget(c)
 		m.active.WithLabelValues(s.name).Dec()
+		release()
 		s.joined.Done()
 	})
 	if !s.in.pending.rebind(p, c) {
 		// Evicted meanwhile (counted there): c is closed.
 		s.in.pending.release(p)
+		release()
 		s.joined.Done()
 		return
 	}

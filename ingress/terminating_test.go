@@ -499,3 +499,56 @@ func TestDrainClosesIdleTerminatedConnections(t *testing.T) {
 		t.Errorf("connections closed by the drain on sni: %v, want 0", got)
 	}
 }
+
+// TestTerminatingCircuitBreaker: a terminating shoot's connection holds a slot of its cluster's
+// circuit breaker until it closes, as a proxied one does; with the breaker full the next
+// connection is refused (circuit_open) before its proxy sees it.
+func TestTerminatingCircuitBreaker(t *testing.T) {
+	w := newWorldConfig(t, translate.Options{}, Config{})
+	ts := newTerminatingShoot(t, "shoot--t--alpha", "api.alpha.test", 1)
+	w.mu.Lock()
+	w.shoots[ts.shoot.Name] = ts.shoot
+	w.mu.Unlock()
+	w.apply()
+	testwait.Until(t, "terminating listener served", func() bool { return w.in.terms.get(translate.TerminateListener(ts.shoot.Name)) != nil })
+	cluster, url := translate.SNICluster(ts.shoot.Hosts[0]), "https://"+ts.shoot.Hosts[0]+"/api"
+	// Everything but the connections under test: the breaker's slots taken as connections would.
+	var held []func()
+	defer func() {
+		for _, release := range held {
+			release()
+		}
+	}()
+	for {
+		release, ok := w.in.acquire(cluster, translate.MaxConnectionsPerCluster)
+		if !ok {
+			break
+		}
+		held = append(held, release)
+	}
+	c := ts.client(w, nil, nil)
+	if resp, err := c.Get(url); err == nil {
+		resp.Body.Close()
+		t.Fatalf("with the breaker full: %s, want the connection refused", resp.Status)
+	}
+	if n := w.connections(outcomeCircuitOpen); n != 1 {
+		t.Errorf("%v connections refused circuit_open, want 1", n)
+	}
+	held[0]()
+	held = held[1:]
+	if code, _ := get(t, c, url, nil); code != http.StatusOK {
+		t.Fatalf("with one slot free: status %d", code)
+	}
+	if release, ok := w.in.acquire(cluster, translate.MaxConnectionsPerCluster); ok {
+		release()
+		t.Error("the open terminated connection holds no slot")
+	}
+	c.CloseIdleConnections()
+	testwait.Until(t, "the closed connection's slot freed", func() bool {
+		release, ok := w.in.acquire(cluster, translate.MaxConnectionsPerCluster)
+		if ok {
+			held = append(held, release)
+		}
+		return ok
+	})
+}
