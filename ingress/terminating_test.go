@@ -131,6 +131,19 @@ func (ts *terminatingShoot) termination(t *testing.T, host string) *model.Termin
 
 // client is an HTTP client of the shoot through the ingress, with cert (if any) as its client
 // certificate; its connections are counted in dials.
+// serve routes the shoot in w and waits until the ingress runs its terminating proxy; it
+// returns the proxy's internal listener.
+func (ts *terminatingShoot) serve(t *testing.T, w *world) string {
+	t.Helper()
+	w.mu.Lock()
+	w.shoots[ts.shoot.Name] = ts.shoot
+	w.mu.Unlock()
+	w.apply()
+	listener := translate.TerminateListener(ts.shoot.Name)
+	testwait.Until(t, "terminating listener served", func() bool { return w.in.terms.get(listener) != nil })
+	return listener
+}
+
 func (ts *terminatingShoot) client(w *world, cert *tls.Certificate, dials *atomic.Int32) *http.Client {
 	cfg := &tls.Config{RootCAs: ts.shootCA.Pool, ServerName: ts.shoot.Hosts[0], NextProtos: []string{"h2"}}
 	if cert != nil {
@@ -184,12 +197,7 @@ func TestTerminatingShoot(t *testing.T) {
 	w := newWorld(t)
 	w.addShoot("shoot--t--beta", "api.beta.test")
 	ts := newTerminatingShoot(t, "shoot--t--alpha", "api.alpha.test", 3)
-	w.mu.Lock()
-	w.shoots[ts.shoot.Name] = ts.shoot
-	w.mu.Unlock()
-	w.apply()
-	listener := translate.TerminateListener(ts.shoot.Name)
-	testwait.Until(t, "terminating listener served", func() bool { return w.in.terms.get(listener) != nil })
+	listener := ts.serve(t, w)
 
 	alice, err := ts.clientCA.Client("alice", []string{"team-a", "team-b"}, time.Time{}, time.Time{})
 	if err != nil {
@@ -477,11 +485,7 @@ func gathered(t *testing.T, w *world, name, label, value string) float64 {
 func TestDrainClosesIdleTerminatedConnections(t *testing.T) {
 	w := newWorldConfig(t, translate.Options{}, Config{DrainTimeout: time.Hour})
 	ts := newTerminatingShoot(t, "shoot--t--alpha", "api.alpha.test", 1)
-	w.mu.Lock()
-	w.shoots[ts.shoot.Name] = ts.shoot
-	w.mu.Unlock()
-	w.apply()
-	testwait.Until(t, "terminating listener served", func() bool { return w.in.terms.get(translate.TerminateListener(ts.shoot.Name)) != nil })
+	ts.serve(t, w)
 	c := ts.client(w, nil, nil)
 	if code, _ := get(t, c, "https://"+ts.shoot.Hosts[0]+"/api", nil); code != http.StatusOK {
 		t.Fatalf("status %d", code)
@@ -506,11 +510,7 @@ func TestDrainClosesIdleTerminatedConnections(t *testing.T) {
 func TestTerminatingCircuitBreaker(t *testing.T) {
 	w := newWorldConfig(t, translate.Options{}, Config{})
 	ts := newTerminatingShoot(t, "shoot--t--alpha", "api.alpha.test", 1)
-	w.mu.Lock()
-	w.shoots[ts.shoot.Name] = ts.shoot
-	w.mu.Unlock()
-	w.apply()
-	testwait.Until(t, "terminating listener served", func() bool { return w.in.terms.get(translate.TerminateListener(ts.shoot.Name)) != nil })
+	ts.serve(t, w)
 	cluster, url := translate.SNICluster(ts.shoot.Hosts[0]), "https://"+ts.shoot.Hosts[0]+"/api"
 	// Everything but the connections under test: the breaker's slots taken as connections would.
 	var held []func()
