@@ -501,10 +501,14 @@ func (p *Proxy) forwardH2(w http.ResponseWriter, r *http.Request, st *state, up 
 		wh[k] = v
 	}
 	w.WriteHeader(resp.StatusCode)
-	// A response without a length (a watch, logs -f) goes out as it comes; one with a length
-	// in as few writes as it takes.
+	// A response without a length (a watch, logs -f) goes out as it comes, its head at once: a
+	// watch with nothing to report yet sends no body for a while, and client-go waits for the
+	// head before it does anything else. One with a length goes in as few writes as it takes.
 	stream := resp.ContentLength < 0
 	flusher, _ := w.(http.Flusher)
+	if stream && flusher != nil {
+		flusher.Flush()
+	}
 	buf := copyBuffers.Get()
 	defer copyBuffers.Put(buf)
 	for {

@@ -121,6 +121,14 @@ func (r *rig) serve(i int, w http.ResponseWriter, req *http.Request) {
 		r.slowIn <- i
 		<-r.release
 	}
+	if req.URL.Path == "/quiet-watch" {
+		// A watch with nothing to report yet: its head, and no body until released.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_ = http.NewResponseController(w).Flush()
+		<-r.release
+		return
+	}
 	if req.URL.Path == "/watch" {
 		// An event, flushed, then nothing until released: as a watch that waits for the next.
 		w.Header().Set("Content-Type", "application/json")
@@ -472,6 +480,14 @@ func TestIdentityCachedPerConnection(t *testing.T) {
 // (a watch's response has no length, which the proxy flushes as it comes).
 func TestWatchStreams(t *testing.T) {
 	r := newRig(t, 1, Config{})
+	// A watch that has nothing to report yet: its head reaches the client all the same (client-go
+	// waits for it before it creates the object it watches for).
+	qreq, _ := http.NewRequest(http.MethodGet, "https://"+shootHost+"/quiet-watch", nil)
+	qresp, err := r.httpClient(&r.client).Do(qreq)
+	if err != nil {
+		t.Fatalf("a watch without events yet: %v", err)
+	}
+	qresp.Body.Close()
 	req, _ := http.NewRequest(http.MethodGet, "https://"+shootHost+"/watch", nil)
 	resp, err := r.httpClient(&r.client).Do(req)
 	if err != nil {
