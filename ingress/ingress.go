@@ -74,6 +74,9 @@ type Config struct {
 	// Connections accepted meanwhile are proxied and drained like the others. If zero, the
 	// listeners close at once.
 	DrainDelay time.Duration
+	// TerminateNetHTTP2 serves terminating shoots' HTTP/2 clients with net/http's server
+	// instead of h2relay, frame by frame (the default).
+	TerminateNetHTTP2 bool
 	// DrainTimeout is how long established connections may go on after the listeners close;
 	// then the rest are closed (counted by listener) and Serve returns. Serve returns as soon as
 	// the last one ends by itself. If zero, they are closed at once.
@@ -115,7 +118,7 @@ func New(cfg Config) *Ingress {
 		metrics:  newMetrics(cfg.Registry),
 		active:   make(map[string]*atomic.Int64),
 		refusals: &accept.LimitedLog{Log: cfg.Log},
-		terms:    newTerminators(cfg.Log.WithName("terminate")),
+		terms:    newTerminators(cfg.Log.WithName("terminate"), cfg.TerminateNetHTTP2),
 	}
 	if cfg.Registry != nil {
 		cfg.Registry.MustRegister(newTerminateCollector(in.terms))

@@ -23,7 +23,9 @@ import (
 // one of them changes, shut down when its listener goes.
 type terminators struct {
 	log logr.Logger
-	mu  sync.Mutex
+	// netHTTP2: HTTP/2 clients are served by net/http, not h2relay (Config.TerminateNetHTTP2).
+	netHTTP2 bool
+	mu       sync.Mutex
 	// running are the proxies by listener name; closed refuses new ones once the ingress stops.
 	running map[string]*runningProxy
 	closed  bool
@@ -55,8 +57,8 @@ func (a terminateInputs) equal(b terminateInputs) bool {
 		a.front == b.front && a.apiCA == b.apiCA && slices.Equal(a.endpoints, b.endpoints)
 }
 
-func newTerminators(log logr.Logger) *terminators {
-	return &terminators{log: log, running: map[string]*runningProxy{}, stopping: map[*terminate.Proxy]string{}, retired: map[string]terminate.Counts{}}
+func newTerminators(log logr.Logger, netHTTP2 bool) *terminators {
+	return &terminators{log: log, netHTTP2: netHTTP2, running: map[string]*runningProxy{}, stopping: map[*terminate.Proxy]string{}, retired: map[string]terminate.Counts{}}
 }
 
 // get returns the proxy of an internal listener, nil while it has none.
@@ -96,6 +98,7 @@ func (ts *terminators) sync(cfg *config) {
 			IdleTimeout:      tc.idleTimeout,
 			MaxHeaderBytes:   tc.maxHeaderBytes,
 			DialTimeout:      in.cl.connectTimeout,
+			NetHTTP2:         ts.netHTTP2,
 		}
 		r := ts.running[name]
 		switch {

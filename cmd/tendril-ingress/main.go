@@ -58,6 +58,8 @@ type Config struct {
 	MaxPendingPerListener int
 	MaxPendingPerSource   int
 	TrustedProxies        []netip.Prefix
+	// TerminateNetHTTP2: ingress.Config.TerminateNetHTTP2.
+	TerminateNetHTTP2 bool
 	// DrainDelay and DrainTimeout shape the shutdown (ingress.Config); zero: none.
 	DrainDelay   time.Duration
 	DrainTimeout time.Duration
@@ -95,6 +97,7 @@ func main() {
 	})
 	// --drain-timeout's default is the chart's. --drain-delay's is 0, so a replica outside
 	// Kubernetes (and the tests) stops at once; the chart sets the delay its load balancer needs.
+	flag.BoolVar(&cfg.TerminateNetHTTP2, "terminate-net-http2", false, "serve terminating shoots' HTTP/2 clients with net/http's server instead of relaying them frame by frame (the way before h2relay)")
 	flag.DurationVar(&cfg.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, how long established connections may go on after the listeners close; the rest are then closed (0: at once)")
 	flag.DurationVar(&cfg.DrainDelay, "drain-delay", 0, "on SIGTERM, how long to go on accepting new connections while /readyz already fails, for the load balancer to notice (the chart sets 5s); 0: close the listeners at once")
 	flag.BoolVar(&cfg.AdaptiveProcs, "adaptive-procs", true, "size GOMAXPROCS to the ingress's CPU use: one processor while it uses less than a third of a core, more at once when it needs them, up to the runtime's default, read again every 10 s to follow a CPU limit changed in place (an idle processor costs the Go scheduler CPU on every event); off when the GOMAXPROCS environment variable is set")
@@ -192,7 +195,7 @@ func Run(ctx context.Context, cfg Config) error {
 	maxProcs := runtime.GOMAXPROCS(0)
 	in := ingress.New(ingress.Config{Listeners: listeners, Log: cfg.Log, Registry: reg, MaxPending: cfg.MaxPending,
 		MaxPendingPerListener: cfg.MaxPendingPerListener, MaxPendingPerSource: cfg.MaxPendingPerSource, TrustedProxies: cfg.TrustedProxies,
-		DrainDelay: cfg.DrainDelay, DrainTimeout: cfg.DrainTimeout, Loops: maxProcs, Listen: cfg.Listeners.Listen})
+		DrainDelay: cfg.DrainDelay, DrainTimeout: cfg.DrainTimeout, TerminateNetHTTP2: cfg.TerminateNetHTTP2, Loops: maxProcs, Listen: cfg.Listeners.Listen})
 
 	// The probes outlive ctx until the ingress has drained; a failure of either ends ingress's
 	// context (through the group's), which drains it too.

@@ -41,6 +41,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/tendril-net/tendril/ingress/h2relay"
 	"github.com/tendril-net/tendril/wire"
 )
 
@@ -88,6 +89,9 @@ type Config struct {
 	MaxHeaderBytes int
 	// DialTimeout bounds a connection to a replica (default 10 s).
 	DialTimeout time.Duration
+	// NetHTTP2 serves HTTP/2 clients with net/http's server and forwardH2 instead of h2relay
+	// (frame by frame, the default).
+	NetHTTP2 bool
 }
 
 // Proxy serves one shoot's terminating route. Its methods may be called concurrently.
@@ -108,6 +112,8 @@ type Proxy struct {
 	// across updates, so a replica that stays keeps its load.
 	mu          sync.Mutex
 	outstanding map[string]*atomic.Int64
+	relay       *h2relay.Relay
+	relayUps    map[string]*h2relay.Upstream
 	next        atomic.Uint64 // where the tie-break starts
 
 	// Refused counts requests refused here, by reason; Stripped requests whose X-Remote-*
@@ -162,7 +168,16 @@ func New(cfg Config, s Shoot) (*Proxy, error) {
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, time.Hour)
 	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, 10*time.Second)
 	cfg.MaxHeaderBytes = cmp.Or(cfg.MaxHeaderBytes, 1<<20)
-	p := &Proxy{cfg: cfg, conns: make(chan net.Conn), outstanding: map[string]*atomic.Int64{}}
+	p := &Proxy{cfg: cfg, conns: make(chan net.Conn), outstanding: map[string]*atomic.Int64{}, relayUps: map[string]*h2relay.Upstream{}}
+	if !cfg.NetHTTP2 {
+		p.relay = h2relay.New(h2relay.Config{Log: cfg.Log, MaxHeaderListSize: uint32(cfg.MaxHeaderBytes), IdleTimeout: cfg.IdleTimeout,
+			BadGateway: &h2relay.Answer{Status: http.StatusBadGateway, ContentType: "application/json",
+				Body: []byte(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"kube-apiserver replica failed","reason":"InternalError","code":502}` + "\n")},
+			OnUpstreamFailure: func(err error) {
+				p.Refused.Upstream.Add(1)
+				p.cfg.Log.Info("kube-apiserver replica failed", "error", err.Error())
+			}})
+	}
 	if err := p.Update(s); err != nil {
 		return nil, err
 	}
@@ -237,6 +252,7 @@ func (p *Proxy) Update(s Shoot) error {
 		// certificate into new requests.
 		old.h2.CloseIdleConnections()
 		old.h1.CloseIdleConnections()
+		p.retireRelayUpstreams(old.shoot, s)
 	}
 	return nil
 }
@@ -282,6 +298,15 @@ func (p *Proxy) handshake(c net.Conn, handshaken func()) {
 		return
 	}
 	var hc net.Conn = tc
+	if p.relay != nil && tc.ConnectionState().NegotiatedProtocol == "h2" {
+		d := &relayDirector{p: p, cs: tc.ConnectionState(), peer: hostOf(c.RemoteAddr().String())}
+		// The certificate is verified here, on this goroutine, which ends now: the
+		// connection's reader, which lives as long as the connection, would keep the stack
+		// the chain's verification grew to (kilobytes per idle connection).
+		_, _ = d.id.of(&d.cs, p.state.Load().shoot.ClientCAs)
+		p.relay.ServeConn(context.Background(), tc, d)
+		return
+	}
 	if tc.ConnectionState().NegotiatedProtocol != "h2" {
 		hc = &h1Conn{Conn: tc, state: tc.ConnectionState(), framing: newFraming(p.cfg.MaxHeaderBytes + maxLine)}
 	}
@@ -324,9 +349,28 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.hsMu.Lock()
 	p.cancel() // handshakes under way end, and ServeConn refuses
 	p.hsMu.Unlock()
+	var rerr error
+	done := make(chan struct{})
+	if p.relay != nil {
+		go func() {
+			defer close(done)
+			rerr = p.relay.Shutdown(ctx)
+			p.mu.Lock()
+			for _, u := range p.relayUps {
+				u.Close()
+			}
+			p.mu.Unlock()
+		}()
+	} else {
+		close(done)
+	}
 	err := p.srv.Shutdown(ctx)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		err = errors.Join(err, p.srv.Close())
+	}
+	<-done
+	if rerr != nil && err == nil {
+		err = rerr
 	}
 	return err
 }
@@ -559,7 +603,15 @@ type identityKey struct{}
 // identity is clientIdentity for the request's connection, from its cache when still valid.
 func identity(ctx context.Context, cs *tls.ConnectionState, roots *x509.CertPool) (clientID, error) {
 	id, ok := ctx.Value(identityKey{}).(*connIdentity)
-	if !ok || cs == nil || len(cs.PeerCertificates) == 0 {
+	if !ok {
+		return clientIdentity(cs, roots)
+	}
+	return id.of(cs, roots)
+}
+
+// of is the connection's identity, verified again when the roots changed or the chain expired.
+func (id *connIdentity) of(cs *tls.ConnectionState, roots *x509.CertPool) (clientID, error) {
+	if cs == nil || len(cs.PeerCertificates) == 0 {
 		return clientIdentity(cs, roots)
 	}
 	id.mu.Lock()
@@ -574,6 +626,14 @@ func identity(ctx context.Context, cs *tls.ConnectionState, roots *x509.CertPool
 		}
 	}
 	return id.id, id.err
+}
+
+// hostOf is addr's host.
+func hostOf(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
 }
 
 // copyBuffers lend ReverseProxy its response copy buffers, which it would otherwise allocate

@@ -48,6 +48,7 @@ type rig struct {
 	addr             string
 	replicas         []*httptest.Server
 	served           []atomic.Int64
+	conns            []atomic.Int64 // each replica's open connections
 	release          chan struct{}
 	slowIn           chan int
 	shoot            Shoot
@@ -58,7 +59,7 @@ type rig struct {
 
 func newRig(t *testing.T, replicas int, cfg Config) *rig {
 	t.Helper()
-	r := &rig{t: t, release: make(chan struct{}), slowIn: make(chan int, 16), served: make([]atomic.Int64, replicas)}
+	r := &rig{t: t, release: make(chan struct{}), slowIn: make(chan int, 16), served: make([]atomic.Int64, replicas), conns: make([]atomic.Int64, replicas)}
 	var err error
 	for _, ca := range []**testpki.CA{&r.shootCA, &r.proxyCA, &r.kubeCA} {
 		if *ca, err = testpki.NewCA("terminate test CA"); err != nil {
@@ -70,6 +71,14 @@ func newRig(t *testing.T, replicas int, cfg Config) *rig {
 		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { r.serve(i, w, req) }))
 		srv.TLS = &tls.Config{Certificates: []tls.Certificate{kubeServing}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: r.proxyCA.Pool}
 		srv.EnableHTTP2 = true
+		srv.Config.ConnState = func(_ net.Conn, cs http.ConnState) {
+			switch cs {
+			case http.StateNew:
+				r.conns[i].Add(1)
+			case http.StateClosed, http.StateHijacked:
+				r.conns[i].Add(-1)
+			}
+		}
 		srv.StartTLS()
 		t.Cleanup(srv.Close)
 		r.replicas = append(r.replicas, srv)
@@ -532,5 +541,76 @@ func TestBodiesAndTrailers(t *testing.T) {
 		if f := resp.Header.Get("X-Seen-Forwarded"); f != shootHost+" https" {
 			t.Errorf("HTTP/2 %v: the replica saw X-Forwarded-Host and -Proto %q", h2, f)
 		}
+	}
+}
+
+// TestDownReplicaAvoided: a replica that refuses connections costs at most the one request that
+// found it down; the others go to the replicas that answer (it has none in flight, and least
+// outstanding alone would send it every request).
+func TestDownReplicaAvoided(t *testing.T) {
+	r := newRig(t, 3, Config{})
+	r.replicas[0].Close()
+	c := r.httpClient(&r.client)
+	failed, start := 0, time.Now()
+	for range 300 {
+		if _, code := r.get(c, "/api", nil); code != http.StatusOK {
+			failed++
+		}
+	}
+	// The down replica is tried again when its backoff ends: after 1 s, then 2 s more, 4 s…
+	allowed := 1
+	for k := 1; time.Duration(1<<k-1)*time.Second <= time.Since(start); k++ {
+		allowed++
+	}
+	if failed > allowed || r.proxy.Refused.Upstream.Load() != uint64(failed) {
+		t.Errorf("%d of 300 requests failed (%d counted) with one replica down in %v, want at most %d", failed, r.proxy.Refused.Upstream.Load(), time.Since(start), allowed)
+	}
+	if got := r.served[1].Load() + r.served[2].Load(); got != int64(300-failed) {
+		t.Errorf("the replicas that answer served %d of 300 with %d failed", got, failed)
+	}
+}
+
+// TestFrontProxyRotation: after Update with a new front-proxy certificate, the next request on
+// the same client connection reaches kube-apiserver with it (no connection made with the old one
+// carries new requests), and a request in flight on an old connection ends as it would have.
+func TestFrontProxyRotation(t *testing.T) {
+	r := newRig(t, 1, Config{})
+	c := r.httpClient(&r.client)
+	if s, _ := r.get(c, "/api", nil); s.FrontProxy != "front-proxy-client" {
+		t.Fatalf("before the rotation: front proxy %q", s.FrontProxy)
+	}
+	slow := make(chan int, 1)
+	go func() {
+		resp, err := c.Get("https://" + shootHost + "/slow")
+		if err != nil {
+			slow <- 0
+			return
+		}
+		resp.Body.Close()
+		slow <- resp.StatusCode
+	}()
+	<-r.slowIn
+	next := r.shoot
+	next.FrontProxy = must(r.proxyCA.Client("front-proxy-client-2", nil, time.Time{}, time.Time{}))
+	if err := r.proxy.Update(next); err != nil {
+		t.Fatal(err)
+	}
+	if s, code := r.get(c, "/api", nil); code != http.StatusOK || s.FrontProxy != "front-proxy-client-2" {
+		t.Errorf("after the rotation: %d with front proxy %q, want 200 with front-proxy-client-2", code, s.FrontProxy)
+	}
+	r.release <- struct{}{}
+	if code := <-slow; code != http.StatusOK {
+		t.Errorf("the request in flight across the rotation: %d, want 200", code)
+	}
+	if d := r.clientDials.Load(); d != 1 {
+		t.Errorf("the client dialed %d times, want 1", d)
+	}
+	// The connection with the old certificate closes once its last request ended.
+	deadline := time.Now().Add(5 * time.Second)
+	for r.conns[0].Load() != 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := r.conns[0].Load(); n != 1 {
+		t.Errorf("kube-apiserver has %d connections from the proxy after the rotation, want 1 (the new one)", n)
 	}
 }
