@@ -156,10 +156,20 @@ func TestRequests(t *testing.T) {
 
 // TestLargeBodies: bodies of many stream windows each way, and the trailer after them.
 func TestLargeBodies(t *testing.T) {
-	r := newRig(t, Config{StreamWindow: 64 << 10}, http.HandlerFunc(echo))
+	t.Run("stream windows", func(t *testing.T) { largeBody(t, Config{StreamWindow: 64 << 10}) })
+	// With two streams the connection's window is two stream windows (128 KiB): the 4 MiB go
+	// through only if the relay gives the connection's window back as well.
+	t.Run("connection window", func(t *testing.T) { largeBody(t, Config{StreamWindow: 64 << 10, MaxStreams: 2}) })
+}
+
+func largeBody(t *testing.T, cfg Config) {
+	r := newRig(t, cfg, http.HandlerFunc(echo))
 	body := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB
 	sum := sha256.Sum256(body)
-	resp, err := r.client.Post("https://relay.test/echo", "application/octet-stream", bytes.NewReader(body))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://relay.test/echo", bytes.NewReader(body))
+	resp, err := r.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

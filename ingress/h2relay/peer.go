@@ -26,19 +26,20 @@ type peer struct {
 	// director decides a client connection's requests.
 	director Director
 
-	mu         sync.Mutex
-	streams    map[uint32]*stream
-	sendWindow int64     // the peer's connection window for the relay
-	blocked    []*stream // streams with data held for the peer's connection window
-	initWindow int64     // the peer's SETTINGS_INITIAL_WINDOW_SIZE
-	maxFrame   uint32    // the peer's SETTINGS_MAX_FRAME_SIZE
-	maxStreams uint32    // an upstream's SETTINGS_MAX_CONCURRENT_STREAMS
-	nextID     uint32    // an upstream connection's next stream id
-	lastID     uint32    // a client connection's highest stream id
-	goingAway  bool      // an upstream sent GOAWAY: no new streams
-	closed     bool
-	ctx        context.Context
-	cancel     context.CancelFunc
+	mu          sync.Mutex
+	streams     map[uint32]*stream
+	sendWindow  int64     // the peer's connection window for the relay
+	connUnacked uint32    // bytes the peer sent, not yet given back on the connection's window
+	blocked     []*stream // streams with data held for the peer's connection window
+	initWindow  int64     // the peer's SETTINGS_INITIAL_WINDOW_SIZE
+	maxFrame    uint32    // the peer's SETTINGS_MAX_FRAME_SIZE
+	maxStreams  uint32    // an upstream's SETTINGS_MAX_CONCURRENT_STREAMS
+	nextID      uint32    // an upstream connection's next stream id
+	lastID      uint32    // a client connection's highest stream id
+	goingAway   bool      // an upstream sent GOAWAY: no new streams
+	closed      bool
+	ctx         context.Context
+	cancel      context.CancelFunc
 }
 
 // stream is one request relayed: its client stream and its upstream stream.
@@ -398,9 +399,18 @@ func (p *peer) data(f *http2.DataFrame) error {
 	n := f.Length // padding included: it counts against the windows
 	p.mu.Lock()
 	s := p.streams[f.StreamID]
+	// The connection's window goes back once a stream window's worth was taken, not per
+	// frame: a WINDOW_UPDATE for each small response would be a write to the replica per
+	// request. The sender is never held back by it: the connection's window is MaxStreams
+	// stream windows (connWindow), and what is not yet given back is less than one.
+	p.connUnacked += n
+	var refund uint32
+	if p.connUnacked >= p.r.cfg.StreamWindow {
+		refund, p.connUnacked = p.connUnacked, 0
+	}
 	p.mu.Unlock()
-	if n > 0 {
-		if err := p.w.frames(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(0, n) }); err != nil {
+	if refund > 0 {
+		if err := p.w.frames(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(0, refund) }); err != nil {
 			return ignoreClosed(err)
 		}
 	}

@@ -325,8 +325,15 @@ func (s *Server) deltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) 
 	}
 	delete(c.sent[t], nonce)
 	if d := req.GetErrorDetail(); d != nil {
-		for n, v := range resp.resources {
-			c.refused[t][n] = refusal{version: v, detail: d.GetMessage()}
+		names := slices.AppendSeq(slices.Clone(resp.removed), maps.Keys(resp.resources))
+		if ds := s.delta[id]; len(names) > 1 && ds != nil && ds.subs[t] != nil {
+			// Not a refusal of any one of them yet: isolate sends them again in halves.
+			ds.subs[t].isolate(names)
+			s.metrics.isolated.WithLabelValues(t).Inc()
+		} else {
+			for n, v := range resp.resources {
+				c.refused[t][n] = refusal{version: v, detail: d.GetMessage()}
+			}
 		}
 	} else {
 		for n, v := range resp.resources {

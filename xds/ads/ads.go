@@ -175,6 +175,43 @@ type deltaSub struct {
 	answer bool
 	// synced: the first sync has been sent entirely (its last piece may await its answer).
 	synced bool
+	// groups are the names of refused responses, halved: each is sent as a response of its
+	// own before anything else, until a refusal names one resource (isolate).
+	groups [][]string
+}
+
+// isolate takes a refused response of several resources apart. A client takes or refuses a
+// response whole, so one resource it cannot take (a kind an older ingress does not know, during
+// a rollout) would take every shoot in the same response down with it: the names are sent again
+// in two halves, each halved again if refused, so that only the resources the client refuses on
+// their own stay refused: 2·log2(n) more responses per resource it refuses.
+// nextGroup is the next group of isolate's still to send (its names still dirty), nil if none.
+func (sub *deltaSub) nextGroup() []string {
+	for len(sub.groups) > 0 {
+		g := sub.groups[0]
+		sub.groups = sub.groups[1:]
+		var names []string
+		for _, n := range g {
+			if sub.dirty[n] {
+				names = append(names, n)
+			}
+		}
+		if names != nil {
+			return names
+		}
+	}
+	return nil
+}
+
+func (sub *deltaSub) isolate(names []string) {
+	slices.Sort(names)
+	h := len(names) / 2
+	sub.groups = append([][]string{names[:h], names[h:]}, sub.groups...)
+	for _, n := range names {
+		if sub.wants(n) {
+			sub.dirty[n] = true
+		}
+	}
 }
 
 type sotwSub struct {
@@ -477,14 +514,16 @@ func (s *Server) nextDelta(c *deltaStream) []*discoveryv3.DeltaDiscoveryResponse
 		}
 		// At most maxResponseBytes of resources; the rest stays dirty for the next response.
 		// Sorted, so that a response is the same for the same changes.
-		var names []string
-		size := 0
-		for name := range sub.dirty {
-			if size >= maxResponseBytes {
-				break
+		names := sub.nextGroup()
+		if names == nil {
+			size := 0
+			for name := range sub.dirty {
+				if size >= maxResponseBytes {
+					break
+				}
+				names = append(names, name)
+				size += len(name) + len(s.v.Resources(t)[name].Bytes)
 			}
-			names = append(names, name)
-			size += len(name) + len(s.v.Resources(t)[name].Bytes)
 		}
 		slices.Sort(names)
 		for _, name := range names {

@@ -11,6 +11,7 @@ type metrics struct {
 	clients     prometheus.Gauge
 	unsupported prometheus.Counter
 	refused     *prometheus.CounterVec
+	isolated    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,9 +35,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tendril_xds_refused_total", Help: "xDS clients refused: TLS handshakes by the client certificate (no_certificate, untrusted_certificate) and streams by their node (no_node, node_mismatch).",
 		}, []string{"reason"}),
+		isolated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tendril_xds_isolated_responses_total", Help: "Refused delta responses of several resources, sent again in halves so that only the resources refused on their own stay refused, by type.",
+		}, []string{"type"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.responses, m.sent, m.acks, m.clients, m.unsupported, m.refused)
+		reg.MustRegister(m.responses, m.sent, m.acks, m.clients, m.unsupported, m.refused, m.isolated)
 	}
 	return m
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -544,4 +545,42 @@ func TestOnDemandSecrets(t *testing.T) {
 	if got := s.ShootStatus(set[1].Name); got.State != model.StatePending {
 		t.Errorf("terminating shoot %s for a client without its secrets: %+v", set[1].Name, got)
 	}
+}
+
+// TestRefusalIsolated: a client that refuses one shoot's resources (an older ingress that does
+// not know them, during a rollout) refuses the whole responses they came in, which carry other
+// shoots' resources too; the server sends those again in halves until only the refused shoot's
+// are refused: it alone is Rejected, every other shoot is Programmed on that client.
+func TestRefusalIsolated(t *testing.T) {
+	s := server.New(server.Config{Log: testr.New(t)})
+	set := shoots(40)
+	if _, err := s.Apply(set); err != nil {
+		t.Fatal(err)
+	}
+	bad := set[17].Name
+	addr := startServer(t, s)
+	c := newAckClient(t, addr, "ingress-old")
+	var responses, refusals atomic.Int64
+	c.mu.Lock()
+	c.refuse = func(r *discoveryv3.DeltaDiscoveryResponse) error {
+		responses.Add(1)
+		for _, res := range r.GetResources() {
+			if strings.Contains(res.GetName(), bad) || strings.Contains(res.GetName(), "s17.") {
+				refusals.Add(1)
+				return errBad
+			}
+		}
+		return nil
+	}
+	c.mu.Unlock()
+	st := waitState(t, s, bad, model.StateRejected)
+	if !strings.Contains(st.Detail, errBad.Error()) {
+		t.Errorf("rejected detail %q", st.Detail)
+	}
+	for _, sh := range set {
+		if sh.Name != bad {
+			waitState(t, s, sh.Name, model.StateProgrammed)
+		}
+	}
+	t.Logf("%d responses, %d refused", responses.Load(), refusals.Load())
 }
