@@ -260,42 +260,37 @@ func (u *Upstream) get(ctx context.Context) (*peer, error) {
 // connect dials a connection, sends the preface and settings and starts its reader.
 func (u *Upstream) connect(ctx context.Context) (*peer, error) {
 	c, err := u.dial(ctx)
-	u.mu.Lock()
-	closed := u.closed
-	u.mu.Unlock()
-	if err == nil && closed {
-		c.Close()
-		return nil, errClosed
-	}
+	var p *peer
 	if err == nil {
-		p := u.r.newPeer(c, false, u)
+		p = u.r.newPeer(c, false, u)
 		if _, err = c.Write([]byte(http2.ClientPreface)); err == nil {
 			err = p.settings()
 		}
-		if err == nil {
-			u.r.wg.Add(1)
-			go func() {
-				defer u.r.wg.Done()
-				p.read()
-			}()
-			u.mu.Lock()
-			u.conns = append(u.conns, p)
-			u.failures, u.downUntil = 0, time.Time{}
-			closed := u.closed
-			u.mu.Unlock()
-			if closed { // closed meanwhile
-				p.close(errClosed)
-				return nil, errClosed
-			}
-			return p, nil
+		if err != nil {
+			c.Close()
 		}
-		c.Close()
 	}
 	u.mu.Lock()
-	u.failures++
-	u.downUntil = time.Now().Add(min(firstBackoff<<(min(u.failures, 6)-1), maxBackoff))
+	if err != nil {
+		u.failures++
+		u.downUntil = time.Now().Add(min(firstBackoff<<(min(u.failures, 6)-1), maxBackoff))
+		u.mu.Unlock()
+		return nil, err
+	}
+	u.failures, u.downUntil = 0, time.Time{}
+	if u.closed { // closed while dialling
+		u.mu.Unlock()
+		p.close(errClosed)
+		return nil, errClosed
+	}
+	u.conns = append(u.conns, p)
 	u.mu.Unlock()
-	return nil, err
+	u.r.wg.Add(1)
+	go func() {
+		defer u.r.wg.Done()
+		p.read()
+	}()
+	return p, nil
 }
 
 func (u *Upstream) forget(p *peer) {

@@ -6,6 +6,8 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"net/http"
+	"slices"
 	"strings"
 
 	"golang.org/x/net/http2/hpack"
@@ -82,7 +84,8 @@ type relayDirector struct {
 	peer string // the client's address, X-Forwarded-For
 }
 
-var statusUnauthorized = []byte(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}` + "\n")
+// headerPrefixLower is headerPrefix as HTTP/2 carries header names.
+var headerPrefixLower = strings.ToLower(headerPrefix)
 
 func (d *relayDirector) Direct(_ context.Context, h *h2relay.Head) (*h2relay.Upstream, *h2relay.Answer) {
 	p := d.p
@@ -91,12 +94,12 @@ func (d *relayDirector) Direct(_ context.Context, h *h2relay.Head) (*h2relay.Ups
 	if err != nil {
 		p.Refused.BadCertificate.Add(1)
 		p.cfg.Log.Info("Refused a client certificate", "remote", d.peer, "reason", err.Error())
-		return nil, &h2relay.Answer{Status: 401, ContentType: "application/json", Body: statusUnauthorized}
+		return nil, statusAnswer(http.StatusUnauthorized, "Unauthorized", "Unauthorized")
 	}
 	fields, stripped := h.Fields[:0], false
 	for _, f := range h.Fields {
 		switch {
-		case strings.HasPrefix(f.Name, "x-remote-"):
+		case strings.HasPrefix(f.Name, headerPrefixLower):
 			stripped = true
 		case f.Name == "forwarded", f.Name == "x-forwarded-for", f.Name == "x-forwarded-host", f.Name == "x-forwarded-proto":
 		default:
@@ -119,46 +122,18 @@ func (d *relayDirector) Direct(_ context.Context, h *h2relay.Head) (*h2relay.Ups
 	// The replica with the fewest requests in flight; equals take turns (as pick). Replicas
 	// whose last dial failed are left out for their backoff, unless all are: a replica that
 	// refuses connections has none in flight and would draw every request.
-	ups := make([]*h2relay.Upstream, 0, len(st.upstreams))
-	for _, u := range st.upstreams {
-		if r := p.relayUpstream(u.addr); !r.Failing() {
-			ups = append(ups, r)
-		}
+	all := make([]*h2relay.Upstream, len(st.upstreams))
+	for i, u := range st.upstreams {
+		all[i] = p.relayUpstream(u.addr)
 	}
+	ups := slices.DeleteFunc(slices.Clone(all), (*h2relay.Upstream).Failing)
 	if len(ups) == 0 {
-		for _, u := range st.upstreams {
-			ups = append(ups, p.relayUpstream(u.addr))
-		}
+		ups = all
 	}
-	least, ties := int(^uint(0)>>1), 0
-	for _, u := range ups {
-		switch n := u.Outstanding(); {
-		case n < least:
-			least, ties = n, 1
-		case n == least:
-			ties++
-		}
-	}
-	var best *h2relay.Upstream
-	if ties > 0 {
-		k := int(p.next.Add(1) % uint64(ties))
-		for _, u := range ups {
-			if u.Outstanding() == least {
-				if k == 0 {
-					best = u
-					break
-				}
-				k--
-			}
-		}
-		if best == nil {
-			best = ups[0] // the counts moved between the passes
-		}
-	}
-	if best == nil {
+	best, ok := leastOutstanding(ups, func(u *h2relay.Upstream) int64 { return int64(u.Outstanding()) }, &p.next)
+	if !ok {
 		p.Refused.NoUpstream.Add(1)
-		return nil, &h2relay.Answer{Status: 503, ContentType: "application/json",
-			Body: []byte(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"no kube-apiserver replica","reason":"ServiceUnavailable","code":503}` + "\n")}
+		return nil, statusAnswer(http.StatusServiceUnavailable, "ServiceUnavailable", "no kube-apiserver replica")
 	}
 	return best, nil
 }

@@ -171,8 +171,7 @@ func New(cfg Config, s Shoot) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, conns: make(chan net.Conn), outstanding: map[string]*atomic.Int64{}, relayUps: map[string]*h2relay.Upstream{}}
 	if !cfg.NetHTTP2 {
 		p.relay = h2relay.New(h2relay.Config{Log: cfg.Log, MaxHeaderListSize: uint32(cfg.MaxHeaderBytes), IdleTimeout: cfg.IdleTimeout,
-			BadGateway: &h2relay.Answer{Status: http.StatusBadGateway, ContentType: "application/json",
-				Body: []byte(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"kube-apiserver replica failed","reason":"InternalError","code":502}` + "\n")},
+			BadGateway: statusAnswer(http.StatusBadGateway, "InternalError", "kube-apiserver replica failed"),
 			OnUpstreamFailure: func(err error) {
 				p.Refused.Upstream.Add(1)
 				p.cfg.Log.Info("kube-apiserver replica failed", "error", err.Error())
@@ -708,29 +707,36 @@ func isUpgrade(r *http.Request) bool {
 
 // pick is the replica with the fewest requests in flight; equals take turns.
 func (p *Proxy) pick(st *state) (upstream, bool) {
-	if len(st.upstreams) == 0 {
-		return upstream{}, false
+	return leastOutstanding(st.upstreams, func(u upstream) int64 { return u.outstanding.Load() }, &p.next)
+}
+
+// leastOutstanding is the replica with the fewest requests in flight; equals take turns from
+// next. Both the net/http path and the relay pick with it.
+func leastOutstanding[U any](ups []U, outstanding func(U) int64, next *atomic.Uint64) (U, bool) {
+	if len(ups) == 0 {
+		var none U
+		return none, false
 	}
 	// Two passes over a handful of counters: the least, then the k-th replica that has it.
 	least, ties := int64(math.MaxInt64), 0
-	for _, u := range st.upstreams {
-		switch n := u.outstanding.Load(); {
+	for _, u := range ups {
+		switch n := outstanding(u); {
 		case n < least:
 			least, ties = n, 1
 		case n == least:
 			ties++
 		}
 	}
-	k := int(p.next.Add(1) % uint64(ties))
-	for _, u := range st.upstreams {
-		if u.outstanding.Load() == least {
+	k := int(next.Add(1) % uint64(ties))
+	for _, u := range ups {
+		if outstanding(u) == least {
 			if k == 0 {
 				return u, true
 			}
 			k--
 		}
 	}
-	return st.upstreams[0], true // the counts moved between the passes
+	return ups[0], true // the counts moved between the passes
 }
 
 // writeStatus answers with a Kubernetes Status object, as kube-apiserver does, so that kubectl
@@ -738,5 +744,15 @@ func (p *Proxy) pick(st *state) (upstream, bool) {
 func writeStatus(w http.ResponseWriter, code int, reason, message string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	fmt.Fprintf(w, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":%q,"reason":%q,"code":%d}`+"\n", message, reason, code)
+	_, _ = w.Write(statusBody(code, reason, message))
+}
+
+// statusBody is kube-apiserver's Status object for a failure, as the proxy answers it.
+func statusBody(code int, reason, message string) []byte {
+	return fmt.Appendf(nil, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":%q,"reason":%q,"code":%d}`+"\n", message, reason, code)
+}
+
+// statusAnswer is statusBody as the relay's answer.
+func statusAnswer(code int, reason, message string) *h2relay.Answer {
+	return &h2relay.Answer{Status: code, ContentType: "application/json", Body: statusBody(code, reason, message)}
 }
