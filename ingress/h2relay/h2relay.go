@@ -259,6 +259,3 @@ func statusFields(a *Answer) []hpack.HeaderField {
 	}
 	return append(fs, hpack.HeaderField{Name: "content-length", Value: strconv.Itoa(len(a.Body))})
 }
-
-// copyBytes keeps p beyond the framer's next read (its buffer is reused).
-func copyBytes(p []byte) []byte { return append([]byte(nil), p...) }

@@ -180,11 +180,6 @@ type deltaSub struct {
 	groups [][]string
 }
 
-// isolate takes a refused response of several resources apart. A client takes or refuses a
-// response whole, so one resource it cannot take (a kind an older ingress does not know, during
-// a rollout) would take every shoot in the same response down with it: the names are sent again
-// in two halves, each halved again if refused, so that only the resources the client refuses on
-// their own stay refused: 2·log2(n) more responses per resource it refuses.
 // nextGroup is the next group of isolate's still to send (its names still dirty), nil if none.
 func (sub *deltaSub) nextGroup() []string {
 	for len(sub.groups) > 0 {
@@ -203,6 +198,12 @@ func (sub *deltaSub) nextGroup() []string {
 	return nil
 }
 
+// isolate takes a refused response of several resources apart. tendril-ingress refuses a
+// response whole and a NACK names no resource, so one resource a client cannot take (a kind an
+// older ingress does not know, during a rollout) would take every shoot in the same response down
+// with it: the names are sent again in two halves, each halved again if refused, so that only the
+// resources the client refuses on their own stay refused: 2·log2(n) more responses per resource
+// it refuses.
 func (sub *deltaSub) isolate(names []string) {
 	slices.Sort(names)
 	h := len(names) / 2
