@@ -286,6 +286,17 @@ func TestTerminatingShoot(t *testing.T) {
 	if n := dials.Load(); n != 1 {
 		t.Errorf("the rotation made the client dial again (%d connections)", n)
 	}
+	// Quiet, the client's connection is parked; its next request wakes it, on the same
+	// connection. (The token client's and mallory's connections stay open too.)
+	testwait.Until(t, "the quiet connections parked", func() bool {
+		return gathered(t, w, "tendril_ingress_terminate_parked_connections", "", "") == 3
+	})
+	if code, seen := get(t, c, url, nil); code != http.StatusOK || seen.User != "alice" {
+		t.Errorf("a parked connection's request: %d, user %q", code, seen.User)
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("the parked connection was not used (%d connections)", n)
+	}
 
 	// Back to passthrough: the terminating listener goes.
 	w.mu.Lock()
@@ -471,8 +482,11 @@ func gathered(t *testing.T, w *world, name, label, value string) float64 {
 					match = true
 				}
 			}
-			if match {
+			if match && m.Counter != nil {
 				return m.GetCounter().GetValue()
+			}
+			if match {
+				return m.GetGauge().GetValue()
 			}
 		}
 	}
@@ -493,6 +507,10 @@ func TestDrainClosesIdleTerminatedConnections(t *testing.T) {
 	if w.in.Open() != 1 {
 		t.Fatalf("%d connections open, want the client's idle one", w.in.Open())
 	}
+	// Quiet, it is parked (no goroutine reads it) when the drain begins.
+	testwait.Until(t, "the idle connection parked", func() bool {
+		return gathered(t, w, "tendril_ingress_terminate_parked_connections", "", "") == 1
+	})
 	w.stop()
 	select {
 	case <-w.served:

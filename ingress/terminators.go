@@ -145,6 +145,20 @@ func (ts *terminators) stop(name string, r *runningProxy) {
 	})
 }
 
+// parked are the parked connections of every listener's proxies that still serve.
+func (ts *terminators) parked() map[string]int64 {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	out := make(map[string]int64, len(ts.running))
+	for name, r := range ts.running {
+		out[name] += r.p.Parked()
+	}
+	for p, name := range ts.stopping {
+		out[name] += p.Parked()
+	}
+	return out
+}
+
 // counts are the counters of every listener's proxies, running and retired.
 func (ts *terminators) counts() map[string]terminate.Counts {
 	ts.mu.Lock()
@@ -237,6 +251,9 @@ type replayConn struct {
 
 func (c *replayConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
+// NetConn is the connection under c: the relay parks a quiet client connection on its socket.
+func (c *replayConn) NetConn() net.Conn { return c.Conn }
+
 func (c *replayConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.onClose)
@@ -249,8 +266,8 @@ func newReplayConn(c net.Conn, first []byte, onClose func()) *replayConn {
 
 // terminateCollector exports the terminating proxies' counters.
 type terminateCollector struct {
-	ts                *terminators
-	refused, stripped *prometheus.Desc
+	ts                        *terminators
+	refused, stripped, parked *prometheus.Desc
 }
 
 func newTerminateCollector(ts *terminators) *terminateCollector {
@@ -259,10 +276,16 @@ func newTerminateCollector(ts *terminators) *terminateCollector {
 			"Requests and connections of terminating shoots that did not reach kube-apiserver, by internal listener and reason.", []string{"listener", "reason"}, nil),
 		stripped: prometheus.NewDesc("tendril_ingress_terminate_stripped_requests_total",
 			"Requests of terminating shoots whose client-sent X-Remote-* headers were dropped, by internal listener.", []string{"listener"}, nil),
+		parked: prometheus.NewDesc("tendril_ingress_terminate_parked_connections",
+			"HTTP/2 client connections of terminating shoots that are parked (quiet, without a reader goroutine), by internal listener.", []string{"listener"}, nil),
 	}
 }
 
-func (c *terminateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.refused; ch <- c.stripped }
+func (c *terminateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.refused
+	ch <- c.stripped
+	ch <- c.parked
+}
 
 func (c *terminateCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, n := range c.ts.counts() {
@@ -271,5 +294,8 @@ func (c *terminateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(v), name, reason)
 		}
 		ch <- prometheus.MustNewConstMetric(c.stripped, prometheus.CounterValue, float64(n.Stripped), name)
+	}
+	for name, n := range c.ts.parked() {
+		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(n), name)
 	}
 }

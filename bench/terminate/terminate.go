@@ -4,7 +4,8 @@
 // certificate's identity set, each request balanced (least outstanding / leastconn) over HTTP/2
 // to three kube-apiserver stand-ins that require the front-proxy client certificate. It reports
 // requests per second and CPU per request of the data-plane process at each client count,
-// memory per idle HTTP/2 client connection, and memory per opted-in shoot. The stand-ins are
+// memory per idle HTTP/2 client connection (settled, and 2 s after they opened), and memory per
+// opted-in shoot. The stand-ins are
 // Go HTTP/2 servers in this process, answering a small fixed body, so that the proxies' cost is
 // what is measured; they are not kube-apiservers. It does not measure Envoy (no binary here).
 package terminate
@@ -48,6 +49,9 @@ type Config struct {
 	IdleConns int
 	// Shoots is how many opted-in shoots the memory-per-shoot figure configures.
 	Shoots int
+	// Settle is how long the idle connections, and before them the process after its load,
+	// are left alone before the settled readings (0 means DefaultSettle).
+	Settle time.Duration
 	// Dir holds the peers' files; "" means a temporary directory, removed at the end.
 	Dir string
 	// Progress receives a line per step; nil discards.
@@ -67,6 +71,9 @@ func (c Config) withDefaults() Config {
 	if c.Shoots <= 1 {
 		c.Shoots = 100
 	}
+	if c.Settle <= 0 {
+		c.Settle = DefaultSettle
+	}
 	if c.BinDir == "" {
 		c.BinDir = "bin"
 	}
@@ -75,6 +82,12 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
+
+// DefaultSettle is Config.Settle's default. tendril-ingress gives the free heap of a load back
+// to the system in the first 10 s interval that allocated next to nothing after it, and once more
+// an interval later (internal/host/idlemem): at most three intervals after the load began to
+// end. HAProxy frees as it goes, so its readings do not move.
+const DefaultSettle = 30 * time.Second
 
 // Cell is one peer at one client count.
 type Cell struct {
@@ -93,8 +106,13 @@ type Cell struct {
 // PeerMemory is one peer's memory figures.
 type PeerMemory struct {
 	Peer string `json:"peer"`
-	// IdleConnBytes is the data plane's resident set growth per idle HTTP/2 client connection.
+	// IdleConnBytes is the data plane's resident set growth per idle HTTP/2 client connection,
+	// settled: both readings Config.Settle after a load (the clients' cells, then the opening of
+	// the connections), so that neither holds garbage a runtime is about to give back.
 	IdleConnBytes float64 `json:"idle_conn_bytes"`
+	// BurstConnBytes is that growth 2 s after the last connection opened: what the opening's
+	// garbage adds at its peak (a pod's memory limit must hold it).
+	BurstConnBytes float64 `json:"burst_conn_bytes"`
 	// ShootBytes is its growth per opted-in shoot beyond the first.
 	ShootBytes float64 `json:"shoot_bytes"`
 }
@@ -266,12 +284,6 @@ func measurePeer(ctx context.Context, cfg Config, dir string, p *pki, reps *repl
 		return err
 	}
 	oneShoot, _ := peers.ReadMemory(run.pid)
-	// Idle connections first, on the fresh process: after a load, a runtime that returns its
-	// free heap (tendril-ingress, 10 s after a load) would count that as negative growth.
-	idle, err := idleConnBytes(ctx, run, p, cfg.IdleConns)
-	if err != nil {
-		return err
-	}
 	for _, n := range cfg.Clients {
 		before := reps.counts()
 		c, err := load(ctx, run, p, n, cfg.Duration)
@@ -285,6 +297,14 @@ func measurePeer(ctx context.Context, cfg Config, dir string, p *pki, reps *repl
 		}
 		fmt.Fprintf(cfg.Progress, "%s: %d clients: %.0f requests/s, %.1f µs CPU per request, %d errors\n", pr.name(), n, c.RPS, c.CPUMicros, c.Errors)
 		rep.Cells = append(rep.Cells, c)
+	}
+	// The idle connections after the load, both readings settled: a reading right after a
+	// load would count the garbage that a runtime gives back later (tendril-ingress: within
+	// Settle) as the connections' or, given back during them, as negative growth.
+	fmt.Fprintf(cfg.Progress, "%s: %d idle connections, readings %v apart\n", pr.name(), cfg.IdleConns, cfg.Settle)
+	idle, err := idleConnBytes(ctx, run, p, cfg.IdleConns, cfg.Settle)
+	if err != nil {
+		return err
 	}
 	if err := run.stop(); err != nil {
 		return err
@@ -301,7 +321,7 @@ func measurePeer(ctx context.Context, cfg Config, dir string, p *pki, reps *repl
 		}
 	}
 	manyMem, _ := peers.ReadMemory(many.pid)
-	rep.Memory = append(rep.Memory, PeerMemory{Peer: pr.name(), IdleConnBytes: idle,
+	rep.Memory = append(rep.Memory, PeerMemory{Peer: pr.name(), IdleConnBytes: idle.settled, BurstConnBytes: idle.burst,
 		ShootBytes: float64(manyMem.RSS-oneShoot.RSS) / float64(cfg.Shoots-1)})
 	return many.stop()
 }
@@ -391,9 +411,15 @@ func load(ctx context.Context, run *running, p *pki, n int, d time.Duration) (Ce
 	return c, ctx.Err()
 }
 
-// idleConnBytes opens k client connections, one request each, and reports the data plane's
-// resident-set growth per connection while they sit idle.
-func idleConnBytes(ctx context.Context, run *running, p *pki, k int) (float64, error) {
+// connBytes are the resident-set growth per idle connection: settled and at the opening's peak.
+type connBytes struct{ settled, burst float64 }
+
+// idleConnBytes waits settle, opens k client connections, one request each, and reports the data
+// plane's resident-set growth per connection 2 s later and again settle after that.
+func idleConnBytes(ctx context.Context, run *running, p *pki, k int, settle time.Duration) (connBytes, error) {
+	if err := sleep(ctx, settle); err != nil {
+		return connBytes{}, err
+	}
 	before, _ := peers.ReadMemory(run.pid)
 	clients := make([]*http.Client, 0, k)
 	defer func() {
@@ -403,17 +429,36 @@ func idleConnBytes(ctx context.Context, run *running, p *pki, k int) (float64, e
 	}()
 	for i := range k {
 		if ctx.Err() != nil {
-			return 0, ctx.Err()
+			return connBytes{}, ctx.Err()
 		}
 		c := client(run.addr, p, host(0))
 		clients = append(clients, c)
 		if err := get(c, host(0)); err != nil {
-			return 0, fmt.Errorf("idle connection %d: %w", i, err)
+			return connBytes{}, fmt.Errorf("idle connection %d: %w", i, err)
 		}
 	}
-	time.Sleep(2 * time.Second)
+	const burst = 2 * time.Second
+	if err := sleep(ctx, burst); err != nil {
+		return connBytes{}, err
+	}
+	peak, _ := peers.ReadMemory(run.pid)
+	if err := sleep(ctx, settle-burst); err != nil {
+		return connBytes{}, err
+	}
 	after, _ := peers.ReadMemory(run.pid)
-	return float64(after.RSS-before.RSS) / float64(k), nil
+	per := func(m peers.Memory) float64 { return (float64(m.RSS) - float64(before.RSS)) / float64(k) }
+	return connBytes{settled: per(after), burst: per(peak)}, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // Write writes the report as JSON and as a table.
@@ -438,9 +483,9 @@ func (r *Report) Write(w io.Writer, jsonPath string) error {
 		}
 		fmt.Fprintf(w, "| %s | %d | %.0f | %.1f | %.0f | %d | %v |\n", c.Peer, c.Clients, c.RPS, c.CPUMicros, perCPU, c.Errors, c.PerReplica)
 	}
-	fmt.Fprintf(w, "\n| peer | bytes per idle HTTP/2 connection | bytes per opted-in shoot |\n|---|---|---|\n")
+	fmt.Fprintf(w, "\n| peer | bytes per idle HTTP/2 connection, settled | 2 s after opening | bytes per opted-in shoot |\n|---|---|---|---|\n")
 	for _, m := range r.Memory {
-		fmt.Fprintf(w, "| %s | %.0f | %.0f |\n", m.Peer, m.IdleConnBytes, m.ShootBytes)
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f |\n", m.Peer, m.IdleConnBytes, m.BurstConnBytes, m.ShootBytes)
 	}
 	if ratios := r.ratios(); ratios != "" {
 		fmt.Fprintf(w, "\n%s", ratios)
@@ -470,7 +515,8 @@ func (r *Report) ratios() string {
 	}
 	if t, ok := mem["tendril"]; ok {
 		if h, ok := mem["haproxy"]; ok && h.IdleConnBytes > 0 && h.ShootBytes > 0 {
-			fmt.Fprintf(&b, "memory per idle connection tendril/haproxy %.2f; per shoot %.2f\n", t.IdleConnBytes/h.IdleConnBytes, t.ShootBytes/h.ShootBytes)
+			fmt.Fprintf(&b, "memory per idle connection tendril/haproxy %.2f settled, %.2f 2 s after opening; per shoot %.2f\n",
+				t.IdleConnBytes/h.IdleConnBytes, t.BurstConnBytes/h.BurstConnBytes, t.ShootBytes/h.ShootBytes)
 		}
 	}
 	return b.String()

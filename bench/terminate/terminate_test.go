@@ -21,7 +21,7 @@ func TestRun(t *testing.T) {
 		t.Fatal("haproxy is not on PATH; install it (Debian package haproxy, see .ci/run)")
 	}
 	bin := benchtest.BinDir(t, 2)
-	rep, err := Run(context.Background(), Config{BinDir: bin, Clients: []int{1, 4}, Duration: 500 * time.Millisecond, IdleConns: 20, Shoots: 3, Dir: t.TempDir()})
+	rep, err := Run(context.Background(), Config{BinDir: bin, Clients: []int{1, 4}, Duration: 500 * time.Millisecond, IdleConns: 20, Shoots: 3, Settle: 3 * time.Second, Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestRun(t *testing.T) {
 	if err := rep.Write(&out, jsonPath); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "tendril/haproxy requests per CPU-second") {
+	if !strings.Contains(out.String(), "tendril/haproxy requests per CPU-second") || !strings.Contains(out.String(), "settled") {
 		t.Errorf("no ratio in the report:\n%s", out.String())
 	}
 	if _, err := os.Stat(jsonPath); err != nil {

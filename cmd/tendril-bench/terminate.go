@@ -25,6 +25,7 @@ func parseTerminate(args []string, stderr io.Writer) (*terminateCommand, error) 
 	fs.DurationVar(&c.Config.Duration, "duration", 5*time.Second, "measuring time per peer and client count")
 	fs.IntVar(&c.Config.IdleConns, "idle-conns", 1000, "idle HTTP/2 client connections of the memory figure")
 	fs.IntVar(&c.Config.Shoots, "shoots", 100, "opted-in shoots of the memory-per-shoot figure")
+	fs.DurationVar(&c.Config.Settle, "settle", terminate.DefaultSettle, "how long the process after its load, and the idle connections, are left alone before the settled memory readings")
 	fs.StringVar(&c.Config.BinDir, "bin-dir", binDir(), "directory with tendril-seed and tendril-ingress")
 	fs.StringVar(&c.JSONFile, "json-file", "", "also write the report as JSON to `file`")
 	if err := fs.Parse(args); err != nil {
@@ -33,8 +34,8 @@ func parseTerminate(args []string, stderr io.Writer) (*terminateCommand, error) 
 		}
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	if c.Config.Duration <= 0 || c.Config.IdleConns < 1 || c.Config.Shoots < 2 || len(clients) == 0 {
-		return nil, fmt.Errorf("%w: --duration > 0, --idle-conns ≥ 1, --shoots ≥ 2, --clients not empty", errUsage)
+	if c.Config.Duration <= 0 || c.Config.IdleConns < 1 || c.Config.Shoots < 2 || len(clients) == 0 || c.Config.Settle <= 2*time.Second {
+		return nil, fmt.Errorf("%w: --duration > 0, --idle-conns ≥ 1, --shoots ≥ 2, --clients not empty, --settle > 2s", errUsage)
 	}
 	c.Config.Clients = clients
 	c.Config.Progress = stderr

@@ -44,8 +44,14 @@ type Config struct {
 	PrefaceTimeout time.Duration
 	// WriteTimeout closes a connection whose peer takes longer to take a batch (default 30 s).
 	WriteTimeout time.Duration
-	// IdleTimeout closes a client connection without a stream for this long (default 1 h).
+	// IdleTimeout closes a client connection that has had no stream for this long (default 1 h).
 	IdleTimeout time.Duration
+	// ParkAfter parks a client connection from which nothing came for this long (up to half of
+	// it more: quiet checks share timers), with streams open or not: its reader goroutine ends,
+	// and a small one waits for the socket to become readable (default 250 ms; negative: never).
+	// Most client connections are quiet most of their lives, and a blocked reader's stack is the
+	// largest part of one that the relay owns (park.go).
+	ParkAfter time.Duration
 	// OnUpstreamFailure, if set, is told of every request answered 502 because its replica
 	// failed (a dial, or the connection lost before the response began).
 	OnUpstreamFailure func(error)
@@ -60,6 +66,7 @@ func (c Config) withDefaults() Config {
 	c.PrefaceTimeout = cmp.Or(c.PrefaceTimeout, 10*time.Second)
 	c.WriteTimeout = cmp.Or(c.WriteTimeout, 30*time.Second)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, time.Hour)
+	c.ParkAfter = cmp.Or(c.ParkAfter, 250*time.Millisecond)
 	if c.BadGateway == nil {
 		c.BadGateway = &Answer{Status: 502, ContentType: "text/plain", Body: []byte("upstream failed\n")}
 	}
@@ -217,6 +224,16 @@ func (w *writer) run() {
 	}
 }
 
+// release drops the writer's buffers unless a batch is being written: a parked connection keeps
+// none.
+func (w *writer) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.running {
+		w.buf, w.spare, *w.encBuf.b = nil, nil, nil
+	}
+}
+
 // flow is one direction of a stream: what is held for the receiving peer until its windows
 // allow, and how much the receiving peer lets the relay send on the stream.
 type flow struct {
@@ -236,17 +253,21 @@ var errClosed = errors.New("h2relay: connection closed")
 // + 9 header).
 const readBufSize = 16<<10 + 9
 
-// newReadFramer reads frames from c, header blocks decoded. A TLS connection is read as it is:
+// frameSource is what a connection's frames are read from. A TLS connection is read as it is:
 // it holds a decrypted record already, so a frame header's 9 bytes cost no system call, and a
 // buffer of its own would be 16 KiB more per idle connection and one copy more per frame.
-func newReadFramer(c net.Conn, maxHeaderList uint32) *http2.Framer {
-	var r io.Reader = c
-	if _, ok := c.(*tls.Conn); !ok {
-		r = bufio.NewReaderSize(c, readBufSize)
+func frameSource(c net.Conn) io.Reader {
+	if _, ok := c.(*tls.Conn); ok {
+		return c
 	}
+	return bufio.NewReaderSize(c, readBufSize)
+}
+
+// newReadFramer reads frames from r, header blocks decoded with dec.
+func newReadFramer(r io.Reader, dec *hpack.Decoder, maxHeaderList uint32) *http2.Framer {
 	fr := http2.NewFramer(nil, r)
 	fr.SetMaxReadFrameSize(16 << 10) // what the relay advertises (the default)
-	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	fr.ReadMetaHeaders = dec
 	fr.MaxHeaderListSize = maxHeaderList
 	return fr
 }

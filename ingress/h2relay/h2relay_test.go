@@ -23,7 +23,7 @@ import (
 
 // rig: Go's HTTP/2 client → the relay (TLS ended by the test's listener) → Go's HTTP/2 server.
 type rig struct {
-	t      *testing.T
+	t      testing.TB
 	relay  *Relay
 	client *http.Client
 	up     *Upstream
@@ -49,7 +49,7 @@ func (d director) Direct(_ context.Context, h *Head) (*Upstream, *Answer) {
 	return d.r.up, nil
 }
 
-func newRig(t *testing.T, cfg Config, handler http.Handler) *rig {
+func newRig(t testing.TB, cfg Config, handler http.Handler) *rig {
 	t.Helper()
 	ca, err := testpki.NewCA("h2relay test CA")
 	if err != nil {
@@ -69,7 +69,7 @@ func newRig(t *testing.T, cfg Config, handler http.Handler) *rig {
 	t.Cleanup(func() { srv.Close() })
 
 	r := &rig{t: t, seen: make(chan http.Header, 100)}
-	cfg.Log = testr.New(t)
+	cfg.Log = testr.NewWithInterface(t, testr.Options{})
 	r.relay = New(cfg)
 	r.dialUp = func(ctx context.Context) (net.Conn, error) {
 		d := tls.Dialer{Config: &tls.Config{RootCAs: ca.Pool, ServerName: "upstream.test", NextProtos: []string{"h2"}}}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -20,7 +21,10 @@ type peer struct {
 	r      *Relay
 	client bool // a client connection (the relay is the server)
 	conn   net.Conn
-	fr     *http2.Framer // reads
+	fr     *http2.Framer // reads from in; nil while parked
+	dec    *hpack.Decoder
+	in     probeReader
+	raw    syscall.RawConn // a client connection's socket, waited on while parked; nil: never parked
 	w      *writer
 	up     *Upstream // an upstream connection's pool
 	// director decides a client connection's requests.
@@ -40,6 +44,11 @@ type peer struct {
 	closed      bool
 	ctx         context.Context
 	cancel      context.CancelFunc
+	stop        func() bool // ends a client connection's tie to its ServeConn context
+	// idleUntil is when a client connection without streams is closed: IdleTimeout after it
+	// had none (zero while it has).
+	idleUntil time.Time
+	parked    bool // a client connection's reader waits for the socket (park.go)
 }
 
 // stream is one request relayed: its client stream and its upstream stream.
@@ -62,8 +71,13 @@ type stream struct {
 }
 
 func (r *Relay) newPeer(c net.Conn, client bool, up *Upstream) *peer {
-	p := &peer{r: r, client: client, conn: c, up: up, fr: newReadFramer(c, r.cfg.MaxHeaderListSize),
+	p := &peer{r: r, client: client, conn: c, up: up, dec: hpack.NewDecoder(4096, nil),
 		streams: map[uint32]*stream{}, sendWindow: 65535, initWindow: 65535, maxFrame: 16384, maxStreams: 100, nextID: 1}
+	p.in.r = frameSource(c)
+	p.fr = newReadFramer(&p.in, p.dec, r.cfg.MaxHeaderListSize)
+	if client && r.cfg.ParkAfter > 0 {
+		p.raw = rawConnOf(c)
+	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.w = newWriter(c, r.cfg.WriteTimeout, func(err error) { p.close(err) })
 	return p
@@ -103,6 +117,9 @@ func (p *peer) close(err error) {
 	p.streams = map[uint32]*stream{}
 	p.mu.Unlock()
 	p.cancel()
+	if p.stop != nil {
+		p.stop()
+	}
 	p.conn.Close()
 	if p.client {
 		p.r.mu.Lock()
@@ -124,25 +141,25 @@ func (p *peer) close(err error) {
 	}
 }
 
-// read handles the peer's frames until its connection ends.
+// read handles the peer's frames until its connection ends or, a client's, parks.
 func (p *peer) read() {
 	var err error
-	defer func() { p.close(err) }()
+	parked := false
+	defer func() {
+		if !parked {
+			p.close(err)
+		}
+	}()
 	for {
 		if p.client {
-			// A client connection without streams may idle that long; one with streams is
-			// bounded by its streams' own ends.
-			p.mu.Lock()
-			idle := len(p.streams) == 0
-			p.mu.Unlock()
-			var deadline time.Time
-			if idle {
-				deadline = time.Now().Add(p.r.cfg.IdleTimeout)
+			if err = p.waitFrame(); err != nil {
+				parked = err == errParked
+				return
 			}
-			_ = p.conn.SetReadDeadline(deadline)
 		}
 		var f http2.Frame
-		if f, err = p.fr.ReadFrame(); err != nil {
+		f, err = p.fr.ReadFrame()
+		if err != nil {
 			var se http2.StreamError
 			if errors.As(err, &se) {
 				p.resetStream(se.StreamID, se.Code)
@@ -561,7 +578,7 @@ func (p *peer) windowUpdate(id, n uint32) error {
 // resetStream resets stream id on p (and forgets it there).
 func (p *peer) resetStream(id uint32, code http2.ErrCode) {
 	p.mu.Lock()
-	delete(p.streams, id)
+	p.forgetLocked(id)
 	p.mu.Unlock()
 	_ = p.w.frames(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, code) })
 }
@@ -571,7 +588,7 @@ func (p *peer) resetStream(id uint32, code http2.ErrCode) {
 func (p *peer) peerReset(id uint32, code http2.ErrCode) {
 	p.mu.Lock()
 	s := p.streams[id]
-	delete(p.streams, id)
+	p.forgetLocked(id)
 	p.mu.Unlock()
 	if s == nil {
 		return
@@ -636,7 +653,7 @@ func (s *stream) failClient(code http2.ErrCode) {
 		s.client.r.upstreamFailed(fmt.Errorf("the replica's connection ended before the response: %v", code))
 		_ = s.client.answer(s.cid, s.client.r.cfg.BadGateway, false)
 		s.client.mu.Lock()
-		delete(s.client.streams, s.cid)
+		s.client.forgetLocked(s.cid)
 		s.client.mu.Unlock()
 		s.forget()
 		return
@@ -660,7 +677,7 @@ func (s *stream) finish() {
 	s.mu.Unlock()
 	if done {
 		s.client.mu.Lock()
-		delete(s.client.streams, s.cid)
+		s.client.forgetLocked(s.cid)
 		s.client.mu.Unlock()
 		s.forget()
 	}

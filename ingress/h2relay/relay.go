@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -15,8 +16,9 @@ import (
 
 // Relay relays the requests of the client connections it serves.
 type Relay struct {
-	cfg Config
-	wg  sync.WaitGroup
+	cfg    Config
+	wg     sync.WaitGroup
+	parked atomic.Int64
 
 	mu      sync.Mutex
 	clients map[*peer]struct{}
@@ -84,10 +86,11 @@ func (r *Relay) ServeConn(ctx context.Context, c net.Conn, d Director) {
 	r.clients[p] = struct{}{}
 	r.mu.Unlock()
 	r.wg.Add(1)
+	// Tied to ctx until it closes (close ends the tie): a parked connection has no goroutine
+	// that could.
+	p.stop = context.AfterFunc(ctx, func() { p.close(ctx.Err()) })
 	go func() {
 		defer r.wg.Done()
-		stop := context.AfterFunc(ctx, func() { p.close(ctx.Err()) })
-		defer stop()
 		_ = c.SetReadDeadline(time.Now().Add(r.cfg.PrefaceTimeout))
 		var preface [len(http2.ClientPreface)]byte
 		if _, err := io.ReadFull(c, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
@@ -111,6 +114,9 @@ func (r *Relay) ServeConn(ctx context.Context, c net.Conn, d Director) {
 		p.read()
 	}()
 }
+
+// Parked is how many client connections are parked (Config.ParkAfter).
+func (r *Relay) Parked() int64 { return r.parked.Load() }
 
 // Wait waits for the client connections' readers to end.
 func (r *Relay) Wait() { r.wg.Wait() }

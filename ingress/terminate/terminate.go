@@ -143,6 +143,15 @@ func (c Counts) Add(o Counts) Counts {
 		c.NoUpstream + o.NoUpstream, c.Upstream + o.Upstream, c.Stripped + o.Stripped}
 }
 
+// Parked is how many of the proxy's HTTP/2 client connections are parked: quiet, their reader
+// goroutine given up until the socket is readable (h2relay).
+func (p *Proxy) Parked() int64 {
+	if p.relay == nil {
+		return 0
+	}
+	return p.relay.Parked()
+}
+
 // Counts reads the counters.
 func (p *Proxy) Counts() Counts {
 	r := &p.Refused
