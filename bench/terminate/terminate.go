@@ -107,8 +107,8 @@ type Cell struct {
 type PeerMemory struct {
 	Peer string `json:"peer"`
 	// IdleConnBytes is the data plane's resident set growth per idle HTTP/2 client connection,
-	// settled: both readings Config.Settle after a load (the clients' cells, then the opening of
-	// the connections), so that neither holds garbage a runtime is about to give back.
+	// settled: both readings Config.Settle after a load (a warm-up, then the opening of the
+	// connections), so that neither holds garbage a runtime is about to give back.
 	IdleConnBytes float64 `json:"idle_conn_bytes"`
 	// BurstConnBytes is that growth 2 s after the last connection opened: what the opening's
 	// garbage adds at its peak (a pod's memory limit must hold it).
@@ -284,6 +284,20 @@ func measurePeer(ctx context.Context, cfg Config, dir string, p *pki, reps *repl
 		return err
 	}
 	oneShoot, _ := peers.ReadMemory(run.pid)
+	// The idle connections first, after a warm-up at the most clients, both memory readings
+	// settled: a reading right after a load would count the garbage that a runtime gives back
+	// later (tendril-ingress: within Settle) as the connections' or, given back during them, as
+	// negative growth; and a proxy's pools are as a load left them, as on a seed. The cells come
+	// after, with the heap the connections grew, as an ingress holding connections has.
+	warm := slices.Max(cfg.Clients)
+	fmt.Fprintf(cfg.Progress, "%s: warm-up at %d clients; %d idle connections, readings %v apart\n", pr.name(), warm, cfg.IdleConns, cfg.Settle)
+	if _, err := load(ctx, run, p, warm, 2*time.Second); err != nil {
+		return err
+	}
+	idle, err := idleConnBytes(ctx, run, p, cfg.IdleConns, cfg.Settle)
+	if err != nil {
+		return err
+	}
 	for _, n := range cfg.Clients {
 		before := reps.counts()
 		c, err := load(ctx, run, p, n, cfg.Duration)
@@ -297,14 +311,6 @@ func measurePeer(ctx context.Context, cfg Config, dir string, p *pki, reps *repl
 		}
 		fmt.Fprintf(cfg.Progress, "%s: %d clients: %.0f requests/s, %.1f µs CPU per request, %d errors\n", pr.name(), n, c.RPS, c.CPUMicros, c.Errors)
 		rep.Cells = append(rep.Cells, c)
-	}
-	// The idle connections after the load, both readings settled: a reading right after a
-	// load would count the garbage that a runtime gives back later (tendril-ingress: within
-	// Settle) as the connections' or, given back during them, as negative growth.
-	fmt.Fprintf(cfg.Progress, "%s: %d idle connections, readings %v apart\n", pr.name(), cfg.IdleConns, cfg.Settle)
-	idle, err := idleConnBytes(ctx, run, p, cfg.IdleConns, cfg.Settle)
-	if err != nil {
-		return err
 	}
 	if err := run.stop(); err != nil {
 		return err

@@ -109,7 +109,7 @@ type writer struct {
 	mu      sync.Mutex
 	buf     []byte
 	spare   []byte
-	fr      *http2.Framer // writes into buf
+	fr      *http2.Framer // writes into buf; made when needed (release drops it)
 	enc     *hpack.Encoder
 	encBuf  bufferWriter
 	running bool
@@ -128,7 +128,6 @@ func (w bufferWriter) Write(p []byte) (int, error) {
 
 func newWriter(c net.Conn, timeout time.Duration, onError func(error)) *writer {
 	w := &writer{conn: c, timeout: timeout, onError: onError}
-	w.fr = http2.NewFramer(bufferWriter{&w.buf}, nil)
 	var hb []byte
 	w.encBuf = bufferWriter{&hb}
 	w.enc = hpack.NewEncoder(w.encBuf)
@@ -143,6 +142,9 @@ func (w *writer) frames(f func(fr *http2.Framer) error) error {
 		err := w.err
 		w.mu.Unlock()
 		return err
+	}
+	if w.fr == nil {
+		w.fr = http2.NewFramer(bufferWriter{&w.buf}, nil)
 	}
 	err := f(w.fr)
 	start := !w.running && len(w.buf) > 0
@@ -224,13 +226,15 @@ func (w *writer) run() {
 	}
 }
 
-// release drops the writer's buffers unless a batch is being written: a parked connection keeps
-// none.
+// release drops the writer's framer, whose frame buffer is as large as the largest frame it
+// wrote (a LIST's DATA: 16 KiB), and its batch buffers unless a batch is being written: a
+// parked connection keeps none.
 func (w *writer) release() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.fr, *w.encBuf.b = nil, nil
 	if !w.running {
-		w.buf, w.spare, *w.encBuf.b = nil, nil, nil
+		w.buf, w.spare = nil, nil
 	}
 }
 
