@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tendril-net/tendril/bench/harness"
 	"github.com/tendril-net/tendril/bench/machine"
 	"github.com/tendril-net/tendril/bench/peers"
 	"github.com/tendril-net/tendril/internal/pki/testpki"
@@ -423,8 +424,8 @@ type connBytes struct{ settled, burst float64 }
 // idleConnBytes waits settle, opens k client connections, one request each, and reports the data
 // plane's resident-set growth per connection 2 s later and again settle after that.
 func idleConnBytes(ctx context.Context, run *running, p *pki, k int, settle time.Duration) (connBytes, error) {
-	if err := sleep(ctx, settle); err != nil {
-		return connBytes{}, err
+	if !harness.SleepCtx(ctx, settle) {
+		return connBytes{}, ctx.Err()
 	}
 	before, _ := peers.ReadMemory(run.pid)
 	clients := make([]*http.Client, 0, k)
@@ -444,27 +445,16 @@ func idleConnBytes(ctx context.Context, run *running, p *pki, k int, settle time
 		}
 	}
 	const burst = 2 * time.Second
-	if err := sleep(ctx, burst); err != nil {
-		return connBytes{}, err
+	if !harness.SleepCtx(ctx, burst) {
+		return connBytes{}, ctx.Err()
 	}
 	peak, _ := peers.ReadMemory(run.pid)
-	if err := sleep(ctx, settle-burst); err != nil {
-		return connBytes{}, err
+	if !harness.SleepCtx(ctx, settle-burst) {
+		return connBytes{}, ctx.Err()
 	}
 	after, _ := peers.ReadMemory(run.pid)
 	per := func(m peers.Memory) float64 { return (float64(m.RSS) - float64(before.RSS)) / float64(k) }
 	return connBytes{settled: per(after), burst: per(peak)}, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // Write writes the report as JSON and as a table.

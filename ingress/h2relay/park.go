@@ -64,6 +64,7 @@ func (c Config) checkAt(now time.Time) time.Time {
 // connection's idle deadline (IdleTimeout after its last stream ended) holding throughout. A
 // connection quiet for ParkAfter is parked: errParked.
 func (p *peer) waitFrame() error {
+	var idleUntil time.Time
 	for !p.in.has {
 		p.mu.Lock()
 		if len(p.streams) > 0 {
@@ -71,7 +72,7 @@ func (p *peer) waitFrame() error {
 		} else if p.idleUntil.IsZero() {
 			p.idleUntil = time.Now().Add(p.r.cfg.IdleTimeout)
 		}
-		idleUntil := p.idleUntil
+		idleUntil = p.idleUntil
 		p.mu.Unlock()
 		check, last := p.r.cfg.checkAt(time.Now()), false
 		if !idleUntil.IsZero() && !check.Before(idleUntil) {
@@ -90,10 +91,8 @@ func (p *peer) waitFrame() error {
 			return errParked
 		}
 	}
-	// The frame's rest comes within the idle deadline, if there is one.
-	p.mu.Lock()
-	idleUntil := p.idleUntil
-	p.mu.Unlock()
+	// The frame's rest comes within the idle deadline, if there is one. (The loop ran: the
+	// framer took the last byte it read.)
 	_ = p.conn.SetReadDeadline(idleUntil)
 	return nil
 }
@@ -141,10 +140,13 @@ func (p *peer) unpark() {
 // rawConnOf is the socket under c, through the connections that name the one they wrap
 // (NetConn, as *tls.Conn does); nil if there is none.
 func rawConnOf(c net.Conn) syscall.RawConn {
+	if !canPeek {
+		return nil
+	}
 	for range 8 {
 		if sc, ok := c.(syscall.Conn); ok {
 			rc, err := sc.SyscallConn()
-			if err != nil || !canPeek {
+			if err != nil {
 				return nil
 			}
 			return rc

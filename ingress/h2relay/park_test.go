@@ -90,14 +90,23 @@ func TestParkedConnectionServes(t *testing.T) {
 	// The next record's first 4 bytes wake the connection; its probe finds no whole record
 	// and parks it again, with the 4 bytes in TLS's buffer, until the rest comes.
 	sc := conn.Load()
-	sc.pause = func() {
-		time.Sleep(10 * parkAfter)
-		waitParked(t, r.relay, 1)
+	var parkedMidRecord atomic.Int64
+	sc.pause = func() { // on the transport's writer: it records, the test asserts
+		time.Sleep(10 * parkAfter) // the 4 bytes woke the connection; it parks again
+		for range 500 {
+			if parkedMidRecord.Store(r.relay.Parked()); parkedMidRecord.Load() == 1 {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	sc.armed.Store(true)
 	post("after a cut record")
 	if sc.armed.Load() {
 		t.Fatal("no write was cut")
+	}
+	if n := parkedMidRecord.Load(); n != 1 {
+		t.Fatalf("%d connections parked with half a record read, want 1", n)
 	}
 	if n := dials.Load(); n != 1 {
 		t.Fatalf("%d client connections, want all requests on one", n)
