@@ -48,7 +48,8 @@ type Config struct {
 	IdleTimeout time.Duration
 	// ParkAfter parks a client connection from which nothing came for this long (up to half of
 	// it more: quiet checks share timers), with streams open or not: its reader goroutine ends,
-	// and a small one waits for the socket to become readable (default 250 ms; negative: never).
+	// and the relay's one epoll instance waits for the socket to become readable (Linux only;
+	// default 250 ms; negative: never).
 	// Most client connections are quiet most of their lives, and a blocked reader's stack is the
 	// largest part of one that the relay owns (park.go).
 	ParkAfter time.Duration

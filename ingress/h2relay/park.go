@@ -13,9 +13,9 @@ import (
 // read, also while its streams are open (a watch's client sends next to nothing), and that
 // goroutine's stack (4–8 KiB: a TLS record read is deep) is the largest part of an idle
 // connection that the relay owns; the garbage collector's headroom, in proportion to it,
-// doubles it. So a connection quiet for ParkAfter gives its reader up: a goroutine that only
-// waits for the socket to become readable (its stack the smallest there is) takes its place,
-// and reads on once it is, with a framer made anew (its buffer is sized by the largest frame the
+// doubles it. So a connection quiet for ParkAfter gives its reader up: its socket waits in the
+// relay's lot (park_linux.go: no goroutine of its own), and a goroutine made anew reads on once
+// it is readable, with a framer made anew (its buffer is sized by the largest frame the
 // connection had). Its streams go on meanwhile: their frames to the client go through its
 // writer, not its reader.
 //
@@ -103,35 +103,56 @@ func (p *peer) forgetLocked(id uint32) {
 	delete(p.streams, id)
 	if p.client && p.parked && len(p.streams) == 0 && p.idleUntil.IsZero() {
 		p.idleUntil = time.Now().Add(p.r.cfg.IdleTimeout)
-		_ = p.conn.SetReadDeadline(p.idleUntil)
+		p.idle = time.AfterFunc(p.r.cfg.IdleTimeout, p.idleOut)
 	}
 }
 
-// park ends the reader's part: a waiting goroutine reads on when the socket is readable, and
-// closes the connection at its idle deadline or when it is closed meanwhile.
+// park ends the reader's part: the relay's lot wakes the connection when its socket is readable
+// (resume), and it closes at its idle deadline meanwhile (idleOut).
 func (p *peer) park() {
 	p.fr, p.in.r = nil, nil
 	p.w.release()
-	p.mu.Lock()
-	p.parked = true
-	_ = p.conn.SetReadDeadline(p.idleUntil)
-	p.mu.Unlock()
-	p.r.parked.Add(1)
-	p.r.wg.Add(1)
-	go p.unpark()
+	if err := p.r.lot.add(p); err != nil {
+		p.close(err)
+	}
 }
 
-func (p *peer) unpark() {
-	defer p.r.wg.Done()
-	err := p.raw.Read(readable)
+// parkedLocked marks p parked (the lot's mu held): its idle deadline, if it has one, is a timer's
+// now.
+func (p *peer) parkedLocked() {
+	p.mu.Lock()
+	p.parked = true
+	if !p.idleUntil.IsZero() {
+		p.idle = time.AfterFunc(time.Until(p.idleUntil), p.idleOut)
+	}
+	p.mu.Unlock()
+	p.r.parked.Add(1)
+}
+
+// unparked marks p no longer parked (the lot's mu held).
+func (p *peer) unparked() {
 	p.mu.Lock()
 	p.parked = false
+	if p.idle != nil {
+		p.idle.Stop()
+		p.idle = nil
+	}
 	p.mu.Unlock()
 	p.r.parked.Add(-1)
-	if err != nil {
-		p.close(err)
-		return
+}
+
+// idleOut closes p at its idle deadline, unless it woke meanwhile.
+func (p *peer) idleOut() {
+	if p.r.lot.take(p) {
+		p.close(errIdle)
 	}
+}
+
+var errIdle = errors.New("h2relay: idle")
+
+// resume reads on on a connection the lot woke, with a framer made anew.
+func (p *peer) resume() {
+	defer p.r.wg.Done()
 	p.in.r = frameSource(p.conn)
 	p.fr = newReadFramer(&p.in, p.dec, p.r.cfg.MaxHeaderListSize)
 	p.read()
@@ -140,7 +161,7 @@ func (p *peer) unpark() {
 // rawConnOf is the socket under c, through the connections that name the one they wrap
 // (NetConn, as *tls.Conn does); nil if there is none.
 func rawConnOf(c net.Conn) syscall.RawConn {
-	if !canPeek {
+	if !canPark {
 		return nil
 	}
 	for range 8 {

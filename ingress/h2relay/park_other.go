@@ -1,8 +1,13 @@
-//go:build !unix
+//go:build !linux
 
 package h2relay
 
-// canPeek: no socket peek here, so connections are not parked.
-const canPeek = false
+import "errors"
 
-func readable(uintptr) bool { return true }
+// canPark: no epoll here, so connections are not parked.
+const canPark = false
+
+type lot struct{ r *Relay }
+
+func (l *lot) add(*peer) error { return errors.New("h2relay: no parking on this system") }
+func (l *lot) take(*peer) bool { return false }

@@ -114,32 +114,45 @@ func TestParkedConnectionServes(t *testing.T) {
 	waitParked(t, r.relay, 1)
 }
 
-// TestParkedIdleTimeout: a parked connection still closes at its idle deadline, and bytes that
-// never make a frame do not move that deadline.
+// TestParkedIdleTimeout: a parked connection closes at its idle deadline, with no reader of its
+// own that could see it, and bytes that never make a frame do not move that deadline.
 func TestParkedIdleTimeout(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	r := newRig(t, Config{ParkAfter: 20 * time.Millisecond, IdleTimeout: idle}, http.HandlerFunc(echo))
 	tr := r.client.Transport.(*http.Transport)
-	raw, err := net.Dial("tcp", relayAddr(t, tr))
-	if err != nil {
-		t.Fatal(err)
+	open := func() (*tls.Conn, *trickleConn, *http2.Framer) {
+		raw, err := net.Dial("tcp", relayAddr(t, tr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { raw.Close() })
+		trickle := &trickleConn{Conn: raw, gap: 30 * time.Millisecond}
+		c := tls.Client(trickle, &tls.Config{RootCAs: tr.TLSClientConfig.RootCAs, ServerName: "relay.test", NextProtos: []string{"h2"}})
+		if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+			t.Fatal(err)
+		}
+		fr := http2.NewFramer(c, c)
+		if err := fr.WriteSettings(); err != nil {
+			t.Fatal(err)
+		}
+		waitParked(t, r.relay, 1)
+		return c, trickle, fr
 	}
-	defer raw.Close()
-	trickle := &trickleConn{Conn: raw, gap: 30 * time.Millisecond}
-	c := tls.Client(trickle, &tls.Config{RootCAs: tr.TLSClientConfig.RootCAs, ServerName: "relay.test", NextProtos: []string{"h2"}})
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		t.Fatal(err)
+
+	// A connection that says nothing more: the relay closes it (its frames read, then the end).
+	quiet, _, _ := open()
+	_ = quiet.SetReadDeadline(time.Now().Add(10 * idle))
+	if _, err := io.Copy(io.Discard, quiet); err != nil {
+		t.Fatalf("a parked connection without streams was not closed at its idle deadline (%v): %v", idle, err)
 	}
-	fr := http2.NewFramer(c, c)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
-	waitParked(t, r.relay, 1)
+	waitParked(t, r.relay, 0)
+
 	// A PING's record, sent a byte at a time but its last: each byte wakes the connection,
 	// none completes a frame. 38 bytes at 30 ms are over a second, several idle timeouts.
+	_, trickle, fr := open()
 	start := time.Now()
 	trickle.on.Store(true)
-	err = fr.WritePing(false, [8]byte{1})
+	err := fr.WritePing(false, [8]byte{1})
 	if err == nil || errors.Is(err, errHeldBack) {
 		t.Fatalf("the trickle went on for %v, want the connection closed at its idle deadline (%v)", time.Since(start), idle)
 	}
@@ -276,4 +289,83 @@ func processCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestLotWakesEach: more parked connections than one wait takes events of are each woken by
+// their own request and served, on their own connection; connections closed while parked
+// (by their client, by the relay's drain) leave the lot, whose epoll instance and goroutine
+// end once none is parked, and come anew with the next park.
+func TestLotWakesEach(t *testing.T) {
+	const n = 150 // over two waits' worth of events (64 each)
+	r := newRig(t, Config{ParkAfter: 20 * time.Millisecond}, http.HandlerFunc(echo))
+	tr := r.client.Transport.(*http.Transport)
+	addr := relayAddr(t, tr)
+	open := func() *http2.ClientConn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc := tls.Client(c, &tls.Config{RootCAs: tr.TLSClientConfig.RootCAs, ServerName: "relay.test", NextProtos: []string{"h2"}})
+		cc, err := (&http2.Transport{}).NewClientConn(tc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	post := func(cc *http2.ClientConn, body string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "POST", "https://relay.test/echo", strings.NewReader(body))
+		resp, err := cc.RoundTrip(req)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(got) != body {
+			t.Errorf("got %q (%v), want %q", got, err, body)
+		}
+	}
+	ccs := make([]*http2.ClientConn, n)
+	for i := range ccs {
+		ccs[i] = open()
+		post(ccs[i], "first")
+	}
+	waitParked(t, r.relay, n)
+	var wg sync.WaitGroup
+	for i, cc := range ccs {
+		wg.Go(func() { post(cc, strings.Repeat("x", i+1)) })
+	}
+	wg.Wait()
+	waitParked(t, r.relay, n)
+	for _, cc := range ccs {
+		if st := cc.State(); st.StreamsActive != 0 || st.Closed {
+			t.Fatalf("a connection's state after its requests: %+v", st)
+		}
+	}
+	for _, cc := range ccs[:n/2] {
+		cc.Close()
+	}
+	waitParked(t, r.relay, n-n/2)
+	if err := r.relay.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitParked(t, r.relay, 0)
+	r.relay.lot.mu.Lock()
+	ep, left := r.relay.lot.ep, len(r.relay.lot.parked)
+	r.relay.lot.mu.Unlock()
+	if ep != nil || left != 0 {
+		t.Fatalf("the lot after its last connection closed: epoll %v, %d in its map; want none", ep, left)
+	}
+	// Its goroutine ended too: the relay's Wait returns once the upstream's readers end.
+	r.up.Close()
+	done := make(chan struct{})
+	go func() { r.relay.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay's goroutines did not end after the drain")
+	}
 }

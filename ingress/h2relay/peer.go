@@ -24,7 +24,7 @@ type peer struct {
 	fr     *http2.Framer // reads from in; nil while parked
 	dec    *hpack.Decoder
 	in     probeReader
-	raw    syscall.RawConn // a client connection's socket, waited on while parked; nil: never parked
+	raw    syscall.RawConn // a client connection's socket, armed in the lot while parked; nil: never parked
 	w      *writer
 	up     *Upstream // an upstream connection's pool
 	// director decides a client connection's requests.
@@ -48,7 +48,9 @@ type peer struct {
 	// idleUntil is when a client connection without streams is closed: IdleTimeout after it
 	// had none (zero while it has).
 	idleUntil time.Time
-	parked    bool // a client connection's reader waits for the socket (park.go)
+	parked    bool        // a client connection's reader ended until its socket is readable (park.go)
+	idle      *time.Timer // a parked connection's idle deadline
+	lotID     uint64      // the park's id in the relay's lot (under the lot's mu); 0: not parked
 }
 
 // stream is one request relayed: its client stream and its upstream stream.
@@ -116,6 +118,7 @@ func (p *peer) close(err error) {
 	}
 	p.streams = map[uint32]*stream{}
 	p.mu.Unlock()
+	p.r.lot.take(p)
 	p.cancel()
 	if p.stop != nil {
 		p.stop()

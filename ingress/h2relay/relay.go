@@ -19,6 +19,7 @@ type Relay struct {
 	cfg    Config
 	wg     sync.WaitGroup
 	parked atomic.Int64
+	lot    lot
 
 	mu      sync.Mutex
 	clients map[*peer]struct{}
@@ -27,7 +28,9 @@ type Relay struct {
 
 // New returns a Relay.
 func New(cfg Config) *Relay {
-	return &Relay{cfg: cfg.withDefaults(), clients: map[*peer]struct{}{}}
+	r := &Relay{cfg: cfg.withDefaults(), clients: map[*peer]struct{}{}}
+	r.lot.r = r
+	return r
 }
 
 // Shutdown drains: every client connection gets a GOAWAY and is closed once its streams
