@@ -141,9 +141,14 @@ func (p *peer) unparked() {
 	p.r.parked.Add(-1)
 }
 
-// idleOut closes p at its idle deadline, unless it woke meanwhile.
+// idleOut closes p at its idle deadline, unless it woke meanwhile. The deadline is looked at
+// again: a timer stopped too late (its function already started) may run after p woke and
+// parked again, with a deadline of its own.
 func (p *peer) idleOut() {
-	if p.r.lot.take(p) {
+	p.mu.Lock()
+	due := !p.idleUntil.IsZero() && !time.Now().Before(p.idleUntil)
+	p.mu.Unlock()
+	if due && p.r.lot.take(p) {
 		p.close(errIdle)
 	}
 }
