@@ -103,8 +103,13 @@ func (p *peer) forgetLocked(id uint32) {
 	delete(p.streams, id)
 	if p.client && p.parked && len(p.streams) == 0 && p.idleUntil.IsZero() {
 		p.idleUntil = time.Now().Add(p.r.cfg.IdleTimeout)
-		p.idle = time.AfterFunc(p.r.cfg.IdleTimeout, p.idleOut)
+		p.armIdleLocked()
 	}
+}
+
+// armIdleLocked starts a parked connection's idle timer, to idleUntil; p.mu is held.
+func (p *peer) armIdleLocked() {
+	p.idle = time.AfterFunc(time.Until(p.idleUntil), p.idleOut)
 }
 
 // park ends the reader's part: the relay's lot wakes the connection when its socket is readable
@@ -117,20 +122,19 @@ func (p *peer) park() {
 	}
 }
 
-// parkedLocked marks p parked (the lot's mu held): its idle deadline, if it has one, is a timer's
-// now.
-func (p *peer) parkedLocked() {
+// markParked marks p parked; the lot's mu is held (and p.mu taken after it). Its idle deadline,
+// if it has one, is a timer's now.
+func (p *peer) markParked() {
 	p.mu.Lock()
 	p.parked = true
 	if !p.idleUntil.IsZero() {
-		p.idle = time.AfterFunc(time.Until(p.idleUntil), p.idleOut)
+		p.armIdleLocked()
 	}
 	p.mu.Unlock()
-	p.r.parked.Add(1)
 }
 
-// unparked marks p no longer parked (the lot's mu held).
-func (p *peer) unparked() {
+// markWoken marks p no longer parked; the lot's mu is held.
+func (p *peer) markWoken() {
 	p.mu.Lock()
 	p.parked = false
 	if p.idle != nil {
@@ -138,7 +142,6 @@ func (p *peer) unparked() {
 		p.idle = nil
 	}
 	p.mu.Unlock()
-	p.r.parked.Add(-1)
 }
 
 // idleOut closes p at its idle deadline, unless it woke meanwhile. The deadline is looked at

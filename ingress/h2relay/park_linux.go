@@ -67,7 +67,7 @@ func (l *lot) add(p *peer) error {
 	}
 	l.parked[id] = p
 	p.lotID = id
-	p.parkedLocked()
+	p.markParked()
 	return nil
 }
 
@@ -108,13 +108,25 @@ func (l *lot) take(p *peer) bool {
 	if p.lotID == 0 {
 		return false
 	}
-	delete(l.parked, p.lotID)
-	p.lotID = 0
+	l.leaveLocked(p)
 	if len(l.parked) == 0 {
 		l.closeLocked()
 	}
-	p.unparked()
 	return true
+}
+
+// leaveLocked takes parked p out of the lot; l.mu is held.
+func (l *lot) leaveLocked(p *peer) {
+	delete(l.parked, p.lotID)
+	p.lotID = 0
+	p.markWoken()
+}
+
+// count is how many connections are parked.
+func (l *lot) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.parked)
 }
 
 // run wakes the connections whose sockets have something to read, until ep closes.
@@ -141,9 +153,7 @@ func (l *lot) run(ep *os.File, rc syscall.RawConn) {
 		for _, ev := range evs[:n] {
 			id := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
 			if p := l.parked[id]; p != nil {
-				delete(l.parked, id)
-				p.lotID = 0
-				p.unparked()
+				l.leaveLocked(p)
 				woken = append(woken, p)
 			}
 		}

@@ -118,7 +118,9 @@ func (p *peer) close(err error) {
 	}
 	p.streams = map[uint32]*stream{}
 	p.mu.Unlock()
-	p.r.lot.take(p)
+	if p.raw != nil {
+		p.r.lot.take(p)
+	}
 	p.cancel()
 	if p.stop != nil {
 		p.stop()

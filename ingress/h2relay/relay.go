@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -16,10 +15,9 @@ import (
 
 // Relay relays the requests of the client connections it serves.
 type Relay struct {
-	cfg    Config
-	wg     sync.WaitGroup
-	parked atomic.Int64
-	lot    lot
+	cfg Config
+	wg  sync.WaitGroup
+	lot lot
 
 	mu      sync.Mutex
 	clients map[*peer]struct{}
@@ -119,7 +117,7 @@ func (r *Relay) ServeConn(ctx context.Context, c net.Conn, d Director) {
 }
 
 // Parked is how many client connections are parked (Config.ParkAfter).
-func (r *Relay) Parked() int64 { return r.parked.Load() }
+func (r *Relay) Parked() int64 { return int64(r.lot.count()) }
 
 // Wait waits for the client connections' readers to end.
 func (r *Relay) Wait() { r.wg.Wait() }
